@@ -1,0 +1,242 @@
+/* Contexts, the default context, devices and capabilities. */
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dlsync/private/internal.h"
+
+uint32_t dlsync__capabilities_of(const dlsync__driver *d) {
+  uint32_t caps = 0;
+  if (d->StreamGetCaptureInfo != NULL && d->StreamUpdateCaptureDependencies != NULL)
+    caps |= DLSYNC_CAP_CAPTURE_EDGE_DATA;
+  if (d->StreamBeginCaptureToGraph != NULL)
+    caps |= DLSYNC_CAP_CAPTURE_TO_USER_GRAPH;
+  if (d->UserObjectCreate != NULL && d->GraphRetainUserObject != NULL &&
+      d->UserObjectRelease != NULL)
+    caps |= DLSYNC_CAP_USER_OBJECTS;
+  if (d->GraphAddNode != NULL)
+    caps |= DLSYNC_CAP_GRAPH_ADD_NODE_EDGE_DATA;
+  return caps;
+}
+
+static dlsync_status check_config(const dlsync_context_config *config) {
+  if (config == NULL)
+    return DLSYNC_SUCCESS;
+  if (config->size < offsetof(dlsync_context_config, events_kept) + sizeof(uint32_t))
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_context_config.size is %zu, smaller than any version of the "
+                        "struct (initialise it with DLSYNC_CONTEXT_CONFIG_INIT)",
+                        config->size);
+  if (config->version == 0 || config->version > DLSYNC_CONTEXT_CONFIG_VERSION)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_context_config.version is %u; this library knows versions 1 to "
+                        "%u (initialise it with DLSYNC_CONTEXT_CONFIG_INIT)",
+                        config->version, DLSYNC_CONTEXT_CONFIG_VERSION);
+  return DLSYNC_SUCCESS;
+}
+
+dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
+                                                 const dlsync_context_config *config,
+                                                 const dlsync__driver *drv) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync_context *ctx = NULL;
+  bool lock_made = false;
+  if (out == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_context_create: out is NULL");
+  *out = NULL;
+  if (drv == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "no driver table given");
+  DLSYNC_TRY(check_config(config));
+  DLSYNC_TRY(dlsync__driver_require(drv, DLSYNC__NEED_CORE, "dlsync"));
+  ctx = calloc(1, sizeof *ctx);
+  if (ctx == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_context_create: out of memory");
+    goto cleanup;
+  }
+  if (pthread_mutex_init(&ctx->pools_lock, NULL) != 0) {
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_context_create: no mutex");
+    goto cleanup;
+  }
+  lock_made = true;
+  ctx->drv = drv;
+  ctx->events_kept = (config != NULL && config->events_kept != 0) ? config->events_kept : 64;
+  ctx->caps = dlsync__capabilities_of(drv);
+  atomic_init(&ctx->pools, NULL);
+  dlsync__orphans_collect();
+  *out = ctx;
+  ctx = NULL;
+cleanup:
+  if (ctx != NULL) {
+    if (lock_made)
+      pthread_mutex_destroy(&ctx->pools_lock);
+    free(ctx);
+  }
+  return st;
+}
+
+dlsync_status dlsync_context_create(dlsync_context **out, const dlsync_context_config *config) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *drv = NULL;
+  if (out == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_context_create: out is NULL");
+  *out = NULL;
+  DLSYNC_TRY(check_config(config));
+  DLSYNC_TRY(dlsync__driver_load(&drv, config != NULL ? config->driver_path : NULL));
+  DLSYNC_TRY(dlsync__context_create_with_driver(out, config, drv));
+cleanup:
+  return st;
+}
+
+dlsync_status dlsync_context_destroy(dlsync_context *ctx) {
+  dlsync_status st;
+  if (ctx == NULL)
+    return DLSYNC_SUCCESS;
+  if (ctx->is_default)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_context_destroy: the default context belongs to the library and "
+                        "lives until the process ends");
+  st = dlsync__pools_destroy(ctx);
+  pthread_mutex_destroy(&ctx->pools_lock);
+  free(ctx);
+  return st;
+}
+
+/* ---- the default context ---- */
+
+static pthread_once_t default_once = PTHREAD_ONCE_INIT;
+static dlsync_context *default_ctx;
+static dlsync_status default_status;
+static char default_message[512];
+static int default_driver_result;
+
+static void default_init(void) {
+  default_status = dlsync_context_create(&default_ctx, NULL);
+  if (default_status == DLSYNC_SUCCESS) {
+    default_ctx->is_default = true;
+  } else {
+    snprintf(default_message, sizeof default_message, "%s", dlsync_last_error());
+    default_driver_result = dlsync_last_driver_result();
+  }
+}
+
+dlsync_status dlsync_context_default(dlsync_context **out) {
+  if (out == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_context_default: out is NULL");
+  pthread_once(&default_once, default_init);
+  *out = default_ctx;
+  if (default_status != DLSYNC_SUCCESS)
+    return dlsync__fail(default_status, "the default context could not be created: %s",
+                        default_message);
+  return DLSYNC_SUCCESS;
+}
+
+/* ---- facts ---- */
+
+dlsync_status dlsync_context_driver_version(int *out, const dlsync_context *ctx) {
+  if (out == NULL || ctx == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_context_driver_version: %s is NULL",
+                        out == NULL ? "out" : "ctx");
+  *out = ctx->drv->version;
+  return DLSYNC_SUCCESS;
+}
+
+dlsync_status dlsync_context_capabilities(uint32_t *out, const dlsync_context *ctx) {
+  if (out == NULL || ctx == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_context_capabilities: %s is NULL",
+                        out == NULL ? "out" : "ctx");
+  *out = ctx->caps;
+  return DLSYNC_SUCCESS;
+}
+
+const char *dlsync_capability_name(dlsync_capability cap) {
+  switch (cap) {
+  case DLSYNC_CAP_CAPTURE_EDGE_DATA:
+    return "capture-edge-data";
+  case DLSYNC_CAP_CAPTURE_TO_USER_GRAPH:
+    return "capture-to-user-graph";
+  case DLSYNC_CAP_USER_OBJECTS:
+    return "user-objects";
+  case DLSYNC_CAP_GRAPH_ADD_NODE_EDGE_DATA:
+    return "graph-add-node-edge-data";
+  default:
+    return "unknown-capability";
+  }
+}
+
+dlsync_status dlsync_context_require(const dlsync_context *ctx, dlsync_capability cap) {
+  const dlsync__driver *d;
+  const char *what = dlsync_capability_name(cap);
+  if (ctx == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_context_require: ctx is NULL");
+  d = ctx->drv;
+  if (ctx->caps & (uint32_t)cap)
+    return DLSYNC_SUCCESS;
+  switch (cap) {
+  case DLSYNC_CAP_CAPTURE_EDGE_DATA:
+  case DLSYNC_CAP_GRAPH_ADD_NODE_EDGE_DATA:
+    return dlsync__driver_require(d, DLSYNC__NEED_CAPTURE, what);
+  case DLSYNC_CAP_CAPTURE_TO_USER_GRAPH:
+  case DLSYNC_CAP_USER_OBJECTS:
+    break;
+  default:
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "unknown capability 0x%x", (unsigned)cap);
+  }
+  return dlsync__fail(DLSYNC_ERROR_DRIVER_TOO_OLD,
+                      "%s needs %s (driver %s or newer); the driver found (%s) is %d.%d", what,
+                      cap == DLSYNC_CAP_USER_OBJECTS ? "cuUserObjectCreate" : "cuStreamBeginCaptureToGraph",
+                      cap == DLSYNC_CAP_USER_OBJECTS ? "11.3" : "12.3",
+                      d->origin != NULL ? d->origin : "?", d->version / 1000,
+                      (d->version % 1000) / 10);
+}
+
+dlsync_status dlsync_device_count(int *out, const dlsync_context *ctx) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  if (out == NULL || ctx == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_device_count: %s is NULL",
+                        out == NULL ? "out" : "ctx");
+  *out = 0;
+  DLSYNC_CU(ctx->drv, cuDeviceGetCount, ctx->drv->DeviceGetCount(out), "counting devices");
+cleanup:
+  return st;
+}
+
+dlsync_status dlsync_device_get_info(dlsync_device_info *info, const dlsync_context *ctx,
+                                     int ordinal) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d;
+  CUdevice dev = 0;
+  dlsync_device_info tmp;
+  if (info == NULL || ctx == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_device_get_info: %s is NULL",
+                        info == NULL ? "info" : "ctx");
+  if (info->size < sizeof(dlsync_device_info) || info->version != DLSYNC_DEVICE_INFO_VERSION)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_device_info has size %zu version %u; initialise it with "
+                        "DLSYNC_DEVICE_INFO_INIT",
+                        info->size, info->version);
+  d = ctx->drv;
+  memset(&tmp, 0, sizeof tmp);
+  tmp.size = sizeof tmp;
+  tmp.version = DLSYNC_DEVICE_INFO_VERSION;
+  tmp.ordinal = ordinal;
+  DLSYNC_CU(d, cuDeviceGet, d->DeviceGet(&dev, ordinal), "device ordinal %d", ordinal);
+  DLSYNC_CU(d, cuDeviceGetName, d->DeviceGetName(tmp.name, (int)sizeof tmp.name, dev),
+            "device %d", ordinal);
+  DLSYNC_CU(d, cuDeviceGetPCIBusId,
+            d->DeviceGetPCIBusId(tmp.pci_bus_id, (int)sizeof tmp.pci_bus_id, dev), "device %d",
+            ordinal);
+  DLSYNC_CU(d, cuDeviceGetAttribute,
+            d->DeviceGetAttribute(&tmp.cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+            "device %d compute capability", ordinal);
+  DLSYNC_CU(d, cuDeviceGetAttribute,
+            d->DeviceGetAttribute(&tmp.cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+            "device %d compute capability", ordinal);
+  DLSYNC_CU(d, cuDeviceGetAttribute,
+            d->DeviceGetAttribute(&tmp.multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
+                                  dev),
+            "device %d multiprocessors", ordinal);
+  DLSYNC_CU(d, cuDeviceTotalMem, d->DeviceTotalMem(&tmp.total_memory, dev), "device %d", ordinal);
+  *info = tmp;
+cleanup:
+  return st;
+}

@@ -1,0 +1,327 @@
+/* The decision table: dlsync_order and the exchange built on it.
+ * include/dlsync/exchange.h has the table; DESIGN.md section 3 the why. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dlsync/private/internal.h"
+
+/* What an order placed, for end's checks. */
+typedef struct order_result {
+  bool joined;     /* `then` (an eager stream) joined first's capture */
+  bool cross;      /* record node in first's graph, wait node in then's */
+} order_result;
+
+/* The identity of a lane's graph: the capture id, or the built graph. */
+typedef struct domain {
+  dlsync_lane_state_kind kind;
+  uint64_t capture_id;
+  CUgraph graph;
+} domain;
+
+struct dlsync_exchange {
+  dlsync_context *ctx;
+  dlsync_lane producer; /* stream lanes: a copy */
+  dlsync_lane consumer;
+  dlsync_lane *producer_ref; /* graph lanes: the caller's */
+  dlsync_lane *consumer_ref;
+  bool cross;
+  domain producer_domain;
+  domain consumer_domain;
+};
+
+static domain domain_of(const dlsync__lane_now *l) {
+  domain dm;
+  dm.kind = l->kind;
+  dm.capture_id = l->capture_id;
+  dm.graph = l->kind == DLSYNC_LANE_BUILT ? l->graph : NULL;
+  return dm;
+}
+
+static bool same_domain(const domain *a, const domain *b) {
+  if (a->kind != b->kind)
+    return false;
+  if (a->kind == DLSYNC_LANE_CAPTURING)
+    return a->capture_id == b->capture_id;
+  if (a->kind == DLSYNC_LANE_BUILT)
+    return a->graph == b->graph;
+  return false;
+}
+
+/* The pool to take an event from: the context of the first stream lane, or
+ * the calling thread's current context when both lanes are graphs. Looked up
+ * before the capture queries: a capture's dependency array is valid only
+ * until the next call on that stream. */
+static dlsync_status pool_for(dlsync__pool **out, dlsync_context *ctx, const dlsync_lane *a,
+                              const char *a_role, const dlsync_lane *b, const char *b_role) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = ctx->drv;
+  CUcontext cur = NULL;
+  if (a->kind == DLSYNC_LANE_STREAM)
+    return dlsync__pool_for_stream(out, ctx, a->stream, a_role);
+  if (b->kind == DLSYNC_LANE_STREAM)
+    return dlsync__pool_for_stream(out, ctx, b->stream, b_role);
+  if (a->graph == b->graph) {
+    *out = NULL; /* same graph: edges only, no event */
+    return DLSYNC_SUCCESS;
+  }
+  DLSYNC_CU(d, cuCtxGetCurrent, d->CtxGetCurrent(&cur), "both lanes are graph lanes");
+  if (cur == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                      "both lanes are graph lanes and this thread has no current CUDA context: "
+                      "make the graphs' device context current (cuCtxSetCurrent or "
+                      "cudaSetDevice) so dlsync knows where to create the event");
+    goto cleanup;
+  }
+  DLSYNC_TRY(dlsync__pool_for_cuctx(out, ctx, cur));
+cleanup:
+  return st;
+}
+
+/* then.frontier := then.frontier U first.frontier (both graph lanes, same graph). */
+static dlsync_status merge_frontiers(dlsync__lane_now *first, dlsync__lane_now *then) {
+  dlsync_lane *lane = then->lane;
+  size_t n = lane->ndeps;
+  size_t extra = 0;
+  for (size_t i = 0; i < first->ndeps; i++) {
+    bool dup = false;
+    for (size_t j = 0; j < n && !dup; j++)
+      dup = lane->deps[j] == first->deps[i];
+    for (size_t j = 0; j < i && !dup; j++)
+      dup = first->deps[j] == first->deps[i];
+    extra += dup ? 0 : 1;
+  }
+  if (n + extra > lane->capacity)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "the %s graph lane's new frontier has %zu nodes but its capacity is %zu "
+                        "(both lanes are in graph %p: the frontier is the union of theirs)",
+                        then->role, n + extra, lane->capacity, (void *)lane->graph);
+  for (size_t i = 0; i < first->ndeps; i++) {
+    bool dup = false;
+    for (size_t j = 0; j < lane->ndeps && !dup; j++)
+      dup = lane->deps[j] == first->deps[i];
+    if (!dup)
+      lane->deps[lane->ndeps++] = first->deps[i];
+  }
+  then->deps = (const CUgraphNode *)lane->deps;
+  then->ndeps = lane->ndeps;
+  return DLSYNC_SUCCESS;
+}
+
+static const char *kind_words(dlsync_lane_state_kind k) {
+  switch (k) {
+  case DLSYNC_LANE_EAGER:
+    return "an eager stream";
+  case DLSYNC_LANE_CAPTURING:
+    return "a capturing stream";
+  default:
+    return "a graph lane";
+  }
+}
+
+/* The table. `first` and `then` have been read (dlsync__lane_read). */
+static dlsync_status order_now(dlsync_context *ctx, dlsync__pool *pool, dlsync__lane_now *first,
+                               dlsync__lane_now *then, order_result *res) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = ctx->drv;
+  CUevent ev = NULL;
+  bool put_back = false; /* ev goes back to the pool at cleanup */
+  CUgraph graphs[2];
+  res->joined = false;
+  res->cross = false;
+
+  if (first->kind == DLSYNC_LANE_BUILT && then->kind == DLSYNC_LANE_EAGER) {
+    st = dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
+                      "the %s lane is graph %p (built by hand, not launched yet) and the %s lane "
+                      "is eager stream %p: an eager wait now would order nothing; wait for the "
+                      "graph after launching it",
+                      first->role, (void *)first->graph, then->role, (void *)then->stream);
+    goto cleanup;
+  }
+  if (first->kind == DLSYNC_LANE_BUILT && then->kind == DLSYNC_LANE_BUILT &&
+      first->graph == then->graph) {
+    /* Same graph: edges only. */
+    DLSYNC_TRY(merge_frontiers(first, then));
+    goto cleanup;
+  }
+
+  DLSYNC_TRY(dlsync__pool_get(&ev, pool));
+  put_back = true;
+
+  if (first->kind == DLSYNC_LANE_EAGER) {
+    if (then->kind == DLSYNC_LANE_EAGER) {
+      DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p", first->role,
+                (void *)first->stream);
+      DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(then->stream, ev, 0),
+                "%s stream %p waiting for %s stream %p", then->role, (void *)then->stream,
+                first->role, (void *)first->stream);
+      goto cleanup;
+    }
+    /* then is in a graph: an external wait node; the graph owns the event. */
+    graphs[0] = then->graph;
+    put_back = false;
+    DLSYNC_TRY(dlsync__graph_own_event(ctx, pool, ev, graphs, 1));
+    DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p", first->role,
+              (void *)first->stream);
+    if (then->kind == DLSYNC_LANE_CAPTURING) {
+      DLSYNC_CU(d, cuStreamWaitEvent,
+                d->StreamWaitEvent(then->stream, ev, CU_EVENT_WAIT_EXTERNAL),
+                "%s stream %p is capturing (capture %llu); adding an external wait for eager %s "
+                "stream %p",
+                then->role, (void *)then->stream, (unsigned long long)then->capture_id,
+                first->role, (void *)first->stream);
+    } else {
+      DLSYNC_TRY(dlsync__graph_append_event(ctx, then, ev, false));
+    }
+    goto cleanup;
+  }
+
+  if (first->kind == DLSYNC_LANE_CAPTURING &&
+      (then->kind == DLSYNC_LANE_EAGER ||
+       (then->kind == DLSYNC_LANE_CAPTURING && then->capture_id == first->capture_id))) {
+    /* Same capture: edges only. Eager `then`: it joins the capture. */
+    DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream),
+              "%s stream %p (capture %llu)", first->role, (void *)first->stream,
+              (unsigned long long)first->capture_id);
+    DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(then->stream, ev, 0),
+              "%s stream %p waiting for %s stream %p (capture %llu)", then->role,
+              (void *)then->stream, first->role, (void *)first->stream,
+              (unsigned long long)first->capture_id);
+    res->joined = then->kind == DLSYNC_LANE_EAGER;
+    goto cleanup;
+  }
+
+  /* Two different graphs (captures or built): a record node in first's, a
+   * wait node in then's, both owning the event. */
+  graphs[0] = first->graph;
+  graphs[1] = then->graph;
+  put_back = false;
+  DLSYNC_TRY(dlsync__graph_own_event(ctx, pool, ev, graphs, 2));
+  DLSYNC_TRY(dlsync__graph_append_event(ctx, first, ev, true));
+  DLSYNC_TRY(dlsync__graph_append_event(ctx, then, ev, false));
+  res->cross = true;
+
+cleanup:
+  if (put_back)
+    dlsync__pool_put(pool, ev);
+  return st;
+}
+
+/* Checks both lanes and reads their states; *same when they are one stream
+ * (nothing to do). *pool is the pool order_now takes an event from. */
+static dlsync_status order_lanes(dlsync_context *ctx, dlsync_lane *first, const char *first_role,
+                                 dlsync_lane *then, const char *then_role, dlsync__lane_now *a,
+                                 dlsync__lane_now *b, dlsync__pool **pool, order_result *res,
+                                 bool *same) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  *same = false;
+  *pool = NULL;
+  res->joined = false;
+  res->cross = false;
+  DLSYNC_TRY(dlsync__lane_check(first, first_role));
+  DLSYNC_TRY(dlsync__lane_check(then, then_role));
+  if (first->kind == DLSYNC_LANE_STREAM && then->kind == DLSYNC_LANE_STREAM &&
+      dlsync__same_stream(first->stream, then->stream)) {
+    /* One stream: already ordered. One query, for its errors. */
+    DLSYNC_TRY(dlsync__lane_read(a, ctx, first, first_role));
+    *b = *a;
+    *same = true;
+    goto cleanup;
+  }
+  DLSYNC_TRY(pool_for(pool, ctx, first, first_role, then, then_role));
+  DLSYNC_TRY(dlsync__lane_read(a, ctx, first, first_role));
+  DLSYNC_TRY(dlsync__lane_read(b, ctx, then, then_role));
+cleanup:
+  return st;
+}
+
+dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane *then) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__lane_now a, b;
+  order_result res;
+  dlsync__pool *pool = NULL;
+  bool same = false;
+  if (ctx == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_order: ctx is NULL");
+  DLSYNC_TRY(order_lanes(ctx, first, "first", then, "then", &a, &b, &pool, &res, &same));
+  if (!same)
+    DLSYNC_TRY(order_now(ctx, pool, &a, &b, &res));
+cleanup:
+  return st;
+}
+
+dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
+                                    dlsync_lane *producer, dlsync_lane *consumer) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync_exchange *ex = NULL;
+  dlsync__lane_now p, c;
+  order_result res;
+  dlsync__pool *pool = NULL;
+  bool same = false;
+  if (out == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_begin: out is NULL");
+  *out = NULL;
+  if (ctx == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_begin: ctx is NULL");
+  ex = malloc(sizeof *ex);
+  if (ex == NULL)
+    return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_exchange_begin: out of memory");
+  DLSYNC_TRY(
+      order_lanes(ctx, producer, "producer", consumer, "consumer", &p, &c, &pool, &res, &same));
+  if (!same)
+    DLSYNC_TRY(order_now(ctx, pool, &p, &c, &res));
+  ex->ctx = ctx;
+  ex->producer = *producer;
+  ex->consumer = *consumer;
+  ex->producer_ref = producer->kind == DLSYNC_LANE_GRAPH ? producer : NULL;
+  ex->consumer_ref = consumer->kind == DLSYNC_LANE_GRAPH ? consumer : NULL;
+  ex->cross = res.cross;
+  ex->producer_domain = domain_of(&p);
+  ex->consumer_domain = domain_of(&c);
+  *out = ex;
+  ex = NULL;
+cleanup:
+  free(ex);
+  return st;
+}
+
+dlsync_status dlsync_exchange_end(dlsync_exchange *ex) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__lane_now c, p;
+  order_result res;
+  dlsync__pool *pool = NULL;
+  bool same = false;
+  dlsync_lane *producer, *consumer;
+  if (ex == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_end: exchange is NULL");
+  producer = ex->producer_ref != NULL ? ex->producer_ref : &ex->producer;
+  consumer = ex->consumer_ref != NULL ? ex->consumer_ref : &ex->consumer;
+  DLSYNC_TRY(
+      order_lanes(ex->ctx, consumer, "consumer", producer, "producer", &c, &p, &pool, &res, &same));
+  if (same)
+    goto cleanup;
+  if (c.kind != DLSYNC_LANE_EAGER && p.kind == DLSYNC_LANE_EAGER) {
+    st = dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
+                      "the producer is eager stream %p and the consumer is %s (%p): the "
+                      "producer's later work cannot wait now for a graph that is not launched "
+                      "yet; nothing was queued. Order the producer after launching the graph, "
+                      "or capture the producer too",
+                      (void *)p.stream, kind_words(c.kind),
+                      c.kind == DLSYNC_LANE_BUILT ? (void *)c.graph : (void *)c.stream);
+    goto cleanup;
+  }
+  if (ex->cross) {
+    domain pd = domain_of(&p), cd = domain_of(&c);
+    if (same_domain(&pd, &ex->producer_domain) && same_domain(&cd, &ex->consumer_domain)) {
+      st = dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
+                        "begin placed a record node in the producer's graph and a wait node in "
+                        "the consumer's (another graph), so the producer's graph must be "
+                        "launched first; its later work cannot also wait for the consumer's "
+                        "graph. Nothing was queued; order the producer's next graph instead");
+      goto cleanup;
+    }
+  }
+  DLSYNC_TRY(order_now(ex->ctx, pool, &c, &p, &res));
+cleanup:
+  free(ex);
+  return st;
+}

@@ -1,0 +1,115 @@
+/* Status names and the per-thread last error. */
+#include <stdarg.h>
+#include <stdio.h>
+#include <string.h>
+
+#include "dlsync/private/internal.h"
+
+#define DLSYNC__MESSAGE_MAX 512
+
+typedef struct dlsync__last_error {
+  dlsync_status status;
+  int driver_result;
+  char message[DLSYNC__MESSAGE_MAX];
+} dlsync__last_error;
+
+static _Thread_local dlsync__last_error last_error;
+
+const char *dlsync_status_name(dlsync_status status) {
+  switch (status) {
+#define DLSYNC__NAME_CASE(name, value, text) \
+  case DLSYNC_##name:                        \
+    return "DLSYNC_" #name;
+    DLSYNC_STATUS_LIST(DLSYNC__NAME_CASE)
+#undef DLSYNC__NAME_CASE
+  default:
+    return "DLSYNC_STATUS_UNKNOWN";
+  }
+}
+
+const char *dlsync_status_string(dlsync_status status) {
+  switch (status) {
+#define DLSYNC__TEXT_CASE(name, value, text) \
+  case DLSYNC_##name:                        \
+    return text;
+    DLSYNC_STATUS_LIST(DLSYNC__TEXT_CASE)
+#undef DLSYNC__TEXT_CASE
+  default:
+    return "unknown dlsync status";
+  }
+}
+
+dlsync_status dlsync_last_status(void) { return last_error.status; }
+
+const char *dlsync_last_error(void) { return last_error.message; }
+
+int dlsync_last_driver_result(void) { return last_error.driver_result; }
+
+static void set_message(dlsync_status status, int driver_result, const char *prefix,
+                        const char *fmt, va_list ap) {
+  size_t used = 0;
+  last_error.status = status;
+  last_error.driver_result = driver_result;
+  last_error.message[0] = '\0';
+  if (prefix != NULL) {
+    int n = snprintf(last_error.message, sizeof last_error.message, "%s", prefix);
+    used = n < 0 ? 0 : (size_t)n;
+    if (used >= sizeof last_error.message)
+      return;
+  }
+  if (fmt != NULL && fmt[0] != '\0')
+    vsnprintf(last_error.message + used, sizeof last_error.message - used, fmt, ap);
+}
+
+dlsync_status dlsync__fail(dlsync_status status, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  set_message(status, 0, NULL, fmt, ap);
+  va_end(ap);
+  return status;
+}
+
+static dlsync_status status_of_result(CUresult r) {
+  switch (r) {
+  case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED:
+    return DLSYNC_ERROR_CAPTURE_INVALIDATED;
+  case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
+    return DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE;
+  case CUDA_ERROR_OUT_OF_MEMORY:
+    return DLSYNC_ERROR_OUT_OF_MEMORY;
+  default:
+    return DLSYNC_ERROR_DRIVER;
+  }
+}
+
+dlsync_status dlsync__fail_driver(const dlsync__driver *d, CUresult result, const char *call,
+                                  const char *fmt, ...) {
+  char prefix[160];
+  dlsync_status status = status_of_result(result);
+  va_list ap;
+  const char *name = dlsync__driver_error_name(d, result);
+  if (fmt != NULL && fmt[0] != '\0')
+    snprintf(prefix, sizeof prefix, "%s failed: %s (", call, name);
+  else
+    snprintf(prefix, sizeof prefix, "%s failed: %s", call, name);
+  va_start(ap, fmt);
+  set_message(status, (int)result, prefix, fmt, ap);
+  va_end(ap);
+  if (fmt != NULL && fmt[0] != '\0') {
+    size_t len = strlen(last_error.message);
+    if (len + 1 < sizeof last_error.message) {
+      last_error.message[len] = ')';
+      last_error.message[len + 1] = '\0';
+    }
+  }
+  return status;
+}
+
+dlsync_status dlsync__retag(dlsync_status status) {
+  last_error.status = status;
+  return status;
+}
+
+unsigned dlsync_version(void) { return DLSYNC_VERSION; }
+
+const char *dlsync_version_string(void) { return DLSYNC_VERSION_STRING; }

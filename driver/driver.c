@@ -1,0 +1,155 @@
+/* The CUDA driver table: libcuda.so.1 loaded with dlopen, each entry point
+ * resolved once with cuGetProcAddress at the ABI version pinned in
+ * include/dlsync/private/driver.h. This file is the only one that knows how
+ * libcuda is found. */
+#include <dlfcn.h>
+#include <pthread.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dlsync/private/internal.h"
+
+const dlsync__driver_entry_info dlsync__driver_entries[DLSYNC__DRIVER_ENTRY_COUNT] = {
+#define DLSYNC__DRIVER_INFO(name, pfn, ver, need) {"cu" #name, ver, need, offsetof(dlsync__driver, name)},
+    DLSYNC__DRIVER_ENTRIES(DLSYNC__DRIVER_INFO)
+#undef DLSYNC__DRIVER_INFO
+};
+
+/* Loaded tables, one per dlopen path, kept for the life of the process. */
+typedef struct loaded_driver {
+  struct loaded_driver *next;
+  char *path;
+  dlsync__driver table;
+} loaded_driver;
+
+static pthread_mutex_t load_lock = PTHREAD_MUTEX_INITIALIZER;
+static loaded_driver *loaded;
+
+static void **entry_slot(dlsync__driver *d, size_t i) {
+  return (void **)((char *)d + dlsync__driver_entries[i].offset);
+}
+
+static void *entry_value(const dlsync__driver *d, size_t i) {
+  void *const *slot = (void *const *)((const char *)d + dlsync__driver_entries[i].offset);
+  return *slot;
+}
+
+static dlsync_status load_one(dlsync__driver *t, const char *path) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  PFN_cuGetProcAddress_v12000 get_proc = NULL;
+  void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  CUresult r;
+  if (lib == NULL) {
+    const char *why = dlerror();
+    st = dlsync__fail(DLSYNC_ERROR_NO_DRIVER,
+                      "dlopen(\"%s\") failed: %s; no NVIDIA driver is installed, or its "
+                      "libcuda.so.1 is not on the loader's path",
+                      path, why != NULL ? why : "unknown error");
+    goto cleanup;
+  }
+  /* cuGetProcAddress_v2 has existed since driver 12.0. */
+  *(void **)&get_proc = dlsym(lib, "cuGetProcAddress_v2");
+  if (get_proc == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_DRIVER_TOO_OLD,
+                      "%s has no cuGetProcAddress_v2: dlsync needs a CUDA 12.0 or newer driver",
+                      path);
+    goto cleanup;
+  }
+  for (size_t i = 0; i < DLSYNC__DRIVER_ENTRY_COUNT; i++) {
+    const dlsync__driver_entry_info *e = &dlsync__driver_entries[i];
+    void *fn = NULL;
+    CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    r = get_proc(e->symbol, &fn, e->version, CU_GET_PROC_ADDRESS_DEFAULT, &found);
+    *entry_slot(t, i) = (r == CUDA_SUCCESS && found == CU_GET_PROC_ADDRESS_SUCCESS) ? fn : NULL;
+  }
+  t->origin = path;
+  if (t->Init == NULL || t->DriverGetVersion == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_DRIVER_TOO_OLD, "%s lacks cuInit or cuDriverGetVersion", path);
+    goto cleanup;
+  }
+  r = t->Init(0);
+  if (r != CUDA_SUCCESS) {
+    st = dlsync__fail_driver(t, r, "cuInit",
+                             "%s was loaded but could not initialise: no usable GPU, or the "
+                             "driver and kernel module disagree",
+                             path);
+    st = dlsync__retag(DLSYNC_ERROR_NO_DRIVER);
+    goto cleanup;
+  }
+  r = t->DriverGetVersion(&t->version);
+  if (r != CUDA_SUCCESS) {
+    st = dlsync__fail_driver(t, r, "cuDriverGetVersion", "%s", path);
+    goto cleanup;
+  }
+  lib = NULL; /* kept loaded for the life of the process */
+cleanup:
+  if (lib != NULL)
+    dlclose(lib);
+  return st;
+}
+
+dlsync_status dlsync__driver_load(const dlsync__driver **out, const char *path) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  loaded_driver *l = NULL;
+  *out = NULL;
+  if (path == NULL)
+    path = "libcuda.so.1";
+  pthread_mutex_lock(&load_lock);
+  for (loaded_driver *it = loaded; it != NULL; it = it->next) {
+    if (strcmp(it->path, path) == 0) {
+      *out = &it->table;
+      goto cleanup;
+    }
+  }
+  l = calloc(1, sizeof *l);
+  if (l == NULL || (l->path = strdup(path)) == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "loading the CUDA driver: out of memory");
+    goto cleanup;
+  }
+  DLSYNC_TRY(load_one(&l->table, l->path));
+  l->table.origin = l->path;
+  l->next = loaded;
+  loaded = l;
+  *out = &l->table;
+  l = NULL;
+cleanup:
+  pthread_mutex_unlock(&load_lock);
+  if (l != NULL) {
+    free(l->path);
+    free(l);
+  }
+  return st;
+}
+
+dlsync_status dlsync__driver_require(const dlsync__driver *d, int need, const char *what) {
+  for (size_t i = 0; i < DLSYNC__DRIVER_ENTRY_COUNT; i++) {
+    const dlsync__driver_entry_info *e = &dlsync__driver_entries[i];
+    if (e->need == need && entry_value(d, i) == NULL)
+      return dlsync__fail(DLSYNC_ERROR_DRIVER_TOO_OLD,
+                          "%s needs %s (driver %d.%d or newer); the driver found (%s) is %d.%d",
+                          what, e->symbol, e->version / 1000, (e->version % 1000) / 10,
+                          d->origin != NULL ? d->origin : "?", d->version / 1000,
+                          (d->version % 1000) / 10);
+  }
+  return DLSYNC_SUCCESS;
+}
+
+const char *dlsync__driver_error_name(const dlsync__driver *d, CUresult r) {
+  const char *name = NULL;
+  if (d != NULL && d->GetErrorName != NULL && d->GetErrorName(r, &name) == CUDA_SUCCESS &&
+      name != NULL)
+    return name;
+  switch (r) {
+  case CUDA_SUCCESS:
+    return "CUDA_SUCCESS";
+  case CUDA_ERROR_INVALID_VALUE:
+    return "CUDA_ERROR_INVALID_VALUE";
+  case CUDA_ERROR_NOT_INITIALIZED:
+    return "CUDA_ERROR_NOT_INITIALIZED";
+  case CUDA_ERROR_NO_DEVICE:
+    return "CUDA_ERROR_NO_DEVICE";
+  default:
+    return "CUDA_ERROR_UNKNOWN_CODE";
+  }
+}

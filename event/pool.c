@@ -1,0 +1,276 @@
+/* Per-CUDA-context event pools.
+ *
+ * An event can be recorded again as soon as the wait that used it has been
+ * queued (the wait captured the record it needed), so eager and same-capture
+ * exchanges take an event and give it straight back. An event that a graph
+ * node names belongs to that graph until the graph and its executables are
+ * destroyed; then a user-object destructor (on a driver thread, where no CUDA
+ * call is allowed) hands it back here.
+ */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dlsync/private/internal.h"
+
+struct dlsync__pool {
+  dlsync__pool *next; /* in the context's list; fixed once published */
+  const dlsync__driver *drv;
+  CUcontext cuctx;
+  atomic_int lock; /* spin lock over the fields below */
+  CUevent *free_events;
+  size_t nfree;
+  size_t cap;
+  size_t kept;
+  bool dead;           /* the context is destroyed */
+  atomic_size_t refs;  /* the context's + one per event held by a graph */
+  atomic_size_t created;
+  atomic_size_t destroyed;
+  atomic_size_t graph_owned;
+};
+
+static void spin_lock(atomic_int *l) {
+  for (;;) {
+    if (atomic_exchange_explicit(l, 1, memory_order_acquire) == 0)
+      return;
+    while (atomic_load_explicit(l, memory_order_relaxed) != 0) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+  }
+}
+
+static void spin_unlock(atomic_int *l) { atomic_store_explicit(l, 0, memory_order_release); }
+
+/* ---- orphans: events whose context died while graphs held them ---- */
+
+typedef struct orphan {
+  struct orphan *next;
+  const dlsync__driver *drv;
+  CUevent event;
+} orphan;
+
+static pthread_mutex_t orphan_lock = PTHREAD_MUTEX_INITIALIZER;
+static orphan *orphans;
+static atomic_int orphans_pending;
+
+void dlsync__orphans_collect(void) {
+  orphan *list;
+  if (atomic_load_explicit(&orphans_pending, memory_order_acquire) == 0)
+    return;
+  pthread_mutex_lock(&orphan_lock);
+  list = orphans;
+  orphans = NULL;
+  atomic_store_explicit(&orphans_pending, 0, memory_order_release);
+  pthread_mutex_unlock(&orphan_lock);
+  while (list != NULL) {
+    orphan *next = list->next;
+    (void)list->drv->EventDestroy(list->event);
+    free(list);
+    list = next;
+  }
+}
+
+static void pool_free(dlsync__pool *p) {
+  free(p->free_events);
+  free(p);
+}
+
+static void pool_unref(dlsync__pool *p) {
+  if (atomic_fetch_sub_explicit(&p->refs, 1, memory_order_acq_rel) == 1)
+    pool_free(p);
+}
+
+void dlsync__pool_ref(dlsync__pool *p) { atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed); }
+
+/* ---- lookup ---- */
+
+dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync_context *ctx, CUcontext cuctx) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__pool *p = atomic_load_explicit(&ctx->pools, memory_order_acquire);
+  bool locked = false;
+  for (; p != NULL; p = p->next) {
+    if (p->cuctx == cuctx) {
+      *out = p;
+      return DLSYNC_SUCCESS;
+    }
+  }
+  pthread_mutex_lock(&ctx->pools_lock);
+  locked = true;
+  for (p = atomic_load_explicit(&ctx->pools, memory_order_acquire); p != NULL; p = p->next) {
+    if (p->cuctx == cuctx) {
+      *out = p;
+      goto cleanup;
+    }
+  }
+  p = calloc(1, sizeof *p);
+  if (p == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "creating an event pool: out of memory");
+    goto cleanup;
+  }
+  p->drv = ctx->drv;
+  p->cuctx = cuctx;
+  p->kept = ctx->events_kept;
+  atomic_init(&p->lock, 0);
+  atomic_init(&p->refs, 1);
+  p->next = atomic_load_explicit(&ctx->pools, memory_order_relaxed);
+  atomic_store_explicit(&ctx->pools, p, memory_order_release);
+  *out = p;
+cleanup:
+  if (locked)
+    pthread_mutex_unlock(&ctx->pools_lock);
+  return st;
+}
+
+dlsync_status dlsync__pool_for_stream(dlsync__pool **out, dlsync_context *ctx, CUstream stream,
+                                      const char *role) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  CUcontext cuctx = NULL;
+  DLSYNC_CU(ctx->drv, cuStreamGetCtx, ctx->drv->StreamGetCtx(stream, &cuctx),
+            "%s stream %p: finding its CUDA context", role, (void *)stream);
+  DLSYNC_TRY(dlsync__pool_for_cuctx(out, ctx, cuctx));
+cleanup:
+  return st;
+}
+
+/* ---- take and give back ---- */
+
+dlsync_status dlsync__pool_get(CUevent *out, dlsync__pool *p) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = p->drv;
+  CUevent ev = NULL;
+  CUcontext popped = NULL;
+  bool pushed = false;
+  spin_lock(&p->lock);
+  if (DLSYNC__LIKELY(p->nfree > 0)) {
+    *out = p->free_events[--p->nfree];
+    spin_unlock(&p->lock);
+    return DLSYNC_SUCCESS;
+  }
+  spin_unlock(&p->lock);
+  /* Empty: create one in the pool's context (allowed during capture). */
+  dlsync__orphans_collect();
+  DLSYNC_CU(d, cuCtxPushCurrent, d->CtxPushCurrent(p->cuctx), "making context %p current to create an event",
+            (void *)p->cuctx);
+  pushed = true;
+  DLSYNC_CU(d, cuEventCreate, d->EventCreate(&ev, CU_EVENT_DISABLE_TIMING),
+            "growing the event pool of context %p", (void *)p->cuctx);
+  atomic_fetch_add_explicit(&p->created, 1, memory_order_relaxed);
+  *out = ev;
+  ev = NULL;
+cleanup:
+  if (pushed) {
+    CUresult r = d->CtxPopCurrent(&popped);
+    if (r != CUDA_SUCCESS && st == DLSYNC_SUCCESS) {
+      st = dlsync__fail_driver(d, r, "cuCtxPopCurrent", "restoring the caller's context");
+      (void)d->EventDestroy(*out);
+      atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
+      *out = NULL;
+    }
+  }
+  return st;
+}
+
+/* Returns false when the event could not be kept (the caller destroys it).
+ * With `limit`, at most p->kept events are kept. */
+static bool keep_locked(dlsync__pool *p, CUevent event, bool limit) {
+  if (limit && p->nfree >= p->kept)
+    return false;
+  if (p->nfree == p->cap) {
+    size_t cap = p->cap == 0 ? 16 : p->cap * 2;
+    CUevent *grown = realloc(p->free_events, cap * sizeof *grown);
+    if (grown == NULL)
+      return false;
+    p->free_events = grown;
+    p->cap = cap;
+  }
+  p->free_events[p->nfree++] = event;
+  return true;
+}
+
+void dlsync__pool_put(dlsync__pool *p, CUevent event) {
+  bool kept;
+  spin_lock(&p->lock);
+  kept = keep_locked(p, event, true);
+  spin_unlock(&p->lock);
+  if (!kept) {
+    (void)p->drv->EventDestroy(event);
+    atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
+  }
+}
+
+void dlsync__pool_return_from_graph(dlsync__pool *p, CUevent event) {
+  bool kept = false;
+  atomic_fetch_sub_explicit(&p->graph_owned, 1, memory_order_relaxed);
+  spin_lock(&p->lock);
+  /* No CUDA call here: this runs on a driver thread, so a surplus event is
+   * kept rather than destroyed. */
+  if (!p->dead)
+    kept = keep_locked(p, event, false);
+  spin_unlock(&p->lock);
+  if (!kept) {
+    orphan *o = malloc(sizeof *o);
+    if (o != NULL) {
+      o->drv = p->drv;
+      o->event = event;
+      pthread_mutex_lock(&orphan_lock);
+      o->next = orphans;
+      orphans = o;
+      atomic_store_explicit(&orphans_pending, 1, memory_order_release);
+      pthread_mutex_unlock(&orphan_lock);
+    }
+    /* Out of memory on a driver thread: the event handle is lost (the driver
+     * frees it with its context). */
+  }
+  pool_unref(p);
+}
+
+/* ---- teardown and stats ---- */
+
+dlsync_status dlsync__pools_destroy(dlsync_context *ctx) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__pool *p = atomic_exchange_explicit(&ctx->pools, NULL, memory_order_acq_rel);
+  while (p != NULL) {
+    dlsync__pool *next = p->next;
+    CUevent *events;
+    size_t n;
+    spin_lock(&p->lock);
+    p->dead = true;
+    events = p->free_events;
+    n = p->nfree;
+    p->free_events = NULL;
+    p->nfree = 0;
+    p->cap = 0;
+    spin_unlock(&p->lock);
+    for (size_t i = 0; i < n; i++) {
+      CUresult r = p->drv->EventDestroy(events[i]);
+      atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
+      if (r != CUDA_SUCCESS && st == DLSYNC_SUCCESS)
+        st = dlsync__fail_driver(p->drv, r, "cuEventDestroy", "destroying the event pool of context %p",
+                                 (void *)p->cuctx);
+    }
+    free(events);
+    pool_unref(p);
+    p = next;
+  }
+  dlsync__orphans_collect();
+  return st;
+}
+
+void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync_context *ctx) {
+  memset(out, 0, sizeof *out);
+  for (dlsync__pool *p = atomic_load_explicit(&ctx->pools, memory_order_acquire); p != NULL;
+       p = p->next) {
+    spin_lock(&p->lock);
+    out->free_events += p->nfree;
+    spin_unlock(&p->lock);
+    out->created += atomic_load(&p->created);
+    out->destroyed += atomic_load(&p->destroyed);
+    out->graph_owned += atomic_load(&p->graph_owned);
+  }
+}
+
+void dlsync__pool_note_graph_owned(dlsync__pool *p) {
+  atomic_fetch_add_explicit(&p->graph_owned, 1, memory_order_relaxed);
+  dlsync__pool_ref(p);
+}

@@ -1,0 +1,126 @@
+/* dlsync: contexts, the driver they use, devices and capabilities.
+ *
+ * A context owns the per-device event pools and everything dlsync keeps for
+ * ordering work. It loads the CUDA driver (libcuda.so.1) at run time; the
+ * library never links it, so a program using dlsync starts on a machine
+ * without a GPU, and dlsync_context_create says so with DLSYNC_ERROR_NO_DRIVER.
+ *
+ * Threads: every function taking a context may be called from any number of
+ * threads at once, except dlsync_context_destroy, which must not race with any
+ * other use of that context.
+ *
+ * Capture: creating a context calls cuInit and reads device attributes; do it
+ * outside any capture. Using a context never breaks a capture (see exchange.h).
+ *
+ * Ownership: a context is destroyed once with dlsync_context_destroy. The
+ * default context (dlsync_context_default) belongs to the library and lives
+ * until the process ends; never destroy it.
+ */
+#ifndef DLSYNC_CONTEXT_H
+#define DLSYNC_CONTEXT_H
+
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dlsync/export.h"
+#include "dlsync/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dlsync_context dlsync_context;
+
+#define DLSYNC_CONTEXT_CONFIG_VERSION 1u
+
+/* Append-only; fill with DLSYNC_CONTEXT_CONFIG_INIT, then set fields. */
+typedef struct dlsync_context_config {
+  size_t size;      /* sizeof(dlsync_context_config) */
+  uint32_t version; /* DLSYNC_CONTEXT_CONFIG_VERSION */
+  /* Path given to dlopen; NULL means "libcuda.so.1". */
+  const char *driver_path;
+  /* Free events kept per CUDA context before extra ones are destroyed; 0
+   * means 64. The pool grows past it as needed and never fails for size. */
+  uint32_t events_kept;
+} dlsync_context_config;
+
+#define DLSYNC_CONTEXT_CONFIG_INIT \
+  { sizeof(dlsync_context_config), DLSYNC_CONTEXT_CONFIG_VERSION, NULL, 0 }
+
+/* Creates a context. config may be NULL (defaults). Errors:
+ * DLSYNC_ERROR_NO_DRIVER (libcuda could not be loaded or initialised; the
+ * message says what was tried), DLSYNC_ERROR_DRIVER_TOO_OLD,
+ * DLSYNC_ERROR_INVALID_ARGUMENT (bad config size or version),
+ * DLSYNC_ERROR_OUT_OF_MEMORY. *out is NULL on failure. */
+DLSYNC_API dlsync_status dlsync_context_create(dlsync_context **out,
+                                               const dlsync_context_config *config);
+
+/* Destroys a context and its pools. NULL is a no-op. Events still owned by
+ * graphs (see exchange.h) are handed to the library and destroyed once those
+ * graphs are gone; nothing is leaked and no graph loses an event. Returns
+ * DLSYNC_SUCCESS, or the first driver error met while destroying events (the
+ * context is freed regardless). */
+DLSYNC_API dlsync_status dlsync_context_destroy(dlsync_context *ctx);
+
+/* The process-wide default context, created on first use (thread-safe) with
+ * the default configuration. A failure (no driver, say) is remembered and
+ * returned, with its message, by every later call. */
+DLSYNC_API dlsync_status dlsync_context_default(dlsync_context **out);
+
+/* Driver facts. */
+DLSYNC_API dlsync_status dlsync_context_driver_version(int *out, const dlsync_context *ctx);
+
+/* Capabilities of the driver a context uses. */
+typedef enum dlsync_capability {
+  /* cuStreamGetCaptureInfo with edge data (driver 12.3); needed for every
+   * capture-aware path of the exchange. */
+  DLSYNC_CAP_CAPTURE_EDGE_DATA = 1u << 0,
+  /* cuStreamBeginCaptureToGraph (driver 12.3). */
+  DLSYNC_CAP_CAPTURE_TO_USER_GRAPH = 1u << 1,
+  /* cuUserObjectCreate / cuGraphRetainUserObject (driver 11.3): events and
+   * tensors owned by graphs. */
+  DLSYNC_CAP_USER_OBJECTS = 1u << 2,
+  /* cuGraphAddNode with edge data (driver 12.3): nodes appended during
+   * capture keep the edge data of the capture's dependencies. */
+  DLSYNC_CAP_GRAPH_ADD_NODE_EDGE_DATA = 1u << 3
+} dlsync_capability;
+
+/* Bitmask of dlsync_capability. */
+DLSYNC_API dlsync_status dlsync_context_capabilities(uint32_t *out, const dlsync_context *ctx);
+
+/* DLSYNC_SUCCESS when the capability is there; otherwise
+ * DLSYNC_ERROR_DRIVER_TOO_OLD with a message naming the driver entry point,
+ * the driver version it needs and the one found. */
+DLSYNC_API dlsync_status dlsync_context_require(const dlsync_context *ctx, dlsync_capability cap);
+
+/* A printable name for one capability bit ("capture-edge-data"). */
+DLSYNC_API const char *dlsync_capability_name(dlsync_capability cap);
+
+#define DLSYNC_DEVICE_INFO_VERSION 1u
+
+typedef struct dlsync_device_info {
+  size_t size;      /* sizeof(dlsync_device_info) */
+  uint32_t version; /* DLSYNC_DEVICE_INFO_VERSION */
+  int ordinal;
+  char name[256];
+  char pci_bus_id[32]; /* "0000:19:00.0" */
+  int cc_major;
+  int cc_minor;
+  size_t total_memory; /* bytes */
+  int multiprocessors;
+} dlsync_device_info;
+
+#define DLSYNC_DEVICE_INFO_INIT \
+  { sizeof(dlsync_device_info), DLSYNC_DEVICE_INFO_VERSION, 0, {0}, {0}, 0, 0, 0, 0 }
+
+DLSYNC_API dlsync_status dlsync_device_count(int *out, const dlsync_context *ctx);
+
+/* Fills *info (initialised with DLSYNC_DEVICE_INFO_INIT) for device ordinal. */
+DLSYNC_API dlsync_status dlsync_device_get_info(dlsync_device_info *info,
+                                                const dlsync_context *ctx, int ordinal);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,95 @@
+/* dlsync: ordering work between a producer and a consumer.
+ *
+ * dlsync_order(ctx, first, then) makes the work that `then` queues from now on
+ * run after the work `first` queued so far. dlsync_exchange_begin/end is the
+ * pair a library uses around a borrowed tensor: begin orders the consumer
+ * after the producer's earlier work (the data is ready), end orders the
+ * producer's later work (mutation, free, the end of its capture) after the
+ * consumer's work in between.
+ *
+ * What happens depends on what each lane is at the time of the call (read from
+ * the driver each time):
+ *
+ *   first \ then          eager stream         capturing stream      graph lane
+ *   same stream           nothing              nothing               -
+ *   eager stream          event record+wait    eager record, external wait node in then's graph
+ *   capturing (id N)      then joins capture N edges only (same N);  record node in first's graph,
+ *                         (plain record/wait)  otherwise record node wait node in then's graph
+ *                                              in N, wait node in the other
+ *   graph lane            ERROR_CAPTURE_ORDER  record node in first's graph, wait node in then's
+ *                                              (same graph: edges only, no node)
+ *
+ * Where a record node and a wait node are placed in two different graphs, the
+ * graph holding the record node must be launched before the one holding the
+ * wait node, each time: a wait node waits for the event's state at launch.
+ * Events placed in graphs belong to those graphs (user objects) and go back
+ * to the pool only after the graphs and every executable made from them are
+ * destroyed.
+ *
+ * An eager stream cannot wait for a graph that is not launched yet (the wait
+ * would order nothing): such a request is DLSYNC_ERROR_CAPTURE_ORDER.
+ *
+ * Capture safety: no call made here queries or synchronises a stream or
+ * event, allocates device memory, or touches the legacy stream unless a lane
+ * names it; so dlsync never breaks a capture, in any capture mode, on this
+ * thread or another. Events are created (allowed during capture) only when a
+ * pool is empty.
+ *
+ * Errors leave nothing queued that the caller did not ask for, return pooled
+ * events to the pool and leak nothing. Threads: any number of calls at once on
+ * one context; one exchange handle is used by one thread at a time.
+ */
+#ifndef DLSYNC_EXCHANGE_H
+#define DLSYNC_EXCHANGE_H
+
+#include "dlsync/context.h"
+#include "dlsync/export.h"
+#include "dlsync/lane.h"
+#include "dlsync/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Makes `then`'s later work run after `first`'s earlier work (table above).
+ * Graph lanes (either side) get their new frontier written back. */
+DLSYNC_API dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first,
+                                      dlsync_lane *then);
+
+typedef struct dlsync_exchange dlsync_exchange;
+
+/* Orders the consumer after the producer (dlsync_order(ctx, producer,
+ * consumer)) and returns a handle for the matching end.
+ *
+ * Stream lanes are copied. Graph lanes are kept by pointer: they must stay
+ * valid until end, which reads their frontiers as they are then (the caller
+ * moves them on while building) and writes the producer's new frontier.
+ *
+ * If the producer is capturing and the consumer is an eager stream, the
+ * consumer joins the producer's capture: the consumer's work until end is
+ * captured into the producer's graph and replays with it; end joins it back,
+ * so the capture can end cleanly. Work queued on the consumer after end, while
+ * that capture is still active, is captured too and must be joined back by
+ * the caller (cuStreamEndCapture fails with CUDA_ERROR_STREAM_CAPTURE_UNJOINED
+ * otherwise). On failure *out is NULL and nothing was queued. */
+DLSYNC_API dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
+                                               dlsync_lane *producer, dlsync_lane *consumer);
+
+/* Orders the producer's later work after the consumer's work since begin
+ * (dlsync_order(ctx, consumer, producer)) and frees the handle, whatever the
+ * result. NULL is DLSYNC_ERROR_INVALID_ARGUMENT.
+ *
+ * DLSYNC_ERROR_CAPTURE_ORDER when the producer is an eager stream and the
+ * consumer is capturing or a graph lane (the producer cannot wait for a graph
+ * that is not launched), and when begin placed a record node in the
+ * producer's graph and a wait node in the consumer's (another graph): the
+ * producer's graph must be launched first, so it cannot also wait for the
+ * consumer's. Nothing is queued then; order the producer after the launch
+ * instead. */
+DLSYNC_API dlsync_status dlsync_exchange_end(dlsync_exchange *exchange);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,162 @@
+/* dlsync private: what the modules share. Never installed.
+ *
+ * Habits: internal non-static names start with dlsync__; one cleanup label per
+ * function; failures go through dlsync__fail* which set the thread's message
+ * and return the status, so `st = dlsync__fail(...); goto cleanup;` is the
+ * only way out of a function that failed (DLSYNC_TRY/DLSYNC_CU do that).
+ */
+#ifndef DLSYNC_PRIVATE_INTERNAL_H
+#define DLSYNC_PRIVATE_INTERNAL_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dlsync/dlsync.h"
+#include "dlsync/private/driver.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define DLSYNC__PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#define DLSYNC__LIKELY(x) __builtin_expect(!!(x), 1)
+#define DLSYNC__UNLIKELY(x) __builtin_expect(!!(x), 0)
+#else
+#define DLSYNC__PRINTF(fmt, args)
+#define DLSYNC__LIKELY(x) (x)
+#define DLSYNC__UNLIKELY(x) (x)
+#endif
+
+/* ---- errors (core/status.c) ---- */
+
+/* Sets the thread's last error (status, message, no driver result) and
+ * returns status. */
+dlsync_status dlsync__fail(dlsync_status status, const char *fmt, ...) DLSYNC__PRINTF(2, 3);
+
+/* For a failed driver call: the message reads
+ * "<call> failed: <CUDA_ERROR_NAME> (<context>)", the status is
+ * DLSYNC_ERROR_DRIVER unless the result maps to a more precise one
+ * (invalidated capture, legacy stream during capture). */
+dlsync_status dlsync__fail_driver(const dlsync__driver *d, CUresult result, const char *call,
+                                  const char *fmt, ...) DLSYNC__PRINTF(4, 5);
+
+/* Changes the status of the thread's last error, keeping its message. */
+dlsync_status dlsync__retag(dlsync_status status);
+
+#define DLSYNC_TRY(expr)                   \
+  do {                                     \
+    st = (expr);                           \
+    if (DLSYNC__UNLIKELY(st != DLSYNC_SUCCESS)) \
+      goto cleanup;                        \
+  } while (0)
+
+/* DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(s, e, 0), "fmt", args...) */
+#define DLSYNC_CU(d, name, expr, ...)                                 \
+  do {                                                                \
+    CUresult cu_r_ = (expr);                                          \
+    if (DLSYNC__UNLIKELY(cu_r_ != CUDA_SUCCESS)) {                    \
+      st = dlsync__fail_driver((d), cu_r_, #name, __VA_ARGS__);       \
+      goto cleanup;                                                   \
+    }                                                                 \
+  } while (0)
+
+/* ---- event pool (event/pool.c) ---- */
+
+/* Events of one CUDA context. Taking and giving back an event is a short
+ * spin-locked push/pop; events are created (cuEventCreate, allowed during
+ * capture) only when the pool is empty. An event placed in a graph is owned by
+ * that graph (graph/graph.c) and comes back when the graph and its
+ * executables are gone. */
+typedef struct dlsync__pool dlsync__pool;
+
+/* The pool of the context `stream` belongs to (cuStreamGetCtx). */
+dlsync_status dlsync__pool_for_stream(dlsync__pool **out, dlsync_context *ctx, CUstream stream,
+                                      const char *role);
+/* The pool of a CUDA context (created on first use). */
+dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync_context *ctx, CUcontext cuctx);
+dlsync_status dlsync__pool_get(CUevent *out, dlsync__pool *pool);
+void dlsync__pool_put(dlsync__pool *pool, CUevent event);
+/* Called from a user object's destructor (a driver thread: no CUDA calls):
+ * hands an event back to its pool, or to the orphan list if the context is
+ * gone. Drops the pool reference the graph held. */
+void dlsync__pool_return_from_graph(dlsync__pool *pool, CUevent event);
+void dlsync__pool_ref(dlsync__pool *pool);
+/* Counts an event as held by a graph and takes a pool reference for it. */
+void dlsync__pool_note_graph_owned(dlsync__pool *pool);
+/* Destroys every pool of a context; pools with events still owned by graphs
+ * live on until those come back. */
+dlsync_status dlsync__pools_destroy(dlsync_context *ctx);
+/* Destroys events whose context was destroyed while a graph held them. */
+void dlsync__orphans_collect(void);
+
+typedef struct dlsync__pool_stats {
+  size_t free_events;    /* in the pool now */
+  size_t created;        /* cuEventCreate calls made */
+  size_t destroyed;      /* cuEventDestroy calls made */
+  size_t graph_owned;    /* held by graphs now */
+} dlsync__pool_stats;
+/* Sums over the context's pools (tests: "the pool is intact"). */
+void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync_context *ctx);
+
+/* ---- lanes (stream/lane.c) ---- */
+
+typedef struct dlsync__lane_now {
+  dlsync_lane_state_kind kind;
+  CUstream stream;             /* stream lanes */
+  uint64_t capture_id;         /* CAPTURING */
+  CUgraph graph;               /* CAPTURING: capture graph; BUILT: the lane's graph */
+  const CUgraphNode *deps;     /* CAPTURING: valid until the next query of that stream */
+  size_t ndeps;
+  dlsync_lane *lane;           /* the caller's lane */
+  const char *role;            /* "producer", "consumer", ... for messages */
+} dlsync__lane_now;
+
+/* Validates a lane and reads its state (one cuStreamGetCaptureInfo for a
+ * stream). Errors name `role`. */
+dlsync_status dlsync__lane_read(dlsync__lane_now *out, dlsync_context *ctx, dlsync_lane *lane,
+                                const char *role);
+/* Validates a lane's fields without calling the driver. */
+dlsync_status dlsync__lane_check(const dlsync_lane *lane, const char *role);
+bool dlsync__same_stream(CUstream a, CUstream b);
+
+/* ---- graphs (graph/graph.c) ---- */
+
+/* Appends an event-record (record = true) or event-wait node at a lane's
+ * position: after a capture's current dependencies (which then become the
+ * node), or after a built lane's frontier (which then becomes the node). */
+dlsync_status dlsync__graph_append_event(dlsync_context *ctx, dlsync__lane_now *lane,
+                                         CUevent event, bool record);
+/* Gives `event` to the graphs (a user object each graph holds a reference
+ * to); it returns to `pool` once all are destroyed. On failure the event is
+ * back in the pool or held by the graphs that did take it. */
+dlsync_status dlsync__graph_own_event(dlsync_context *ctx, dlsync__pool *pool, CUevent event,
+                                      CUgraph *graphs, int ngraphs);
+
+/* ---- context (core/context.c) ---- */
+
+struct dlsync_context {
+  const dlsync__driver *drv;
+  uint32_t events_kept;
+  uint32_t caps; /* dlsync_capability bits */
+  bool is_default;
+  pthread_mutex_t pools_lock;         /* taken only to add a pool */
+  _Atomic(dlsync__pool *) pools;      /* one per CUDA context, newest first */
+};
+
+/* Test hook: a context over a driver table the caller owns (the fake). The
+ * table must outlive the context. */
+dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
+                                                            const dlsync_context_config *config,
+                                                            const dlsync__driver *drv);
+
+uint32_t dlsync__capabilities_of(const dlsync__driver *d);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

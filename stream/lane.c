@@ -1,0 +1,135 @@
+/* Lanes: validation and the capture query made at each call. */
+#include <string.h>
+
+#include "dlsync/private/internal.h"
+
+bool dlsync__same_stream(CUstream a, CUstream b) {
+  /* NULL and CU_STREAM_LEGACY both name the legacy default stream (dlsync
+   * resolves driver entry points without per-thread default stream semantics). */
+  if (a == NULL)
+    a = CU_STREAM_LEGACY;
+  if (b == NULL)
+    b = CU_STREAM_LEGACY;
+  return a == b;
+}
+
+dlsync_status dlsync__lane_check(const dlsync_lane *lane, const char *role) {
+  if (lane == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "the %s lane is NULL", role);
+  switch (lane->kind) {
+  case DLSYNC_LANE_STREAM:
+    if (lane->graph != NULL)
+      return dlsync__fail(DLSYNC_ERROR_INVALID_LANE,
+                          "the %s lane names both a stream (%p) and a graph (%p); a stream lane "
+                          "must leave graph NULL (use dlsync_lane_stream or dlsync_lane_graph)",
+                          role, (void *)lane->stream, (void *)lane->graph);
+    return DLSYNC_SUCCESS;
+  case DLSYNC_LANE_GRAPH:
+    if (lane->stream != NULL)
+      return dlsync__fail(DLSYNC_ERROR_INVALID_LANE,
+                          "the %s lane names both a graph (%p) and a stream (%p); a graph lane "
+                          "must leave stream NULL",
+                          role, (void *)lane->graph, (void *)lane->stream);
+    if (lane->graph == NULL)
+      return dlsync__fail(DLSYNC_ERROR_INVALID_LANE, "the %s lane is a graph lane with no graph",
+                          role);
+    if (lane->ndeps > 0 && lane->deps == NULL)
+      return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                          "the %s graph lane has ndeps = %zu but deps is NULL", role, lane->ndeps);
+    if (lane->ndeps > lane->capacity)
+      return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                          "the %s graph lane has ndeps = %zu > capacity = %zu", role, lane->ndeps,
+                          lane->capacity);
+    return DLSYNC_SUCCESS;
+  case DLSYNC_LANE_NONE:
+  default:
+    return dlsync__fail(DLSYNC_ERROR_INVALID_LANE,
+                        "the %s lane names neither a stream nor a graph (kind %d); make it with "
+                        "dlsync_lane_stream or dlsync_lane_graph",
+                        role, (int)lane->kind);
+  }
+}
+
+dlsync_status dlsync__lane_read(dlsync__lane_now *out, dlsync_context *ctx, dlsync_lane *lane,
+                                const char *role) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = ctx->drv;
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  CUgraph graph = NULL;
+  const CUgraphNode *deps = NULL;
+  const CUgraphEdgeData *edges = NULL;
+  size_t n = 0;
+  CUresult r;
+  memset(out, 0, sizeof *out);
+  DLSYNC_TRY(dlsync__lane_check(lane, role));
+  out->lane = lane;
+  out->role = role;
+  out->stream = NULL;
+  out->capture_id = 0;
+  out->deps = NULL;
+  out->ndeps = 0;
+  if (lane->kind == DLSYNC_LANE_GRAPH) {
+    out->kind = DLSYNC_LANE_BUILT;
+    out->graph = lane->graph;
+    out->deps = (const CUgraphNode *)lane->deps;
+    out->ndeps = lane->ndeps;
+    goto cleanup;
+  }
+  out->stream = lane->stream;
+  if (DLSYNC__UNLIKELY(d->StreamGetCaptureInfo == NULL)) {
+    DLSYNC_TRY(dlsync__driver_require(d, DLSYNC__NEED_CAPTURE, "a capture-aware exchange"));
+  }
+  r = d->StreamGetCaptureInfo(lane->stream, &cs, &id, &graph, &deps, &edges, &n);
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+    if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+      st = dlsync__fail_driver(d, r, "cuStreamGetCaptureInfo",
+                               "the %s lane is the legacy default stream while a blocking stream "
+                               "of its context is capturing; pass the capturing stream or a "
+                               "non-blocking stream instead",
+                               role);
+    } else {
+      st = dlsync__fail_driver(d, r, "cuStreamGetCaptureInfo", "%s stream %p", role,
+                               (void *)lane->stream);
+    }
+    goto cleanup;
+  }
+  switch (cs) {
+  case CU_STREAM_CAPTURE_STATUS_NONE:
+    out->kind = DLSYNC_LANE_EAGER;
+    out->graph = NULL;
+    break;
+  case CU_STREAM_CAPTURE_STATUS_ACTIVE:
+    out->kind = DLSYNC_LANE_CAPTURING;
+    out->capture_id = id;
+    out->graph = graph;
+    out->deps = deps;
+    out->ndeps = n;
+    break;
+  case CU_STREAM_CAPTURE_STATUS_INVALIDATED:
+  default:
+    st = dlsync__fail(DLSYNC_ERROR_CAPTURE_INVALIDATED,
+                      "the %s stream %p is in a capture that an earlier call invalidated; end "
+                      "it with cuStreamEndCapture (which will fail) and capture again",
+                      role, (void *)lane->stream);
+    break;
+  }
+cleanup:
+  return st;
+}
+
+dlsync_status dlsync_lane_query(dlsync_lane_state *out, dlsync_context *ctx,
+                                const dlsync_lane *lane) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__lane_now now;
+  if (out == NULL || ctx == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_lane_query: %s is NULL",
+                        out == NULL ? "out" : "ctx");
+  /* Reading does not modify the lane. */
+  DLSYNC_TRY(dlsync__lane_read(&now, ctx, (dlsync_lane *)(uintptr_t)lane, "queried"));
+  out->kind = now.kind;
+  out->capture_id = now.capture_id;
+  out->graph = now.graph;
+cleanup:
+  return st;
+}
