@@ -48,6 +48,18 @@ dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "no driver table given");
   DLSYNC_TRY(check_config(config));
   DLSYNC_TRY(dlsync__driver_require(drv, DLSYNC__NEED_CORE, "dlsync"));
+  /* cuInit is idempotent; a table that was handed in may not have run it. */
+  {
+    CUresult r = drv->Init(0);
+    if (r != CUDA_SUCCESS) {
+      dlsync__fail_driver(drv, r, "cuInit",
+                          "the driver (%s) could not initialise: no usable GPU, or the driver "
+                          "and kernel module disagree",
+                          drv->origin != NULL ? drv->origin : "?");
+      st = dlsync__retag(DLSYNC_ERROR_NO_DRIVER);
+      goto cleanup;
+    }
+  }
   ctx = calloc(1, sizeof *ctx);
   if (ctx == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_context_create: out of memory");
@@ -59,6 +71,8 @@ dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
   }
   lock_made = true;
   ctx->drv = drv;
+  DLSYNC_CU(drv, cuDriverGetVersion, drv->DriverGetVersion(&ctx->driver_version),
+            "asking the driver (%s) for its version", drv->origin != NULL ? drv->origin : "?");
   ctx->events_kept = (config != NULL && config->events_kept != 0) ? config->events_kept : 64;
   ctx->caps = dlsync__capabilities_of(drv);
   atomic_init(&ctx->pools, NULL);
@@ -136,7 +150,7 @@ dlsync_status dlsync_context_driver_version(int *out, const dlsync_context *ctx)
   if (out == NULL || ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_context_driver_version: %s is NULL",
                         out == NULL ? "out" : "ctx");
-  *out = ctx->drv->version;
+  *out = ctx->driver_version;
   return DLSYNC_SUCCESS;
 }
 

@@ -156,12 +156,12 @@ static dlsync_status order_now(dlsync_context *ctx, dlsync__pool *pool, dlsync__
                 first->role, (void *)first->stream);
       goto cleanup;
     }
-    /* then is in a graph: an external wait node; the graph owns the event. */
+    /* then is in a graph: an external wait node; the graph owns the event.
+     * The node reads the event's state when the graph is launched, so it is
+     * added before the eager record: if adding it fails, nothing is queued. */
     graphs[0] = then->graph;
     put_back = false;
     DLSYNC_TRY(dlsync__graph_own_event(ctx, pool, ev, graphs, 1));
-    DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p", first->role,
-              (void *)first->stream);
     if (then->kind == DLSYNC_LANE_CAPTURING) {
       DLSYNC_CU(d, cuStreamWaitEvent,
                 d->StreamWaitEvent(then->stream, ev, CU_EVENT_WAIT_EXTERNAL),
@@ -172,6 +172,8 @@ static dlsync_status order_now(dlsync_context *ctx, dlsync__pool *pool, dlsync__
     } else {
       DLSYNC_TRY(dlsync__graph_append_event(ctx, then, ev, false));
     }
+    DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p", first->role,
+              (void *)first->stream);
     goto cleanup;
   }
 

@@ -46,6 +46,8 @@ const char *dlsync_last_error(void) { return last_error.message; }
 int dlsync_last_driver_result(void) { return last_error.driver_result; }
 
 static void set_message(dlsync_status status, int driver_result, const char *prefix,
+                        const char *fmt, va_list ap) DLSYNC__PRINTF(4, 0);
+static void set_message(dlsync_status status, int driver_result, const char *prefix,
                         const char *fmt, va_list ap) {
   size_t used = 0;
   last_error.status = status;

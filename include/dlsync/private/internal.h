@@ -142,6 +142,7 @@ struct dlsync_context {
   const dlsync__driver *drv;
   uint32_t events_kept;
   uint32_t caps; /* dlsync_capability bits */
+  int driver_version;
   bool is_default;
   pthread_mutex_t pools_lock;         /* taken only to add a pool */
   _Atomic(dlsync__pool *) pools;      /* one per CUDA context, newest first */

@@ -1,0 +1,298 @@
+/* Host cost of an exchange against the raw driver calls it must make,
+ * measured side by side in one run, and replay time of a captured chain of
+ * exchanges against a hand-built graph with only the edges it needs.
+ *
+ * Each figure is the median over BATCHES batches of OPS operations (host
+ * nanoseconds per operation, clock_gettime around the batch); the streams are
+ * idle, so the figures are the host-side cost of the calls. Exits 77 where no
+ * GPU is found. */
+#include "../tests/gpu/gpu_common.h"
+
+#define OPS 20000
+#define BATCHES 9
+#define CHAIN 100
+#define REPLAYS 200
+
+static gpu_env E;
+static const dlsync__driver *D;
+static CUstream P, C;
+static CUevent e1, e2;
+
+static int cmp_double(const void *a, const void *b) {
+  double x = *(const double *)a, y = *(const double *)b;
+  return (x > y) - (x < y);
+}
+
+static double median(double *v, int n) {
+  qsort(v, (size_t)n, sizeof *v, cmp_double);
+  return v[n / 2];
+}
+
+#define CHECK(cond, what)                                                                      \
+  do {                                                                                         \
+    if (!(cond)) {                                                                             \
+      printf("FAIL: %s (line %d): %s\n", what, __LINE__, dlsync_last_error());                 \
+      exit(1);                                                                                 \
+    }                                                                                          \
+  } while (0)
+
+typedef void (*op_fn)(void);
+
+static double time_op(op_fn fn) {
+  double t[BATCHES];
+  for (int i = 0; i < 200; i++)
+    fn(); /* warm-up: pools filled, caches warm */
+  D->CtxSynchronize();
+  for (int b = 0; b < BATCHES; b++) {
+    double t0 = gpu_now_ns();
+    for (int i = 0; i < OPS; i++)
+      fn();
+    t[b] = (gpu_now_ns() - t0) / OPS;
+    D->CtxSynchronize();
+  }
+  return median(t, BATCHES);
+}
+
+static void op_query(void) {
+  CUstreamCaptureStatus st;
+  cuuint64_t id;
+  CUgraph g;
+  const CUgraphNode *deps;
+  const CUgraphEdgeData *ed;
+  size_t n;
+  CHECK(D->StreamGetCaptureInfo(P, &st, &id, &g, &deps, &ed, &n) == CUDA_SUCCESS, "query");
+}
+
+static void op_same_stream(void) {
+  dlsync_lane l = dlsync_lane_stream(P);
+  dlsync_exchange *ex;
+  CHECK(dlsync_exchange_begin(&ex, E.ctx, &l, &l) == DLSYNC_SUCCESS, "begin");
+  CHECK(dlsync_exchange_end(ex) == DLSYNC_SUCCESS, "end");
+}
+
+static void op_raw_fork_join(void) {
+  CHECK(D->EventRecord(e1, P) == CUDA_SUCCESS, "record");
+  CHECK(D->StreamWaitEvent(C, e1, 0) == CUDA_SUCCESS, "wait");
+  CHECK(D->EventRecord(e2, C) == CUDA_SUCCESS, "record");
+  CHECK(D->StreamWaitEvent(P, e2, 0) == CUDA_SUCCESS, "wait");
+}
+
+static void op_dlsync_eager(void) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex;
+  CHECK(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc) == DLSYNC_SUCCESS, "begin");
+  CHECK(dlsync_exchange_end(ex) == DLSYNC_SUCCESS, "end");
+}
+
+static void op_event_per_call(void) {
+  CUevent a, b;
+  CHECK(D->EventCreate(&a, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS, "create");
+  CHECK(D->EventRecord(a, P) == CUDA_SUCCESS, "record");
+  CHECK(D->StreamWaitEvent(C, a, 0) == CUDA_SUCCESS, "wait");
+  CHECK(D->EventDestroy(a) == CUDA_SUCCESS, "destroy");
+  CHECK(D->EventCreate(&b, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS, "create");
+  CHECK(D->EventRecord(b, C) == CUDA_SUCCESS, "record");
+  CHECK(D->StreamWaitEvent(P, b, 0) == CUDA_SUCCESS, "wait");
+  CHECK(D->EventDestroy(b) == CUDA_SUCCESS, "destroy");
+}
+
+/* In capture: P captures, C is joined by the first exchange; time K pairs. */
+static double time_in_capture(bool use) {
+  double t[BATCHES];
+  const int k = 500;
+  for (int b = 0; b < BATCHES; b++) {
+    CUgraph g = NULL;
+    double t0;
+    CHECK(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS, "capture");
+    t0 = gpu_now_ns();
+    for (int i = 0; i < k; i++) {
+      if (use)
+        op_dlsync_eager();
+      else
+        op_raw_fork_join();
+    }
+    t[b] = (gpu_now_ns() - t0) / k;
+    CHECK(D->StreamEndCapture(P, &g) == CUDA_SUCCESS, "end capture");
+    D->GraphDestroy(g);
+  }
+  return median(t, BATCHES);
+}
+
+/* Two captures: dlsync's begin (record node in one, wait node in the other)
+ * against the same manual appends made by hand. */
+static double time_two_captures(bool use) {
+  double t[BATCHES];
+  const int k = 500;
+  for (int b = 0; b < BATCHES; b++) {
+    CUgraph g1 = NULL, g2 = NULL;
+    double t0;
+    CHECK(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
+    CHECK(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
+    t0 = gpu_now_ns();
+    for (int i = 0; i < k; i++) {
+      if (use) {
+        dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+        CHECK(dlsync_order(E.ctx, &lp, &lc) == DLSYNC_SUCCESS, "order");
+      } else {
+        CUstreamCaptureStatus st;
+        cuuint64_t id;
+        CUgraph g;
+        const CUgraphNode *deps;
+        const CUgraphEdgeData *ed;
+        size_t n;
+        CUgraphNode node;
+        CHECK(D->StreamGetCaptureInfo(P, &st, &id, &g, &deps, &ed, &n) == CUDA_SUCCESS, "q");
+        CHECK(D->GraphAddEventRecordNode(&node, g, deps, n, e1) == CUDA_SUCCESS, "rec");
+        CHECK(D->StreamUpdateCaptureDependencies(P, &node, NULL, 1, 1) == CUDA_SUCCESS, "upd");
+        CHECK(D->StreamGetCaptureInfo(C, &st, &id, &g, &deps, &ed, &n) == CUDA_SUCCESS, "q");
+        CHECK(D->GraphAddEventWaitNode(&node, g, deps, n, e1) == CUDA_SUCCESS, "wait");
+        CHECK(D->StreamUpdateCaptureDependencies(C, &node, NULL, 1, 1) == CUDA_SUCCESS, "upd");
+      }
+    }
+    t[b] = (gpu_now_ns() - t0) / k;
+    CHECK(D->StreamEndCapture(C, &g2) == CUDA_SUCCESS, "end capture");
+    CHECK(D->StreamEndCapture(P, &g1) == CUDA_SUCCESS, "end capture");
+    D->GraphDestroy(g1);
+    D->GraphDestroy(g2);
+  }
+  return median(t, BATCHES);
+}
+
+/* Replay of a chain of CHAIN exchanges (producer memset, consumer copy),
+ * captured through dlsync, against a hand-built graph with the same nodes and
+ * only the edges the order needs. Returns microseconds per replay. */
+static double replay_us(CUgraphExec x) {
+  double t[BATCHES];
+  for (int i = 0; i < 20; i++)
+    D->GraphLaunch(x, P);
+  D->StreamSynchronize(P);
+  for (int b = 0; b < BATCHES; b++) {
+    double t0 = gpu_now_ns();
+    for (int r = 0; r < REPLAYS / 10; r++)
+      CHECK(D->GraphLaunch(x, P) == CUDA_SUCCESS, "launch");
+    CHECK(D->StreamSynchronize(P) == CUDA_SUCCESS, "sync");
+    t[b] = (gpu_now_ns() - t0) / (REPLAYS / 10) / 1000.0;
+  }
+  return median(t, BATCHES);
+}
+
+static void replay_compare(double *captured_us, double *built_us, size_t *captured_nodes,
+                           size_t *built_nodes) {
+  const size_t words = 1 << 18; /* 1 MiB per memset */
+  CUdeviceptr bufs, outs;
+  CUgraph gc = NULL, gb = NULL;
+  CUgraphExec xc = NULL, xb = NULL;
+  CUgraphNode prev = NULL;
+  CHECK(D->MemAlloc(&bufs, CHAIN * words * 4) == CUDA_SUCCESS, "alloc");
+  CHECK(D->MemAlloc(&outs, CHAIN * 4) == CUDA_SUCCESS, "alloc");
+  /* Captured: memset on P, exchange, copy on C, end. */
+  CHECK(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS, "capture");
+  for (int k = 0; k < CHAIN; k++) {
+    dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+    dlsync_exchange *ex;
+    CUdeviceptr b = bufs + (CUdeviceptr)k * words * 4;
+    CHECK(D->MemsetD32Async(b, (unsigned)k, words, P) == CUDA_SUCCESS, "memset");
+    CHECK(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc) == DLSYNC_SUCCESS, "begin");
+    CHECK(D->MemcpyDtoDAsync(outs + (CUdeviceptr)k * 4, b + (words - 1) * 4, 4, C) ==
+              CUDA_SUCCESS,
+          "copy");
+    CHECK(dlsync_exchange_end(ex) == DLSYNC_SUCCESS, "end");
+  }
+  CHECK(D->StreamEndCapture(P, &gc) == CUDA_SUCCESS, "end capture");
+  /* Hand-built: memset_k -> copy_k -> memset_k+1. */
+  CHECK(D->GraphCreate(&gb, 0) == CUDA_SUCCESS, "graph");
+  for (int k = 0; k < CHAIN; k++) {
+    CUDA_MEMSET_NODE_PARAMS mp;
+    CUDA_MEMCPY3D cp;
+    CUgraphNode m, c;
+    CUdeviceptr b = bufs + (CUdeviceptr)k * words * 4;
+    memset(&mp, 0, sizeof mp);
+    mp.dst = b;
+    mp.value = (unsigned)k;
+    mp.elementSize = 4;
+    mp.width = words;
+    mp.height = 1;
+    CHECK(D->GraphAddMemsetNode(&m, gb, prev ? &prev : NULL, prev ? 1 : 0, &mp, E.cuctx) ==
+              CUDA_SUCCESS,
+          "memset node");
+    memset(&cp, 0, sizeof cp);
+    cp.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+    cp.srcDevice = b + (words - 1) * 4;
+    cp.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+    cp.dstDevice = outs + (CUdeviceptr)k * 4;
+    cp.WidthInBytes = 4;
+    cp.Height = 1;
+    cp.Depth = 1;
+    CHECK(D->GraphAddMemcpyNode(&c, gb, &m, 1, &cp, E.cuctx) == CUDA_SUCCESS, "copy node");
+    prev = c;
+  }
+  *captured_nodes = 0;
+  *built_nodes = 0;
+  D->GraphGetNodes(gc, NULL, captured_nodes);
+  D->GraphGetNodes(gb, NULL, built_nodes);
+  CHECK(D->GraphInstantiateWithFlags(&xc, gc, 0) == CUDA_SUCCESS, "instantiate");
+  CHECK(D->GraphInstantiateWithFlags(&xb, gb, 0) == CUDA_SUCCESS, "instantiate");
+  /* Interleave to share any drift; take each one's median. */
+  *captured_us = replay_us(xc);
+  *built_us = replay_us(xb);
+  {
+    double c2 = replay_us(xc), b2 = replay_us(xb);
+    *captured_us = (*captured_us + c2) / 2;
+    *built_us = (*built_us + b2) / 2;
+  }
+  D->GraphExecDestroy(xc);
+  D->GraphExecDestroy(xb);
+  D->GraphDestroy(gc);
+  D->GraphDestroy(gb);
+  D->MemFree(bufs);
+  D->MemFree(outs);
+}
+
+int main(void) {
+  int rc = gpu_env_init(&E);
+  double q, same, raw, eager, per_call, cap_raw, cap_ds, two_raw, two_ds, rc_us, rb_us;
+  size_t nc = 0, nb = 0;
+  if (rc != 0)
+    return rc;
+  D = E.d;
+  CHECK(D->StreamCreate(&P, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS, "stream");
+  CHECK(D->StreamCreate(&C, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS, "stream");
+  CHECK(D->EventCreate(&e1, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS, "event");
+  CHECK(D->EventCreate(&e2, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS, "event");
+
+  /* Interleaved twice; the medians of both rounds are averaged. */
+  q = time_op(op_query);
+  same = time_op(op_same_stream);
+  raw = time_op(op_raw_fork_join);
+  eager = time_op(op_dlsync_eager);
+  per_call = time_op(op_event_per_call);
+  raw = (raw + time_op(op_raw_fork_join)) / 2;
+  eager = (eager + time_op(op_dlsync_eager)) / 2;
+  q = (q + time_op(op_query)) / 2;
+  same = (same + time_op(op_same_stream)) / 2;
+  cap_raw = time_in_capture(false);
+  cap_ds = time_in_capture(true);
+  two_raw = time_two_captures(false);
+  two_ds = time_two_captures(true);
+  replay_compare(&rc_us, &rb_us, &nc, &nb);
+
+  printf("\ndlsync bench on %s (host ns per operation, median of %d x %d)\n", E.name, BATCHES,
+         OPS);
+  printf("%-44s %10s %10s %8s %s\n", "measure", "dlsync", "baseline", "ratio", "target");
+  printf("%-44s %10.1f %10.1f %8.2f %s\n", "same stream begin+end vs one capture query", same, q,
+         same / q, same / q <= 2.0 ? "<= 2.00 ok" : "<= 2.00 MISSED");
+  printf("%-44s %10.1f %10.1f %8.2f %s\n", "eager begin+end vs raw fork+join", eager, raw,
+         eager / raw, eager / raw <= 1.10 ? "<= 1.10 ok" : "<= 1.10 MISSED");
+  printf("%-44s %10.1f %10.1f %8.2f %s\n", "eager begin+end vs event created per call", eager,
+         per_call, per_call / eager,
+         per_call / eager >= 1.5 ? "speedup >= 1.50 ok" : "speedup >= 1.50 MISSED");
+  printf("%-44s %10.1f %10.1f %8.2f %s\n", "in capture (join) begin+end vs raw fork+join",
+         cap_ds, cap_raw, cap_ds / cap_raw, "(no target)");
+  printf("%-44s %10.1f %10.1f %8.2f %s\n", "two captures dlsync_order vs manual nodes", two_ds,
+         two_raw, two_ds / two_raw, "(no target)");
+  printf("%-44s %10.2f %10.2f %8.3f %s\n", "replay us: captured chain vs hand-built", rc_us,
+         rb_us, rc_us / rb_us, rc_us / rb_us <= 1.05 ? "<= 1.05 ok" : "<= 1.05 MISSED");
+  printf("%-44s %10zu %10zu\n", "  nodes in the two graphs", nc, nb);
+  dlsync_context_destroy(E.ctx);
+  return 0;
+}

@@ -1,0 +1,1058 @@
+/* The graph-capture regression suite, on a real GPU.
+ *
+ * Every row of the decision table (include/dlsync/exchange.h), in each capture
+ * mode where a capture is involved: a producer that runs about a millisecond
+ * (cuMemsetD32Async over a 4 GiB buffer, a new value each time) and a
+ * consumer that copies the buffer's last word into a result slot. A consumer
+ * that is not ordered after the producer reads the previous value. Captured
+ * graphs are replayed many times with the memset value changed before each
+ * launch (cuGraphExecMemsetNodeSetParams), and the slot is checked after each.
+ *
+ * Each scenario runs twice: with dlsync, where every read must be right and
+ * every capture must end cleanly, and as a negative control without dlsync,
+ * which must show wrong data or a broken capture (so the scenario is known to
+ * be able to fail). One table is printed at the end; exit 0 when all pass,
+ * 1 otherwise, 77 where no GPU is found.
+ */
+#include <pthread.h>
+#include <stdarg.h>
+#include <stdbool.h>
+
+#include "gpu_common.h"
+
+#define REPLAYS 50
+#define TRIALS 20
+#define BIG_WORDS ((size_t)1 << 30) /* 4 GiB of uint32 */
+#define WORKER_WORDS ((size_t)1 << 28)
+#define WORKERS 4
+#define SLOTS 256
+
+static gpu_env E;
+static const dlsync__driver *D;
+static CUdeviceptr big_buf;
+static CUdeviceptr slots;
+static unsigned value_base = 1000;
+
+typedef struct outcome {
+  int runs;
+  int wrong;   /* reads that saw another value than the producer's */
+  int broken;  /* captures that failed to end, graphs that failed */
+  char note[200];
+} outcome;
+
+typedef struct scenario {
+  const char *name;
+  const char *row;
+  int (*fn)(const struct scenario *s, CUstreamCaptureMode mode, bool use, outcome *o);
+  bool modes;       /* run in GLOBAL, THREAD_LOCAL and RELAXED */
+  bool control_can_fail; /* false: stream order alone is enough (same stream) */
+} scenario;
+
+static void note(outcome *o, const char *fmt, ...) {
+  va_list ap;
+  if (o->note[0] != '\0')
+    return;
+  va_start(ap, fmt);
+  vsnprintf(o->note, sizeof o->note, fmt, ap);
+  va_end(ap);
+}
+
+#define CU(call)                                                                   \
+  do {                                                                             \
+    CUresult r_ = (call);                                                          \
+    if (r_ != CUDA_SUCCESS) {                                                      \
+      note(o, "%s:%d %s: %s", __FILE__, __LINE__, #call, gpu_err(D, r_));          \
+      o->broken++;                                                                 \
+      goto out;                                                                    \
+    }                                                                              \
+  } while (0)
+
+#define DS(call)                                                                   \
+  do {                                                                             \
+    dlsync_status s_ = (call);                                                     \
+    if (s_ != DLSYNC_SUCCESS) {                                                    \
+      note(o, "line %d: %s: %s", __LINE__, dlsync_status_name(s_), dlsync_last_error()); \
+      o->broken++;                                                                 \
+      goto out;                                                                    \
+    }                                                                              \
+  } while (0)
+
+/* A call that must fail with `want` (end across graphs, for example). */
+#define DS_EXPECT(call, want)                                                      \
+  do {                                                                             \
+    dlsync_status s_ = (call);                                                     \
+    if (s_ != (want)) {                                                            \
+      note(o, "line %d: got %s, expected %s (%s)", __LINE__, dlsync_status_name(s_), \
+           dlsync_status_name(want), dlsync_last_error());                         \
+      o->broken++;                                                                 \
+      goto out;                                                                    \
+    }                                                                              \
+  } while (0)
+
+static CUresult produce(CUstream s, CUdeviceptr buf, size_t words, unsigned v) {
+  return D->MemsetD32Async(buf, v, words, s);
+}
+
+static CUresult consume(CUstream s, CUdeviceptr buf, size_t words, int slot) {
+  return D->MemcpyDtoDAsync(slots + (CUdeviceptr)slot * 4, buf + (words - 1) * 4, 4, s);
+}
+
+static CUresult read_slot(unsigned *out, int slot) {
+  return D->MemcpyDtoH(out, slots + (CUdeviceptr)slot * 4, 4);
+}
+
+static CUresult new_stream(CUstream *s) { return D->StreamCreate(s, CU_STREAM_NON_BLOCKING); }
+
+static void drop_stream(CUstream s) {
+  if (s != NULL)
+    D->StreamDestroy(s);
+}
+
+static void drop_graph(CUgraph g, CUgraphExec x) {
+  if (x != NULL)
+    D->GraphExecDestroy(x);
+  if (g != NULL)
+    D->GraphDestroy(g);
+}
+
+/* Sets every memset node of `g` (in its executable `x`) to value v. */
+static CUresult set_memset_value(CUgraph g, CUgraphExec x, unsigned v) {
+  CUgraphNode nodes[64];
+  size_t n = 64;
+  CUresult r = D->GraphGetNodes(g, nodes, &n);
+  if (r != CUDA_SUCCESS)
+    return r;
+  for (size_t i = 0; i < n && i < 64; i++) {
+    CUgraphNodeType t;
+    CUDA_MEMSET_NODE_PARAMS p;
+    if ((r = D->GraphNodeGetType(nodes[i], &t)) != CUDA_SUCCESS)
+      return r;
+    if (t != CU_GRAPH_NODE_TYPE_MEMSET)
+      continue;
+    memset(&p, 0, sizeof p);
+    p.dst = big_buf;
+    p.value = v;
+    p.elementSize = 4;
+    p.width = BIG_WORDS;
+    p.height = 1;
+    p.pitch = 0;
+    if ((r = D->GraphExecMemsetNodeSetParams(x, nodes[i], &p, E.cuctx)) != CUDA_SUCCESS)
+      return r;
+  }
+  return CUDA_SUCCESS;
+}
+
+static size_t count_nodes(CUgraph g, CUgraphNodeType type) {
+  CUgraphNode nodes[64];
+  size_t n = 64, c = 0;
+  if (D->GraphGetNodes(g, nodes, &n) != CUDA_SUCCESS)
+    return (size_t)-1;
+  for (size_t i = 0; i < n && i < 64; i++) {
+    CUgraphNodeType t;
+    if (D->GraphNodeGetType(nodes[i], &t) == CUDA_SUCCESS && t == type)
+      c++;
+  }
+  return c;
+}
+
+/* Replays: producer graph gp/xp on sp and (if different) consumer graph
+ * gc/xc on sc; the memset value changes before each launch; the slot is
+ * checked after each. */
+static int replay(outcome *o, CUgraph gp, CUgraphExec xp, CUstream sp, CUgraphExec xc,
+                  CUstream sc, int slot) {
+  for (int r = 0; r < REPLAYS; r++) {
+    unsigned v = ++value_base, got = 0;
+    CU(set_memset_value(gp, xp, v));
+    CU(D->GraphLaunch(xp, sp));
+    if (xc != NULL && xc != xp)
+      CU(D->GraphLaunch(xc, sc));
+    CU(D->StreamSynchronize(sp));
+    CU(D->StreamSynchronize(sc));
+    CU(read_slot(&got, slot));
+    o->runs++;
+    if (got != v)
+      o->wrong++;
+  }
+out:
+  return 0;
+}
+
+/* Settles a buffer to a known value before a scenario. */
+static CUresult settle(CUstream s) {
+  CUresult r = produce(s, big_buf, BIG_WORDS, ++value_base);
+  if (r == CUDA_SUCCESS)
+    r = D->StreamSynchronize(s);
+  return r;
+}
+
+/* ---- A: plain streams ---- */
+
+static int sc_same_stream(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream st = NULL;
+  dlsync_lane l;
+  (void)s;
+  (void)mode;
+  CU(new_stream(&st));
+  CU(settle(st));
+  l = dlsync_lane_stream(st);
+  for (int t = 0; t < TRIALS; t++) {
+    unsigned v = ++value_base, got = 0;
+    dlsync_exchange *ex = NULL;
+    CU(produce(st, big_buf, BIG_WORDS, v));
+    if (use)
+      DS(dlsync_exchange_begin(&ex, E.ctx, &l, &l));
+    CU(consume(st, big_buf, BIG_WORDS, t));
+    if (use)
+      DS(dlsync_exchange_end(ex));
+    CU(D->StreamSynchronize(st));
+    CU(read_slot(&got, t));
+    o->runs++;
+    o->wrong += got != v;
+  }
+out:
+  drop_stream(st);
+  return 0;
+}
+
+static int sc_eager_eager(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL;
+  unsigned want[TRIALS];
+  dlsync_lane lp, lc;
+  (void)s;
+  (void)mode;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_stream(c);
+  /* No host sync between trials: end must keep trial t+1's memset from
+   * overwriting the buffer before trial t's copy has read it. */
+  for (int t = 0; t < TRIALS; t++) {
+    dlsync_exchange *ex = NULL;
+    want[t] = ++value_base;
+    CU(produce(p, big_buf, BIG_WORDS, want[t]));
+    if (use)
+      DS(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc));
+    CU(consume(c, big_buf, BIG_WORDS, t));
+    if (use)
+      DS(dlsync_exchange_end(ex));
+  }
+  CU(D->CtxSynchronize());
+  for (int t = 0; t < TRIALS; t++) {
+    unsigned got = 0;
+    CU(read_slot(&got, t));
+    o->runs++;
+    o->wrong += got != want[t];
+  }
+out:
+  D->CtxSynchronize();
+  drop_stream(p);
+  drop_stream(c);
+  return 0;
+}
+
+/* ---- C: stream capture ---- */
+
+/* Producer capturing, consumer an eager stream: the consumer joins. */
+static int sc_join(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL, launch = NULL;
+  CUgraph g = NULL;
+  CUgraphExec x = NULL;
+  dlsync_lane lp, lc;
+  dlsync_exchange *ex = NULL;
+  CUresult r;
+  (void)s;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(new_stream(&launch));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_stream(c);
+  CU(D->StreamBeginCapture(p, mode));
+  CU(produce(p, big_buf, BIG_WORDS, 7));
+  if (use)
+    DS(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc));
+  CU(consume(c, big_buf, BIG_WORDS, 0));
+  if (use)
+    DS(dlsync_exchange_end(ex));
+  r = D->StreamEndCapture(p, &g);
+  if (r != CUDA_SUCCESS) {
+    note(o, "cuStreamEndCapture: %s", gpu_err(D, r));
+    o->broken++;
+    goto out;
+  }
+  if (use && (count_nodes(g, CU_GRAPH_NODE_TYPE_EVENT_RECORD) != 0 ||
+              count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT) != 0)) {
+    note(o, "the join added event nodes");
+    o->broken++;
+  }
+  if (count_nodes(g, CU_GRAPH_NODE_TYPE_MEMSET) != 1) {
+    note(o, "expected the producer as one memset node, found %zu",
+         count_nodes(g, CU_GRAPH_NODE_TYPE_MEMSET));
+    o->broken++;
+  }
+  CU(D->GraphInstantiateWithFlags(&x, g, 0));
+  CU(D->CtxSynchronize());
+  replay(o, g, x, launch, NULL, launch, 0);
+out:
+  D->CtxSynchronize();
+  drop_graph(g, x);
+  drop_stream(p);
+  drop_stream(c);
+  drop_stream(launch);
+  return 0;
+}
+
+/* Both in one capture: the consumer was forked into it by the caller. */
+static int sc_same_capture(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL, launch = NULL;
+  CUevent fork = NULL, join = NULL;
+  CUgraph g = NULL;
+  CUgraphExec x = NULL;
+  dlsync_lane lp, lc;
+  dlsync_exchange *ex = NULL;
+  CUresult r;
+  (void)s;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(new_stream(&launch));
+  CU(D->EventCreate(&fork, CU_EVENT_DISABLE_TIMING));
+  CU(D->EventCreate(&join, CU_EVENT_DISABLE_TIMING));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_stream(c);
+  CU(D->StreamBeginCapture(p, mode));
+  CU(D->EventRecord(fork, p));
+  CU(D->StreamWaitEvent(c, fork, 0));
+  CU(produce(p, big_buf, BIG_WORDS, 7));
+  if (use)
+    DS(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc));
+  CU(consume(c, big_buf, BIG_WORDS, 0));
+  if (use) {
+    DS(dlsync_exchange_end(ex));
+  } else {
+    CU(D->EventRecord(join, c));
+    CU(D->StreamWaitEvent(p, join, 0));
+  }
+  r = D->StreamEndCapture(p, &g);
+  if (r != CUDA_SUCCESS) {
+    note(o, "cuStreamEndCapture: %s", gpu_err(D, r));
+    o->broken++;
+    goto out;
+  }
+  if (use && (count_nodes(g, CU_GRAPH_NODE_TYPE_EVENT_RECORD) != 0 ||
+              count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT) != 0)) {
+    note(o, "same capture added event nodes");
+    o->broken++;
+  }
+  CU(D->GraphInstantiateWithFlags(&x, g, 0));
+  replay(o, g, x, launch, NULL, launch, 0);
+out:
+  D->CtxSynchronize();
+  drop_graph(g, x);
+  drop_stream(p);
+  drop_stream(c);
+  drop_stream(launch);
+  if (fork)
+    D->EventDestroy(fork);
+  if (join)
+    D->EventDestroy(join);
+  return 0;
+}
+
+/* Waits (up to a second) until graph-owned events are back in the pool. */
+static bool events_came_back(void) {
+  for (int i = 0; i < 1000; i++) {
+    dlsync__pool_stats ps;
+    dlsync__pool_stats_get(&ps, E.ctx);
+    if (ps.graph_owned == 0)
+      return true;
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  return false;
+}
+
+/* Producer eager, consumer capturing: an external wait node. A fresh capture
+ * per trial; each graph is launched once, then destroyed (its event must come
+ * back to the pool). */
+static int sc_eager_to_capture(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL, launch = NULL;
+  dlsync_lane lp, lc;
+  (void)s;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(new_stream(&launch));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_stream(c);
+  for (int t = 0; t < TRIALS; t++) {
+    CUgraph g = NULL;
+    CUgraphExec x = NULL;
+    dlsync_exchange *ex = NULL;
+    unsigned v = ++value_base, got = 0;
+    CUresult r;
+    CU(produce(p, big_buf, BIG_WORDS, v));
+    CU(D->StreamBeginCapture(c, mode));
+    if (use)
+      DS(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc));
+    CU(consume(c, big_buf, BIG_WORDS, t));
+    if (use)
+      DS_EXPECT(dlsync_exchange_end(ex), DLSYNC_ERROR_CAPTURE_ORDER);
+    r = D->StreamEndCapture(c, &g);
+    if (r != CUDA_SUCCESS) {
+      note(o, "cuStreamEndCapture: %s", gpu_err(D, r));
+      o->broken++;
+      goto out;
+    }
+    if (use && count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT) != 1) {
+      note(o, "expected one event-wait node");
+      o->broken++;
+    }
+    r = D->GraphInstantiateWithFlags(&x, g, 0);
+    if (r == CUDA_SUCCESS)
+      r = D->GraphLaunch(x, launch);
+    if (r == CUDA_SUCCESS)
+      r = D->StreamSynchronize(launch);
+    if (r == CUDA_SUCCESS)
+      r = read_slot(&got, t);
+    drop_graph(g, x);
+    if (r != CUDA_SUCCESS) {
+      note(o, "trial %d: %s", t, gpu_err(D, r));
+      o->broken++;
+      goto out;
+    }
+    CU(D->StreamSynchronize(p));
+    o->runs++;
+    o->wrong += got != v;
+  }
+  if (use && !events_came_back()) {
+    note(o, "graph-owned events did not come back to the pool");
+    o->broken++;
+  }
+out:
+  D->CtxSynchronize();
+  drop_stream(p);
+  drop_stream(c);
+  drop_stream(launch);
+  return 0;
+}
+
+/* Two captures at once: record node in the producer's, wait node in the
+ * consumer's; the producer's graph is launched first. */
+static int sc_two_captures(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL;
+  CUgraph g1 = NULL, g2 = NULL;
+  CUgraphExec x1 = NULL, x2 = NULL;
+  dlsync_lane lp, lc;
+  dlsync_exchange *ex = NULL;
+  CUresult r1, r2;
+  (void)s;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_stream(c);
+  CU(D->StreamBeginCapture(p, mode));
+  CU(D->StreamBeginCapture(c, mode));
+  CU(produce(p, big_buf, BIG_WORDS, 7));
+  if (use)
+    DS(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc));
+  CU(consume(c, big_buf, BIG_WORDS, 0));
+  if (use)
+    DS_EXPECT(dlsync_exchange_end(ex), DLSYNC_ERROR_CAPTURE_ORDER);
+  r2 = D->StreamEndCapture(c, &g2);
+  r1 = D->StreamEndCapture(p, &g1);
+  if (r1 != CUDA_SUCCESS || r2 != CUDA_SUCCESS) {
+    note(o, "cuStreamEndCapture: producer %s, consumer %s", gpu_err(D, r1), gpu_err(D, r2));
+    o->broken++;
+    goto out;
+  }
+  CU(D->GraphInstantiateWithFlags(&x1, g1, 0));
+  CU(D->GraphInstantiateWithFlags(&x2, g2, 0));
+  replay(o, g1, x1, p, x2, c, 0);
+out:
+  D->CtxSynchronize();
+  drop_graph(g1, x1);
+  drop_graph(g2, x2);
+  drop_stream(p);
+  drop_stream(c);
+  if (use && !events_came_back()) {
+    note(o, "graph-owned events did not come back to the pool");
+    o->broken++;
+  }
+  return 0;
+}
+
+/* ---- B: graphs built by hand ---- */
+
+static CUresult add_memset_node(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t nd) {
+  CUDA_MEMSET_NODE_PARAMS p;
+  memset(&p, 0, sizeof p);
+  p.dst = big_buf;
+  p.value = 7;
+  p.elementSize = 4;
+  p.width = BIG_WORDS;
+  p.height = 1;
+  return D->GraphAddMemsetNode(n, g, deps, nd, &p, E.cuctx);
+}
+
+static CUresult add_copy_node(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t nd,
+                              int slot) {
+  CUDA_MEMCPY3D c;
+  memset(&c, 0, sizeof c);
+  c.srcMemoryType = CU_MEMORYTYPE_DEVICE;
+  c.srcDevice = big_buf + (BIG_WORDS - 1) * 4;
+  c.dstMemoryType = CU_MEMORYTYPE_DEVICE;
+  c.dstDevice = slots + (CUdeviceptr)slot * 4;
+  c.WidthInBytes = 4;
+  c.Height = 1;
+  c.Depth = 1;
+  return D->GraphAddMemcpyNode(n, g, deps, nd, &c, E.cuctx);
+}
+
+static int sc_built_same(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream launch = NULL;
+  CUgraph g = NULL;
+  CUgraphExec x = NULL;
+  CUgraphNode m = NULL, cp = NULL, pdeps[4], cdeps[4];
+  dlsync_lane lp, lc;
+  dlsync_exchange *ex = NULL;
+  (void)s;
+  (void)mode;
+  CU(new_stream(&launch));
+  CU(settle(launch));
+  CU(D->GraphCreate(&g, 0));
+  CU(add_memset_node(&m, g, NULL, 0));
+  pdeps[0] = m;
+  lp = dlsync_lane_graph(g, pdeps, 1, 4);
+  lc = dlsync_lane_graph(g, cdeps, 0, 4);
+  if (use)
+    DS(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc));
+  CU(add_copy_node(&cp, g, lc.deps, lc.ndeps, 0));
+  if (use) {
+    lc.deps[0] = cp;
+    lc.ndeps = 1;
+    DS(dlsync_exchange_end(ex));
+    if (lp.ndeps != 2) {
+      note(o, "producer frontier has %zu nodes, expected 2", lp.ndeps);
+      o->broken++;
+    }
+    if (count_nodes(g, CU_GRAPH_NODE_TYPE_EVENT_RECORD) != 0) {
+      note(o, "same graph got event nodes");
+      o->broken++;
+    }
+  }
+  CU(D->GraphInstantiateWithFlags(&x, g, 0));
+  replay(o, g, x, launch, NULL, launch, 0);
+out:
+  D->CtxSynchronize();
+  drop_graph(g, x);
+  drop_stream(launch);
+  return 0;
+}
+
+static int sc_built_two(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream sp = NULL, sc = NULL;
+  CUgraph g1 = NULL, g2 = NULL;
+  CUgraphExec x1 = NULL, x2 = NULL;
+  CUgraphNode m = NULL, cp = NULL, pdeps[4], cdeps[4];
+  dlsync_lane lp, lc;
+  dlsync_exchange *ex = NULL;
+  (void)s;
+  (void)mode;
+  CU(new_stream(&sp));
+  CU(new_stream(&sc));
+  CU(settle(sp));
+  CU(D->GraphCreate(&g1, 0));
+  CU(D->GraphCreate(&g2, 0));
+  CU(add_memset_node(&m, g1, NULL, 0));
+  pdeps[0] = m;
+  lp = dlsync_lane_graph(g1, pdeps, 1, 4);
+  lc = dlsync_lane_graph(g2, cdeps, 0, 4);
+  if (use)
+    DS(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc));
+  CU(add_copy_node(&cp, g2, lc.deps, lc.ndeps, 0));
+  if (use) {
+    lc.deps[0] = cp;
+    lc.ndeps = 1;
+    DS_EXPECT(dlsync_exchange_end(ex), DLSYNC_ERROR_CAPTURE_ORDER);
+  }
+  CU(D->GraphInstantiateWithFlags(&x1, g1, 0));
+  CU(D->GraphInstantiateWithFlags(&x2, g2, 0));
+  replay(o, g1, x1, sp, x2, sc, 0);
+out:
+  D->CtxSynchronize();
+  drop_graph(g1, x1);
+  drop_graph(g2, x2);
+  drop_stream(sp);
+  drop_stream(sc);
+  return 0;
+}
+
+static int sc_eager_to_built(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, launch = NULL;
+  dlsync_lane lp;
+  (void)s;
+  (void)mode;
+  CU(new_stream(&p));
+  CU(new_stream(&launch));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  for (int t = 0; t < TRIALS; t++) {
+    CUgraph g = NULL;
+    CUgraphExec x = NULL;
+    CUgraphNode cp = NULL, cdeps[2];
+    dlsync_lane lc;
+    dlsync_exchange *ex = NULL;
+    unsigned v = ++value_base, got = 0;
+    CUresult r;
+    CU(D->GraphCreate(&g, 0));
+    lc = dlsync_lane_graph(g, cdeps, 0, 2);
+    CU(produce(p, big_buf, BIG_WORDS, v));
+    if (use)
+      DS(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc));
+    r = add_copy_node(&cp, g, lc.deps, lc.ndeps, t);
+    if (use && r == CUDA_SUCCESS) {
+      lc.deps[0] = cp;
+      lc.ndeps = 1;
+      DS_EXPECT(dlsync_exchange_end(ex), DLSYNC_ERROR_CAPTURE_ORDER);
+    }
+    if (r == CUDA_SUCCESS)
+      r = D->GraphInstantiateWithFlags(&x, g, 0);
+    if (r == CUDA_SUCCESS)
+      r = D->GraphLaunch(x, launch);
+    if (r == CUDA_SUCCESS)
+      r = D->StreamSynchronize(launch);
+    if (r == CUDA_SUCCESS)
+      r = read_slot(&got, t);
+    drop_graph(g, x);
+    if (r != CUDA_SUCCESS) {
+      note(o, "trial %d: %s", t, gpu_err(D, r));
+      o->broken++;
+      goto out;
+    }
+    CU(D->StreamSynchronize(p));
+    o->runs++;
+    o->wrong += got != v;
+  }
+  if (use && !events_came_back()) {
+    note(o, "graph-owned events did not come back to the pool");
+    o->broken++;
+  }
+out:
+  D->CtxSynchronize();
+  drop_stream(p);
+  drop_stream(launch);
+  return 0;
+}
+
+/* Producer capturing, consumer a built graph. */
+static int sc_capture_to_built(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, sc = NULL;
+  CUgraph g1 = NULL, g2 = NULL;
+  CUgraphExec x1 = NULL, x2 = NULL;
+  CUgraphNode cp = NULL, cdeps[2];
+  dlsync_lane lp, lc;
+  dlsync_exchange *ex = NULL;
+  CUresult r;
+  (void)s;
+  CU(new_stream(&p));
+  CU(new_stream(&sc));
+  CU(settle(p));
+  CU(D->GraphCreate(&g2, 0));
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_graph(g2, cdeps, 0, 2);
+  CU(D->StreamBeginCapture(p, mode));
+  CU(produce(p, big_buf, BIG_WORDS, 7));
+  if (use)
+    DS(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc));
+  CU(add_copy_node(&cp, g2, lc.deps, lc.ndeps, 0));
+  if (use) {
+    lc.deps[0] = cp;
+    lc.ndeps = 1;
+    DS_EXPECT(dlsync_exchange_end(ex), DLSYNC_ERROR_CAPTURE_ORDER);
+  }
+  r = D->StreamEndCapture(p, &g1);
+  if (r != CUDA_SUCCESS) {
+    note(o, "cuStreamEndCapture: %s", gpu_err(D, r));
+    o->broken++;
+    goto out;
+  }
+  CU(D->GraphInstantiateWithFlags(&x1, g1, 0));
+  CU(D->GraphInstantiateWithFlags(&x2, g2, 0));
+  replay(o, g1, x1, p, x2, sc, 0);
+out:
+  D->CtxSynchronize();
+  drop_graph(g1, x1);
+  drop_graph(g2, x2);
+  drop_stream(p);
+  drop_stream(sc);
+  return 0;
+}
+
+/* Producer a built graph, consumer capturing. */
+static int sc_built_to_capture(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream sp = NULL, c = NULL;
+  CUgraph g1 = NULL, g2 = NULL;
+  CUgraphExec x1 = NULL, x2 = NULL;
+  CUgraphNode m = NULL, pdeps[2];
+  dlsync_lane lp, lc;
+  dlsync_exchange *ex = NULL;
+  CUresult r;
+  (void)s;
+  CU(new_stream(&sp));
+  CU(new_stream(&c));
+  CU(settle(sp));
+  CU(D->GraphCreate(&g1, 0));
+  CU(add_memset_node(&m, g1, NULL, 0));
+  pdeps[0] = m;
+  lp = dlsync_lane_graph(g1, pdeps, 1, 2);
+  lc = dlsync_lane_stream(c);
+  CU(D->StreamBeginCapture(c, mode));
+  if (use)
+    DS(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc));
+  CU(consume(c, big_buf, BIG_WORDS, 0));
+  if (use)
+    DS_EXPECT(dlsync_exchange_end(ex), DLSYNC_ERROR_CAPTURE_ORDER);
+  r = D->StreamEndCapture(c, &g2);
+  if (r != CUDA_SUCCESS) {
+    note(o, "cuStreamEndCapture: %s", gpu_err(D, r));
+    o->broken++;
+    goto out;
+  }
+  CU(D->GraphInstantiateWithFlags(&x1, g1, 0));
+  CU(D->GraphInstantiateWithFlags(&x2, g2, 0));
+  replay(o, g1, x1, sp, x2, c, 0);
+out:
+  D->CtxSynchronize();
+  drop_graph(g1, x1);
+  drop_graph(g2, x2);
+  drop_stream(sp);
+  drop_stream(c);
+  return 0;
+}
+
+/* ---- errors: each a status, nothing queued, the capture intact ---- */
+
+static int sc_errors(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream blocking = NULL, other = NULL;
+  CUevent eager_ev = NULL;
+  CUgraph g = NULL, gb = NULL;
+  CUgraphNode m = NULL, deps[2];
+  dlsync_lane legacy = dlsync_lane_stream(DLSYNC_STREAM_LEGACY), lo, lb, none;
+  dlsync_exchange *ex = NULL;
+  dlsync__pool_stats before, after;
+  CUresult r;
+  (void)s;
+  if (!use) {
+    /* The control: the same misuse without dlsync breaks the capture. */
+    CU(D->StreamCreate(&blocking, CU_STREAM_DEFAULT));
+    CU(D->EventCreate(&eager_ev, CU_EVENT_DISABLE_TIMING));
+    CU(D->StreamBeginCapture(blocking, mode));
+    r = D->EventRecord(eager_ev, CU_STREAM_LEGACY);
+    o->runs++;
+    o->wrong += r != CUDA_SUCCESS;
+    r = D->StreamEndCapture(blocking, &g);
+    o->broken += r != CUDA_SUCCESS;
+    goto out;
+  }
+  dlsync__pool_stats_get(&before, E.ctx);
+  CU(D->StreamCreate(&blocking, CU_STREAM_DEFAULT));
+  CU(new_stream(&other));
+  lo = dlsync_lane_stream(other);
+  lb = dlsync_lane_stream(blocking);
+  /* 1. the legacy stream while a blocking stream captures */
+  CU(D->StreamBeginCapture(blocking, mode));
+  o->runs++;
+  DS_EXPECT(dlsync_exchange_begin(&ex, E.ctx, &legacy, &lo), DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE);
+  r = D->StreamEndCapture(blocking, &g);
+  if (r != CUDA_SUCCESS) {
+    note(o, "the capture broke after the legacy-stream error: %s", gpu_err(D, r));
+    o->broken++;
+    goto out;
+  }
+  D->GraphDestroy(g);
+  g = NULL;
+  /* 2. an invalidated capture */
+  CU(D->EventCreate(&eager_ev, CU_EVENT_DISABLE_TIMING));
+  CU(D->EventRecord(eager_ev, other));
+  CU(D->StreamBeginCapture(blocking, mode));
+  r = D->StreamWaitEvent(blocking, eager_ev, 0); /* isolation: invalidates */
+  o->runs++;
+  DS_EXPECT(dlsync_exchange_begin(&ex, E.ctx, &lb, &lo), DLSYNC_ERROR_CAPTURE_INVALIDATED);
+  r = D->StreamEndCapture(blocking, &g);
+  if (g != NULL) {
+    D->GraphDestroy(g);
+    g = NULL;
+  }
+  /* 3. bad lanes */
+  memset(&none, 0, sizeof none);
+  o->runs++;
+  DS_EXPECT(dlsync_exchange_begin(&ex, E.ctx, &none, &lo), DLSYNC_ERROR_INVALID_LANE);
+  lb.graph = (CUgraph)&lb;
+  o->runs++;
+  DS_EXPECT(dlsync_exchange_begin(&ex, E.ctx, &lb, &lo), DLSYNC_ERROR_INVALID_LANE);
+  /* 4. a built graph before an eager stream */
+  CU(D->GraphCreate(&gb, 0));
+  CU(add_memset_node(&m, gb, NULL, 0));
+  deps[0] = m;
+  {
+    dlsync_lane lg = dlsync_lane_graph(gb, deps, 1, 2);
+    o->runs++;
+    DS_EXPECT(dlsync_exchange_begin(&ex, E.ctx, &lg, &lo), DLSYNC_ERROR_CAPTURE_ORDER);
+  }
+  /* 5. a graph lane whose dependency is from another graph */
+  CU(D->GraphCreate(&g, 0));
+  {
+    dlsync_lane lg = dlsync_lane_graph(g, deps, 1, 2); /* m is gb's */
+    o->runs++;
+    DS_EXPECT(dlsync_exchange_begin(&ex, E.ctx, &lo, &lg), DLSYNC_ERROR_FOREIGN_DEPENDENCY);
+  }
+  CU(D->CtxSynchronize());
+  drop_graph(g, NULL);
+  g = NULL;
+  drop_graph(gb, NULL);
+  gb = NULL;
+  if (!events_came_back()) {
+    note(o, "graph-owned events did not come back");
+    o->broken++;
+  }
+  dlsync__pool_stats_get(&after, E.ctx);
+  /* Every live event is back in the pool: nothing leaked, nothing lost. */
+  if (after.created - after.destroyed != after.free_events || after.graph_owned != 0) {
+    note(o, "pool not intact: %zu live, %zu free, %zu graph-owned (before: %zu live, %zu free)",
+         after.created - after.destroyed, after.free_events, after.graph_owned,
+         before.created - before.destroyed, before.free_events);
+    o->broken++;
+  }
+out:
+  D->CtxSynchronize();
+  drop_graph(g, NULL);
+  drop_graph(gb, NULL);
+  drop_stream(blocking);
+  drop_stream(other);
+  if (eager_ev)
+    D->EventDestroy(eager_ev);
+  return 0;
+}
+
+/* ---- threads: workers exchange eagerly (default GLOBAL mode for dlsync's
+ * calls) while the main thread captures in the given mode ---- */
+
+typedef struct worker {
+  pthread_t thread;
+  int index;
+  bool use;
+  int runs, wrong, broken;
+  volatile int *stop;
+  char note[160];
+} worker;
+
+static void *worker_main(void *arg) {
+  worker *w = arg;
+  CUstream p = NULL, c = NULL;
+  CUdeviceptr buf = 0;
+  dlsync_lane lp, lc;
+  int slot = 64 + w->index * 32;
+  bool announced = false;
+  CUstreamCaptureMode relaxed;
+  D->CtxPushCurrent(E.cuctx);
+  if (D->StreamCreate(&p, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS ||
+      D->StreamCreate(&c, CU_STREAM_NON_BLOCKING) != CUDA_SUCCESS) {
+    w->broken++;
+    goto out;
+  }
+  /* Allocated before the capture starts (main waits for *stop == 0). */
+  if (D->MemAlloc(&buf, WORKER_WORDS * 4) != CUDA_SUCCESS) {
+    w->broken++;
+    goto out;
+  }
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_stream(c);
+  __atomic_add_fetch(w->stop, 1, __ATOMIC_SEQ_CST); /* ready */
+  announced = true;
+  while (__atomic_load_n(w->stop, __ATOMIC_SEQ_CST) < 1000) {
+    unsigned want[8];
+    for (int t = 0; t < 8; t++) {
+      dlsync_exchange *ex = NULL;
+      want[t] = (unsigned)(w->index * 1000000 + w->runs + t + 1);
+      if (D->MemsetD32Async(buf, want[t], WORKER_WORDS, p) != CUDA_SUCCESS) {
+        w->broken++;
+        goto out;
+      }
+      if (w->use && dlsync_exchange_begin(&ex, E.ctx, &lp, &lc) != DLSYNC_SUCCESS) {
+        snprintf(w->note, sizeof w->note, "begin: %s", dlsync_last_error());
+        w->broken++;
+        goto out;
+      }
+      if (D->MemcpyDtoDAsync(slots + (CUdeviceptr)(slot + t) * 4, buf + (WORKER_WORDS - 1) * 4,
+                             4, c) != CUDA_SUCCESS) {
+        w->broken++;
+        goto out;
+      }
+      if (w->use && dlsync_exchange_end(ex) != DLSYNC_SUCCESS) {
+        snprintf(w->note, sizeof w->note, "end: %s", dlsync_last_error());
+        w->broken++;
+        goto out;
+      }
+    }
+    /* The test's own checks synchronise; in RELAXED mode so that they do not
+     * break the main thread's GLOBAL capture (dlsync's calls above need no
+     * such care). */
+    relaxed = CU_STREAM_CAPTURE_MODE_RELAXED;
+    D->ThreadExchangeStreamCaptureMode(&relaxed);
+    if (D->StreamSynchronize(c) != CUDA_SUCCESS || D->StreamSynchronize(p) != CUDA_SUCCESS)
+      w->broken++;
+    for (int t = 0; t < 8; t++) {
+      unsigned got = 0;
+      if (D->MemcpyDtoH(&got, slots + (CUdeviceptr)(slot + t) * 4, 4) != CUDA_SUCCESS)
+        w->broken++;
+      w->runs++;
+      w->wrong += got != want[t];
+    }
+    D->ThreadExchangeStreamCaptureMode(&relaxed); /* back to what it was */
+  }
+out:
+  if (!announced)
+    __atomic_add_fetch(w->stop, 1, __ATOMIC_SEQ_CST);
+  D->StreamSynchronize(p);
+  D->StreamSynchronize(c);
+  if (buf)
+    D->MemFree(buf);
+  drop_stream(p);
+  drop_stream(c);
+  {
+    CUcontext popped;
+    D->CtxPopCurrent(&popped);
+  }
+  return NULL;
+}
+
+static int sc_threads(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  worker w[WORKERS];
+  volatile int ready = 0;
+  int started = 0;
+  memset(w, 0, sizeof w);
+  for (int i = 0; i < WORKERS; i++) {
+    w[i].index = i;
+    w[i].use = use;
+    w[i].stop = &ready;
+    if (pthread_create(&w[i].thread, NULL, worker_main, &w[i]) != 0)
+      break;
+    started++;
+  }
+  while (__atomic_load_n(&ready, __ATOMIC_SEQ_CST) < started) {
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  /* The main thread captures and replays the join scenario meanwhile. */
+  for (int k = 0; k < 4; k++) {
+    outcome one;
+    memset(&one, 0, sizeof one);
+    sc_join(s, mode, use, &one);
+    o->runs += one.runs;
+    o->wrong += one.wrong;
+    o->broken += one.broken;
+    if (one.note[0] != '\0')
+      note(o, "capture: %s", one.note);
+  }
+  __atomic_store_n(&ready, 1000, __ATOMIC_SEQ_CST);
+  for (int i = 0; i < started; i++) {
+    pthread_join(w[i].thread, NULL);
+    o->runs += w[i].runs;
+    o->wrong += w[i].wrong;
+    o->broken += w[i].broken;
+    if (w[i].note[0] != '\0')
+      note(o, "worker %d: %s", i, w[i].note);
+  }
+  return 0;
+}
+
+static const scenario scenarios[] = {
+    {"A same stream", "stream S / S", sc_same_stream, false, false},
+    {"A eager->eager", "eager / eager", sc_eager_eager, false, true},
+    {"C join", "capturing / eager", sc_join, true, true},
+    {"C same capture", "capturing / same capture", sc_same_capture, true, true},
+    {"C eager->capture", "eager / capturing", sc_eager_to_capture, true, true},
+    {"C two captures", "capturing G1 / G2", sc_two_captures, true, true},
+    {"B same graph", "built g / g", sc_built_same, false, true},
+    {"B two graphs", "built g1 / g2", sc_built_two, false, true},
+    {"B eager->built", "eager / built", sc_eager_to_built, false, true},
+    {"B capture->built", "capturing / built", sc_capture_to_built, true, true},
+    {"B built->capture", "built / capturing", sc_built_to_capture, true, true},
+    {"errors", "invalid, legacy, bad lanes", sc_errors, true, true},
+    {"threads", "4 eager + 1 capture", sc_threads, true, true},
+};
+
+static const char *mode_name(CUstreamCaptureMode m) {
+  switch (m) {
+  case CU_STREAM_CAPTURE_MODE_GLOBAL:
+    return "global";
+  case CU_STREAM_CAPTURE_MODE_THREAD_LOCAL:
+    return "thread_local";
+  default:
+    return "relaxed";
+  }
+}
+
+int main(int argc, char **argv) {
+  int rc = gpu_env_init(&E);
+  int failed = 0, total = 0;
+  const char *only = argc > 1 ? argv[1] : NULL;
+  char lines[64][220];
+  int nlines = 0;
+  int driver_version = 0;
+  if (rc != 0)
+    return rc;
+  D = E.d;
+  if (D->MemAlloc(&big_buf, BIG_WORDS * 4) != CUDA_SUCCESS ||
+      D->MemAlloc(&slots, SLOTS * 4) != CUDA_SUCCESS) {
+    printf("FAIL: cannot allocate %zu bytes\n", BIG_WORDS * 4);
+    return 1;
+  }
+  dlsync_context_driver_version(&driver_version, E.ctx);
+  printf("dlsync GPU suite: %s, driver %d.%d, %d replays / %d trials per scenario\n", E.name,
+         driver_version / 1000, (driver_version % 1000) / 10, REPLAYS, TRIALS);
+  for (size_t i = 0; i < sizeof scenarios / sizeof scenarios[0]; i++) {
+    const scenario *s = &scenarios[i];
+    CUstreamCaptureMode modes[3] = {CU_STREAM_CAPTURE_MODE_GLOBAL,
+                                    CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                                    CU_STREAM_CAPTURE_MODE_RELAXED};
+    int nmodes = s->modes ? 3 : 1;
+    if (only != NULL && strstr(s->name, only) == NULL)
+      continue;
+    for (int m = 0; m < nmodes; m++) {
+      outcome with, without;
+      bool pass_with, control_failed, pass;
+      memset(&with, 0, sizeof with);
+      memset(&without, 0, sizeof without);
+      s->fn(s, modes[m], true, &with);
+      s->fn(s, modes[m], false, &without);
+      pass_with = with.runs > 0 && with.wrong == 0 && with.broken == 0;
+      control_failed = without.wrong > 0 || without.broken > 0;
+      pass = pass_with && (control_failed || !s->control_can_fail);
+      total++;
+      failed += !pass;
+      snprintf(lines[nlines++], sizeof lines[0], "%-18s %-26s %-12s %5d %5d %5d   %5d %5d   %s%s%s",
+               s->name, s->row, s->modes ? mode_name(modes[m]) : "-", with.runs, with.wrong,
+               with.broken, without.wrong, without.broken,
+               pass ? "PASS" : "FAIL",
+               !s->control_can_fail ? " (control n/a)" : "", "");
+      if (with.note[0] != '\0')
+        printf("  %s [%s] with dlsync: %s\n", s->name, mode_name(modes[m]), with.note);
+      if (without.note[0] != '\0')
+        printf("  %s [%s] control: %s\n", s->name, mode_name(modes[m]), without.note);
+      fflush(stdout);
+    }
+  }
+  printf("\n%-18s %-26s %-12s %5s %5s %5s   %5s %5s   %s\n", "scenario", "producer / consumer",
+         "capture", "runs", "wrong", "broke", "ctl-w", "ctl-b", "verdict");
+  for (int i = 0; i < nlines; i++)
+    printf("%s\n", lines[i]);
+  printf("\n%d passed, %d failed\n", total - failed, failed);
+  D->MemFree(big_buf);
+  D->MemFree(slots);
+  dlsync_context_destroy(E.ctx);
+  return failed == 0 ? 0 : 1;
+}

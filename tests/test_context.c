@@ -1,0 +1,216 @@
+/* Contexts on the fake driver: creation, configuration, capabilities,
+ * devices, the default context, and every driver failure on those paths. */
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "dlsync/private/internal.h"
+#include "fake/fake_driver.h"
+
+static int setup(void **state) {
+  (void)state;
+  fake_reset(2);
+  return 0;
+}
+
+static int teardown(void **state) {
+  char leaks[256];
+  (void)state;
+  fake_fail_clear();
+  assert_int_equal(fake_leak_report(leaks, sizeof leaks), 0);
+  return 0;
+}
+
+static void create_and_destroy(void **state) {
+  dlsync_context *ctx = NULL;
+  int v = 0;
+  uint32_t caps = 0;
+  (void)state;
+  assert_int_equal(dlsync__context_create_with_driver(&ctx, NULL, fake_driver()), DLSYNC_SUCCESS);
+  assert_non_null(ctx);
+  assert_int_equal(dlsync_context_driver_version(&v, ctx), DLSYNC_SUCCESS);
+  assert_int_equal(v, 13000);
+  assert_int_equal(dlsync_context_capabilities(&caps, ctx), DLSYNC_SUCCESS);
+  assert_int_equal(caps, DLSYNC_CAP_CAPTURE_EDGE_DATA | DLSYNC_CAP_CAPTURE_TO_USER_GRAPH |
+                             DLSYNC_CAP_USER_OBJECTS | DLSYNC_CAP_GRAPH_ADD_NODE_EDGE_DATA);
+  assert_int_equal(dlsync_context_require(ctx, DLSYNC_CAP_USER_OBJECTS), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_context_destroy(NULL), DLSYNC_SUCCESS);
+}
+
+static void bad_arguments_are_errors_with_messages(void **state) {
+  dlsync_context *ctx = (dlsync_context *)0x1;
+  dlsync_context_config cfg = DLSYNC_CONTEXT_CONFIG_INIT;
+  (void)state;
+  assert_int_equal(dlsync__context_create_with_driver(NULL, NULL, fake_driver()),
+                   DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(dlsync_last_error(), "out is NULL"));
+  cfg.size = 4;
+  assert_int_equal(dlsync__context_create_with_driver(&ctx, &cfg, fake_driver()),
+                   DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_null(ctx);
+  assert_non_null(strstr(dlsync_last_error(), "DLSYNC_CONTEXT_CONFIG_INIT"));
+  cfg = (dlsync_context_config)DLSYNC_CONTEXT_CONFIG_INIT;
+  cfg.version = 99;
+  assert_int_equal(dlsync_context_create(&ctx, &cfg), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(dlsync_last_error(), "version is 99"));
+  assert_int_equal(dlsync_context_driver_version(NULL, NULL), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(dlsync_context_capabilities(NULL, NULL), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(dlsync_context_require(NULL, DLSYNC_CAP_USER_OBJECTS),
+                   DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(dlsync_device_count(NULL, NULL), DLSYNC_ERROR_INVALID_ARGUMENT);
+}
+
+static void no_driver_says_what_was_tried(void **state) {
+  dlsync_context *ctx = (dlsync_context *)0x1;
+  dlsync_context_config cfg = DLSYNC_CONTEXT_CONFIG_INIT;
+  (void)state;
+  cfg.driver_path = "libdlsync-no-such-driver.so.1";
+  assert_int_equal(dlsync_context_create(&ctx, &cfg), DLSYNC_ERROR_NO_DRIVER);
+  assert_null(ctx);
+  assert_non_null(strstr(dlsync_last_error(), "libdlsync-no-such-driver.so.1"));
+  assert_non_null(strstr(dlsync_last_error(), "dlopen"));
+}
+
+static void old_driver_is_refused_naming_versions(void **state) {
+  dlsync_context *ctx = NULL;
+  (void)state;
+  /* 10.0 lacks core entries (cuEventRecordWithFlags is 11.1). */
+  fake_set_driver_version(10000);
+  assert_int_equal(dlsync__context_create_with_driver(&ctx, NULL, fake_driver()),
+                   DLSYNC_ERROR_DRIVER_TOO_OLD);
+  assert_null(ctx);
+  assert_non_null(strstr(dlsync_last_error(), "10.0"));
+}
+
+static void capture_features_report_themselves_unavailable(void **state) {
+  dlsync_context *ctx = NULL;
+  uint32_t caps = 0;
+  (void)state;
+  /* 12.2: everything core, nothing of 12.3 (capture info with edge data). */
+  fake_set_driver_version(12020);
+  assert_int_equal(dlsync__context_create_with_driver(&ctx, NULL, fake_driver()), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_context_capabilities(&caps, ctx), DLSYNC_SUCCESS);
+  assert_int_equal(caps, DLSYNC_CAP_USER_OBJECTS);
+  assert_int_equal(dlsync_context_require(ctx, DLSYNC_CAP_CAPTURE_EDGE_DATA),
+                   DLSYNC_ERROR_DRIVER_TOO_OLD);
+  assert_non_null(strstr(dlsync_last_error(), "12.3"));
+  assert_non_null(strstr(dlsync_last_error(), "12.2"));
+  assert_int_equal(dlsync_context_require(ctx, DLSYNC_CAP_CAPTURE_TO_USER_GRAPH),
+                   DLSYNC_ERROR_DRIVER_TOO_OLD);
+  assert_non_null(strstr(dlsync_last_error(), "cuStreamBeginCaptureToGraph"));
+  /* An exchange needs capture queries: refused, naming them. */
+  {
+    CUstream a = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+    CUstream b = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+    dlsync_lane la = dlsync_lane_stream(a), lb = dlsync_lane_stream(b);
+    dlsync_exchange *ex = NULL;
+    assert_int_equal(dlsync_exchange_begin(&ex, ctx, &la, &lb), DLSYNC_ERROR_DRIVER_TOO_OLD);
+    assert_null(ex);
+    assert_non_null(strstr(dlsync_last_error(), "cuStreamGetCaptureInfo"));
+    fake_stream_destroy(a);
+    fake_stream_destroy(b);
+  }
+  assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
+}
+
+static void every_failure_while_creating_is_a_status(void **state) {
+  unsigned n;
+  (void)state;
+  for (n = 1; n < 100; n++) {
+    dlsync_context *ctx = (dlsync_context *)0x1;
+    dlsync_status st;
+    fake_fail_call(n, CUDA_ERROR_UNKNOWN);
+    st = dlsync__context_create_with_driver(&ctx, NULL, fake_driver());
+    if (!fake_fail_pending() && st == DLSYNC_SUCCESS)
+      fail_msg("call %u failed but creation succeeded", n);
+    if (fake_fail_pending()) {
+      /* Creation made fewer than n calls: done. */
+      fake_fail_clear();
+      assert_int_equal(st, DLSYNC_SUCCESS);
+      assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
+      break;
+    }
+    assert_true(st == DLSYNC_ERROR_NO_DRIVER || st == DLSYNC_ERROR_DRIVER);
+    assert_null(ctx);
+    assert_non_null(strstr(dlsync_last_error(), "CUDA_ERROR_UNKNOWN"));
+    assert_int_equal(dlsync_last_driver_result(), CUDA_ERROR_UNKNOWN);
+  }
+  assert_true(n >= 3); /* cuInit and cuDriverGetVersion were both failed */
+}
+
+static void devices_are_reported(void **state) {
+  dlsync_context *ctx = NULL;
+  int n = 0;
+  dlsync_device_info info = DLSYNC_DEVICE_INFO_INIT;
+  dlsync_device_info bad = DLSYNC_DEVICE_INFO_INIT;
+  (void)state;
+  assert_int_equal(dlsync__context_create_with_driver(&ctx, NULL, fake_driver()), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_device_count(&n, ctx), DLSYNC_SUCCESS);
+  assert_int_equal(n, 2);
+  assert_int_equal(dlsync_device_get_info(&info, ctx, 1), DLSYNC_SUCCESS);
+  assert_int_equal(info.ordinal, 1);
+  assert_string_equal(info.name, "Fake GPU 1");
+  assert_int_equal(info.cc_major, 9);
+  assert_int_equal(info.cc_minor, 0);
+  assert_true(info.total_memory > 0);
+  assert_true(strlen(info.pci_bus_id) > 0);
+  bad.version = 7;
+  assert_int_equal(dlsync_device_get_info(&bad, ctx, 0), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(dlsync_device_get_info(&info, ctx, 5), DLSYNC_ERROR_DRIVER);
+  assert_non_null(strstr(dlsync_last_error(), "cuDeviceGet failed"));
+  /* Every driver call of the query, failed in turn. */
+  for (unsigned k = 1; k < 50; k++) {
+    dlsync_device_info i2 = DLSYNC_DEVICE_INFO_INIT;
+    dlsync_status st;
+    fake_fail_call(k, CUDA_ERROR_INVALID_DEVICE);
+    st = dlsync_device_get_info(&i2, ctx, 0);
+    if (fake_fail_pending()) {
+      fake_fail_clear();
+      assert_int_equal(st, DLSYNC_SUCCESS);
+      break;
+    }
+    assert_int_equal(st, DLSYNC_ERROR_DRIVER);
+    assert_int_equal(dlsync_last_driver_result(), CUDA_ERROR_INVALID_DEVICE);
+    assert_int_equal(i2.name[0], '\0'); /* nothing half-filled */
+  }
+  assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
+}
+
+static void default_context_without_driver_remembers_why(void **state) {
+  dlsync_context *ctx = (dlsync_context *)0x1;
+  dlsync_status first, second;
+  (void)state;
+  /* This machine may or may not have libcuda; both answers must be stable. */
+  first = dlsync_context_default(&ctx);
+  second = dlsync_context_default(&ctx);
+  assert_int_equal(first, second);
+  if (first == DLSYNC_SUCCESS) {
+    assert_non_null(ctx);
+    assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_ERROR_INVALID_ARGUMENT);
+  } else {
+    assert_null(ctx);
+    assert_non_null(strstr(dlsync_last_error(), "default context"));
+  }
+}
+
+int main(void) {
+  const struct CMUnitTest tests[] = {
+      cmocka_unit_test_setup_teardown(create_and_destroy, setup, teardown),
+      cmocka_unit_test_setup_teardown(bad_arguments_are_errors_with_messages, setup, teardown),
+      cmocka_unit_test_setup_teardown(no_driver_says_what_was_tried, setup, teardown),
+      cmocka_unit_test_setup_teardown(old_driver_is_refused_naming_versions, setup, teardown),
+      cmocka_unit_test_setup_teardown(capture_features_report_themselves_unavailable, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(every_failure_while_creating_is_a_status, setup, teardown),
+      cmocka_unit_test_setup_teardown(devices_are_reported, setup, teardown),
+      cmocka_unit_test_setup_teardown(default_context_without_driver_remembers_why, setup,
+                                      teardown),
+  };
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  fake_shutdown();
+  return rc;
+}
