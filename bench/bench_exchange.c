@@ -63,6 +63,33 @@ static void op_query(void) {
   CHECK(D->StreamGetCaptureInfo(P, &st, &id, &g, &deps, &ed, &n) == CUDA_SUCCESS, "query");
 }
 
+static void op_is_capturing(void) {
+  CUstreamCaptureStatus st;
+  CHECK(D->StreamIsCapturing(P, &st) == CUDA_SUCCESS, "is capturing");
+}
+
+static void op_get_ctx(void) {
+  CUcontext c;
+  CHECK(D->StreamGetCtx(P, &c) == CUDA_SUCCESS, "get ctx");
+}
+
+static void op_malloc_free(void) {
+  void *volatile p = malloc(128);
+  free(p);
+}
+
+static dlsync__pool *bench_pool;
+static void op_pool_get_put(void) {
+  CUevent ev;
+  CHECK(dlsync__pool_get(&ev, bench_pool) == DLSYNC_SUCCESS, "pool get");
+  dlsync__pool_put(bench_pool, ev);
+}
+
+static void op_record_wait(void) {
+  CHECK(D->EventRecord(e1, P) == CUDA_SUCCESS, "record");
+  CHECK(D->StreamWaitEvent(C, e1, 0) == CUDA_SUCCESS, "wait");
+}
+
 static void op_same_stream(void) {
   dlsync_lane l = dlsync_lane_stream(P);
   dlsync_exchange *ex;
@@ -275,6 +302,18 @@ int main(void) {
   two_raw = time_two_captures(false);
   two_ds = time_two_captures(true);
   replay_compare(&rc_us, &rb_us, &nc, &nb);
+  CHECK(dlsync__pool_for_stream(&bench_pool, E.ctx, P, "bench") == DLSYNC_SUCCESS, "pool");
+  {
+    struct {
+      const char *name;
+      op_fn fn;
+    } parts[] = {{"cuStreamGetCaptureInfo", op_query},   {"cuStreamIsCapturing", op_is_capturing},
+                 {"cuStreamGetCtx", op_get_ctx},         {"malloc+free (128 B)", op_malloc_free},
+                 {"dlsync pool get+put", op_pool_get_put}, {"cuEventRecord+cuStreamWaitEvent", op_record_wait}};
+    printf("\nparts (host ns per call, median of %d x %d)\n", BATCHES, OPS);
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+      printf("  %-40s %8.1f\n", parts[i].name, time_op(parts[i].fn));
+  }
 
   printf("\ndlsync bench on %s (host ns per operation, median of %d x %d)\n", E.name, BATCHES,
          OPS);

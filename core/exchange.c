@@ -156,13 +156,16 @@ static dlsync_status order_now(dlsync_context *ctx, dlsync__pool *pool, dlsync__
                 first->role, (void *)first->stream);
       goto cleanup;
     }
-    /* then is in a graph: an external wait node; the graph owns the event.
-     * The node reads the event's state when the graph is launched, so it is
-     * added before the eager record: if adding it fails, nothing is queued. */
+    /* then is in a graph: an external wait node; the graph owns the event. */
     graphs[0] = then->graph;
     put_back = false;
     DLSYNC_TRY(dlsync__graph_own_event(ctx, pool, ev, graphs, 1));
     if (then->kind == DLSYNC_LANE_CAPTURING) {
+      /* Record first: a pooled event may still carry the state of a record
+       * made in an earlier capture, and the driver refuses an external wait
+       * on such an event (CUDA_ERROR_INVALID_VALUE, seen on the H200). */
+      DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p",
+                first->role, (void *)first->stream);
       DLSYNC_CU(d, cuStreamWaitEvent,
                 d->StreamWaitEvent(then->stream, ev, CU_EVENT_WAIT_EXTERNAL),
                 "%s stream %p is capturing (capture %llu); adding an external wait for eager %s "
@@ -170,10 +173,12 @@ static dlsync_status order_now(dlsync_context *ctx, dlsync__pool *pool, dlsync__
                 then->role, (void *)then->stream, (unsigned long long)then->capture_id,
                 first->role, (void *)first->stream);
     } else {
+      /* A built graph's wait node reads the event when the graph is
+       * launched: add it first, so that a failure leaves nothing queued. */
       DLSYNC_TRY(dlsync__graph_append_event(ctx, then, ev, false));
+      DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p",
+                first->role, (void *)first->stream);
     }
-    DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p", first->role,
-              (void *)first->stream);
     goto cleanup;
   }
 
@@ -208,6 +213,10 @@ cleanup:
   return st;
 }
 
+static bool is_legacy(const dlsync_lane *l) {
+  return l->kind == DLSYNC_LANE_STREAM && dlsync__same_stream(l->stream, NULL);
+}
+
 /* Checks both lanes and reads their states; *same when they are one stream
  * (nothing to do). *pool is the pool order_now takes an event from. */
 static dlsync_status order_lanes(dlsync_context *ctx, dlsync_lane *first, const char *first_role,
@@ -229,6 +238,13 @@ static dlsync_status order_lanes(dlsync_context *ctx, dlsync_lane *first, const 
     *same = true;
     goto cleanup;
   }
+  /* The legacy stream is queried before anything else touches it: while a
+   * blocking stream captures, the query fails without harm, but other uses
+   * (cuStreamGetCtx included, seen on the H200) invalidate that capture. */
+  if (is_legacy(first))
+    DLSYNC_TRY(dlsync__lane_read(a, ctx, first, first_role));
+  if (is_legacy(then))
+    DLSYNC_TRY(dlsync__lane_read(b, ctx, then, then_role));
   DLSYNC_TRY(pool_for(pool, ctx, first, first_role, then, then_role));
   DLSYNC_TRY(dlsync__lane_read(a, ctx, first, first_role));
   DLSYNC_TRY(dlsync__lane_read(b, ctx, then, then_role));
@@ -251,6 +267,17 @@ cleanup:
   return st;
 }
 
+/* The handle of an exchange between one stream and itself: nothing to end.
+ * Shared and never freed. */
+static dlsync_exchange same_stream_exchange;
+
+static dlsync_exchange *exchange_alloc(void) { return malloc(sizeof(dlsync_exchange)); }
+
+static void exchange_free(dlsync_exchange *ex) {
+  if (ex != &same_stream_exchange)
+    free(ex);
+}
+
 dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
                                     dlsync_lane *producer, dlsync_lane *consumer) {
   dlsync_status st = DLSYNC_SUCCESS;
@@ -264,13 +291,18 @@ dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
   *out = NULL;
   if (ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_begin: ctx is NULL");
-  ex = malloc(sizeof *ex);
-  if (ex == NULL)
-    return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_exchange_begin: out of memory");
   DLSYNC_TRY(
       order_lanes(ctx, producer, "producer", consumer, "consumer", &p, &c, &pool, &res, &same));
-  if (!same)
-    DLSYNC_TRY(order_now(ctx, pool, &p, &c, &res));
+  if (same) {
+    *out = &same_stream_exchange;
+    goto cleanup;
+  }
+  ex = exchange_alloc();
+  if (ex == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_exchange_begin: out of memory");
+    goto cleanup;
+  }
+  DLSYNC_TRY(order_now(ctx, pool, &p, &c, &res));
   ex->ctx = ctx;
   ex->producer = *producer;
   ex->consumer = *consumer;
@@ -282,7 +314,7 @@ dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
   *out = ex;
   ex = NULL;
 cleanup:
-  free(ex);
+  exchange_free(ex);
   return st;
 }
 
@@ -295,6 +327,8 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *ex) {
   dlsync_lane *producer, *consumer;
   if (ex == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_end: exchange is NULL");
+  if (ex == &same_stream_exchange)
+    return DLSYNC_SUCCESS; /* one stream: its own order is enough */
   producer = ex->producer_ref != NULL ? ex->producer_ref : &ex->producer;
   consumer = ex->consumer_ref != NULL ? ex->consumer_ref : &ex->consumer;
   DLSYNC_TRY(
@@ -324,6 +358,6 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *ex) {
   }
   DLSYNC_TRY(order_now(ex->ctx, pool, &c, &p, &res));
 cleanup:
-  free(ex);
+  exchange_free(ex);
   return st;
 }

@@ -61,7 +61,7 @@ echo "== suite table"
 sed -n '/^scenario/,$p' "$out/suite.txt"
 if [ -z "${SUITE_ONLY:-}" ]; then
   echo "== bench (rc $bench_rc)"
-  sed -n '/^dlsync bench/,$p' "$out/bench.txt"
+  grep -v '^FAIL' "$out/bench.txt"
   [ "$bench_rc" -eq 0 ] || { tail -5 "$out/bench.txt"; status=1; }
 fi
 exit $status

@@ -78,6 +78,7 @@ enum {
   X(UserObjectCreate, PFN_cuUserObjectCreate_v11030, 11030, DLSYNC__NEED_CORE)          \
   X(UserObjectRelease, PFN_cuUserObjectRelease_v11030, 11030, DLSYNC__NEED_CORE)        \
   X(GraphRetainUserObject, PFN_cuGraphRetainUserObject_v11030, 11030, DLSYNC__NEED_CORE) \
+  X(StreamIsCapturing, PFN_cuStreamIsCapturing_v10000, 10000, DLSYNC__NEED_CORE)        \
   X(StreamGetCaptureInfo, PFN_cuStreamGetCaptureInfo_v12030, 12030, DLSYNC__NEED_CAPTURE) \
   X(StreamUpdateCaptureDependencies, PFN_cuStreamUpdateCaptureDependencies_v12030,      \
     12030, DLSYNC__NEED_CAPTURE)                                                        \
