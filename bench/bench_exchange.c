@@ -6,12 +6,15 @@
  * nanoseconds per operation, clock_gettime around the batch); the streams are
  * idle, so the figures are the host-side cost of the calls. Exits 77 where no
  * GPU is found. */
+#include <sched.h>
+
 #include "../tests/gpu/gpu_common.h"
 
 #define OPS 20000
 #define BATCHES 9
 #define CHAIN 100
 #define REPLAYS 200
+#define ROUNDS 5
 
 static gpu_env E;
 static const dlsync__driver *D;
@@ -282,27 +285,41 @@ int main(void) {
   if (rc != 0)
     return rc;
   D = E.d;
+  {
+    /* One core for the whole run: no migrations inside a batch. */
+    cpu_set_t set;
+    CPU_ZERO(&set);
+    CPU_SET(sched_getcpu() >= 0 ? sched_getcpu() : 0, &set);
+    sched_setaffinity(0, sizeof set, &set);
+  }
   CHECK(D->StreamCreate(&P, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS, "stream");
   CHECK(D->StreamCreate(&C, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS, "stream");
   CHECK(D->EventCreate(&e1, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS, "event");
   CHECK(D->EventCreate(&e2, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS, "event");
 
-  /* Interleaved twice; the medians of both rounds are averaged. */
-  q = time_op(op_query);
-  same = time_op(op_same_stream);
-  raw = time_op(op_raw_fork_join);
-  eager = time_op(op_dlsync_eager);
-  per_call = time_op(op_event_per_call);
-  raw = (raw + time_op(op_raw_fork_join)) / 2;
-  eager = (eager + time_op(op_dlsync_eager)) / 2;
-  q = (q + time_op(op_query)) / 2;
-  same = (same + time_op(op_same_stream)) / 2;
+  /* ROUNDS rounds, each measuring every operation in turn; each figure is
+   * the median over the rounds, so that drift on the machine hits all alike. */
+  {
+    double r_q[ROUNDS], r_same[ROUNDS], r_raw[ROUNDS], r_eager[ROUNDS], r_per[ROUNDS];
+    for (int k = 0; k < ROUNDS; k++) {
+      r_q[k] = time_op(op_query);
+      r_same[k] = time_op(op_same_stream);
+      r_raw[k] = time_op(op_raw_fork_join);
+      r_eager[k] = time_op(op_dlsync_eager);
+      r_per[k] = time_op(op_event_per_call);
+    }
+    q = median(r_q, ROUNDS);
+    same = median(r_same, ROUNDS);
+    raw = median(r_raw, ROUNDS);
+    eager = median(r_eager, ROUNDS);
+    per_call = median(r_per, ROUNDS);
+  }
   cap_raw = time_in_capture(false);
   cap_ds = time_in_capture(true);
   two_raw = time_two_captures(false);
   two_ds = time_two_captures(true);
   replay_compare(&rc_us, &rb_us, &nc, &nb);
-  CHECK(dlsync__pool_for_stream(&bench_pool, E.ctx, P, "bench") == DLSYNC_SUCCESS, "pool");
+  CHECK(dlsync__pool_for_stream(&bench_pool, NULL, E.ctx, P, "bench") == DLSYNC_SUCCESS, "pool");
   {
     struct {
       const char *name;

@@ -19,6 +19,8 @@ uint32_t dlsync__capabilities_of(const dlsync__driver *d) {
   return caps;
 }
 
+static atomic_uint_fast64_t generations;
+
 static dlsync_status check_config(const dlsync_context_config *config) {
   if (config == NULL)
     return DLSYNC_SUCCESS;
@@ -75,6 +77,7 @@ dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
             "asking the driver (%s) for its version", drv->origin != NULL ? drv->origin : "?");
   ctx->events_kept = (config != NULL && config->events_kept != 0) ? config->events_kept : 64;
   ctx->caps = dlsync__capabilities_of(drv);
+  ctx->generation = atomic_fetch_add(&generations, 1) + 1;
   atomic_init(&ctx->pools, NULL);
   dlsync__orphans_collect();
   *out = ctx;

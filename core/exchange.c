@@ -51,15 +51,26 @@ static bool same_domain(const domain *a, const domain *b) {
  * the calling thread's current context when both lanes are graphs. Looked up
  * before the capture queries: a capture's dependency array is valid only
  * until the next call on that stream. */
-static dlsync_status pool_for(dlsync__pool **out, dlsync_context *ctx, const dlsync_lane *a,
+typedef struct pool_pick {
+  dlsync__pool *pool;
+  bool from_memo;  /* not checked against the driver yet */
+  CUstream stream; /* the stream whose context it is, if any */
+  const char *role;
+} pool_pick;
+
+static dlsync_status pool_for(pool_pick *pk, dlsync_context *ctx, const dlsync_lane *a,
                               const char *a_role, const dlsync_lane *b, const char *b_role) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ctx->drv;
   CUcontext cur = NULL;
-  if (a->kind == DLSYNC_LANE_STREAM)
-    return dlsync__pool_for_stream(out, ctx, a->stream, a_role);
-  if (b->kind == DLSYNC_LANE_STREAM)
-    return dlsync__pool_for_stream(out, ctx, b->stream, b_role);
+  dlsync__pool **out = &pk->pool;
+  memset(pk, 0, sizeof *pk);
+  if (a->kind == DLSYNC_LANE_STREAM || b->kind == DLSYNC_LANE_STREAM) {
+    const dlsync_lane *l = a->kind == DLSYNC_LANE_STREAM ? a : b;
+    pk->stream = l->stream;
+    pk->role = l == a ? a_role : b_role;
+    return dlsync__pool_for_stream(out, &pk->from_memo, ctx, pk->stream, pk->role);
+  }
   if (a->graph == b->graph) {
     *out = NULL; /* same graph: edges only, no event */
     return DLSYNC_SUCCESS;
@@ -118,11 +129,60 @@ static const char *kind_words(dlsync_lane_state_kind k) {
   }
 }
 
+static bool context_mismatch(CUresult r) {
+  return r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_INVALID_CONTEXT;
+}
+
+/* cuEventRecord of a pooled event on first's stream. When the pool came from
+ * the per-thread memo and the driver says the event is not of the stream's
+ * context (a stream handle reused in another context), forget the memo, take
+ * an event of the right pool and record again. */
+static dlsync_status record_plain(dlsync_context *ctx, pool_pick *pk, CUevent *ev,
+                                  dlsync__lane_now *first) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = ctx->drv;
+  CUresult r = d->EventRecord(*ev, first->stream);
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
+    dlsync__pool_put(pk->pool, *ev);
+    *ev = NULL;
+    dlsync__pool_memo_forget(ctx, pk->stream);
+    DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, ctx, pk->stream, pk->role));
+    pk->from_memo = false;
+    DLSYNC_TRY(dlsync__pool_get(ev, pk->pool));
+    r = d->EventRecord(*ev, first->stream);
+  }
+  if (r != CUDA_SUCCESS)
+    st = dlsync__fail_driver(d, r, "cuEventRecord", "%s stream %p", first->role,
+                             (void *)first->stream);
+cleanup:
+  return st;
+}
+
+/* Before an event goes into a graph, make sure the pool is the one of the
+ * stream's context (a memo answer is checked with cuStreamGetCtx), then read
+ * the capturing lanes again: a capture's dependency array is only valid until
+ * the next call on its stream. */
+static dlsync_status verify_pool(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
+                                 dlsync__lane_now *then) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  if (!pk->from_memo)
+    return DLSYNC_SUCCESS;
+  DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, ctx, pk->stream, pk->role));
+  pk->from_memo = false;
+  if (first->kind == DLSYNC_LANE_CAPTURING)
+    DLSYNC_TRY(dlsync__lane_read(first, ctx, first->lane, first->role));
+  if (then->kind == DLSYNC_LANE_CAPTURING)
+    DLSYNC_TRY(dlsync__lane_read(then, ctx, then->lane, then->role));
+cleanup:
+  return st;
+}
+
 /* The table. `first` and `then` have been read (dlsync__lane_read). */
-static dlsync_status order_now(dlsync_context *ctx, dlsync__pool *pool, dlsync__lane_now *first,
+static dlsync_status order_now(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
                                dlsync__lane_now *then, order_result *res) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ctx->drv;
+  dlsync__pool *pool = NULL;
   CUevent ev = NULL;
   bool put_back = false; /* ev goes back to the pool at cleanup */
   CUgraph graphs[2];
@@ -144,13 +204,21 @@ static dlsync_status order_now(dlsync_context *ctx, dlsync__pool *pool, dlsync__
     goto cleanup;
   }
 
-  DLSYNC_TRY(dlsync__pool_get(&ev, pool));
+  /* Plain record and wait (eager, or within one capture) need no graph to
+   * own the event; everything else puts it into a graph: check the pool. */
+  if (!((first->kind == DLSYNC_LANE_EAGER && then->kind == DLSYNC_LANE_EAGER) ||
+        (first->kind == DLSYNC_LANE_CAPTURING &&
+         (then->kind == DLSYNC_LANE_EAGER ||
+          (then->kind == DLSYNC_LANE_CAPTURING && then->capture_id == first->capture_id)))))
+    DLSYNC_TRY(verify_pool(ctx, pk, first, then));
+  DLSYNC_TRY(dlsync__pool_get(&ev, pk->pool));
+  pool = pk->pool;
   put_back = true;
 
   if (first->kind == DLSYNC_LANE_EAGER) {
     if (then->kind == DLSYNC_LANE_EAGER) {
-      DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p", first->role,
-                (void *)first->stream);
+      DLSYNC_TRY(record_plain(ctx, pk, &ev, first));
+      pool = pk->pool;
       DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(then->stream, ev, 0),
                 "%s stream %p waiting for %s stream %p", then->role, (void *)then->stream,
                 first->role, (void *)first->stream);
@@ -186,9 +254,8 @@ static dlsync_status order_now(dlsync_context *ctx, dlsync__pool *pool, dlsync__
       (then->kind == DLSYNC_LANE_EAGER ||
        (then->kind == DLSYNC_LANE_CAPTURING && then->capture_id == first->capture_id))) {
     /* Same capture: edges only. Eager `then`: it joins the capture. */
-    DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream),
-              "%s stream %p (capture %llu)", first->role, (void *)first->stream,
-              (unsigned long long)first->capture_id);
+    DLSYNC_TRY(record_plain(ctx, pk, &ev, first));
+    pool = pk->pool;
     DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(then->stream, ev, 0),
               "%s stream %p waiting for %s stream %p (capture %llu)", then->role,
               (void *)then->stream, first->role, (void *)first->stream,
@@ -208,7 +275,7 @@ static dlsync_status order_now(dlsync_context *ctx, dlsync__pool *pool, dlsync__
   res->cross = true;
 
 cleanup:
-  if (put_back)
+  if (put_back && ev != NULL)
     dlsync__pool_put(pool, ev);
   return st;
 }
@@ -221,11 +288,11 @@ static bool is_legacy(const dlsync_lane *l) {
  * (nothing to do). *pool is the pool order_now takes an event from. */
 static dlsync_status order_lanes(dlsync_context *ctx, dlsync_lane *first, const char *first_role,
                                  dlsync_lane *then, const char *then_role, dlsync__lane_now *a,
-                                 dlsync__lane_now *b, dlsync__pool **pool, order_result *res,
+                                 dlsync__lane_now *b, pool_pick *pool, order_result *res,
                                  bool *same) {
   dlsync_status st = DLSYNC_SUCCESS;
   *same = false;
-  *pool = NULL;
+  memset(pool, 0, sizeof *pool);
   res->joined = false;
   res->cross = false;
   DLSYNC_TRY(dlsync__lane_check(first, first_role));
@@ -256,13 +323,13 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__lane_now a, b;
   order_result res;
-  dlsync__pool *pool = NULL;
+  pool_pick pool;
   bool same = false;
   if (ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_order: ctx is NULL");
   DLSYNC_TRY(order_lanes(ctx, first, "first", then, "then", &a, &b, &pool, &res, &same));
   if (!same)
-    DLSYNC_TRY(order_now(ctx, pool, &a, &b, &res));
+    DLSYNC_TRY(order_now(ctx, &pool, &a, &b, &res));
 cleanup:
   return st;
 }
@@ -284,7 +351,7 @@ dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
   dlsync_exchange *ex = NULL;
   dlsync__lane_now p, c;
   order_result res;
-  dlsync__pool *pool = NULL;
+  pool_pick pool;
   bool same = false;
   if (out == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_begin: out is NULL");
@@ -302,7 +369,7 @@ dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_exchange_begin: out of memory");
     goto cleanup;
   }
-  DLSYNC_TRY(order_now(ctx, pool, &p, &c, &res));
+  DLSYNC_TRY(order_now(ctx, &pool, &p, &c, &res));
   ex->ctx = ctx;
   ex->producer = *producer;
   ex->consumer = *consumer;
@@ -322,7 +389,7 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *ex) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__lane_now c, p;
   order_result res;
-  dlsync__pool *pool = NULL;
+  pool_pick pool;
   bool same = false;
   dlsync_lane *producer, *consumer;
   if (ex == NULL)
@@ -356,7 +423,7 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *ex) {
       goto cleanup;
     }
   }
-  DLSYNC_TRY(order_now(ex->ctx, pool, &c, &p, &res));
+  DLSYNC_TRY(order_now(ex->ctx, &pool, &c, &p, &res));
 cleanup:
   exchange_free(ex);
   return st;

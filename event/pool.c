@@ -122,13 +122,63 @@ cleanup:
   return st;
 }
 
-dlsync_status dlsync__pool_for_stream(dlsync__pool **out, dlsync_context *ctx, CUstream stream,
-                                      const char *role) {
+/* A small per-thread memo of stream -> pool, so that the hot path does not
+ * ask the driver for a stream's context at each call. An entry is trusted
+ * only for the context (and its generation) that made it. A stream handle can
+ * be reused after cuStreamDestroy, possibly in another CUDA context: then the
+ * pool's event does not belong to the stream's context and cuEventRecord
+ * fails, and the caller forgets the entry and asks again
+ * (dlsync__pool_memo_forget). The special handles (NULL, legacy, per-thread)
+ * follow the thread's current context and are never memoised. */
+#define MEMO_SLOTS 8
+
+typedef struct stream_memo {
+  const dlsync_context *ctx;
+  uint64_t generation;
+  CUstream stream;
+  dlsync__pool *pool;
+} stream_memo;
+
+static _Thread_local stream_memo memo[MEMO_SLOTS];
+static _Thread_local unsigned memo_next;
+
+static bool special_stream(CUstream s) {
+  return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
+}
+
+void dlsync__pool_memo_forget(const dlsync_context *ctx, CUstream stream) {
+  for (unsigned i = 0; i < MEMO_SLOTS; i++)
+    if (memo[i].ctx == ctx && memo[i].stream == stream)
+      memo[i].ctx = NULL;
+}
+
+dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsync_context *ctx,
+                                      CUstream stream, const char *role) {
   dlsync_status st = DLSYNC_SUCCESS;
   CUcontext cuctx = NULL;
+  bool memoise = from_memo != NULL && !special_stream(stream);
+  if (from_memo != NULL)
+    *from_memo = false;
+  if (memoise) {
+    for (unsigned i = 0; i < MEMO_SLOTS; i++) {
+      if (memo[i].stream == stream && memo[i].ctx == ctx &&
+          memo[i].generation == ctx->generation) {
+        *out = memo[i].pool;
+        *from_memo = true;
+        return DLSYNC_SUCCESS;
+      }
+    }
+  }
   DLSYNC_CU(ctx->drv, cuStreamGetCtx, ctx->drv->StreamGetCtx(stream, &cuctx),
             "%s stream %p: finding its CUDA context", role, (void *)stream);
   DLSYNC_TRY(dlsync__pool_for_cuctx(out, ctx, cuctx));
+  if (memoise) {
+    stream_memo *m = &memo[memo_next++ % MEMO_SLOTS];
+    m->ctx = ctx;
+    m->generation = ctx->generation;
+    m->stream = stream;
+    m->pool = *out;
+  }
 cleanup:
   return st;
 }

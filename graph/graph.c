@@ -77,9 +77,10 @@ static dlsync_status add_event_node(dlsync_context *ctx, CUgraphNode *out, CUgra
       size_t count = 0;
       CUgraphNode *nodes = NULL;
       bool foreign = false;
-      if (d->GraphGetNodes(graph, NULL, &count) == CUDA_SUCCESS &&
-          (nodes = calloc(count + 1, sizeof *nodes)) != NULL &&
-          d->GraphGetNodes(graph, nodes, &count) == CUDA_SUCCESS) {
+      if (d->GraphGetNodes(graph, NULL, &count) == CUDA_SUCCESS && count == 0) {
+        foreign = true; /* an empty graph holds none of them */
+      } else if ((nodes = calloc(count + 1, sizeof *nodes)) != NULL &&
+                 d->GraphGetNodes(graph, nodes, &count) == CUDA_SUCCESS) {
         for (size_t i = 0; i < ndeps && !foreign; i++) {
           bool found = false;
           for (size_t j = 0; j < count && !found; j++)

@@ -80,6 +80,19 @@ dlsync_status dlsync__lane_read(dlsync__lane_now *out, dlsync_context *ctx, dlsy
   if (DLSYNC__UNLIKELY(d->StreamGetCaptureInfo == NULL)) {
     DLSYNC_TRY(dlsync__driver_require(d, DLSYNC__NEED_CAPTURE, "a capture-aware exchange"));
   }
+  /* Most streams are eager: a plain status query settles those (measured a
+   * little cheaper than the full query on the H200). The special handles go
+   * straight to the full query, whose answer for the legacy stream during a
+   * blocking capture (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) is known to leave
+   * the capture intact. */
+  if (lane->stream != NULL && lane->stream != CU_STREAM_LEGACY &&
+      lane->stream != CU_STREAM_PER_THREAD) {
+    r = d->StreamIsCapturing(lane->stream, &cs);
+    if (DLSYNC__LIKELY(r == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE)) {
+      out->kind = DLSYNC_LANE_EAGER;
+      goto cleanup;
+    }
+  }
   r = d->StreamGetCaptureInfo(lane->stream, &cs, &id, &graph, &deps, &edges, &n);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
     if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {

@@ -290,7 +290,8 @@ unsigned fake_user_object_refs(CUuserObject o);
  *    (so ASan catches a caller that keeps them). Non-default edge data pending
  *    and edgeData_out NULL: CUDA_ERROR_LOSSY_QUERY. On the legacy stream while
  *    a blocking stream of its context captures: CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
- *    nothing invalidated. id_out is set for ACTIVE and INVALIDATED.
+ *    nothing invalidated (cuStreamIsCapturing likewise). id_out is set for
+ *    ACTIVE and INVALIDATED.
  *  - Work, records and waits on the legacy stream while a blocking stream of
  *    its context captures: IMPLICIT, and those captures are invalidated.
  *  - Work on a stream of an invalidated capture: CUDA_ERROR_STREAM_CAPTURE_INVALIDATED.

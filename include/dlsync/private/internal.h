@@ -73,9 +73,14 @@ dlsync_status dlsync__retag(dlsync_status status);
  * executables are gone. */
 typedef struct dlsync__pool dlsync__pool;
 
-/* The pool of the context `stream` belongs to (cuStreamGetCtx). */
-dlsync_status dlsync__pool_for_stream(dlsync__pool **out, dlsync_context *ctx, CUstream stream,
-                                      const char *role);
+/* The pool of the context `stream` belongs to (cuStreamGetCtx). With
+ * from_memo non-NULL, a per-thread memo may answer without a driver call
+ * (*from_memo is then true): such a pool may be wrong if the stream handle was
+ * destroyed and reused in another CUDA context, which cuEventRecord reports
+ * (CUDA_ERROR_INVALID_HANDLE / INVALID_CONTEXT); forget it and ask again. */
+dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsync_context *ctx,
+                                      CUstream stream, const char *role);
+void dlsync__pool_memo_forget(const dlsync_context *ctx, CUstream stream);
 /* The pool of a CUDA context (created on first use). */
 dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync_context *ctx, CUcontext cuctx);
 dlsync_status dlsync__pool_get(CUevent *out, dlsync__pool *pool);
@@ -143,6 +148,7 @@ struct dlsync_context {
   uint32_t events_kept;
   uint32_t caps; /* dlsync_capability bits */
   int driver_version;
+  uint64_t generation; /* unique per context ever created (memo keys) */
   bool is_default;
   pthread_mutex_t pools_lock;         /* taken only to add a pool */
   _Atomic(dlsync__pool *) pools;      /* one per CUDA context, newest first */
