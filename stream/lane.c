@@ -88,7 +88,12 @@ dlsync_status dlsync__lane_read(dlsync__lane_now *out, dlsync_context *ctx, dlsy
   if (lane->stream != NULL && lane->stream != CU_STREAM_LEGACY &&
       lane->stream != CU_STREAM_PER_THREAD) {
     r = d->StreamIsCapturing(lane->stream, &cs);
-    if (DLSYNC__LIKELY(r == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE)) {
+    if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+      st = dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s stream %p", role,
+                               (void *)lane->stream);
+      goto cleanup;
+    }
+    if (DLSYNC__LIKELY(cs == CU_STREAM_CAPTURE_STATUS_NONE)) {
       out->kind = DLSYNC_LANE_EAGER;
       goto cleanup;
     }
