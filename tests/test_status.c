@@ -39,7 +39,7 @@ static void driver_failure_names_call_and_result(void **state) {
                       "cuStreamWaitEvent failed: CUDA_ERROR_INVALID_VALUE (consumer stream 0x10)");
   assert_int_equal(dlsync_last_driver_result(), CUDA_ERROR_INVALID_VALUE);
   /* Results with a precise status. */
-  assert_int_equal(dlsync__fail_driver(NULL, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "cuX", ""),
+  assert_int_equal(dlsync__fail_driver(NULL, CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "cuX", NULL),
                    DLSYNC_ERROR_CAPTURE_INVALIDATED);
   assert_int_equal(dlsync__fail_driver(NULL, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "cuX", NULL),
                    DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE);

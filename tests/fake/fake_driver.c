@@ -1,5 +1,7 @@
 /* dlsync tests: the fake CUDA driver (see fake_driver.h for the model). */
+#ifndef _GNU_SOURCE
 #define _GNU_SOURCE
+#endif
 
 #include "fake_driver.h"
 

@@ -1,0 +1,81 @@
+#!/usr/bin/env bash
+# The two commands of the README.
+#
+#   bash scripts/dev.sh info   builds dlsync (Release) and runs dlsync-info
+#   bash scripts/dev.sh test   builds and runs the tests: Release, then
+#                              Debug with ASan+UBSan, then ThreadSanitizer on
+#                              the concurrency tests; warnings are errors
+#
+# Missing build dependencies (cmake, pkg-config, cmocka, hwloc) are installed
+# with apt-get when running as root, otherwise the command to do so is printed.
+# The CUDA toolkit's headers are needed (nvcc on PATH, or CUDA_HOME); the
+# driver and a GPU are not: GPU tests skip themselves where none is found.
+set -euo pipefail
+root=$(cd "$(dirname "$0")/.." && pwd)
+mode=${1:-}
+jobs=$(nproc 2>/dev/null || echo 2)
+
+ensure_deps() {
+  local missing=()
+  command -v cmake >/dev/null || missing+=(cmake)
+  command -v pkg-config >/dev/null || missing+=(pkg-config)
+  command -v cc >/dev/null || missing+=(gcc)
+  command -v c++ >/dev/null || missing+=(g++)
+  if command -v pkg-config >/dev/null; then
+    pkg-config --exists cmocka || missing+=(libcmocka-dev)
+    pkg-config --exists 'hwloc >= 2.1' || missing+=(libhwloc-dev)
+  else
+    missing+=(libcmocka-dev libhwloc-dev)
+  fi
+  if [ ${#missing[@]} -gt 0 ]; then
+    if [ "$(id -u)" = 0 ] && command -v apt-get >/dev/null; then
+      echo "installing: ${missing[*]}"
+      apt-get update -qq
+      DEBIAN_FRONTEND=noninteractive apt-get install -y -qq "${missing[@]}" >/dev/null
+    else
+      echo "missing build dependencies; install them with:" >&2
+      echo "  sudo apt-get install ${missing[*]}" >&2
+      exit 1
+    fi
+  fi
+  if ! command -v nvcc >/dev/null && [ -z "${CUDA_HOME:-}" ] && [ ! -f /usr/local/cuda/include/cuda.h ]; then
+    echo "the CUDA toolkit's headers (cuda.h) were not found: put nvcc on PATH or set CUDA_HOME" >&2
+    exit 1
+  fi
+}
+
+build() { # build DIR cmake-args...
+  local dir=$1
+  shift
+  cmake -S "$root" -B "$dir" "$@" >"$dir.configure.log" 2>&1 || { cat "$dir.configure.log"; return 1; }
+  cmake --build "$dir" -j"$jobs"
+}
+
+case "$mode" in
+info)
+  ensure_deps
+  mkdir -p "$root/build"
+  build "$root/build/release" -DCMAKE_BUILD_TYPE=Release >/dev/null
+  "$root/build/release/tools/dlsync-info" "${@:2}"
+  ;;
+test)
+  ensure_deps
+  mkdir -p "$root/build"
+  echo "== Release, warnings as errors"
+  build "$root/build/release" -DCMAKE_BUILD_TYPE=Release -DDLSYNC_WERROR=ON
+  ctest --test-dir "$root/build/release" --output-on-failure
+  echo "== Debug with AddressSanitizer and UndefinedBehaviorSanitizer"
+  build "$root/build/asan" -DCMAKE_BUILD_TYPE=Debug -DDLSYNC_WERROR=ON -DDLSYNC_SANITIZE=ON \
+    -DDLSYNC_BUILD_BENCH=OFF
+  ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} ctest --test-dir "$root/build/asan" --output-on-failure
+  echo "== ThreadSanitizer (the tests that use threads)"
+  build "$root/build/tsan" -DCMAKE_BUILD_TYPE=Debug -DDLSYNC_WERROR=ON -DDLSYNC_TSAN=ON \
+    -DDLSYNC_BUILD_BENCH=OFF -DDLSYNC_BUILD_TOOLS=OFF -DDLSYNC_BUILD_GPU_TESTS=OFF
+  TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1} ctest --test-dir "$root/build/tsan" --output-on-failure \
+    -R '^test_(exchange|status|fake)$'
+  ;;
+*)
+  echo "usage: bash scripts/dev.sh info|test" >&2
+  exit 2
+  ;;
+esac
