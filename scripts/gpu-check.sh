@@ -19,7 +19,8 @@ status=0
 if ! pkg-config --exists cmocka 2>/dev/null && [ -d "$root/.deps/cmocka/usr" ]; then
   deps="$root/.deps/cmocka/usr"
   pcdir=$(mktemp -d)
-  sed "s|^prefix=.*|prefix=$deps|" "$deps"/lib/x86_64-linux-gnu/pkgconfig/cmocka.pc >"$pcdir/cmocka.pc"
+  sed -e "s|-L/usr/lib|-L$deps/lib|" -e "s|-I/usr/include|-I$deps/include|" \
+    "$deps"/lib/x86_64-linux-gnu/pkgconfig/cmocka.pc >"$pcdir/cmocka.pc"
   export PKG_CONFIG_PATH="$pcdir${PKG_CONFIG_PATH:+:$PKG_CONFIG_PATH}"
   export LD_LIBRARY_PATH="$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi

@@ -2548,12 +2548,19 @@ static CUresult CUDAAPI fk_MemcpyDtoH(void *dst, CUdeviceptr src, size_t n) {
 
 /* ---- the table ------------------------------------------------------------------------------- */
 
+/* Fills the table for the current version. Writes only when something
+ * changed, so threads reading the table while a test asks for it again (or
+ * resets) do not race with identical writes. */
 static void table_build(void) {
-#define FAKE_TABLE_SET(name, pfn, ver, need) g_table.name = (ver) <= S.version ? fk_##name : NULL;
+  dlsync__driver t;
+  memset(&t, 0, sizeof t);
+#define FAKE_TABLE_SET(name, pfn, ver, need) t.name = (ver) <= S.version ? fk_##name : NULL;
   DLSYNC__DRIVER_ENTRIES(FAKE_TABLE_SET)
 #undef FAKE_TABLE_SET
-  g_table.version = S.version;
-  g_table.origin = "fake";
+  t.version = S.version;
+  t.origin = "fake";
+  if (memcmp(&t, &g_table, sizeof t) != 0)
+    memcpy(&g_table, &t, sizeof t);
 }
 
 /* ---- the fake's own API ---------------------------------------------------------------------- */

@@ -59,7 +59,8 @@ extern "C" {
  * Frees everything of the previous state. User-object destructors still
  * pending, and user objects still alive, are NOT run: a line on stderr names
  * how many were dropped. Forgets every thread's context stack and capture
- * mode (threads start with no current context, mode GLOBAL). */
+ * mode (threads start with no current context, mode GLOBAL). Host work is
+ * deferred again (fake_set_*_inline(false)). */
 void fake_reset(int ndevices);
 
 /* Frees everything (like fake_reset) and leaves a fake with no device that
@@ -173,7 +174,8 @@ void fake_set_host_funcs_inline(bool inline_);
 /* A stream in device's primary context (flags: 0 or CU_STREAM_NON_BLOCKING);
  * NULL on a bad device or flags. Counts in fake_live_streams. */
 CUstream fake_stream_create(int device, unsigned flags);
-/* Destroys a stream made by fake_stream_create or cuStreamCreate (no log). */
+/* Destroys a stream made by fake_stream_create or cuStreamCreate (not a
+ * driver call); does nothing while the stream is in a capture. */
 void fake_stream_destroy(CUstream s);
 
 /* An event in device's primary context; NULL on a bad device. */
