@@ -25,6 +25,7 @@ if ! pkg-config --exists cmocka 2>/dev/null && [ -d "$root/.deps/cmocka/usr" ]; 
   export LD_LIBRARY_PATH="$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 
+rm -rf "$build" # a fresh configure: no cached paths from an earlier run
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | tee "$out/gpu.txt"
 

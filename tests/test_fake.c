@@ -102,18 +102,17 @@ static void test_table_complete(void **state) {
 static void test_old_driver_nulls_entries(void **state) {
   (void)state;
   fake_set_driver_version(12020);
-  assert_true(D->StreamGetCaptureInfo == NULL);           /* 12030 */
+  assert_true(D->StreamGetCaptureInfo == NULL); /* 12030 */
   assert_true(D->StreamUpdateCaptureDependencies == NULL);
   assert_true(D->GraphAddNode == NULL);
-  assert_true(D->StreamGetDevice == NULL);                 /* 12080 */
-  assert_true(D->CtxGetId != NULL);                    /* 12000 */
+  assert_true(D->StreamGetDevice == NULL); /* 12080 */
+  assert_true(D->CtxGetId != NULL);        /* 12000 */
   assert_true(D->StreamWaitEvent != NULL);
   assert_int_equal(D->version, 12020);
   int v = 0;
   CU_OK(D->DriverGetVersion(&v));
   assert_int_equal(v, 12020);
-#define CHECK_FIELD(name, pfn, ver, need) \
-  assert_true(((ver) <= 12020) == (D->name != NULL));
+#define CHECK_FIELD(name, pfn, ver, need) assert_true(((ver) <= 12020) == (D->name != NULL));
   DLSYNC__DRIVER_ENTRIES(CHECK_FIELD)
 #undef CHECK_FIELD
   fake_set_driver_version(13000);
@@ -174,15 +173,27 @@ static void test_devices(void **state) {
 
 static void test_error_names(void **state) {
   (void)state;
-  static const CUresult codes[] = {
-      CUDA_SUCCESS, CUDA_ERROR_INVALID_VALUE, CUDA_ERROR_OUT_OF_MEMORY,
-      CUDA_ERROR_NOT_INITIALIZED, CUDA_ERROR_NO_DEVICE, CUDA_ERROR_INVALID_DEVICE,
-      CUDA_ERROR_INVALID_CONTEXT, CUDA_ERROR_INVALID_HANDLE, CUDA_ERROR_ILLEGAL_STATE,
-      CUDA_ERROR_LOSSY_QUERY, CUDA_ERROR_NOT_SUPPORTED, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
-      CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, CUDA_ERROR_STREAM_CAPTURE_MERGE,
-      CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, CUDA_ERROR_STREAM_CAPTURE_UNJOINED,
-      CUDA_ERROR_STREAM_CAPTURE_ISOLATION, CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
-      CUDA_ERROR_CAPTURED_EVENT, CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, CUDA_ERROR_UNKNOWN};
+  static const CUresult codes[] = {CUDA_SUCCESS,
+                                   CUDA_ERROR_INVALID_VALUE,
+                                   CUDA_ERROR_OUT_OF_MEMORY,
+                                   CUDA_ERROR_NOT_INITIALIZED,
+                                   CUDA_ERROR_NO_DEVICE,
+                                   CUDA_ERROR_INVALID_DEVICE,
+                                   CUDA_ERROR_INVALID_CONTEXT,
+                                   CUDA_ERROR_INVALID_HANDLE,
+                                   CUDA_ERROR_ILLEGAL_STATE,
+                                   CUDA_ERROR_LOSSY_QUERY,
+                                   CUDA_ERROR_NOT_SUPPORTED,
+                                   CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED,
+                                   CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,
+                                   CUDA_ERROR_STREAM_CAPTURE_MERGE,
+                                   CUDA_ERROR_STREAM_CAPTURE_UNMATCHED,
+                                   CUDA_ERROR_STREAM_CAPTURE_UNJOINED,
+                                   CUDA_ERROR_STREAM_CAPTURE_ISOLATION,
+                                   CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,
+                                   CUDA_ERROR_CAPTURED_EVENT,
+                                   CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,
+                                   CUDA_ERROR_UNKNOWN};
   const char *s = NULL;
   for (size_t i = 0; i < sizeof codes / sizeof codes[0]; i++) {
     s = NULL;
@@ -744,8 +755,8 @@ static void test_unsupported_other_thread_global(void **state) {
   (void)state;
   CUstream s = mkstream(0), other = mkstream(CU_STREAM_NON_BLOCKING);
   CUgraph g = NULL;
-  thread_call t = {other, NULL, CU_STREAM_CAPTURE_MODE_GLOBAL, false, CUDA_SUCCESS,
-                   CU_STREAM_CAPTURE_MODE_GLOBAL};
+  thread_call t = {other, NULL,         CU_STREAM_CAPTURE_MODE_GLOBAL,
+                   false, CUDA_SUCCESS, CU_STREAM_CAPTURE_MODE_GLOBAL};
   CU_OK(D->StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
   on_thread(thread_stream_query, &t); /* default mode GLOBAL */
   assert_int_equal(t.result, CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED);
@@ -775,8 +786,8 @@ static void test_unsupported_thread_local_capture(void **state) {
   (void)state;
   CUstream s = mkstream(0), other = mkstream(CU_STREAM_NON_BLOCKING);
   CUgraph g = NULL;
-  thread_call t = {other, NULL, CU_STREAM_CAPTURE_MODE_GLOBAL, false, CUDA_SUCCESS,
-                   CU_STREAM_CAPTURE_MODE_GLOBAL};
+  thread_call t = {other, NULL,         CU_STREAM_CAPTURE_MODE_GLOBAL,
+                   false, CUDA_SUCCESS, CU_STREAM_CAPTURE_MODE_GLOBAL};
   CU_OK(D->StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL));
   /* Another thread, even in GLOBAL mode, is not concerned by a THREAD_LOCAL capture. */
   on_thread(thread_stream_query, &t);
@@ -851,7 +862,8 @@ static void test_captured_event_query(void **state) {
   CU_OK(D->StreamDestroy(other));
 }
 
-/* ---- capture info, dependencies ---------------------------------------------------------------- */
+/* ---- capture info, dependencies ----------------------------------------------------------------
+ */
 
 static void test_lossy_query_and_edge_data(void **state) {
   (void)state;
@@ -955,9 +967,9 @@ static void test_update_capture_deps_and_manual_append(void **state) {
   CU_OK(D->GraphAddEmptyNode(&foreign, other, NULL, 0));
   CU_OK(D->StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
   fake_work(s, "a", &a);
-  CU_IS(D->StreamUpdateCaptureDependencies(s, &foreign, NULL, 1,
-                                           CU_STREAM_ADD_CAPTURE_DEPENDENCIES),
-        CUDA_ERROR_INVALID_VALUE);
+  CU_IS(
+      D->StreamUpdateCaptureDependencies(s, &foreign, NULL, 1, CU_STREAM_ADD_CAPTURE_DEPENDENCIES),
+      CUDA_ERROR_INVALID_VALUE);
   CU_IS(D->StreamUpdateCaptureDependencies(s, &a, NULL, 1, 7), CUDA_ERROR_INVALID_VALUE);
   /* The manual route: info -> add record node after deps -> SET. */
   CU_OK(D->StreamGetCaptureInfo(s, &st, NULL, &capg, &deps, NULL, &n));
@@ -1056,7 +1068,8 @@ static void test_end_capture_unmatched_and_wrong_thread(void **state) {
   CU_OK(D->StreamDestroy(s2));
 }
 
-/* ---- graphs built by hand ----------------------------------------------------------------------- */
+/* ---- graphs built by hand -----------------------------------------------------------------------
+ */
 
 static void test_graph_api(void **state) {
   (void)state;
@@ -1332,7 +1345,8 @@ static void test_host_func(void **state) {
   CU_OK(D->StreamDestroy(s));
 }
 
-/* ---- memory -------------------------------------------------------------------------------------- */
+/* ---- memory
+ * -------------------------------------------------------------------------------------- */
 
 static void test_memory(void **state) {
   (void)state;
@@ -1373,7 +1387,8 @@ static void test_memory(void **state) {
   CU_OK(D->StreamDestroy(s));
 }
 
-/* ---- fault injection and the log ------------------------------------------------------------------ */
+/* ---- fault injection and the log
+ * ------------------------------------------------------------------ */
 
 static void test_fail_nth_by_symbol(void **state) {
   (void)state;
@@ -1478,7 +1493,8 @@ static void test_call_log(void **state) {
   assert_string_equal(fake_call_log(), "cuEventDestroy,cuStreamDestroy,cuStreamDestroy");
 }
 
-/* ---- accounting and threads -------------------------------------------------------------------- */
+/* ---- accounting and threads --------------------------------------------------------------------
+ */
 
 static void test_leak_report_and_reset(void **state) {
   (void)state;

@@ -14,108 +14,117 @@
 
 /* ---- the CUresult names (every code of cuda.h 13.0) ---------------------------------- */
 
-#define FAKE_CURESULT_LIST(X) \
-  X(CUDA_SUCCESS, "no error") \
-  X(CUDA_ERROR_INVALID_VALUE, "invalid argument") \
-  X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory") \
-  X(CUDA_ERROR_NOT_INITIALIZED, "initialization error") \
-  X(CUDA_ERROR_DEINITIALIZED, "driver shutting down") \
-  X(CUDA_ERROR_PROFILER_DISABLED, "profiler disabled") \
-  X(CUDA_ERROR_PROFILER_NOT_INITIALIZED, "profiler not initialized") \
-  X(CUDA_ERROR_PROFILER_ALREADY_STARTED, "profiler already started") \
-  X(CUDA_ERROR_PROFILER_ALREADY_STOPPED, "profiler already stopped") \
-  X(CUDA_ERROR_STUB_LIBRARY, "CUDA driver is a stub library") \
-  X(CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER, "CUDA driver version is insufficient for this call") \
-  X(CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA-capable device(s) is/are busy or unavailable") \
-  X(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected") \
-  X(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal") \
-  X(CUDA_ERROR_DEVICE_NOT_LICENSED, "device not licensed") \
-  X(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid") \
-  X(CUDA_ERROR_INVALID_CONTEXT, "invalid device context") \
-  X(CUDA_ERROR_CONTEXT_ALREADY_CURRENT, "context already current") \
-  X(CUDA_ERROR_MAP_FAILED, "map failed") \
-  X(CUDA_ERROR_UNMAP_FAILED, "unmap failed") \
-  X(CUDA_ERROR_ARRAY_IS_MAPPED, "array is mapped") \
-  X(CUDA_ERROR_ALREADY_MAPPED, "already mapped") \
-  X(CUDA_ERROR_NO_BINARY_FOR_GPU, "no kernel image is available for execution on the device") \
-  X(CUDA_ERROR_ALREADY_ACQUIRED, "already acquired") \
-  X(CUDA_ERROR_NOT_MAPPED, "not mapped") \
-  X(CUDA_ERROR_NOT_MAPPED_AS_ARRAY, "not mapped as array") \
-  X(CUDA_ERROR_NOT_MAPPED_AS_POINTER, "not mapped as pointer") \
-  X(CUDA_ERROR_ECC_UNCORRECTABLE, "uncorrectable ECC error encountered") \
-  X(CUDA_ERROR_UNSUPPORTED_LIMIT, "unsupported limit") \
-  X(CUDA_ERROR_CONTEXT_ALREADY_IN_USE, "context already in use") \
-  X(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "peer access unsupported") \
-  X(CUDA_ERROR_INVALID_PTX, "invalid ptx") \
-  X(CUDA_ERROR_INVALID_GRAPHICS_CONTEXT, "invalid graphics context") \
-  X(CUDA_ERROR_NVLINK_UNCORRECTABLE, "nvlink uncorrectable") \
-  X(CUDA_ERROR_JIT_COMPILER_NOT_FOUND, "jit compiler not found") \
-  X(CUDA_ERROR_UNSUPPORTED_PTX_VERSION, "unsupported ptx version") \
-  X(CUDA_ERROR_JIT_COMPILATION_DISABLED, "jit compilation disabled") \
-  X(CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY, "unsupported exec affinity") \
-  X(CUDA_ERROR_UNSUPPORTED_DEVSIDE_SYNC, "unsupported devside sync") \
-  X(CUDA_ERROR_CONTAINED, "contained") \
-  X(CUDA_ERROR_INVALID_SOURCE, "invalid source") \
-  X(CUDA_ERROR_FILE_NOT_FOUND, "file not found") \
-  X(CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND, "shared object symbol not found") \
-  X(CUDA_ERROR_SHARED_OBJECT_INIT_FAILED, "shared object init failed") \
-  X(CUDA_ERROR_OPERATING_SYSTEM, "OS call failed or operation not supported on this OS") \
-  X(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle") \
-  X(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state") \
-  X(CUDA_ERROR_LOSSY_QUERY, "attempted introspection would be semantically lossy") \
-  X(CUDA_ERROR_NOT_FOUND, "named symbol not found") \
-  X(CUDA_ERROR_NOT_READY, "device not ready") \
-  X(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered") \
-  X(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "too many resources requested for launch") \
-  X(CUDA_ERROR_LAUNCH_TIMEOUT, "the launch timed out and was terminated") \
-  X(CUDA_ERROR_LAUNCH_INCOMPATIBLE_TEXTURING, "launch incompatible texturing") \
-  X(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "peer access is already enabled") \
-  X(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "peer access has not been enabled") \
-  X(CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "primary context active") \
-  X(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed") \
-  X(CUDA_ERROR_ASSERT, "assert") \
-  X(CUDA_ERROR_TOO_MANY_PEERS, "too many peers") \
-  X(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "host memory already registered") \
-  X(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "host memory not registered") \
-  X(CUDA_ERROR_HARDWARE_STACK_ERROR, "hardware stack error") \
-  X(CUDA_ERROR_ILLEGAL_INSTRUCTION, "illegal instruction") \
-  X(CUDA_ERROR_MISALIGNED_ADDRESS, "misaligned address") \
-  X(CUDA_ERROR_INVALID_ADDRESS_SPACE, "invalid address space") \
-  X(CUDA_ERROR_INVALID_PC, "invalid pc") \
-  X(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure") \
-  X(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "cooperative launch too large") \
-  X(CUDA_ERROR_TENSOR_MEMORY_LEAK, "tensor memory leak") \
-  X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted") \
-  X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported") \
-  X(CUDA_ERROR_SYSTEM_NOT_READY, "system not ready") \
-  X(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH, "system has unsupported display driver / cuda driver combination") \
-  X(CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE, "compat not supported on device") \
-  X(CUDA_ERROR_MPS_CONNECTION_FAILED, "mps connection failed") \
-  X(CUDA_ERROR_MPS_RPC_FAILURE, "mps rpc failure") \
-  X(CUDA_ERROR_MPS_SERVER_NOT_READY, "mps server not ready") \
-  X(CUDA_ERROR_MPS_MAX_CLIENTS_REACHED, "mps max clients reached") \
-  X(CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED, "mps max connections reached") \
-  X(CUDA_ERROR_MPS_CLIENT_TERMINATED, "mps client terminated") \
-  X(CUDA_ERROR_CDP_NOT_SUPPORTED, "cdp not supported") \
-  X(CUDA_ERROR_CDP_VERSION_MISMATCH, "cdp version mismatch") \
-  X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing") \
-  X(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED, "operation failed due to a previous error during capture") \
-  X(CUDA_ERROR_STREAM_CAPTURE_MERGE, "operation would result in a merge of separate capture sequences") \
+#define FAKE_CURESULT_LIST(X)                                                                    \
+  X(CUDA_SUCCESS, "no error")                                                                    \
+  X(CUDA_ERROR_INVALID_VALUE, "invalid argument")                                                \
+  X(CUDA_ERROR_OUT_OF_MEMORY, "out of memory")                                                   \
+  X(CUDA_ERROR_NOT_INITIALIZED, "initialization error")                                          \
+  X(CUDA_ERROR_DEINITIALIZED, "driver shutting down")                                            \
+  X(CUDA_ERROR_PROFILER_DISABLED, "profiler disabled")                                           \
+  X(CUDA_ERROR_PROFILER_NOT_INITIALIZED, "profiler not initialized")                             \
+  X(CUDA_ERROR_PROFILER_ALREADY_STARTED, "profiler already started")                             \
+  X(CUDA_ERROR_PROFILER_ALREADY_STOPPED, "profiler already stopped")                             \
+  X(CUDA_ERROR_STUB_LIBRARY, "CUDA driver is a stub library")                                    \
+  X(CUDA_ERROR_CALL_REQUIRES_NEWER_DRIVER, "CUDA driver version is insufficient for this call")  \
+  X(CUDA_ERROR_DEVICE_UNAVAILABLE, "CUDA-capable device(s) is/are busy or unavailable")          \
+  X(CUDA_ERROR_NO_DEVICE, "no CUDA-capable device is detected")                                  \
+  X(CUDA_ERROR_INVALID_DEVICE, "invalid device ordinal")                                         \
+  X(CUDA_ERROR_DEVICE_NOT_LICENSED, "device not licensed")                                       \
+  X(CUDA_ERROR_INVALID_IMAGE, "device kernel image is invalid")                                  \
+  X(CUDA_ERROR_INVALID_CONTEXT, "invalid device context")                                        \
+  X(CUDA_ERROR_CONTEXT_ALREADY_CURRENT, "context already current")                               \
+  X(CUDA_ERROR_MAP_FAILED, "map failed")                                                         \
+  X(CUDA_ERROR_UNMAP_FAILED, "unmap failed")                                                     \
+  X(CUDA_ERROR_ARRAY_IS_MAPPED, "array is mapped")                                               \
+  X(CUDA_ERROR_ALREADY_MAPPED, "already mapped")                                                 \
+  X(CUDA_ERROR_NO_BINARY_FOR_GPU, "no kernel image is available for execution on the device")    \
+  X(CUDA_ERROR_ALREADY_ACQUIRED, "already acquired")                                             \
+  X(CUDA_ERROR_NOT_MAPPED, "not mapped")                                                         \
+  X(CUDA_ERROR_NOT_MAPPED_AS_ARRAY, "not mapped as array")                                       \
+  X(CUDA_ERROR_NOT_MAPPED_AS_POINTER, "not mapped as pointer")                                   \
+  X(CUDA_ERROR_ECC_UNCORRECTABLE, "uncorrectable ECC error encountered")                         \
+  X(CUDA_ERROR_UNSUPPORTED_LIMIT, "unsupported limit")                                           \
+  X(CUDA_ERROR_CONTEXT_ALREADY_IN_USE, "context already in use")                                 \
+  X(CUDA_ERROR_PEER_ACCESS_UNSUPPORTED, "peer access unsupported")                               \
+  X(CUDA_ERROR_INVALID_PTX, "invalid ptx")                                                       \
+  X(CUDA_ERROR_INVALID_GRAPHICS_CONTEXT, "invalid graphics context")                             \
+  X(CUDA_ERROR_NVLINK_UNCORRECTABLE, "nvlink uncorrectable")                                     \
+  X(CUDA_ERROR_JIT_COMPILER_NOT_FOUND, "jit compiler not found")                                 \
+  X(CUDA_ERROR_UNSUPPORTED_PTX_VERSION, "unsupported ptx version")                               \
+  X(CUDA_ERROR_JIT_COMPILATION_DISABLED, "jit compilation disabled")                             \
+  X(CUDA_ERROR_UNSUPPORTED_EXEC_AFFINITY, "unsupported exec affinity")                           \
+  X(CUDA_ERROR_UNSUPPORTED_DEVSIDE_SYNC, "unsupported devside sync")                             \
+  X(CUDA_ERROR_CONTAINED, "contained")                                                           \
+  X(CUDA_ERROR_INVALID_SOURCE, "invalid source")                                                 \
+  X(CUDA_ERROR_FILE_NOT_FOUND, "file not found")                                                 \
+  X(CUDA_ERROR_SHARED_OBJECT_SYMBOL_NOT_FOUND, "shared object symbol not found")                 \
+  X(CUDA_ERROR_SHARED_OBJECT_INIT_FAILED, "shared object init failed")                           \
+  X(CUDA_ERROR_OPERATING_SYSTEM, "OS call failed or operation not supported on this OS")         \
+  X(CUDA_ERROR_INVALID_HANDLE, "invalid resource handle")                                        \
+  X(CUDA_ERROR_ILLEGAL_STATE, "the operation cannot be performed in the present state")          \
+  X(CUDA_ERROR_LOSSY_QUERY, "attempted introspection would be semantically lossy")               \
+  X(CUDA_ERROR_NOT_FOUND, "named symbol not found")                                              \
+  X(CUDA_ERROR_NOT_READY, "device not ready")                                                    \
+  X(CUDA_ERROR_ILLEGAL_ADDRESS, "an illegal memory access was encountered")                      \
+  X(CUDA_ERROR_LAUNCH_OUT_OF_RESOURCES, "too many resources requested for launch")               \
+  X(CUDA_ERROR_LAUNCH_TIMEOUT, "the launch timed out and was terminated")                        \
+  X(CUDA_ERROR_LAUNCH_INCOMPATIBLE_TEXTURING, "launch incompatible texturing")                   \
+  X(CUDA_ERROR_PEER_ACCESS_ALREADY_ENABLED, "peer access is already enabled")                    \
+  X(CUDA_ERROR_PEER_ACCESS_NOT_ENABLED, "peer access has not been enabled")                      \
+  X(CUDA_ERROR_PRIMARY_CONTEXT_ACTIVE, "primary context active")                                 \
+  X(CUDA_ERROR_CONTEXT_IS_DESTROYED, "context is destroyed")                                     \
+  X(CUDA_ERROR_ASSERT, "assert")                                                                 \
+  X(CUDA_ERROR_TOO_MANY_PEERS, "too many peers")                                                 \
+  X(CUDA_ERROR_HOST_MEMORY_ALREADY_REGISTERED, "host memory already registered")                 \
+  X(CUDA_ERROR_HOST_MEMORY_NOT_REGISTERED, "host memory not registered")                         \
+  X(CUDA_ERROR_HARDWARE_STACK_ERROR, "hardware stack error")                                     \
+  X(CUDA_ERROR_ILLEGAL_INSTRUCTION, "illegal instruction")                                       \
+  X(CUDA_ERROR_MISALIGNED_ADDRESS, "misaligned address")                                         \
+  X(CUDA_ERROR_INVALID_ADDRESS_SPACE, "invalid address space")                                   \
+  X(CUDA_ERROR_INVALID_PC, "invalid pc")                                                         \
+  X(CUDA_ERROR_LAUNCH_FAILED, "unspecified launch failure")                                      \
+  X(CUDA_ERROR_COOPERATIVE_LAUNCH_TOO_LARGE, "cooperative launch too large")                     \
+  X(CUDA_ERROR_TENSOR_MEMORY_LEAK, "tensor memory leak")                                         \
+  X(CUDA_ERROR_NOT_PERMITTED, "operation not permitted")                                         \
+  X(CUDA_ERROR_NOT_SUPPORTED, "operation not supported")                                         \
+  X(CUDA_ERROR_SYSTEM_NOT_READY, "system not ready")                                             \
+  X(CUDA_ERROR_SYSTEM_DRIVER_MISMATCH,                                                           \
+    "system has unsupported display driver / cuda driver combination")                           \
+  X(CUDA_ERROR_COMPAT_NOT_SUPPORTED_ON_DEVICE, "compat not supported on device")                 \
+  X(CUDA_ERROR_MPS_CONNECTION_FAILED, "mps connection failed")                                   \
+  X(CUDA_ERROR_MPS_RPC_FAILURE, "mps rpc failure")                                               \
+  X(CUDA_ERROR_MPS_SERVER_NOT_READY, "mps server not ready")                                     \
+  X(CUDA_ERROR_MPS_MAX_CLIENTS_REACHED, "mps max clients reached")                               \
+  X(CUDA_ERROR_MPS_MAX_CONNECTIONS_REACHED, "mps max connections reached")                       \
+  X(CUDA_ERROR_MPS_CLIENT_TERMINATED, "mps client terminated")                                   \
+  X(CUDA_ERROR_CDP_NOT_SUPPORTED, "cdp not supported")                                           \
+  X(CUDA_ERROR_CDP_VERSION_MISMATCH, "cdp version mismatch")                                     \
+  X(CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, "operation not permitted when stream is capturing")   \
+  X(CUDA_ERROR_STREAM_CAPTURE_INVALIDATED,                                                       \
+    "operation failed due to a previous error during capture")                                   \
+  X(CUDA_ERROR_STREAM_CAPTURE_MERGE,                                                             \
+    "operation would result in a merge of separate capture sequences")                           \
   X(CUDA_ERROR_STREAM_CAPTURE_UNMATCHED, "capture was not ended in the same stream as it began") \
-  X(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, "capturing stream has unjoined work") \
-  X(CUDA_ERROR_STREAM_CAPTURE_ISOLATION, "dependency created on uncaptured work in another stream") \
-  X(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT, "operation would make the legacy stream depend on a capturing blocking stream") \
-  X(CUDA_ERROR_CAPTURED_EVENT, "operation not permitted on an event last recorded in a capturing stream") \
-  X(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD, "attempt to terminate a thread-local capture sequence from another thread") \
-  X(CUDA_ERROR_TIMEOUT, "wait operation timed out") \
-  X(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE, "the graph update was not performed because it included changes which violated constraints specific to instantiated graph update") \
-  X(CUDA_ERROR_EXTERNAL_DEVICE, "external device") \
-  X(CUDA_ERROR_INVALID_CLUSTER_SIZE, "invalid cluster size") \
-  X(CUDA_ERROR_FUNCTION_NOT_LOADED, "function not loaded") \
-  X(CUDA_ERROR_INVALID_RESOURCE_TYPE, "invalid resource type") \
-  X(CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION, "invalid resource configuration") \
-  X(CUDA_ERROR_KEY_ROTATION, "key rotation") \
-  X(CUDA_ERROR_UNKNOWN, "unknown error") \
+  X(CUDA_ERROR_STREAM_CAPTURE_UNJOINED, "capturing stream has unjoined work")                    \
+  X(CUDA_ERROR_STREAM_CAPTURE_ISOLATION,                                                         \
+    "dependency created on uncaptured work in another stream")                                   \
+  X(CUDA_ERROR_STREAM_CAPTURE_IMPLICIT,                                                          \
+    "operation would make the legacy stream depend on a capturing blocking stream")              \
+  X(CUDA_ERROR_CAPTURED_EVENT,                                                                   \
+    "operation not permitted on an event last recorded in a capturing stream")                   \
+  X(CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD,                                                      \
+    "attempt to terminate a thread-local capture sequence from another thread")                  \
+  X(CUDA_ERROR_TIMEOUT, "wait operation timed out")                                              \
+  X(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE,                                                        \
+    "the graph update was not performed because it included changes which violated constraints " \
+    "specific to instantiated graph update")                                                     \
+  X(CUDA_ERROR_EXTERNAL_DEVICE, "external device")                                               \
+  X(CUDA_ERROR_INVALID_CLUSTER_SIZE, "invalid cluster size")                                     \
+  X(CUDA_ERROR_FUNCTION_NOT_LOADED, "function not loaded")                                       \
+  X(CUDA_ERROR_INVALID_RESOURCE_TYPE, "invalid resource type")                                   \
+  X(CUDA_ERROR_INVALID_RESOURCE_CONFIGURATION, "invalid resource configuration")                 \
+  X(CUDA_ERROR_KEY_ROTATION, "key rotation")                                                     \
+  X(CUDA_ERROR_UNKNOWN, "unknown error")                                                         \
   /* end */
 
 typedef struct fake_errname {
@@ -219,9 +228,9 @@ struct fevent {
   unsigned flags;
   uint64_t serial;
   int state;
-  uint64_t op;            /* EV_EAGER */
-  uint64_t cap_id;        /* EV_CAPTURED, EV_NODE */
-  CUgraphNode *nodes;     /* EV_CAPTURED: the recording stream's dependencies */
+  uint64_t op;        /* EV_EAGER */
+  uint64_t cap_id;    /* EV_CAPTURED, EV_NODE */
+  CUgraphNode *nodes; /* EV_CAPTURED: the recording stream's dependencies */
   size_t nnodes;
 };
 
@@ -395,18 +404,18 @@ static char *xstrdup(const char *s) {
   return d;
 }
 
-#define VEC_GROW(arr, n, cap)                                  \
-  do {                                                         \
-    if ((n) == (cap)) {                                        \
-      (cap) = (cap) ? 2 * (cap) : 8;                           \
-      (arr) = xrealloc((arr), (cap) * sizeof *(arr));          \
-    }                                                          \
+#define VEC_GROW(arr, n, cap)                         \
+  do {                                                \
+    if ((n) == (cap)) {                               \
+      (cap) = (cap) ? 2 * (cap) : 8;                  \
+      (arr) = xrealloc((arr), (cap) * sizeof *(arr)); \
+    }                                                 \
   } while (0)
 
-#define VEC_PUSH(arr, n, cap, val)                             \
-  do {                                                         \
-    VEC_GROW(arr, n, cap);                                     \
-    (arr)[(n)++] = (val);                                      \
+#define VEC_PUSH(arr, n, cap, val) \
+  do {                             \
+    VEC_GROW(arr, n, cap);         \
+    (arr)[(n)++] = (val);          \
   } while (0)
 
 static bool edge_is_default(const CUgraphEdgeData *d) {
@@ -683,8 +692,8 @@ bad:
 }
 
 /* Adds a node of `type` to g after deps (checked). */
-static CUresult graph_add(fgraph *g, const CUgraphNode *deps, const CUgraphEdgeData *data,
-                          size_t n, CUgraphNodeType type, fnode **out) {
+static CUresult graph_add(fgraph *g, const CUgraphNode *deps, const CUgraphEdgeData *data, size_t n,
+                          CUgraphNodeType type, fnode **out) {
   fnode **v;
   CUresult r = deps_resolve(g, deps, data, n, &v);
   if (r != CUDA_SUCCESS)
@@ -1010,7 +1019,8 @@ static bool event_in_use_by_graphs(const fevent *e) {
   for (size_t i = 0; i < S.nslots; i++) {
     if (S.slots[i].kind == FK_NODE) {
       const fnode *n = S.slots[i].obj;
-      if ((n->type == CU_GRAPH_NODE_TYPE_EVENT_RECORD || n->type == CU_GRAPH_NODE_TYPE_WAIT_EVENT) &&
+      if ((n->type == CU_GRAPH_NODE_TYPE_EVENT_RECORD ||
+           n->type == CU_GRAPH_NODE_TYPE_WAIT_EVENT) &&
           n->ev == e->h && n->ev_serial == e->serial)
         return true;
     } else if (S.slots[i].kind == FK_EXEC) {
@@ -1213,11 +1223,11 @@ static CUresult leave(CUresult r) {
   return r;
 }
 
-#define ENTER(name)                                        \
-  do {                                                     \
-    CUresult enter_r_;                                     \
-    if (!enter(DLSYNC__DRIVER_INDEX_##name, &enter_r_))    \
-      return enter_r_;                                     \
+#define ENTER(name)                                     \
+  do {                                                  \
+    CUresult enter_r_;                                  \
+    if (!enter(DLSYNC__DRIVER_INDEX_##name, &enter_r_)) \
+      return enter_r_;                                  \
   } while (0)
 
 /* ---- devices ------------------------------------------------------------------------------ */
@@ -1304,27 +1314,69 @@ static CUresult CUDAAPI fk_DeviceGetAttribute(int *pi, CUdevice_attribute a, CUd
     return leave(CUDA_ERROR_INVALID_DEVICE);
   int v = 0;
   switch (a) {
-  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR: v = 9; break;
-  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR: v = 0; break;
-  case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT: v = 132; break;
-  case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID: v = dev_bus(d); break;
-  case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID: v = 0; break;
-  case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID: v = 0; break;
-  case CU_DEVICE_ATTRIBUTE_WARP_SIZE: v = 32; break;
-  case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK: v = 1024; break;
-  case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR: v = 2048; break;
-  case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK: v = 49152; break;
-  case CU_DEVICE_ATTRIBUTE_CLOCK_RATE: v = 1980000; break;
-  case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH: v = 6144; break;
-  case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE: v = 60 << 20; break;
-  case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING: v = 1; break;
-  case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS: v = 1; break;
-  case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY: v = 1; break;
-  case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT: v = 3; break;
-  case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED: v = 1; break;
-  case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED: v = 1; break;
-  case CU_DEVICE_ATTRIBUTE_ECC_ENABLED: v = 1; break;
-  default: v = 0; break;
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR:
+    v = 9;
+    break;
+  case CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR:
+    v = 0;
+    break;
+  case CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT:
+    v = 132;
+    break;
+  case CU_DEVICE_ATTRIBUTE_PCI_BUS_ID:
+    v = dev_bus(d);
+    break;
+  case CU_DEVICE_ATTRIBUTE_PCI_DEVICE_ID:
+    v = 0;
+    break;
+  case CU_DEVICE_ATTRIBUTE_PCI_DOMAIN_ID:
+    v = 0;
+    break;
+  case CU_DEVICE_ATTRIBUTE_WARP_SIZE:
+    v = 32;
+    break;
+  case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_BLOCK:
+    v = 1024;
+    break;
+  case CU_DEVICE_ATTRIBUTE_MAX_THREADS_PER_MULTIPROCESSOR:
+    v = 2048;
+    break;
+  case CU_DEVICE_ATTRIBUTE_MAX_SHARED_MEMORY_PER_BLOCK:
+    v = 49152;
+    break;
+  case CU_DEVICE_ATTRIBUTE_CLOCK_RATE:
+    v = 1980000;
+    break;
+  case CU_DEVICE_ATTRIBUTE_GLOBAL_MEMORY_BUS_WIDTH:
+    v = 6144;
+    break;
+  case CU_DEVICE_ATTRIBUTE_L2_CACHE_SIZE:
+    v = 60 << 20;
+    break;
+  case CU_DEVICE_ATTRIBUTE_UNIFIED_ADDRESSING:
+    v = 1;
+    break;
+  case CU_DEVICE_ATTRIBUTE_CONCURRENT_KERNELS:
+    v = 1;
+    break;
+  case CU_DEVICE_ATTRIBUTE_CAN_MAP_HOST_MEMORY:
+    v = 1;
+    break;
+  case CU_DEVICE_ATTRIBUTE_ASYNC_ENGINE_COUNT:
+    v = 3;
+    break;
+  case CU_DEVICE_ATTRIBUTE_MEMORY_POOLS_SUPPORTED:
+    v = 1;
+    break;
+  case CU_DEVICE_ATTRIBUTE_STREAM_PRIORITIES_SUPPORTED:
+    v = 1;
+    break;
+  case CU_DEVICE_ATTRIBUTE_ECC_ENABLED:
+    v = 1;
+    break;
+  default:
+    v = 0;
+    break;
   }
   *pi = v;
   return leave(CUDA_SUCCESS);
@@ -1769,9 +1821,9 @@ static CUresult CUDAAPI fk_LaunchHostFunc(CUstream hs, CUhostFn fn, void *ud) {
 
 static CUresult CUDAAPI fk_ThreadExchangeStreamCaptureMode(CUstreamCaptureMode *mode) {
   ENTER(ThreadExchangeStreamCaptureMode);
-  if (!mode || (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL &&
-                *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
-                *mode != CU_STREAM_CAPTURE_MODE_RELAXED))
+  if (!mode ||
+      (*mode != CU_STREAM_CAPTURE_MODE_GLOBAL && *mode != CU_STREAM_CAPTURE_MODE_THREAD_LOCAL &&
+       *mode != CU_STREAM_CAPTURE_MODE_RELAXED))
     return leave(CUDA_ERROR_INVALID_VALUE);
   CUstreamCaptureMode old = T.mode;
   T.mode = *mode;
@@ -1838,8 +1890,7 @@ static CUresult CUDAAPI fk_StreamBeginCapture(CUstream s, CUstreamCaptureMode mo
   return leave(begin_capture(s, NULL, NULL, NULL, 0, mode));
 }
 
-static CUresult CUDAAPI fk_StreamBeginCaptureToGraph(CUstream s, CUgraph g,
-                                                     const CUgraphNode *deps,
+static CUresult CUDAAPI fk_StreamBeginCaptureToGraph(CUstream s, CUgraph g, const CUgraphNode *deps,
                                                      const CUgraphEdgeData *data, size_t n,
                                                      CUstreamCaptureMode mode) {
   ENTER(StreamBeginCaptureToGraph);
@@ -1970,7 +2021,7 @@ static CUresult stream_is_capturing(CUstream hs, CUstreamCaptureStatus *status) 
     return r;
   if (s->legacy && legacy_conflict(s->ctx, false))
     return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
-  *status = !s->cap ? CU_STREAM_CAPTURE_STATUS_NONE
+  *status = !s->cap               ? CU_STREAM_CAPTURE_STATUS_NONE
             : s->cap->invalidated ? CU_STREAM_CAPTURE_STATUS_INVALIDATED
                                   : CU_STREAM_CAPTURE_STATUS_ACTIVE;
   return CUDA_SUCCESS;
@@ -2117,18 +2168,17 @@ static bool memset_params_ok(const CUDA_MEMSET_NODE_PARAMS *m) {
   return (m->height == 1 || m->pitch >= row) && dev_range_ok(m->dst, bytes);
 }
 
-static CUresult CUDAAPI fk_GraphAddMemsetNode(CUgraphNode *out, CUgraph g,
-                                              const CUgraphNode *deps, size_t n,
-                                              const CUDA_MEMSET_NODE_PARAMS *p, CUcontext ctx) {
+static CUresult CUDAAPI fk_GraphAddMemsetNode(CUgraphNode *out, CUgraph g, const CUgraphNode *deps,
+                                              size_t n, const CUDA_MEMSET_NODE_PARAMS *p,
+                                              CUcontext ctx) {
   ENTER(GraphAddMemsetNode);
   if (!p || !memset_params_ok(p) || !GET_CTX(ctx))
     return leave(CUDA_ERROR_INVALID_VALUE);
   return leave(add_plain_node(out, g, deps, NULL, n, CU_GRAPH_NODE_TYPE_MEMSET, NULL));
 }
 
-static CUresult CUDAAPI fk_GraphAddMemcpyNode(CUgraphNode *out, CUgraph g,
-                                              const CUgraphNode *deps, size_t n,
-                                              const CUDA_MEMCPY3D *p, CUcontext ctx) {
+static CUresult CUDAAPI fk_GraphAddMemcpyNode(CUgraphNode *out, CUgraph g, const CUgraphNode *deps,
+                                              size_t n, const CUDA_MEMCPY3D *p, CUcontext ctx) {
   ENTER(GraphAddMemcpyNode);
   if (!p || !GET_CTX(ctx))
     return leave(CUDA_ERROR_INVALID_VALUE);
@@ -2224,8 +2274,8 @@ static CUresult graph_add_deps(CUgraph hg, const CUgraphNode *from, const CUgrap
 }
 
 static CUresult CUDAAPI fk_GraphAddDependencies(CUgraph g, const CUgraphNode *from,
-                                                const CUgraphNode *to,
-                                                const CUgraphEdgeData *data, size_t n) {
+                                                const CUgraphNode *to, const CUgraphEdgeData *data,
+                                                size_t n) {
   ENTER(GraphAddDependencies);
   return leave(graph_add_deps(g, from, to, data, n));
 }
@@ -2355,7 +2405,7 @@ static CUresult CUDAAPI fk_GraphInstantiateWithFlags(CUgraphExec *px, CUgraph hg
   if (!px || !g)
     return leave(CUDA_ERROR_INVALID_VALUE);
   if (flags & ~(unsigned long long)(CUDA_GRAPH_INSTANTIATE_FLAG_AUTO_FREE_ON_LAUNCH |
-                                     CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY))
+                                    CUDA_GRAPH_INSTANTIATE_FLAG_USE_NODE_PRIORITY))
     return leave(CUDA_ERROR_NOT_SUPPORTED);
   if (g->building)
     return leave(CUDA_ERROR_ILLEGAL_STATE);
@@ -2454,7 +2504,8 @@ static CUresult CUDAAPI fk_GraphExecMemsetNodeSetParams(CUgraphExec hx, CUgraphN
   return leave(CUDA_ERROR_INVALID_VALUE);
 }
 
-/* ---- memory ------------------------------------------------------------------------------------ */
+/* ---- memory ------------------------------------------------------------------------------------
+ */
 
 static CUresult CUDAAPI fk_MemAlloc(CUdeviceptr *p, size_t bytes) {
   ENTER(MemAlloc);
@@ -2501,8 +2552,7 @@ static CUresult CUDAAPI fk_MemsetD32Async(CUdeviceptr dst, unsigned int v, size_
   return leave(async_mem_op(s, CU_GRAPH_NODE_TYPE_MEMSET, NULL));
 }
 
-static CUresult CUDAAPI fk_MemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n,
-                                           CUstream s) {
+static CUresult CUDAAPI fk_MemcpyDtoDAsync(CUdeviceptr dst, CUdeviceptr src, size_t n, CUstream s) {
   ENTER(MemcpyDtoDAsync);
   if (!dev_range_ok(dst, n) || !dev_range_ok(src, n))
     return leave(CUDA_ERROR_INVALID_VALUE);
@@ -2740,8 +2790,7 @@ unsigned fake_leak_report(char *buf, size_t len) {
              "primary context references");
   report_add(buf, len, &pos, &kinds, S.ncaps, "active capture", "active captures");
   report_add(buf, len, &pos, &kinds, S.ndtors, "pending destructor", "pending destructors");
-  report_add(buf, len, &pos, &kinds, S.nhostfns, "pending host function",
-             "pending host functions");
+  report_add(buf, len, &pos, &kinds, S.nhostfns, "pending host function", "pending host functions");
   unlock();
   return kinds;
 }
@@ -2968,10 +3017,10 @@ bool fake_graph_has_edge(CUgraph hg, CUgraphNode hfrom, CUgraphNode hto) {
 CUevent fake_node_event(CUgraphNode h) {
   lock();
   fnode *n = GET_NODE(h);
-  CUevent e = n && (n->type == CU_GRAPH_NODE_TYPE_EVENT_RECORD ||
-                    n->type == CU_GRAPH_NODE_TYPE_WAIT_EVENT)
-                  ? n->ev
-                  : NULL;
+  CUevent e =
+      n && (n->type == CU_GRAPH_NODE_TYPE_EVENT_RECORD || n->type == CU_GRAPH_NODE_TYPE_WAIT_EVENT)
+          ? n->ev
+          : NULL;
   unlock();
   return e;
 }

@@ -136,13 +136,13 @@ unsigned fake_dangling_event_uses(void);
 /* ---- leak accounting (creates minus destroys) ---------------------------------------- */
 
 unsigned fake_live_events(void);
-unsigned fake_live_streams(void);       /* created streams; not legacy/per-thread */
-unsigned fake_live_graphs(void);        /* includes graphs of captures in progress */
+unsigned fake_live_streams(void); /* created streams; not legacy/per-thread */
+unsigned fake_live_graphs(void);  /* includes graphs of captures in progress */
 unsigned fake_live_execs(void);
-unsigned fake_live_user_objects(void);  /* user objects whose refcount is > 0 */
-unsigned fake_live_allocs(void);        /* cuMemAlloc without cuMemFree */
-int fake_primary_ctx_refs(int device);  /* -1 for a bad device */
-unsigned fake_active_captures(void);    /* begun, not yet ended */
+unsigned fake_live_user_objects(void); /* user objects whose refcount is > 0 */
+unsigned fake_live_allocs(void);       /* cuMemAlloc without cuMemFree */
+int fake_primary_ctx_refs(int device); /* -1 for a bad device */
+unsigned fake_active_captures(void);   /* begun, not yet ended */
 
 /* Writes a one-line summary of what is still alive or pending into buf
  * ("2 events, 1 graph, 1 pending destructor"; "" when clean) and returns the
