@@ -137,18 +137,18 @@ static bool context_mismatch(CUresult r) {
  * the per-thread memo and the driver says the event is not of the stream's
  * context (a stream handle reused in another context), forget the memo, take
  * an event of the right pool and record again. */
-static dlsync_status record_plain(dlsync_context *ctx, pool_pick *pk, CUevent *ev,
+static dlsync_status record_plain(dlsync_context *ctx, pool_pick *pk, CUevent *ev, bool *lent,
                                   dlsync__lane_now *first) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ctx->drv;
   CUresult r = d->EventRecord(*ev, first->stream);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
-    dlsync__pool_put(pk->pool, *ev);
+    dlsync__pool_unborrow(pk->pool, *ev, *lent);
     *ev = NULL;
     dlsync__pool_memo_forget(ctx, pk->stream);
     DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, ctx, pk->stream, pk->role));
     pk->from_memo = false;
-    DLSYNC_TRY(dlsync__pool_get(ev, pk->pool));
+    DLSYNC_TRY(dlsync__pool_borrow(ev, lent, ctx, pk->pool));
     r = d->EventRecord(*ev, first->stream);
   }
   if (r != CUDA_SUCCESS)
@@ -184,6 +184,8 @@ static dlsync_status order_now(dlsync_context *ctx, pool_pick *pk, dlsync__lane_
   const dlsync__driver *d = ctx->drv;
   dlsync__pool *pool = NULL;
   CUevent ev = NULL;
+  bool plain = false; /* plain record and wait: a borrowed event */
+  bool lent = false;
   bool put_back = false; /* ev goes back to the pool at cleanup */
   CUgraph graphs[2];
   res->joined = false;
@@ -204,20 +206,25 @@ static dlsync_status order_now(dlsync_context *ctx, pool_pick *pk, dlsync__lane_
     goto cleanup;
   }
 
-  /* Plain record and wait (eager, or within one capture) need no graph to
-   * own the event; everything else puts it into a graph: check the pool. */
-  if (!((first->kind == DLSYNC_LANE_EAGER && then->kind == DLSYNC_LANE_EAGER) ||
-        (first->kind == DLSYNC_LANE_CAPTURING &&
-         (then->kind == DLSYNC_LANE_EAGER ||
-          (then->kind == DLSYNC_LANE_CAPTURING && then->capture_id == first->capture_id)))))
+  /* Plain record and wait (eager, or within one capture) leave the event free
+   * at once: the thread's own scratch event does. Everything else puts the
+   * event into a graph: a pool event, from a pool checked with the driver. */
+  plain = (first->kind == DLSYNC_LANE_EAGER && then->kind == DLSYNC_LANE_EAGER) ||
+          (first->kind == DLSYNC_LANE_CAPTURING &&
+           (then->kind == DLSYNC_LANE_EAGER ||
+            (then->kind == DLSYNC_LANE_CAPTURING && then->capture_id == first->capture_id)));
+  if (plain) {
+    DLSYNC_TRY(dlsync__pool_borrow(&ev, &lent, ctx, pk->pool));
+  } else {
     DLSYNC_TRY(verify_pool(ctx, pk, first, then));
-  DLSYNC_TRY(dlsync__pool_get(&ev, pk->pool));
+    DLSYNC_TRY(dlsync__pool_get(&ev, pk->pool));
+  }
   pool = pk->pool;
   put_back = true;
 
   if (first->kind == DLSYNC_LANE_EAGER) {
     if (then->kind == DLSYNC_LANE_EAGER) {
-      DLSYNC_TRY(record_plain(ctx, pk, &ev, first));
+      DLSYNC_TRY(record_plain(ctx, pk, &ev, &lent, first));
       pool = pk->pool;
       DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(then->stream, ev, 0),
                 "%s stream %p waiting for %s stream %p", then->role, (void *)then->stream,
@@ -254,7 +261,7 @@ static dlsync_status order_now(dlsync_context *ctx, pool_pick *pk, dlsync__lane_
       (then->kind == DLSYNC_LANE_EAGER ||
        (then->kind == DLSYNC_LANE_CAPTURING && then->capture_id == first->capture_id))) {
     /* Same capture: edges only. Eager `then`: it joins the capture. */
-    DLSYNC_TRY(record_plain(ctx, pk, &ev, first));
+    DLSYNC_TRY(record_plain(ctx, pk, &ev, &lent, first));
     pool = pk->pool;
     DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(then->stream, ev, 0),
               "%s stream %p waiting for %s stream %p (capture %llu)", then->role,
@@ -275,8 +282,12 @@ static dlsync_status order_now(dlsync_context *ctx, pool_pick *pk, dlsync__lane_
   res->cross = true;
 
 cleanup:
-  if (put_back && ev != NULL)
-    dlsync__pool_put(pool, ev);
+  if (put_back && ev != NULL) {
+    if (plain)
+      dlsync__pool_unborrow(pool, ev, lent);
+    else
+      dlsync__pool_put(pool, ev);
+  }
   return st;
 }
 

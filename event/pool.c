@@ -26,6 +26,8 @@ struct dlsync__pool {
   atomic_size_t created;
   atomic_size_t destroyed;
   atomic_size_t graph_owned;
+  CUevent *scratch; /* lent to threads for plain record/wait, see below */
+  size_t nscratch;
 };
 
 static void spin_lock(atomic_int *l) {
@@ -72,6 +74,7 @@ void dlsync__orphans_collect(void) {
 }
 
 static void pool_free(dlsync__pool *p) {
+  free(p->scratch);
   free(p->free_events);
   free(p);
 }
@@ -249,6 +252,69 @@ void dlsync__pool_put(dlsync__pool *p, CUevent event) {
   }
 }
 
+/* ---- scratch events ----
+ *
+ * A plain record followed by a wait leaves the event free again at once (the
+ * wait took the record it needed), so each thread keeps one event per pool it
+ * uses and records it over and over, without touching the pool's lock. The
+ * pool remembers every event it lent this way (at most SCRATCH_MAX; past that
+ * threads take and give back as usual) and destroys them with the context. A
+ * thread's slots are trusted only for the context generation that filled
+ * them, like the stream memo. */
+#define SCRATCH_SLOTS 2
+#define SCRATCH_MAX 256
+
+typedef struct scratch_slot {
+  const dlsync_context *ctx;
+  uint64_t generation;
+  dlsync__pool *pool;
+  CUevent event;
+} scratch_slot;
+
+static _Thread_local scratch_slot scratch[SCRATCH_SLOTS];
+static _Thread_local unsigned scratch_next;
+
+dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync_context *ctx,
+                                  dlsync__pool *p) {
+  dlsync_status st;
+  bool registered = false;
+  for (unsigned i = 0; i < SCRATCH_SLOTS; i++) {
+    if (scratch[i].pool == p && scratch[i].ctx == ctx && scratch[i].generation == ctx->generation) {
+      *out = scratch[i].event;
+      *lent = true;
+      return DLSYNC_SUCCESS;
+    }
+  }
+  *lent = false;
+  st = dlsync__pool_get(out, p);
+  if (st != DLSYNC_SUCCESS)
+    return st;
+  spin_lock(&p->lock);
+  if (p->nscratch < SCRATCH_MAX) {
+    if (p->scratch == NULL)
+      p->scratch = calloc(SCRATCH_MAX, sizeof *p->scratch);
+    if (p->scratch != NULL) {
+      p->scratch[p->nscratch++] = *out;
+      registered = true;
+    }
+  }
+  spin_unlock(&p->lock);
+  if (registered) {
+    scratch_slot *slot = &scratch[scratch_next++ % SCRATCH_SLOTS];
+    slot->ctx = ctx;
+    slot->generation = ctx->generation;
+    slot->pool = p;
+    slot->event = *out;
+    *lent = true;
+  }
+  return DLSYNC_SUCCESS;
+}
+
+void dlsync__pool_unborrow(dlsync__pool *p, CUevent event, bool lent) {
+  if (!lent)
+    dlsync__pool_put(p, event);
+}
+
 void dlsync__pool_return_from_graph(dlsync__pool *p, CUevent event) {
   bool kept = false;
   atomic_fetch_sub_explicit(&p->graph_owned, 1, memory_order_relaxed);
@@ -292,6 +358,14 @@ dlsync_status dlsync__pools_destroy(dlsync_context *ctx) {
     p->nfree = 0;
     p->cap = 0;
     spin_unlock(&p->lock);
+    for (size_t i = 0; i < p->nscratch; i++) {
+      CUresult r = p->drv->EventDestroy(p->scratch[i]);
+      atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
+      if (r != CUDA_SUCCESS && st == DLSYNC_SUCCESS)
+        st = dlsync__fail_driver(p->drv, r, "cuEventDestroy",
+                                 "destroying the scratch events of context %p", (void *)p->cuctx);
+    }
+    p->nscratch = 0;
     for (size_t i = 0; i < n; i++) {
       CUresult r = p->drv->EventDestroy(events[i]);
       atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
@@ -312,7 +386,7 @@ void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync_context *ctx) {
   for (dlsync__pool *p = atomic_load_explicit(&ctx->pools, memory_order_acquire); p != NULL;
        p = p->next) {
     spin_lock(&p->lock);
-    out->free_events += p->nfree;
+    out->free_events += p->nfree + p->nscratch; /* scratch events are idle between calls */
     spin_unlock(&p->lock);
     out->created += atomic_load(&p->created);
     out->destroyed += atomic_load(&p->destroyed);

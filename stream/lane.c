@@ -62,7 +62,6 @@ dlsync_status dlsync__lane_read(dlsync__lane_now *out, dlsync_context *ctx, dlsy
   size_t n = 0;
   CUresult r;
   memset(out, 0, sizeof *out);
-  DLSYNC_TRY(dlsync__lane_check(lane, role));
   out->lane = lane;
   out->role = role;
   out->stream = NULL;
@@ -143,6 +142,7 @@ dlsync_status dlsync_lane_query(dlsync_lane_state *out, dlsync_context *ctx,
   if (out == NULL || ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_lane_query: %s is NULL",
                         out == NULL ? "out" : "ctx");
+  DLSYNC_TRY(dlsync__lane_check(lane, "queried"));
   /* Reading does not modify the lane. */
   DLSYNC_TRY(dlsync__lane_read(&now, ctx, (dlsync_lane *)(uintptr_t)lane, "queried"));
   out->kind = now.kind;

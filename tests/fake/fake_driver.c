@@ -5,9 +5,7 @@
 
 #include "fake_driver.h"
 
-#include <inttypes.h>
 #include <pthread.h>
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>

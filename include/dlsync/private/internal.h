@@ -85,6 +85,13 @@ void dlsync__pool_memo_forget(const dlsync_context *ctx, CUstream stream);
 dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync_context *ctx, CUcontext cuctx);
 dlsync_status dlsync__pool_get(CUevent *out, dlsync__pool *pool);
 void dlsync__pool_put(dlsync__pool *pool, CUevent event);
+/* For a plain record followed at once by a wait: the calling thread's own
+ * event of this pool (*lent true: give it back with dlsync__pool_unborrow,
+ * which then does nothing), or one from the pool. Never put such an event in
+ * a graph. */
+dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync_context *ctx,
+                                  dlsync__pool *pool);
+void dlsync__pool_unborrow(dlsync__pool *pool, CUevent event, bool lent);
 /* Called from a user object's destructor (a driver thread: no CUDA calls):
  * hands an event back to its pool, or to the orphan list if the context is
  * gone. Drops the pool reference the graph held. */
@@ -120,8 +127,9 @@ typedef struct dlsync__lane_now {
   const char *role;            /* "producer", "consumer", ... for messages */
 } dlsync__lane_now;
 
-/* Validates a lane and reads its state (one cuStreamGetCaptureInfo for a
- * stream). Errors name `role`. */
+/* Reads a lane's state (one or two capture queries for a stream; none for a
+ * graph lane). The lane must have passed dlsync__lane_check. Errors name
+ * `role`. */
 dlsync_status dlsync__lane_read(dlsync__lane_now *out, dlsync_context *ctx, dlsync_lane *lane,
                                 const char *role);
 /* Validates a lane's fields without calling the driver. */
