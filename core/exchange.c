@@ -292,7 +292,7 @@ cleanup:
 }
 
 static bool is_legacy(const dlsync_lane *l) {
-  return l->kind == DLSYNC_LANE_STREAM && dlsync__same_stream(l->stream, NULL);
+  return l->kind == DLSYNC_LANE_STREAM && dlsync__is_legacy_stream(l->stream);
 }
 
 /* Checks both lanes and reads their states; *same when they are one stream

@@ -3,17 +3,7 @@
 
 #include "dlsync/private/internal.h"
 
-bool dlsync__same_stream(CUstream a, CUstream b) {
-  /* NULL and CU_STREAM_LEGACY both name the legacy default stream (dlsync
-   * resolves driver entry points without per-thread default stream semantics). */
-  if (a == NULL)
-    a = CU_STREAM_LEGACY;
-  if (b == NULL)
-    b = CU_STREAM_LEGACY;
-  return a == b;
-}
-
-dlsync_status dlsync__lane_check(const dlsync_lane *lane, const char *role) {
+dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role) {
   if (lane == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "the %s lane is NULL", role);
   switch (lane->kind) {

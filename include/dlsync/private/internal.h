@@ -133,8 +133,21 @@ typedef struct dlsync__lane_now {
 dlsync_status dlsync__lane_read(dlsync__lane_now *out, dlsync_context *ctx, dlsync_lane *lane,
                                 const char *role);
 /* Validates a lane's fields without calling the driver. */
-dlsync_status dlsync__lane_check(const dlsync_lane *lane, const char *role);
-bool dlsync__same_stream(CUstream a, CUstream b);
+dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role);
+static inline dlsync_status dlsync__lane_check(const dlsync_lane *lane, const char *role) {
+  if (DLSYNC__LIKELY(lane != NULL && lane->kind == DLSYNC_LANE_STREAM && lane->graph == NULL))
+    return DLSYNC_SUCCESS;
+  return dlsync__lane_check_slow(lane, role);
+}
+
+/* NULL and CU_STREAM_LEGACY both name the legacy default stream (dlsync
+ * resolves driver entry points without per-thread default stream semantics). */
+static inline bool dlsync__is_legacy_stream(CUstream s) {
+  return s == NULL || s == CU_STREAM_LEGACY;
+}
+static inline bool dlsync__same_stream(CUstream a, CUstream b) {
+  return a == b || (dlsync__is_legacy_stream(a) && dlsync__is_legacy_stream(b));
+}
 
 /* ---- graphs (graph/graph.c) ---- */
 
