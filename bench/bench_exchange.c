@@ -31,12 +31,12 @@ static double median(double *v, int n) {
   return v[n / 2];
 }
 
-#define CHECK(cond, what)                                                                      \
-  do {                                                                                         \
-    if (!(cond)) {                                                                             \
-      printf("FAIL: %s (line %d): %s\n", what, __LINE__, dlsync_last_error());                 \
-      exit(1);                                                                                 \
-    }                                                                                          \
+#define CHECK(cond, what)                                                      \
+  do {                                                                         \
+    if (!(cond)) {                                                             \
+      printf("FAIL: %s (line %d): %s\n", what, __LINE__, dlsync_last_error()); \
+      exit(1);                                                                 \
+    }                                                                          \
   } while (0)
 
 typedef void (*op_fn)(void);
@@ -245,8 +245,7 @@ static void replay_compare(double *captured_us, double *built_us, size_t *captur
     CUdeviceptr b = bufs + (CUdeviceptr)k * words * 4;
     CHECK(D->MemsetD32Async(b, (unsigned)k, words, P) == CUDA_SUCCESS, "memset");
     CHECK(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc) == DLSYNC_SUCCESS, "begin");
-    CHECK(D->MemcpyDtoDAsync(outs + (CUdeviceptr)k * 4, b + (words - 1) * 4, 4, C) ==
-              CUDA_SUCCESS,
+    CHECK(D->MemcpyDtoDAsync(outs + (CUdeviceptr)k * 4, b + (words - 1) * 4, 4, C) == CUDA_SUCCESS,
           "copy");
     CHECK(dlsync_exchange_end(ex) == DLSYNC_SUCCESS, "end");
   }
@@ -352,16 +351,18 @@ int main(void) {
     struct {
       const char *name;
       op_fn fn;
-    } parts[] = {{"cuStreamGetCaptureInfo", op_query},   {"cuStreamIsCapturing", op_is_capturing},
-                 {"cuStreamGetCtx", op_get_ctx},         {"malloc+free (128 B)", op_malloc_free},
-                 {"dlsync pool get+put", op_pool_get_put}, {"cuEventRecord+cuStreamWaitEvent", op_record_wait}};
+    } parts[] = {{"cuStreamGetCaptureInfo", op_query},
+                 {"cuStreamIsCapturing", op_is_capturing},
+                 {"cuStreamGetCtx", op_get_ctx},
+                 {"malloc+free (128 B)", op_malloc_free},
+                 {"dlsync pool get+put", op_pool_get_put},
+                 {"cuEventRecord+cuStreamWaitEvent", op_record_wait}};
     printf("\nparts (host ns per call, median of %d x %d)\n", BATCHES, OPS);
     for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
       printf("  %-40s %8.1f\n", parts[i].name, time_op(parts[i].fn));
   }
 
-  printf("\ndlsync bench on %s (host ns per operation, median of %d x %d)\n", E.name, BATCHES,
-         OPS);
+  printf("\ndlsync bench on %s (host ns per operation, median of %d x %d)\n", E.name, BATCHES, OPS);
   printf("%-44s %10s %10s %8s %s\n", "measure", "dlsync", "baseline", "ratio", "target");
   printf("%-44s %10.1f %10.1f %8.2f %s\n", "same stream begin+end vs one capture query", same, q,
          same / q, same / q <= 2.0 ? "<= 2.00 ok" : "<= 2.00 MISSED");
@@ -376,12 +377,12 @@ int main(void) {
   printf("%-44s %10.1f %10.1f %8.2f %s\n", "eager begin+end vs event created per call", eager,
          per_call, per_call / eager,
          per_call / eager >= 1.5 ? "speedup >= 1.50 ok" : "speedup >= 1.50 MISSED");
-  printf("%-44s %10.1f %10.1f %8.2f %s\n", "in capture (join) begin+end vs raw fork+join",
-         cap_ds, cap_raw, cap_ds / cap_raw, "(no target)");
+  printf("%-44s %10.1f %10.1f %8.2f %s\n", "in capture (join) begin+end vs raw fork+join", cap_ds,
+         cap_raw, cap_ds / cap_raw, "(no target)");
   printf("%-44s %10.1f %10.1f %8.2f %s\n", "two captures dlsync_order vs manual nodes", two_ds,
          two_raw, two_ds / two_raw, "(no target)");
-  printf("%-44s %10.2f %10.2f %8.3f %s\n", "replay us: captured chain vs hand-built", rc_us,
-         rb_us, rc_us / rb_us, rc_us / rb_us <= 1.05 ? "<= 1.05 ok" : "<= 1.05 MISSED");
+  printf("%-44s %10.2f %10.2f %8.3f %s\n", "replay us: captured chain vs hand-built", rc_us, rb_us,
+         rc_us / rb_us, rc_us / rb_us <= 1.05 ? "<= 1.05 ok" : "<= 1.05 MISSED");
   printf("%-44s %10zu %10zu\n", "  nodes in the two graphs", nc, nb);
   dlsync_context_destroy(E.ctx);
   return 0;

@@ -198,12 +198,12 @@ dlsync_status dlsync_context_require(const dlsync_context *ctx, dlsync_capabilit
   default:
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "unknown capability 0x%x", (unsigned)cap);
   }
-  return dlsync__fail(DLSYNC_ERROR_DRIVER_TOO_OLD,
-                      "%s needs %s (driver %s or newer); the driver found (%s) is %d.%d", what,
-                      cap == DLSYNC_CAP_USER_OBJECTS ? "cuUserObjectCreate" : "cuStreamBeginCaptureToGraph",
-                      cap == DLSYNC_CAP_USER_OBJECTS ? "11.3" : "12.3",
-                      d->origin != NULL ? d->origin : "?", d->version / 1000,
-                      (d->version % 1000) / 10);
+  return dlsync__fail(
+      DLSYNC_ERROR_DRIVER_TOO_OLD,
+      "%s needs %s (driver %s or newer); the driver found (%s) is %d.%d", what,
+      cap == DLSYNC_CAP_USER_OBJECTS ? "cuUserObjectCreate" : "cuStreamBeginCaptureToGraph",
+      cap == DLSYNC_CAP_USER_OBJECTS ? "11.3" : "12.3", d->origin != NULL ? d->origin : "?",
+      d->version / 1000, (d->version % 1000) / 10);
 }
 
 dlsync_status dlsync_device_count(int *out, const dlsync_context *ctx) {
@@ -237,8 +237,8 @@ dlsync_status dlsync_device_get_info(dlsync_device_info *info, const dlsync_cont
   tmp.version = DLSYNC_DEVICE_INFO_VERSION;
   tmp.ordinal = ordinal;
   DLSYNC_CU(d, cuDeviceGet, d->DeviceGet(&dev, ordinal), "device ordinal %d", ordinal);
-  DLSYNC_CU(d, cuDeviceGetName, d->DeviceGetName(tmp.name, (int)sizeof tmp.name, dev),
-            "device %d", ordinal);
+  DLSYNC_CU(d, cuDeviceGetName, d->DeviceGetName(tmp.name, (int)sizeof tmp.name, dev), "device %d",
+            ordinal);
   DLSYNC_CU(d, cuDeviceGetPCIBusId,
             d->DeviceGetPCIBusId(tmp.pci_bus_id, (int)sizeof tmp.pci_bus_id, dev), "device %d",
             ordinal);
@@ -248,10 +248,10 @@ dlsync_status dlsync_device_get_info(dlsync_device_info *info, const dlsync_cont
   DLSYNC_CU(d, cuDeviceGetAttribute,
             d->DeviceGetAttribute(&tmp.cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
             "device %d compute capability", ordinal);
-  DLSYNC_CU(d, cuDeviceGetAttribute,
-            d->DeviceGetAttribute(&tmp.multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT,
-                                  dev),
-            "device %d multiprocessors", ordinal);
+  DLSYNC_CU(
+      d, cuDeviceGetAttribute,
+      d->DeviceGetAttribute(&tmp.multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+      "device %d multiprocessors", ordinal);
   DLSYNC_CU(d, cuDeviceTotalMem, d->DeviceTotalMem(&tmp.total_memory, dev), "device %d", ordinal);
   *info = tmp;
 cleanup:

@@ -7,8 +7,8 @@
 
 /* What an order placed, for end's checks. */
 typedef struct order_result {
-  bool joined;     /* `then` (an eager stream) joined first's capture */
-  bool cross;      /* record node in first's graph, wait node in then's */
+  bool joined; /* `then` (an eager stream) joined first's capture */
+  bool cross;  /* record node in first's graph, wait node in then's */
 } order_result;
 
 /* The identity of a lane's graph: the capture id, or the built graph. */
@@ -239,20 +239,19 @@ static dlsync_status order_now(dlsync_context *ctx, pool_pick *pk, dlsync__lane_
       /* Record first: a pooled event may still carry the state of a record
        * made in an earlier capture, and the driver refuses an external wait
        * on such an event (CUDA_ERROR_INVALID_VALUE, seen on the H200). */
-      DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p",
-                first->role, (void *)first->stream);
-      DLSYNC_CU(d, cuStreamWaitEvent,
-                d->StreamWaitEvent(then->stream, ev, CU_EVENT_WAIT_EXTERNAL),
+      DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p", first->role,
+                (void *)first->stream);
+      DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(then->stream, ev, CU_EVENT_WAIT_EXTERNAL),
                 "%s stream %p is capturing (capture %llu); adding an external wait for eager %s "
                 "stream %p",
-                then->role, (void *)then->stream, (unsigned long long)then->capture_id,
-                first->role, (void *)first->stream);
+                then->role, (void *)then->stream, (unsigned long long)then->capture_id, first->role,
+                (void *)first->stream);
     } else {
       /* A built graph's wait node reads the event when the graph is
        * launched: add it first, so that a failure leaves nothing queued. */
       DLSYNC_TRY(dlsync__graph_append_event(ctx, then, ev, false));
-      DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p",
-                first->role, (void *)first->stream);
+      DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p", first->role,
+                (void *)first->stream);
     }
     goto cleanup;
   }
@@ -349,7 +348,9 @@ cleanup:
  * Shared and never freed. */
 static dlsync_exchange same_stream_exchange;
 
-static dlsync_exchange *exchange_alloc(void) { return malloc(sizeof(dlsync_exchange)); }
+static dlsync_exchange *exchange_alloc(void) {
+  return malloc(sizeof(dlsync_exchange));
+}
 
 static void exchange_free(dlsync_exchange *ex) {
   if (ex != &same_stream_exchange)

@@ -39,11 +39,17 @@ const char *dlsync_status_string(dlsync_status status) {
   }
 }
 
-dlsync_status dlsync_last_status(void) { return last_error.status; }
+dlsync_status dlsync_last_status(void) {
+  return last_error.status;
+}
 
-const char *dlsync_last_error(void) { return last_error.message; }
+const char *dlsync_last_error(void) {
+  return last_error.message;
+}
 
-int dlsync_last_driver_result(void) { return last_error.driver_result; }
+int dlsync_last_driver_result(void) {
+  return last_error.driver_result;
+}
 
 static void set_message(dlsync_status status, int driver_result, const char *prefix,
                         const char *fmt, va_list ap) DLSYNC__PRINTF(4, 0);
@@ -112,6 +118,10 @@ dlsync_status dlsync__retag(dlsync_status status) {
   return status;
 }
 
-unsigned dlsync_version(void) { return DLSYNC_VERSION; }
+unsigned dlsync_version(void) {
+  return DLSYNC_VERSION;
+}
 
-const char *dlsync_version_string(void) { return DLSYNC_VERSION_STRING; }
+const char *dlsync_version_string(void) {
+  return DLSYNC_VERSION_STRING;
+}

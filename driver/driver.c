@@ -11,7 +11,8 @@
 #include "dlsync/private/internal.h"
 
 const dlsync__driver_entry_info dlsync__driver_entries[DLSYNC__DRIVER_ENTRY_COUNT] = {
-#define DLSYNC__DRIVER_INFO(name, pfn, ver, need) {"cu" #name, ver, need, offsetof(dlsync__driver, name)},
+#define DLSYNC__DRIVER_INFO(name, pfn, ver, need) \
+  {"cu" #name, ver, need, offsetof(dlsync__driver, name)},
     DLSYNC__DRIVER_ENTRIES(DLSYNC__DRIVER_INFO)
 #undef DLSYNC__DRIVER_INFO
 };

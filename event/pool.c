@@ -21,8 +21,8 @@ struct dlsync__pool {
   size_t nfree;
   size_t cap;
   size_t kept;
-  bool dead;           /* the context is destroyed */
-  atomic_size_t refs;  /* the context's + one per event held by a graph */
+  bool dead;          /* the context is destroyed */
+  atomic_size_t refs; /* the context's + one per event held by a graph */
   atomic_size_t created;
   atomic_size_t destroyed;
   atomic_size_t graph_owned;
@@ -42,7 +42,9 @@ static void spin_lock(atomic_int *l) {
   }
 }
 
-static void spin_unlock(atomic_int *l) { atomic_store_explicit(l, 0, memory_order_release); }
+static void spin_unlock(atomic_int *l) {
+  atomic_store_explicit(l, 0, memory_order_release);
+}
 
 /* ---- orphans: events whose context died while graphs held them ---- */
 
@@ -84,7 +86,9 @@ static void pool_unref(dlsync__pool *p) {
     pool_free(p);
 }
 
-void dlsync__pool_ref(dlsync__pool *p) { atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed); }
+void dlsync__pool_ref(dlsync__pool *p) {
+  atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
+}
 
 /* ---- lookup ---- */
 
@@ -164,8 +168,7 @@ dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsyn
     *from_memo = false;
   if (memoise) {
     for (unsigned i = 0; i < MEMO_SLOTS; i++) {
-      if (memo[i].stream == stream && memo[i].ctx == ctx &&
-          memo[i].generation == ctx->generation) {
+      if (memo[i].stream == stream && memo[i].ctx == ctx && memo[i].generation == ctx->generation) {
         *out = memo[i].pool;
         *from_memo = true;
         return DLSYNC_SUCCESS;
@@ -203,8 +206,8 @@ dlsync_status dlsync__pool_get(CUevent *out, dlsync__pool *p) {
   spin_unlock(&p->lock);
   /* Empty: create one in the pool's context (allowed during capture). */
   dlsync__orphans_collect();
-  DLSYNC_CU(d, cuCtxPushCurrent, d->CtxPushCurrent(p->cuctx), "making context %p current to create an event",
-            (void *)p->cuctx);
+  DLSYNC_CU(d, cuCtxPushCurrent, d->CtxPushCurrent(p->cuctx),
+            "making context %p current to create an event", (void *)p->cuctx);
   pushed = true;
   DLSYNC_CU(d, cuEventCreate, d->EventCreate(&ev, CU_EVENT_DISABLE_TIMING),
             "growing the event pool of context %p", (void *)p->cuctx);
@@ -370,8 +373,8 @@ dlsync_status dlsync__pools_destroy(dlsync_context *ctx) {
       CUresult r = p->drv->EventDestroy(events[i]);
       atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
       if (r != CUDA_SUCCESS && st == DLSYNC_SUCCESS)
-        st = dlsync__fail_driver(p->drv, r, "cuEventDestroy", "destroying the event pool of context %p",
-                                 (void *)p->cuctx);
+        st = dlsync__fail_driver(p->drv, r, "cuEventDestroy",
+                                 "destroying the event pool of context %p", (void *)p->cuctx);
     }
     free(events);
     pool_unref(p);

@@ -619,8 +619,8 @@ static bool run_row_with_fault(row r, unsigned n) {
   fake_fail_clear();
   if (reached) {
     /* The failure surfaced as a status with the driver's words. */
-    bool failed = sb != DLSYNC_SUCCESS ||
-                  (se != DLSYNC_SUCCESS && se != DLSYNC_ERROR_CAPTURE_ORDER);
+    bool failed =
+        sb != DLSYNC_SUCCESS || (se != DLSYNC_SUCCESS && se != DLSYNC_ERROR_CAPTURE_ORDER);
     if (!failed)
       fail_msg("row %d: call %u failed but begin and end succeeded", (int)r, n);
     assert_non_null(strstr(dlsync_last_error(), "CUDA_ERROR_UNKNOWN"));

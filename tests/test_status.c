@@ -11,8 +11,8 @@
 
 static void every_status_has_a_name_and_text(void **state) {
   (void)state;
-#define CHECK_ONE(name, value, text)                                          \
-  assert_string_equal(dlsync_status_name(DLSYNC_##name), "DLSYNC_" #name);    \
+#define CHECK_ONE(name, value, text)                                       \
+  assert_string_equal(dlsync_status_name(DLSYNC_##name), "DLSYNC_" #name); \
   assert_string_equal(dlsync_status_string(DLSYNC_##name), text);
   DLSYNC_STATUS_LIST(CHECK_ONE)
 #undef CHECK_ONE

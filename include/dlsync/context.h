@@ -116,8 +116,8 @@ typedef struct dlsync_device_info {
 DLSYNC_API dlsync_status dlsync_device_count(int *out, const dlsync_context *ctx);
 
 /* Fills *info (initialised with DLSYNC_DEVICE_INFO_INIT) for device ordinal. */
-DLSYNC_API dlsync_status dlsync_device_get_info(dlsync_device_info *info,
-                                                const dlsync_context *ctx, int ordinal);
+DLSYNC_API dlsync_status dlsync_device_get_info(dlsync_device_info *info, const dlsync_context *ctx,
+                                                int ordinal);
 
 #ifdef __cplusplus
 }

@@ -53,8 +53,7 @@ extern "C" {
 
 /* Makes `then`'s later work run after `first`'s earlier work (table above).
  * Graph lanes (either side) get their new frontier written back. */
-DLSYNC_API dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first,
-                                      dlsync_lane *then);
+DLSYNC_API dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane *then);
 
 typedef struct dlsync_exchange dlsync_exchange;
 

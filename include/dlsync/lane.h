@@ -46,8 +46,8 @@ typedef enum dlsync_lane_kind {
 
 typedef struct dlsync_lane {
   dlsync_lane_kind kind;
-  struct CUstream_st *stream; /* STREAM lanes; must be NULL-or-unused for GRAPH */
-  struct CUgraph_st *graph;   /* GRAPH lanes; must be NULL for STREAM */
+  struct CUstream_st *stream;   /* STREAM lanes; must be NULL-or-unused for GRAPH */
+  struct CUgraph_st *graph;     /* GRAPH lanes; must be NULL for STREAM */
   struct CUgraphNode_st **deps; /* GRAPH lanes: the frontier, updated in place */
   size_t ndeps;                 /* GRAPH lanes: nodes in deps */
   size_t capacity;              /* GRAPH lanes: room in deps */
@@ -84,8 +84,8 @@ typedef enum dlsync_lane_state_kind {
 
 typedef struct dlsync_lane_state {
   dlsync_lane_state_kind kind;
-  uint64_t capture_id;       /* CAPTURING: the driver's capture id */
-  struct CUgraph_st *graph;  /* CAPTURING: the graph being built; BUILT: the lane's graph */
+  uint64_t capture_id;      /* CAPTURING: the driver's capture id */
+  struct CUgraph_st *graph; /* CAPTURING: the graph being built; BUILT: the lane's graph */
 } dlsync_lane_state;
 
 /* Reads what a lane is now. Errors: DLSYNC_ERROR_INVALID_LANE,

@@ -17,22 +17,22 @@ extern "C" {
 #endif
 
 /* X(name, value, description) */
-#define DLSYNC_STATUS_LIST(X)                                                                  \
-  X(SUCCESS, 0, "success")                                                                     \
-  X(ERROR_INVALID_ARGUMENT, 1, "invalid argument")                                             \
-  X(ERROR_OUT_OF_MEMORY, 2, "out of host memory")                                              \
-  X(ERROR_NO_DRIVER, 3, "no CUDA driver could be loaded")                                      \
-  X(ERROR_DRIVER_TOO_OLD, 4, "the CUDA driver is too old for this feature")                    \
-  X(ERROR_DRIVER, 5, "a CUDA driver call failed")                                              \
-  X(ERROR_INVALID_LANE, 6, "a lane names both a stream and a graph, or neither")               \
-  X(ERROR_CAPTURE_INVALIDATED, 7, "a stream's capture has been invalidated")                   \
-  X(ERROR_LEGACY_STREAM_IN_CAPTURE, 8,                                                         \
-    "the legacy default stream was used while a blocking stream is capturing")                 \
-  X(ERROR_CAPTURE_ORDER, 9,                                                                    \
-    "the order asked for would need work to wait for a graph that is not launched yet")        \
-  X(ERROR_FOREIGN_DEPENDENCY, 10, "a graph lane's dependencies are not nodes of its graph")    \
-  X(ERROR_DEVICE_MISMATCH, 11, "the lanes' devices cannot be ordered against each other")      \
-  X(ERROR_BUSY, 12, "work that dlsync tracks is still pending")                                \
+#define DLSYNC_STATUS_LIST(X)                                                               \
+  X(SUCCESS, 0, "success")                                                                  \
+  X(ERROR_INVALID_ARGUMENT, 1, "invalid argument")                                          \
+  X(ERROR_OUT_OF_MEMORY, 2, "out of host memory")                                           \
+  X(ERROR_NO_DRIVER, 3, "no CUDA driver could be loaded")                                   \
+  X(ERROR_DRIVER_TOO_OLD, 4, "the CUDA driver is too old for this feature")                 \
+  X(ERROR_DRIVER, 5, "a CUDA driver call failed")                                           \
+  X(ERROR_INVALID_LANE, 6, "a lane names both a stream and a graph, or neither")            \
+  X(ERROR_CAPTURE_INVALIDATED, 7, "a stream's capture has been invalidated")                \
+  X(ERROR_LEGACY_STREAM_IN_CAPTURE, 8,                                                      \
+    "the legacy default stream was used while a blocking stream is capturing")              \
+  X(ERROR_CAPTURE_ORDER, 9,                                                                 \
+    "the order asked for would need work to wait for a graph that is not launched yet")     \
+  X(ERROR_FOREIGN_DEPENDENCY, 10, "a graph lane's dependencies are not nodes of its graph") \
+  X(ERROR_DEVICE_MISMATCH, 11, "the lanes' devices cannot be ordered against each other")   \
+  X(ERROR_BUSY, 12, "work that dlsync tracks is still pending")                             \
   X(ERROR_INTERNAL, 13, "internal error in dlsync")
 
 typedef enum dlsync_status {

@@ -35,8 +35,8 @@ static unsigned value_base = 1000;
 
 typedef struct outcome {
   int runs;
-  int wrong;   /* reads that saw another value than the producer's */
-  int broken;  /* captures that failed to end, graphs that failed */
+  int wrong;  /* reads that saw another value than the producer's */
+  int broken; /* captures that failed to end, graphs that failed */
   char note[200];
 } outcome;
 
@@ -44,7 +44,7 @@ typedef struct scenario {
   const char *name;
   const char *row;
   int (*fn)(const struct scenario *s, CUstreamCaptureMode mode, bool use, outcome *o);
-  bool modes;       /* run in GLOBAL, THREAD_LOCAL and RELAXED */
+  bool modes;            /* run in GLOBAL, THREAD_LOCAL and RELAXED */
   bool control_can_fail; /* false: stream order alone is enough (same stream) */
 } scenario;
 
@@ -57,36 +57,36 @@ static void note(outcome *o, const char *fmt, ...) {
   va_end(ap);
 }
 
-#define CU(call)                                                                   \
-  do {                                                                             \
-    CUresult r_ = (call);                                                          \
-    if (r_ != CUDA_SUCCESS) {                                                      \
-      note(o, "%s:%d %s: %s", __FILE__, __LINE__, #call, gpu_err(D, r_));          \
-      o->broken++;                                                                 \
-      goto out;                                                                    \
-    }                                                                              \
+#define CU(call)                                                          \
+  do {                                                                    \
+    CUresult r_ = (call);                                                 \
+    if (r_ != CUDA_SUCCESS) {                                             \
+      note(o, "%s:%d %s: %s", __FILE__, __LINE__, #call, gpu_err(D, r_)); \
+      o->broken++;                                                        \
+      goto out;                                                           \
+    }                                                                     \
   } while (0)
 
-#define DS(call)                                                                   \
-  do {                                                                             \
-    dlsync_status s_ = (call);                                                     \
-    if (s_ != DLSYNC_SUCCESS) {                                                    \
+#define DS(call)                                                                         \
+  do {                                                                                   \
+    dlsync_status s_ = (call);                                                           \
+    if (s_ != DLSYNC_SUCCESS) {                                                          \
       note(o, "line %d: %s: %s", __LINE__, dlsync_status_name(s_), dlsync_last_error()); \
-      o->broken++;                                                                 \
-      goto out;                                                                    \
-    }                                                                              \
+      o->broken++;                                                                       \
+      goto out;                                                                          \
+    }                                                                                    \
   } while (0)
 
 /* A call that must fail with `want` (end across graphs, for example). */
-#define DS_EXPECT(call, want)                                                      \
-  do {                                                                             \
-    dlsync_status s_ = (call);                                                     \
-    if (s_ != (want)) {                                                            \
+#define DS_EXPECT(call, want)                                                        \
+  do {                                                                               \
+    dlsync_status s_ = (call);                                                       \
+    if (s_ != (want)) {                                                              \
       note(o, "line %d: got %s, expected %s (%s)", __LINE__, dlsync_status_name(s_), \
-           dlsync_status_name(want), dlsync_last_error());                         \
-      o->broken++;                                                                 \
-      goto out;                                                                    \
-    }                                                                              \
+           dlsync_status_name(want), dlsync_last_error());                           \
+      o->broken++;                                                                   \
+      goto out;                                                                      \
+    }                                                                                \
   } while (0)
 
 static CUresult produce(CUstream s, CUdeviceptr buf, size_t words, unsigned v) {
@@ -101,7 +101,9 @@ static CUresult read_slot(unsigned *out, int slot) {
   return D->MemcpyDtoH(out, slots + (CUdeviceptr)slot * 4, 4);
 }
 
-static CUresult new_stream(CUstream *s) { return D->StreamCreate(s, CU_STREAM_NON_BLOCKING); }
+static CUresult new_stream(CUstream *s) {
+  return D->StreamCreate(s, CU_STREAM_NON_BLOCKING);
+}
 
 static void drop_stream(CUstream s) {
   if (s != NULL)
@@ -158,8 +160,8 @@ static size_t count_nodes(CUgraph g, CUgraphNodeType type) {
 /* Replays: producer graph gp/xp on sp and (if different) consumer graph
  * gc/xc on sc; the memset value changes before each launch; the slot is
  * checked after each. */
-static int replay(outcome *o, CUgraph gp, CUgraphExec xp, CUstream sp, CUgraphExec xc,
-                  CUstream sc, int slot) {
+static int replay(outcome *o, CUgraph gp, CUgraphExec xp, CUstream sp, CUgraphExec xc, CUstream sc,
+                  int slot) {
   for (int r = 0; r < REPLAYS; r++) {
     unsigned v = ++value_base, got = 0;
     CU(set_memset_value(gp, xp, v));
@@ -886,8 +888,8 @@ static void *worker_main(void *arg) {
         w->broken++;
         goto out;
       }
-      if (D->MemcpyDtoDAsync(slots + (CUdeviceptr)(slot + t) * 4, buf + (WORKER_WORDS - 1) * 4,
-                             4, c) != CUDA_SUCCESS) {
+      if (D->MemcpyDtoDAsync(slots + (CUdeviceptr)(slot + t) * 4, buf + (WORKER_WORDS - 1) * 4, 4,
+                             c) != CUDA_SUCCESS) {
         w->broken++;
         goto out;
       }
@@ -1036,8 +1038,7 @@ int main(int argc, char **argv) {
       failed += !pass;
       snprintf(lines[nlines++], sizeof lines[0], "%-18s %-26s %-12s %5d %5d %5d   %5d %5d   %s%s%s",
                s->name, s->row, s->modes ? mode_name(modes[m]) : "-", with.runs, with.wrong,
-               with.broken, without.wrong, without.broken,
-               pass ? "PASS" : "FAIL",
+               with.broken, without.wrong, without.broken, pass ? "PASS" : "FAIL",
                !s->control_can_fail ? " (control n/a)" : "", "");
       if (with.note[0] != '\0')
         printf("  %s [%s] with dlsync: %s\n", s->name, mode_name(modes[m]), with.note);

@@ -47,21 +47,21 @@ dlsync_status dlsync__fail_driver(const dlsync__driver *d, CUresult result, cons
 /* Changes the status of the thread's last error, keeping its message. */
 dlsync_status dlsync__retag(dlsync_status status);
 
-#define DLSYNC_TRY(expr)                   \
-  do {                                     \
-    st = (expr);                           \
+#define DLSYNC_TRY(expr)                        \
+  do {                                          \
+    st = (expr);                                \
     if (DLSYNC__UNLIKELY(st != DLSYNC_SUCCESS)) \
-      goto cleanup;                        \
+      goto cleanup;                             \
   } while (0)
 
 /* DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(s, e, 0), "fmt", args...) */
-#define DLSYNC_CU(d, name, expr, ...)                                 \
-  do {                                                                \
-    CUresult cu_r_ = (expr);                                          \
-    if (DLSYNC__UNLIKELY(cu_r_ != CUDA_SUCCESS)) {                    \
-      st = dlsync__fail_driver((d), cu_r_, #name, __VA_ARGS__);       \
-      goto cleanup;                                                   \
-    }                                                                 \
+#define DLSYNC_CU(d, name, expr, ...)                           \
+  do {                                                          \
+    CUresult cu_r_ = (expr);                                    \
+    if (DLSYNC__UNLIKELY(cu_r_ != CUDA_SUCCESS)) {              \
+      st = dlsync__fail_driver((d), cu_r_, #name, __VA_ARGS__); \
+      goto cleanup;                                             \
+    }                                                           \
   } while (0)
 
 /* ---- event pool (event/pool.c) ---- */
@@ -106,10 +106,10 @@ dlsync_status dlsync__pools_destroy(dlsync_context *ctx);
 void dlsync__orphans_collect(void);
 
 typedef struct dlsync__pool_stats {
-  size_t free_events;    /* in the pool now */
-  size_t created;        /* cuEventCreate calls made */
-  size_t destroyed;      /* cuEventDestroy calls made */
-  size_t graph_owned;    /* held by graphs now */
+  size_t free_events; /* in the pool now */
+  size_t created;     /* cuEventCreate calls made */
+  size_t destroyed;   /* cuEventDestroy calls made */
+  size_t graph_owned; /* held by graphs now */
 } dlsync__pool_stats;
 /* Sums over the context's pools (tests: "the pool is intact"). */
 void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync_context *ctx);
@@ -118,13 +118,13 @@ void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync_context *ctx);
 
 typedef struct dlsync__lane_now {
   dlsync_lane_state_kind kind;
-  CUstream stream;             /* stream lanes */
-  uint64_t capture_id;         /* CAPTURING */
-  CUgraph graph;               /* CAPTURING: capture graph; BUILT: the lane's graph */
-  const CUgraphNode *deps;     /* CAPTURING: valid until the next query of that stream */
+  CUstream stream;         /* stream lanes */
+  uint64_t capture_id;     /* CAPTURING */
+  CUgraph graph;           /* CAPTURING: capture graph; BUILT: the lane's graph */
+  const CUgraphNode *deps; /* CAPTURING: valid until the next query of that stream */
   size_t ndeps;
-  dlsync_lane *lane;           /* the caller's lane */
-  const char *role;            /* "producer", "consumer", ... for messages */
+  dlsync_lane *lane; /* the caller's lane */
+  const char *role;  /* "producer", "consumer", ... for messages */
 } dlsync__lane_now;
 
 /* Reads a lane's state (one or two capture queries for a stream; none for a
@@ -154,8 +154,8 @@ static inline bool dlsync__same_stream(CUstream a, CUstream b) {
 /* Appends an event-record (record = true) or event-wait node at a lane's
  * position: after a capture's current dependencies (which then become the
  * node), or after a built lane's frontier (which then becomes the node). */
-dlsync_status dlsync__graph_append_event(dlsync_context *ctx, dlsync__lane_now *lane,
-                                         CUevent event, bool record);
+dlsync_status dlsync__graph_append_event(dlsync_context *ctx, dlsync__lane_now *lane, CUevent event,
+                                         bool record);
 /* Gives `event` to the graphs (a user object each graph holds a reference
  * to); it returns to `pool` once all are destroyed. On failure the event is
  * back in the pool or held by the graphs that did take it. */
@@ -171,15 +171,15 @@ struct dlsync_context {
   int driver_version;
   uint64_t generation; /* unique per context ever created (memo keys) */
   bool is_default;
-  pthread_mutex_t pools_lock;         /* taken only to add a pool */
-  _Atomic(dlsync__pool *) pools;      /* one per CUDA context, newest first */
+  pthread_mutex_t pools_lock;    /* taken only to add a pool */
+  _Atomic(dlsync__pool *) pools; /* one per CUDA context, newest first */
 };
 
 /* Test hook: a context over a driver table the caller owns (the fake). The
  * table must outlive the context. */
 dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
-                                                            const dlsync_context_config *config,
-                                                            const dlsync__driver *drv);
+                                                 const dlsync_context_config *config,
+                                                 const dlsync__driver *drv);
 
 uint32_t dlsync__capabilities_of(const dlsync__driver *d);
 
