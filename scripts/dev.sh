@@ -61,6 +61,10 @@ info)
 test)
   ensure_deps
   mkdir -p "$root/build"
+  if command -v clang-format >/dev/null; then
+    echo "== clang-format"
+    (cd "$root" && git ls-files '*.c' '*.h' '*.cpp' | xargs clang-format --dry-run --Werror)
+  fi
   echo "== Release, warnings as errors"
   build "$root/build/release" -DCMAKE_BUILD_TYPE=Release -DDLSYNC_WERROR=ON
   ctest --test-dir "$root/build/release" --output-on-failure

@@ -971,6 +971,115 @@ static int sc_threads(const scenario *s, CUstreamCaptureMode mode, bool use, out
   return 0;
 }
 
+/* ---- two devices: the producer on device 0, the consumer on device 1 ---- */
+
+static CUcontext dev1_ctx; /* NULL: one GPU only, the scenarios are skipped */
+static CUdeviceptr dev1_slots;
+
+static CUresult new_stream_on(CUstream *s, CUcontext c) {
+  CUcontext popped;
+  CUresult r = D->CtxPushCurrent(c);
+  if (r != CUDA_SUCCESS)
+    return r;
+  r = D->StreamCreate(s, CU_STREAM_NON_BLOCKING);
+  D->CtxPopCurrent(&popped);
+  return r;
+}
+
+static CUresult consume_on_dev1(CUstream s, int slot) {
+  return D->MemcpyDtoDAsync(dev1_slots + (CUdeviceptr)slot * 4, big_buf + (BIG_WORDS - 1) * 4, 4,
+                            s);
+}
+
+static int sc_two_devices_eager(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL;
+  unsigned want[TRIALS];
+  dlsync_lane lp, lc;
+  (void)s;
+  (void)mode;
+  if (dev1_ctx == NULL)
+    return 0;
+  CU(new_stream(&p));
+  CU(new_stream_on(&c, dev1_ctx));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_stream(c);
+  for (int t = 0; t < TRIALS; t++) {
+    dlsync_exchange *ex = NULL;
+    want[t] = ++value_base;
+    CU(produce(p, big_buf, BIG_WORDS, want[t]));
+    if (use)
+      DS(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc));
+    CU(consume_on_dev1(c, t));
+    if (use)
+      DS(dlsync_exchange_end(ex));
+  }
+  CU(D->StreamSynchronize(c));
+  CU(D->StreamSynchronize(p));
+  for (int t = 0; t < TRIALS; t++) {
+    unsigned got = 0;
+    CU(D->MemcpyDtoH(&got, dev1_slots + (CUdeviceptr)t * 4, 4));
+    o->runs++;
+    o->wrong += got != want[t];
+  }
+out:
+  D->StreamSynchronize(c);
+  D->StreamSynchronize(p);
+  drop_stream(p);
+  drop_stream(c);
+  return 0;
+}
+
+/* The producer captures on device 0; the consumer's stream on device 1
+ * joins the capture: one graph over two devices. */
+static int sc_two_devices_join(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL, launch = NULL;
+  CUgraph g = NULL;
+  CUgraphExec x = NULL;
+  dlsync_lane lp, lc;
+  dlsync_exchange *ex = NULL;
+  CUresult r;
+  (void)s;
+  if (dev1_ctx == NULL)
+    return 0;
+  CU(new_stream(&p));
+  CU(new_stream(&launch));
+  CU(new_stream_on(&c, dev1_ctx));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_stream(c);
+  CU(D->StreamBeginCapture(p, mode));
+  CU(produce(p, big_buf, BIG_WORDS, 7));
+  if (use)
+    DS(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc));
+  CU(consume_on_dev1(c, 0));
+  if (use)
+    DS(dlsync_exchange_end(ex));
+  r = D->StreamEndCapture(p, &g);
+  if (r != CUDA_SUCCESS) {
+    note(o, "cuStreamEndCapture: %s", gpu_err(D, r));
+    o->broken++;
+    goto out;
+  }
+  CU(D->GraphInstantiateWithFlags(&x, g, 0));
+  for (int k = 0; k < REPLAYS; k++) {
+    unsigned v = ++value_base, got = 0;
+    CU(set_memset_value(g, x, v));
+    CU(D->GraphLaunch(x, launch));
+    CU(D->StreamSynchronize(launch));
+    CU(D->MemcpyDtoH(&got, dev1_slots, 4));
+    o->runs++;
+    o->wrong += got != v;
+  }
+out:
+  D->CtxSynchronize();
+  drop_graph(g, x);
+  drop_stream(p);
+  drop_stream(c);
+  drop_stream(launch);
+  return 0;
+}
+
 static const scenario scenarios[] = {
     {"A same stream", "stream S / S", sc_same_stream, false, false},
     {"A eager->eager", "eager / eager", sc_eager_eager, false, true},
@@ -985,6 +1094,8 @@ static const scenario scenarios[] = {
     {"B built->capture", "built / capturing", sc_built_to_capture, true, true},
     {"errors", "invalid, legacy, bad lanes", sc_errors, true, true},
     {"threads", "4 eager + 1 capture", sc_threads, true, true},
+    {"2 GPUs eager", "eager dev0 / eager dev1", sc_two_devices_eager, false, true},
+    {"2 GPUs join", "capturing dev0 / eager dev1", sc_two_devices_join, true, true},
 };
 
 static const char *mode_name(CUstreamCaptureMode m) {
@@ -1013,6 +1124,19 @@ int main(int argc, char **argv) {
     printf("FAIL: cannot allocate %zu bytes\n", BIG_WORDS * 4);
     return 1;
   }
+  {
+    int ndev = 0;
+    CUdevice d1;
+    if (D->DeviceGetCount(&ndev) == CUDA_SUCCESS && ndev >= 2 &&
+        D->DeviceGet(&d1, 1) == CUDA_SUCCESS &&
+        D->DevicePrimaryCtxRetain(&dev1_ctx, d1) == CUDA_SUCCESS) {
+      CUcontext popped;
+      D->CtxPushCurrent(dev1_ctx);
+      if (D->MemAlloc(&dev1_slots, SLOTS * 4) != CUDA_SUCCESS)
+        dev1_ctx = NULL;
+      D->CtxPopCurrent(&popped);
+    }
+  }
   dlsync_context_driver_version(&driver_version, E.ctx);
   printf("dlsync GPU suite: %s, driver %d.%d, %d replays / %d trials per scenario\n", E.name,
          driver_version / 1000, (driver_version % 1000) / 10, REPLAYS, TRIALS);
@@ -1024,6 +1148,11 @@ int main(int argc, char **argv) {
     int nmodes = s->modes ? 3 : 1;
     if (only != NULL && strstr(s->name, only) == NULL)
       continue;
+    if (dev1_ctx == NULL && strncmp(s->name, "2 GPUs", 6) == 0) {
+      snprintf(lines[nlines++], sizeof lines[0], "%-18s %-26s %-12s   (skipped: one GPU)", s->name,
+               s->row, "-");
+      continue;
+    }
     for (int m = 0; m < nmodes; m++) {
       outcome with, without;
       bool pass_with, control_failed, pass;
