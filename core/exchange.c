@@ -348,6 +348,53 @@ cleanup:
  * Shared and never freed. */
 static dlsync_exchange same_stream_exchange;
 
+/* The common case, eager stream to eager stream, without the general
+ * machinery: two status queries, the thread's scratch event, record, wait.
+ * Returns true when it handled the order (*st then says how it went), false
+ * when the general path must (a capturing stream, a special stream handle, a
+ * first use on this thread, an event of another context); nothing is queued
+ * then. */
+static bool order_eager_fast(dlsync_context *ctx, CUstream first, CUstream then,
+                             const char *first_role, const char *then_role, dlsync_status *st) {
+  const dlsync__driver *d = ctx->drv;
+  CUstreamCaptureStatus a, b;
+  dlsync__pool *pool = NULL;
+  CUevent ev;
+  CUresult r;
+  if (dlsync__is_legacy_stream(first) || first == CU_STREAM_PER_THREAD ||
+      dlsync__is_legacy_stream(then) || then == CU_STREAM_PER_THREAD || first == then)
+    return false;
+  ev = dlsync__pool_scratch_for_stream(ctx, first, &pool);
+  if (ev == NULL)
+    return false;
+  r = d->StreamIsCapturing(first, &a);
+  if (r == CUDA_SUCCESS && a == CU_STREAM_CAPTURE_STATUS_NONE) {
+    r = d->StreamIsCapturing(then, &b);
+    if (r == CUDA_SUCCESS && b != CU_STREAM_CAPTURE_STATUS_NONE)
+      return false;
+  } else if (r == CUDA_SUCCESS) {
+    return false;
+  }
+  if (r != CUDA_SUCCESS) {
+    *st = dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s or %s stream (%p, %p)", first_role,
+                              then_role, (void *)first, (void *)then);
+    return true;
+  }
+  r = d->EventRecord(ev, first);
+  if (r != CUDA_SUCCESS) {
+    if (context_mismatch(r))
+      return false; /* a reused stream handle: the general path asks again */
+    *st = dlsync__fail_driver(d, r, "cuEventRecord", "%s stream %p", first_role, (void *)first);
+    return true;
+  }
+  r = d->StreamWaitEvent(then, ev, 0);
+  *st = r == CUDA_SUCCESS ? DLSYNC_SUCCESS
+                          : dlsync__fail_driver(d, r, "cuStreamWaitEvent",
+                                                "%s stream %p waiting for %s stream %p", then_role,
+                                                (void *)then, first_role, (void *)first);
+  return true;
+}
+
 static dlsync_exchange *exchange_alloc(void) {
   return malloc(sizeof(dlsync_exchange));
 }
@@ -370,6 +417,28 @@ dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
   *out = NULL;
   if (ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_begin: ctx is NULL");
+  if (producer != NULL && consumer != NULL && producer->kind == DLSYNC_LANE_STREAM &&
+      consumer->kind == DLSYNC_LANE_STREAM && producer->graph == NULL && consumer->graph == NULL) {
+    ex = exchange_alloc();
+    if (ex == NULL)
+      return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_exchange_begin: out of memory");
+    if (order_eager_fast(ctx, producer->stream, consumer->stream, "producer", "consumer", &st)) {
+      if (st != DLSYNC_SUCCESS)
+        goto cleanup;
+      ex->ctx = ctx;
+      ex->producer = *producer;
+      ex->consumer = *consumer;
+      ex->producer_ref = NULL;
+      ex->consumer_ref = NULL;
+      ex->cross = false;
+      memset(&ex->producer_domain, 0, sizeof ex->producer_domain);
+      memset(&ex->consumer_domain, 0, sizeof ex->consumer_domain);
+      *out = ex;
+      return DLSYNC_SUCCESS;
+    }
+    exchange_free(ex);
+    ex = NULL;
+  }
   DLSYNC_TRY(
       order_lanes(ctx, producer, "producer", consumer, "consumer", &p, &c, &pool, &res, &same));
   if (same) {
@@ -408,6 +477,10 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *ex) {
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_end: exchange is NULL");
   if (ex == &same_stream_exchange)
     return DLSYNC_SUCCESS; /* one stream: its own order is enough */
+  if (ex->producer_ref == NULL && ex->consumer_ref == NULL &&
+      order_eager_fast(ex->ctx, ex->consumer.stream, ex->producer.stream, "consumer", "producer",
+                       &st))
+    goto cleanup;
   producer = ex->producer_ref != NULL ? ex->producer_ref : &ex->producer;
   consumer = ex->consumer_ref != NULL ? ex->consumer_ref : &ex->consumer;
   DLSYNC_TRY(

@@ -313,6 +313,26 @@ dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync_context
   return DLSYNC_SUCCESS;
 }
 
+CUevent dlsync__pool_scratch_for_stream(const dlsync_context *ctx, CUstream stream,
+                                        dlsync__pool **pool) {
+  dlsync__pool *p = NULL;
+  for (unsigned i = 0; i < MEMO_SLOTS; i++) {
+    if (memo[i].stream == stream && memo[i].ctx == ctx && memo[i].generation == ctx->generation) {
+      p = memo[i].pool;
+      break;
+    }
+  }
+  if (p == NULL)
+    return NULL;
+  for (unsigned i = 0; i < SCRATCH_SLOTS; i++) {
+    if (scratch[i].pool == p && scratch[i].ctx == ctx && scratch[i].generation == ctx->generation) {
+      *pool = p;
+      return scratch[i].event;
+    }
+  }
+  return NULL;
+}
+
 void dlsync__pool_unborrow(dlsync__pool *p, CUevent event, bool lent) {
   if (!lent)
     dlsync__pool_put(p, event);

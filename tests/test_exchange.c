@@ -165,6 +165,35 @@ static void reused_stream_handle_in_another_context_is_noticed(void **state) {
 
 /* ---- C: stream capture ---- */
 
+static void warm_streams_still_notice_a_capture(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  CUgraphNode n1, n2;
+  CUgraph g;
+  (void)state;
+  /* Warm: the thread now has a scratch event and a memo for P and C. */
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  }
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(P, "produce", &n1);
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  fake_work(C, "consume", &n2);
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  g = end_capture_ok(P);
+  assert_true(fake_graph_has_path(g, n1, n2));
+  destroy_graph(g);
+  /* And the other way: the consumer starts capturing between begin and end. */
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(C, "consume", NULL);
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_CAPTURE_ORDER);
+  g = end_capture_ok(C);
+  destroy_graph(g);
+}
+
 static void same_capture_is_edges_only(void **state) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync_exchange *ex = NULL;
@@ -729,6 +758,7 @@ int main(void) {
       T(warm_pool_makes_exactly_the_needed_calls),
       T(devices_order_across),
       T(reused_stream_handle_in_another_context_is_noticed),
+      T(warm_streams_still_notice_a_capture),
       T(same_capture_is_edges_only),
       T(eager_consumer_joins_and_is_joined_back),
       T(join_without_end_leaves_capture_unjoined),

@@ -92,6 +92,11 @@ void dlsync__pool_put(dlsync__pool *pool, CUevent event);
 dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync_context *ctx,
                                   dlsync__pool *pool);
 void dlsync__pool_unborrow(dlsync__pool *pool, CUevent event, bool lent);
+/* The fast path's lookup: the calling thread's scratch event for the pool the
+ * memo gives for `stream`, with no driver call and no lock; NULL when either
+ * is not known yet (then take the full path, which fills both). */
+CUevent dlsync__pool_scratch_for_stream(const dlsync_context *ctx, CUstream stream,
+                                        dlsync__pool **pool);
 /* Called from a user object's destructor (a driver thread: no CUDA calls):
  * hands an event back to its pool, or to the orphan list if the context is
  * gone. Drops the pool reference the graph held. */
