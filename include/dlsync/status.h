@@ -31,9 +31,8 @@ extern "C" {
   X(ERROR_CAPTURE_ORDER, 9,                                                                 \
     "the order asked for would need work to wait for a graph that is not launched yet")     \
   X(ERROR_FOREIGN_DEPENDENCY, 10, "a graph lane's dependencies are not nodes of its graph") \
-  X(ERROR_DEVICE_MISMATCH, 11, "the lanes' devices cannot be ordered against each other")   \
-  X(ERROR_BUSY, 12, "work that dlsync tracks is still pending")                             \
-  X(ERROR_INTERNAL, 13, "internal error in dlsync")
+  X(ERROR_BUSY, 11, "work that dlsync tracks is still pending")                             \
+  X(ERROR_INTERNAL, 12, "internal error in dlsync")
 
 typedef enum dlsync_status {
 #define DLSYNC_STATUS_ENUM_(name, value, text) DLSYNC_##name = value,
