@@ -79,11 +79,13 @@ dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
   ctx->caps = dlsync__capabilities_of(drv);
   ctx->generation = atomic_fetch_add(&generations, 1) + 1;
   atomic_init(&ctx->pools, NULL);
+  DLSYNC_TRY(dlsync__release_book_new(&ctx->releases));
   dlsync__orphans_collect();
   *out = ctx;
   ctx = NULL;
 cleanup:
   if (ctx != NULL) {
+    (void)dlsync__release_book_close(ctx->releases);
     if (lock_made)
       pthread_mutex_destroy(&ctx->pools_lock);
     free(ctx);
@@ -112,7 +114,13 @@ dlsync_status dlsync_context_destroy(dlsync_context *ctx) {
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
                         "dlsync_context_destroy: the default context belongs to the library and "
                         "lives until the process ends");
-  st = dlsync__pools_destroy(ctx);
+  /* Releases first: the eager ones give their events back to the pools. */
+  st = dlsync__release_book_close(ctx->releases);
+  {
+    dlsync_status pst = dlsync__pools_destroy(ctx);
+    if (st == DLSYNC_SUCCESS)
+      st = pst;
+  }
   pthread_mutex_destroy(&ctx->pools_lock);
   free(ctx);
   return st;

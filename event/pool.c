@@ -16,6 +16,7 @@ struct dlsync__pool {
   dlsync__pool *next; /* in the context's list; fixed once published */
   const dlsync__driver *drv;
   CUcontext cuctx;
+  CUdevice device;
   atomic_int lock; /* spin lock over the fields below */
   CUevent *free_events;
   size_t nfree;
@@ -75,10 +76,20 @@ void dlsync__orphans_collect(void) {
   }
 }
 
+static void pool_unref(dlsync__pool *p);
+
 static void pool_free(dlsync__pool *p) {
   free(p->scratch);
   free(p->free_events);
   free(p);
+}
+
+int dlsync__pool_device(const dlsync__pool *p) {
+  return (int)p->device;
+}
+
+void dlsync__pool_unref(dlsync__pool *p) {
+  pool_unref(p);
 }
 
 static void pool_unref(dlsync__pool *p) {
@@ -114,6 +125,23 @@ dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync_context *ctx, CU
   if (p == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "creating an event pool: out of memory");
     goto cleanup;
+  }
+  {
+    CUcontext popped = NULL;
+    CUresult r = ctx->drv->CtxPushCurrent(cuctx);
+    if (r == CUDA_SUCCESS) {
+      r = ctx->drv->CtxGetDevice(&p->device);
+      CUresult r2 = ctx->drv->CtxPopCurrent(&popped);
+      if (r == CUDA_SUCCESS)
+        r = r2;
+    }
+    if (r != CUDA_SUCCESS) {
+      st = dlsync__fail_driver(ctx->drv, r, "cuCtxGetDevice", "the device of CUDA context %p",
+                               (void *)cuctx);
+      free(p);
+      p = NULL;
+      goto cleanup;
+    }
   }
   p->drv = ctx->drv;
   p->cuctx = cuctx;
@@ -415,6 +443,28 @@ void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync_context *ctx) {
     out->destroyed += atomic_load(&p->destroyed);
     out->graph_owned += atomic_load(&p->graph_owned);
   }
+}
+
+dlsync__held_event *dlsync__held_event_new(dlsync__pool *p, CUevent event) {
+  dlsync__held_event *he = malloc(sizeof *he);
+  if (he == NULL)
+    return NULL;
+  atomic_init(&he->refs, 1);
+  he->pool = p;
+  he->event = event;
+  dlsync__pool_note_graph_owned(p);
+  return he;
+}
+
+void dlsync__held_event_ref(dlsync__held_event *he) {
+  atomic_fetch_add_explicit(&he->refs, 1, memory_order_relaxed);
+}
+
+void dlsync__held_event_unref(dlsync__held_event *he) {
+  if (he == NULL || atomic_fetch_sub_explicit(&he->refs, 1, memory_order_acq_rel) != 1)
+    return;
+  dlsync__pool_return_from_graph(he->pool, he->event);
+  free(he);
 }
 
 void dlsync__pool_note_graph_owned(dlsync__pool *p) {

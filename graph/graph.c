@@ -4,58 +4,62 @@
 
 #include "dlsync/private/internal.h"
 
-typedef struct owned_event {
-  dlsync__pool *pool;
-  CUevent event;
-} owned_event;
-
-/* User-object destructor: runs on a driver thread once every graph and
- * executable holding the event is gone. No CUDA call allowed here. */
-static void owned_event_destroy(void *p) {
-  owned_event *o = p;
-  dlsync__pool_return_from_graph(o->pool, o->event);
-  free(o);
-}
-
-dlsync_status dlsync__graph_own_event(dlsync_context *ctx, dlsync__pool *pool, CUevent event,
-                                      CUgraph *graphs, int ngraphs) {
+dlsync_status dlsync__graph_hold(dlsync_context *ctx, CUgraph *graphs, int ngraphs,
+                                 void (*destroy)(void *), void *ptr, bool *taken) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ctx->drv;
-  owned_event *o = NULL;
   CUuserObject uo = NULL;
   unsigned held = 0; /* references still held by this function */
-  o = malloc(sizeof *o);
-  if (o == NULL) {
-    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an event to a graph: out of memory");
-    goto cleanup;
-  }
-  o->pool = pool;
-  o->event = event;
-  DLSYNC_CU(d, cuUserObjectCreate,
-            d->UserObjectCreate(&uo, o, owned_event_destroy, (unsigned)ngraphs,
-                                CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
-            "making event %p owned by graph %p", (void *)event, (void *)graphs[0]);
-  /* From here the destructor owns `o` and the event. */
-  dlsync__pool_note_graph_owned(pool);
-  o = NULL;
+  *taken = false;
+  DLSYNC_CU(
+      d, cuUserObjectCreate,
+      d->UserObjectCreate(&uo, ptr, destroy, (unsigned)ngraphs, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
+      "making an object owned by graph %p", (void *)graphs[0]);
+  /* From here the destructor owns `ptr`: it runs once the references below
+   * are all gone, whatever happens next. */
+  *taken = true;
   held = (unsigned)ngraphs;
   for (int i = 0; i < ngraphs; i++) {
     DLSYNC_CU(d, cuGraphRetainUserObject,
               d->GraphRetainUserObject(graphs[i], uo, 1, CU_GRAPH_USER_OBJECT_MOVE),
-              "giving event %p to graph %p", (void *)event, (void *)graphs[i]);
+              "giving an object to graph %p", (void *)graphs[i]);
     held--;
   }
 cleanup:
   if (held > 0) {
-    /* Graphs that took a reference keep the event until they are destroyed;
-     * dropping ours runs the destructor now if none did (the event goes back
-     * to the pool when the driver runs it). */
+    /* Graphs that took a reference keep the object until they are
+     * destroyed; dropping ours runs the destructor (on a driver thread) if
+     * none did. */
     (void)d->UserObjectRelease(uo, held);
   }
-  if (o != NULL) {
-    free(o);
+  return st;
+}
+
+static void held_event_destroy(void *p) {
+  dlsync__held_event_unref(p);
+}
+
+dlsync_status dlsync__graph_hold_event(dlsync_context *ctx, dlsync__held_event *he, CUgraph *graphs,
+                                       int ngraphs) {
+  dlsync_status st;
+  bool taken = false;
+  dlsync__held_event_ref(he);
+  st = dlsync__graph_hold(ctx, graphs, ngraphs, held_event_destroy, he, &taken);
+  if (!taken)
+    dlsync__held_event_unref(he);
+  return st;
+}
+
+dlsync_status dlsync__graph_own_event(dlsync_context *ctx, dlsync__pool *pool, CUevent event,
+                                      CUgraph *graphs, int ngraphs) {
+  dlsync_status st;
+  dlsync__held_event *he = dlsync__held_event_new(pool, event);
+  if (he == NULL) {
     dlsync__pool_put(pool, event);
+    return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an event to a graph: out of memory");
   }
+  st = dlsync__graph_hold_event(ctx, he, graphs, ngraphs);
+  dlsync__held_event_unref(he); /* the graphs' reference, if they took it, remains */
   return st;
 }
 
@@ -101,6 +105,11 @@ static dlsync_status add_event_node(dlsync_context *ctx, CUgraphNode *out, CUgra
 
 dlsync_status dlsync__graph_append_event(dlsync_context *ctx, dlsync__lane_now *l, CUevent event,
                                          bool record) {
+  return dlsync__graph_append_event_node(ctx, l, event, record, NULL);
+}
+
+dlsync_status dlsync__graph_append_event_node(dlsync_context *ctx, dlsync__lane_now *l,
+                                              CUevent event, bool record, CUgraphNode *out) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ctx->drv;
   CUgraphNode node = NULL;
@@ -131,6 +140,23 @@ dlsync_status dlsync__graph_append_event(dlsync_context *ctx, dlsync__lane_now *
     l->deps = (const CUgraphNode *)lane->deps;
     l->ndeps = 1;
   }
+  if (out != NULL)
+    *out = node;
 cleanup:
   return st;
+}
+
+dlsync_status dlsync__graph_lane_add_dep(dlsync__lane_now *l, CUgraphNode node) {
+  dlsync_lane *lane = l->lane;
+  for (size_t i = 0; i < lane->ndeps; i++)
+    if (lane->deps[i] == node)
+      return DLSYNC_SUCCESS;
+  if (lane->ndeps + 1 > lane->capacity)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "the %s graph lane's new frontier has %zu nodes but its capacity is %zu",
+                        l->role, lane->ndeps + 1, lane->capacity);
+  lane->deps[lane->ndeps++] = node;
+  l->deps = (const CUgraphNode *)lane->deps;
+  l->ndeps = lane->ndeps;
+  return DLSYNC_SUCCESS;
 }

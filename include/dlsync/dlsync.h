@@ -9,5 +9,7 @@
 #include "dlsync/context.h"
 #include "dlsync/lane.h"
 #include "dlsync/exchange.h"
+#include "dlsync/fence.h"
+#include "dlsync/release.h"
 
 #endif

@@ -102,6 +102,9 @@ CUevent dlsync__pool_scratch_for_stream(const dlsync_context *ctx, CUstream stre
  * gone. Drops the pool reference the graph held. */
 void dlsync__pool_return_from_graph(dlsync__pool *pool, CUevent event);
 void dlsync__pool_ref(dlsync__pool *pool);
+void dlsync__pool_unref(dlsync__pool *pool);
+/* The device ordinal of the pool's CUDA context. */
+int dlsync__pool_device(const dlsync__pool *pool);
 /* Counts an event as held by a graph and takes a pool reference for it. */
 void dlsync__pool_note_graph_owned(dlsync__pool *pool);
 /* Destroys every pool of a context; pools with events still owned by graphs
@@ -110,11 +113,24 @@ dlsync_status dlsync__pools_destroy(dlsync_context *ctx);
 /* Destroys events whose context was destroyed while a graph held them. */
 void dlsync__orphans_collect(void);
 
+/* An event held outside the pool, by graphs (user objects) and fences,
+ * counted; back to the pool (no CUDA call: any thread, a driver thread too)
+ * when the last holder lets go. */
+typedef struct dlsync__held_event {
+  atomic_uint refs;
+  dlsync__pool *pool;
+  CUevent event;
+} dlsync__held_event;
+/* refs = 1; counts in the pool's graph_owned and holds a pool reference. */
+dlsync__held_event *dlsync__held_event_new(dlsync__pool *pool, CUevent event);
+void dlsync__held_event_ref(dlsync__held_event *he);
+void dlsync__held_event_unref(dlsync__held_event *he); /* NULL: no-op */
+
 typedef struct dlsync__pool_stats {
   size_t free_events; /* in the pool now */
   size_t created;     /* cuEventCreate calls made */
   size_t destroyed;   /* cuEventDestroy calls made */
-  size_t graph_owned; /* held by graphs now */
+  size_t graph_owned; /* held by graphs or fences now */
 } dlsync__pool_stats;
 /* Sums over the context's pools (tests: "the pool is intact"). */
 void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync_context *ctx);
@@ -161,6 +177,22 @@ static inline bool dlsync__same_stream(CUstream a, CUstream b) {
  * node), or after a built lane's frontier (which then becomes the node). */
 dlsync_status dlsync__graph_append_event(dlsync_context *ctx, dlsync__lane_now *lane, CUevent event,
                                          bool record);
+/* The same, giving the node it added. */
+dlsync_status dlsync__graph_append_event_node(dlsync_context *ctx, dlsync__lane_now *lane,
+                                              CUevent event, bool record, CUgraphNode *out);
+/* Adds one node to a graph lane's frontier (no node added to the graph). */
+dlsync_status dlsync__graph_lane_add_dep(dlsync__lane_now *lane, CUgraphNode node);
+/* Gives `ptr` to the graphs: one user object (destructor `destroy`, run on a
+ * driver thread, no CUDA calls) that each graph holds a reference to. Once
+ * *taken is true the destructor owns ptr and runs exactly once, when every
+ * graph and executable holding it is gone (at once if none took it); while
+ * false, ptr is still the caller's. */
+dlsync_status dlsync__graph_hold(dlsync_context *ctx, CUgraph *graphs, int ngraphs,
+                                 void (*destroy)(void *), void *ptr, bool *taken);
+/* The graphs hold a reference to `he` (taken from the caller's count of
+ * one; the caller keeps its own). */
+dlsync_status dlsync__graph_hold_event(dlsync_context *ctx, dlsync__held_event *he, CUgraph *graphs,
+                                       int ngraphs);
 /* Gives `event` to the graphs (a user object each graph holds a reference
  * to); it returns to `pool` once all are destroyed. On failure the event is
  * back in the pool or held by the graphs that did take it. */
@@ -178,7 +210,16 @@ struct dlsync_context {
   bool is_default;
   pthread_mutex_t pools_lock;    /* taken only to add a pool */
   _Atomic(dlsync__pool *) pools; /* one per CUDA context, newest first */
+  struct dlsync__release_book *releases;
 };
+
+/* ---- releases (event/release.c) ---- */
+
+typedef struct dlsync__release_book dlsync__release_book;
+dlsync_status dlsync__release_book_new(dlsync__release_book **out);
+/* Waits for the eager releases; DLSYNC_ERROR_BUSY (with a message) when
+ * graphs still own some. Drops the context's reference either way. */
+dlsync_status dlsync__release_book_close(dlsync__release_book *book);
 
 /* Test hook: a context over a driver table the caller owns (the fake). The
  * table must outlive the context. */

@@ -1,0 +1,196 @@
+/* Fences: an event recorded on a lane, waited on from any lane later.
+ * include/dlsync/fence.h has the contract. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dlsync/private/internal.h"
+
+struct dlsync_fence {
+  atomic_uint refs;
+  dlsync_context *ctx;
+  dlsync_fence_kind kind;
+  dlsync__held_event *he; /* the event, held while the fence lives */
+  CUstream stream;        /* CAPTURED: the stream it was signalled on */
+  uint64_t capture_id;    /* CAPTURED */
+  CUgraph graph;          /* CAPTURED, BUILT: the graph holding the record node */
+  CUgraphNode node;       /* CAPTURED, BUILT: the record node */
+};
+
+/* The pool for a lane: its stream's context, or the current context for a
+ * graph lane. Checked with the driver (no memo): fences are not a hot path. */
+static dlsync_status pool_of_lane(dlsync__pool **out, dlsync_context *ctx,
+                                  const dlsync__lane_now *l) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = ctx->drv;
+  CUcontext cur = NULL;
+  if (l->lane->kind == DLSYNC_LANE_STREAM)
+    return dlsync__pool_for_stream(out, NULL, ctx, l->stream, l->role);
+  DLSYNC_CU(d, cuCtxGetCurrent, d->CtxGetCurrent(&cur), "the %s graph lane", l->role);
+  if (cur == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                      "the %s lane is a graph lane and this thread has no current CUDA context: "
+                      "make the graph's device context current so dlsync knows where to create "
+                      "the event",
+                      l->role);
+    goto cleanup;
+  }
+  DLSYNC_TRY(dlsync__pool_for_cuctx(out, ctx, cur));
+cleanup:
+  return st;
+}
+
+dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsync_lane *lane) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d;
+  dlsync_fence *f = NULL;
+  dlsync__lane_now l;
+  dlsync__pool *pool = NULL;
+  CUevent ev = NULL;
+  if (out == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_signal: out is NULL");
+  *out = NULL;
+  if (ctx == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_signal: ctx is NULL");
+  d = ctx->drv;
+  DLSYNC_TRY(dlsync__lane_check(lane, "signalling"));
+  if (lane->kind == DLSYNC_LANE_STREAM && dlsync__is_legacy_stream(lane->stream))
+    DLSYNC_TRY(dlsync__lane_read(&l, ctx, lane, "signalling")); /* the legacy stream: query first */
+  memset(&l, 0, sizeof l);
+  l.lane = lane;
+  l.role = "signalling";
+  l.stream = lane->stream;
+  DLSYNC_TRY(pool_of_lane(&pool, ctx, &l));
+  DLSYNC_TRY(dlsync__lane_read(&l, ctx, lane, "signalling"));
+  f = calloc(1, sizeof *f);
+  if (f == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_fence_signal: out of memory");
+    goto cleanup;
+  }
+  atomic_init(&f->refs, 1);
+  f->ctx = ctx;
+  DLSYNC_TRY(dlsync__pool_get(&ev, pool));
+  f->he = dlsync__held_event_new(pool, ev);
+  if (f->he == NULL) {
+    dlsync__pool_put(pool, ev);
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_fence_signal: out of memory");
+    goto cleanup;
+  }
+  if (l.kind == DLSYNC_LANE_EAGER) {
+    f->kind = DLSYNC_FENCE_EAGER;
+    DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, l.stream), "signalling stream %p",
+              (void *)l.stream);
+  } else {
+    /* A record node in the lane's graph, which holds the event too. */
+    f->kind = l.kind == DLSYNC_LANE_CAPTURING ? DLSYNC_FENCE_CAPTURED : DLSYNC_FENCE_BUILT;
+    f->stream = l.stream;
+    f->capture_id = l.capture_id;
+    f->graph = l.graph;
+    DLSYNC_TRY(dlsync__graph_hold_event(ctx, f->he, &f->graph, 1));
+    DLSYNC_TRY(dlsync__graph_append_event_node(ctx, &l, ev, true, &f->node));
+  }
+  *out = f;
+  f = NULL;
+cleanup:
+  if (f != NULL) {
+    dlsync__held_event_unref(f->he);
+    free(f);
+  }
+  return st;
+}
+
+/* Is the capture the fence was signalled in still going on? */
+static dlsync_status capture_active(bool *active, const dlsync_fence *f) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = f->ctx->drv;
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  CUresult r;
+  *active = false;
+  r = d->StreamGetCaptureInfo(f->stream, &cs, &id, NULL, NULL, NULL, NULL);
+  if (r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_INVALID_VALUE)
+    return DLSYNC_SUCCESS; /* the stream is gone, and its capture with it */
+  DLSYNC_CU(d, cuStreamGetCaptureInfo, r, "the stream fence %p was signalled on", (const void *)f);
+  *active = cs != CU_STREAM_CAPTURE_STATUS_NONE && id == f->capture_id;
+cleanup:
+  return st;
+}
+
+dlsync_status dlsync_fence_wait(dlsync_fence *f, dlsync_lane *lane) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync_context *ctx;
+  const dlsync__driver *d;
+  dlsync__lane_now l;
+  bool active = false;
+  CUevent ev;
+  if (f == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_wait: fence is NULL");
+  ctx = f->ctx;
+  d = ctx->drv;
+  ev = f->he->event;
+  DLSYNC_TRY(dlsync__lane_check(lane, "waiting"));
+  if (f->kind == DLSYNC_FENCE_CAPTURED)
+    DLSYNC_TRY(capture_active(&active, f));
+  DLSYNC_TRY(dlsync__lane_read(&l, ctx, lane, "waiting"));
+
+  if (l.kind == DLSYNC_LANE_EAGER) {
+    if (active) {
+      st = dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
+                        "the fence was signalled in capture %llu, which is still active: eager "
+                        "stream %p cannot wait for a graph that is not launched yet; wait after "
+                        "ending the capture and launching its graph, or wait from that capture",
+                        (unsigned long long)f->capture_id, (void *)l.stream);
+      goto cleanup;
+    }
+    DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(l.stream, ev, 0),
+              "waiting stream %p on fence %p", (void *)l.stream, (void *)f);
+    goto cleanup;
+  }
+  if (f->kind != DLSYNC_FENCE_EAGER && f->graph == l.graph &&
+      (l.kind == DLSYNC_LANE_BUILT || (active && l.capture_id == f->capture_id))) {
+    /* The same graph: an edge from the record node, no new node. */
+    if (l.kind == DLSYNC_LANE_CAPTURING) {
+      DLSYNC_CU(d, cuStreamUpdateCaptureDependencies,
+                d->StreamUpdateCaptureDependencies(l.stream, &f->node, NULL, 1,
+                                                   CU_STREAM_ADD_CAPTURE_DEPENDENCIES),
+                "waiting stream %p on fence %p in the same capture", (void *)l.stream, (void *)f);
+    } else {
+      DLSYNC_TRY(dlsync__graph_lane_add_dep(&l, f->node));
+    }
+    goto cleanup;
+  }
+  if (active && l.kind == DLSYNC_LANE_CAPTURING) {
+    /* Another capture waiting on a record node of an active capture is fine
+     * by hand (two captures, launched in order), as in the exchange. */
+  }
+  /* Another graph: a wait node there, holding the event. */
+  DLSYNC_TRY(dlsync__graph_hold_event(ctx, f->he, &l.graph, 1));
+  if (f->kind == DLSYNC_FENCE_EAGER && l.kind == DLSYNC_LANE_CAPTURING) {
+    DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(l.stream, ev, CU_EVENT_WAIT_EXTERNAL),
+              "capturing stream %p waiting on eager fence %p", (void *)l.stream, (void *)f);
+  } else {
+    DLSYNC_TRY(dlsync__graph_append_event_node(ctx, &l, ev, false, NULL));
+  }
+cleanup:
+  return st;
+}
+
+dlsync_fence *dlsync_fence_retain(dlsync_fence *f) {
+  if (f != NULL)
+    atomic_fetch_add_explicit(&f->refs, 1, memory_order_relaxed);
+  return f;
+}
+
+void dlsync_fence_release(dlsync_fence *f) {
+  if (f == NULL || atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) != 1)
+    return;
+  dlsync__held_event_unref(f->he);
+  free(f);
+}
+
+dlsync_status dlsync_fence_get_kind(dlsync_fence_kind *out, const dlsync_fence *f) {
+  if (out == NULL || f == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_get_kind: %s is NULL",
+                        out == NULL ? "out" : "fence");
+  *out = f->kind;
+  return DLSYNC_SUCCESS;
+}

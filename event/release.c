@@ -1,0 +1,402 @@
+/* Stream-ordered release: deleters run after the work that used an object.
+ * include/dlsync/release.h has the contract.
+ *
+ * Eager lanes: a pooled event is recorded and the release is queued on the
+ * reclaimer of the lane's GPU, a thread of dlsync's that waits for the event
+ * (cuEventSynchronize, in RELAXED capture mode so that another thread's GLOBAL
+ * capture is not broken) and then calls the deleter.
+ * Graph lanes (capturing or built): a user object owned by the graph; its
+ * destructor, on a driver thread, only queues the release on the reclaimer,
+ * which calls the deleter: deleters never run on a driver thread.
+ *
+ * Each context keeps a book of its releases (pending, done) so that
+ * destroying it can wait for the eager ones and report those graphs still
+ * own. Books and queued releases are reference-counted, so a release that
+ * outlives its context (owned by a graph) still runs. */
+#include <hwloc.h>
+#include <stdio.h>
+#include <stdlib.h>
+#include <string.h>
+
+#include "dlsync/private/internal.h"
+
+struct dlsync__release_book {
+  atomic_uint refs; /* the context's + one per pending release */
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  size_t pending_eager;
+  size_t pending_graph;
+  size_t done;
+  size_t sync_errors; /* events whose synchronisation failed (deleter ran anyway) */
+};
+
+typedef struct release_item {
+  struct release_item *next;
+  dlsync__release_book *book;
+  const dlsync__driver *drv;
+  dlsync__pool *pool; /* eager: the event's pool (a reference is held) */
+  CUevent event;      /* eager: recorded after the work */
+  dlsync_deleter fn;
+  void *arg;
+  int device;
+  bool from_graph;
+  atomic_bool armed; /* graph: handed over; until then the destructor only frees */
+} release_item;
+
+/* ---- books ---- */
+
+static void book_unref(dlsync__release_book *b) {
+  if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1)
+    return;
+  pthread_cond_destroy(&b->cond);
+  pthread_mutex_destroy(&b->lock);
+  free(b);
+}
+
+dlsync_status dlsync__release_book_new(dlsync__release_book **out) {
+  dlsync__release_book *b = calloc(1, sizeof *b);
+  *out = NULL;
+  if (b == NULL)
+    return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "creating a context: out of memory");
+  if (pthread_mutex_init(&b->lock, NULL) != 0) {
+    free(b);
+    return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "creating a context: no mutex");
+  }
+  if (pthread_cond_init(&b->cond, NULL) != 0) {
+    pthread_mutex_destroy(&b->lock);
+    free(b);
+    return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "creating a context: no condition variable");
+  }
+  atomic_init(&b->refs, 1);
+  *out = b;
+  return DLSYNC_SUCCESS;
+}
+
+static void book_add(dlsync__release_book *b, bool from_graph) {
+  atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
+  pthread_mutex_lock(&b->lock);
+  if (from_graph)
+    b->pending_graph++;
+  else
+    b->pending_eager++;
+  pthread_mutex_unlock(&b->lock);
+}
+
+/* A release that will not happen after all (it failed before being queued). */
+static void book_cancel(dlsync__release_book *b, bool from_graph) {
+  pthread_mutex_lock(&b->lock);
+  if (from_graph)
+    b->pending_graph--;
+  else
+    b->pending_eager--;
+  pthread_cond_broadcast(&b->cond);
+  pthread_mutex_unlock(&b->lock);
+  book_unref(b);
+}
+
+static void book_done(dlsync__release_book *b, bool from_graph, bool sync_failed) {
+  pthread_mutex_lock(&b->lock);
+  if (from_graph)
+    b->pending_graph--;
+  else
+    b->pending_eager--;
+  b->done++;
+  b->sync_errors += sync_failed ? 1 : 0;
+  pthread_cond_broadcast(&b->cond);
+  pthread_mutex_unlock(&b->lock);
+  book_unref(b);
+}
+
+static _Thread_local bool on_reclaimer;
+
+static void book_wait_eager(dlsync__release_book *b) {
+  pthread_mutex_lock(&b->lock);
+  while (b->pending_eager > 0)
+    pthread_cond_wait(&b->cond, &b->lock);
+  pthread_mutex_unlock(&b->lock);
+}
+
+dlsync_status dlsync__release_book_close(dlsync__release_book *b) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  size_t graph_owned;
+  if (b == NULL)
+    return DLSYNC_SUCCESS;
+  book_wait_eager(b);
+  pthread_mutex_lock(&b->lock);
+  graph_owned = b->pending_graph;
+  pthread_mutex_unlock(&b->lock);
+  if (graph_owned > 0)
+    st = dlsync__fail(DLSYNC_ERROR_BUSY,
+                      "the context was destroyed with %zu release(s) still owned by graphs; "
+                      "their deleters run when those graphs and their executables are destroyed",
+                      graph_owned);
+  book_unref(b);
+  return st;
+}
+
+/* ---- reclaimers: one thread per GPU, for the whole process ---- */
+
+typedef struct reclaimer {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  release_item *head, *tail;
+  pthread_t thread;
+  const dlsync__driver *drv;
+  int device;
+} reclaimer;
+
+static pthread_mutex_t reclaimers_lock = PTHREAD_MUTEX_INITIALIZER;
+static reclaimer **reclaimers;
+static int nreclaimers;
+
+/* Binds the calling thread to the CPUs hwloc finds local to the GPU with
+ * this PCI bus id; leaves it unbound when hwloc cannot tell. */
+static void bind_near(const char *bus_id) {
+  hwloc_topology_t topo;
+  unsigned dom = 0, bus = 0, dev = 0, fn = 0;
+  hwloc_obj_t pci, anc;
+  if (sscanf(bus_id, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) != 4)
+    return;
+  if (hwloc_topology_init(&topo) != 0)
+    return;
+  if (hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT) == 0 &&
+      hwloc_topology_load(topo) == 0) {
+    pci = hwloc_get_pcidev_by_busid(topo, dom, bus, dev, fn);
+    anc = pci != NULL ? hwloc_get_non_io_ancestor_obj(topo, pci) : NULL;
+    if (anc != NULL && anc->cpuset != NULL && !hwloc_bitmap_iszero(anc->cpuset))
+      (void)hwloc_set_cpubind(topo, anc->cpuset, HWLOC_CPUBIND_THREAD);
+  }
+  hwloc_topology_destroy(topo);
+}
+
+static void run_item(release_item *it) {
+  bool sync_failed = false;
+  if (it->event != NULL) {
+    /* RELAXED each time: nothing this thread does may break a capture. */
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    (void)it->drv->ThreadExchangeStreamCaptureMode(&mode);
+    sync_failed = it->drv->EventSynchronize(it->event) != CUDA_SUCCESS;
+    dlsync__pool_put(it->pool, it->event);
+    dlsync__pool_unref(it->pool);
+  }
+  it->fn(it->arg);
+  book_done(it->book, it->from_graph, sync_failed);
+  free(it);
+}
+
+static void *reclaimer_main(void *p) {
+  reclaimer *r = p;
+  char bus_id[32] = {0};
+  CUdevice dev;
+  on_reclaimer = true;
+  if (r->drv->DeviceGet(&dev, r->device) == CUDA_SUCCESS &&
+      r->drv->DeviceGetPCIBusId(bus_id, (int)sizeof bus_id, dev) == CUDA_SUCCESS)
+    bind_near(bus_id);
+  for (;;) {
+    release_item *it;
+    pthread_mutex_lock(&r->lock);
+    while (r->head == NULL)
+      pthread_cond_wait(&r->cond, &r->lock);
+    it = r->head;
+    r->head = it->next;
+    if (r->head == NULL)
+      r->tail = NULL;
+    pthread_mutex_unlock(&r->lock);
+    run_item(it);
+  }
+  return NULL;
+}
+
+/* The reclaimer of a GPU, started on first use. */
+static dlsync_status reclaimer_for(reclaimer **out, const dlsync__driver *drv, int device) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  reclaimer *r = NULL;
+  pthread_attr_t attr;
+  bool attr_made = false;
+  pthread_mutex_lock(&reclaimers_lock);
+  if (device < nreclaimers && reclaimers[device] != NULL) {
+    *out = reclaimers[device];
+    goto cleanup;
+  }
+  if (device >= nreclaimers) {
+    reclaimer **grown = realloc(reclaimers, (size_t)(device + 1) * sizeof *grown);
+    if (grown == NULL) {
+      st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting a reclaimer: out of memory");
+      goto cleanup;
+    }
+    for (int i = nreclaimers; i <= device; i++)
+      grown[i] = NULL;
+    reclaimers = grown;
+    nreclaimers = device + 1;
+  }
+  r = calloc(1, sizeof *r);
+  if (r == NULL || pthread_mutex_init(&r->lock, NULL) != 0) {
+    free(r);
+    r = NULL;
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting a reclaimer: out of memory");
+    goto cleanup;
+  }
+  if (pthread_cond_init(&r->cond, NULL) != 0) {
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+    r = NULL;
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting a reclaimer: no condition variable");
+    goto cleanup;
+  }
+  r->drv = drv;
+  r->device = device;
+  attr_made = pthread_attr_init(&attr) == 0;
+  if (attr_made)
+    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
+  if (pthread_create(&r->thread, attr_made ? &attr : NULL, reclaimer_main, r) != 0) {
+    pthread_cond_destroy(&r->cond);
+    pthread_mutex_destroy(&r->lock);
+    free(r);
+    r = NULL;
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting the reclaimer thread of device %d",
+                      device);
+    goto cleanup;
+  }
+  reclaimers[device] = r;
+  *out = r;
+cleanup:
+  if (attr_made)
+    pthread_attr_destroy(&attr);
+  pthread_mutex_unlock(&reclaimers_lock);
+  return st;
+}
+
+/* No CUDA call: also used from user-object destructors (driver threads). */
+static void enqueue(reclaimer *r, release_item *it) {
+  it->next = NULL;
+  pthread_mutex_lock(&r->lock);
+  if (r->tail != NULL)
+    r->tail->next = it;
+  else
+    r->head = it;
+  r->tail = it;
+  pthread_cond_signal(&r->cond);
+  pthread_mutex_unlock(&r->lock);
+}
+
+/* The user-object destructor of a release owned by graphs. The reclaimer was
+ * started when the release was made, so finding it takes no allocation. */
+static void release_from_graph(void *p) {
+  release_item *it = p;
+  reclaimer *r;
+  if (!atomic_load(&it->armed)) {
+    /* The hand-over to the graph failed: the release never happened. */
+    book_cancel(it->book, true);
+    free(it);
+    return;
+  }
+  pthread_mutex_lock(&reclaimers_lock);
+  r = reclaimers[it->device];
+  pthread_mutex_unlock(&reclaimers_lock);
+  enqueue(r, it);
+}
+
+/* ---- the API ---- */
+
+dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_deleter deleter,
+                             void *arg) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d;
+  dlsync__lane_now l;
+  dlsync__pool *pool = NULL;
+  reclaimer *r = NULL;
+  release_item *it = NULL;
+  CUcontext cur = NULL;
+  bool booked = false;
+  if (ctx == NULL || deleter == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_release: %s is NULL",
+                        ctx == NULL ? "ctx" : "deleter");
+  d = ctx->drv;
+  DLSYNC_TRY(dlsync__lane_check(lane, "releasing"));
+  if (lane->kind == DLSYNC_LANE_STREAM) {
+    if (dlsync__is_legacy_stream(lane->stream))
+      DLSYNC_TRY(dlsync__lane_read(&l, ctx, lane, "releasing"));
+    DLSYNC_TRY(dlsync__pool_for_stream(&pool, NULL, ctx, lane->stream, "releasing"));
+  } else {
+    DLSYNC_CU(d, cuCtxGetCurrent, d->CtxGetCurrent(&cur), "releasing on a graph lane");
+    if (cur == NULL) {
+      st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "releasing on a graph lane needs a current CUDA context (the graph's "
+                        "device), to know which GPU's reclaimer runs the deleter");
+      goto cleanup;
+    }
+    DLSYNC_TRY(dlsync__pool_for_cuctx(&pool, ctx, cur));
+  }
+  DLSYNC_TRY(dlsync__lane_read(&l, ctx, lane, "releasing"));
+  DLSYNC_TRY(reclaimer_for(&r, d, dlsync__pool_device(pool)));
+  it = calloc(1, sizeof *it);
+  if (it == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_release: out of memory");
+    goto cleanup;
+  }
+  it->book = ctx->releases;
+  it->drv = d;
+  it->fn = deleter;
+  it->arg = arg;
+  it->device = dlsync__pool_device(pool);
+  it->from_graph = l.kind != DLSYNC_LANE_EAGER;
+  atomic_init(&it->armed, false);
+  book_add(it->book, it->from_graph);
+  booked = true;
+  if (l.kind == DLSYNC_LANE_EAGER) {
+    DLSYNC_TRY(dlsync__pool_get(&it->event, pool));
+    DLSYNC_CU(d, cuEventRecord, d->EventRecord(it->event, l.stream), "releasing on stream %p",
+              (void *)l.stream);
+    it->pool = pool;
+    dlsync__pool_ref(pool);
+    enqueue(r, it);
+    it = NULL;
+  } else {
+    bool taken = false;
+    st = dlsync__graph_hold(ctx, &l.graph, 1, release_from_graph, it, &taken);
+    if (taken) {
+      /* From here the destructor owns the item (and its book entry). On
+       * failure no graph holds it and the destructor has run or will run
+       * unarmed: we must not touch it. */
+      booked = false;
+      if (st == DLSYNC_SUCCESS)
+        atomic_store(&it->armed, true);
+      it = NULL;
+    }
+    if (st != DLSYNC_SUCCESS)
+      goto cleanup;
+  }
+cleanup:
+  if (it != NULL) {
+    if (it->event != NULL && it->pool == NULL)
+      dlsync__pool_put(pool, it->event);
+    if (booked)
+      book_cancel(it->book, it->from_graph);
+    free(it);
+  }
+  return st;
+}
+
+dlsync_status dlsync_release_flush(dlsync_context *ctx) {
+  if (ctx == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_release_flush: ctx is NULL");
+  if (on_reclaimer)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_release_flush called from a deleter: it would wait for itself");
+  book_wait_eager(ctx->releases);
+  return DLSYNC_SUCCESS;
+}
+
+dlsync_status dlsync_release_get_stats(dlsync_release_stats *out, const dlsync_context *ctx) {
+  dlsync__release_book *b;
+  if (out == NULL || ctx == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_release_get_stats: %s is NULL",
+                        out == NULL ? "out" : "ctx");
+  b = ctx->releases;
+  pthread_mutex_lock(&b->lock);
+  out->pending_eager = b->pending_eager;
+  out->pending_graph = b->pending_graph;
+  out->done = b->done;
+  pthread_mutex_unlock(&b->lock);
+  return DLSYNC_SUCCESS;
+}

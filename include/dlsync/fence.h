@@ -1,0 +1,72 @@
+/* dlsync: fences, for work exported for longer than one exchange.
+ *
+ * dlsync_fence_signal marks the work queued so far on a lane; any number of
+ * dlsync_fence_wait calls, from any lane and any thread, later order a lane
+ * after that work. A fence is reference-counted: signal returns it with one
+ * reference; dlsync_fence_retain and dlsync_fence_release add and drop them.
+ *
+ * What a fence is depends on where it was signalled:
+ *  - on an eager stream: an event recorded now. Waits order after that work.
+ *  - on a capturing stream or a graph built by hand: an event-record node in
+ *    that graph. The fence is ARMED only when the graph is launched, each time
+ *    it is launched: a wait from an eager stream orders after the record of
+ *    the most recent launch that was issued before the wait, and orders
+ *    nothing if the graph was never launched. A wait from another graph (a
+ *    capture or a graph built by hand) becomes an event-wait node there, which
+ *    takes the event's state when its own graph is launched: launch the
+ *    signalling graph first, each time.
+ *
+ * Waiting on a fence whose capture is still active from anything but that
+ * same capture is DLSYNC_ERROR_CAPTURE_ORDER (the record node has not been
+ * launched and cannot be); from the same capture it adds edges only. Whether
+ * an ended capture's graph was ever instantiated or launched cannot be seen
+ * from here: an eager wait on such a fence is the caller's responsibility.
+ *
+ * Lifetime: the event behind a fence stays out of the pool while the fence or
+ * any graph that waits on it (or records it) exists; graphs hold it through
+ * user objects, so releasing the fence while graphs still use it is fine.
+ * Threads: signal, wait, retain and release may run concurrently on any
+ * fences; a fence's last release must not race with a wait on it.
+ */
+#ifndef DLSYNC_FENCE_H
+#define DLSYNC_FENCE_H
+
+#include "dlsync/context.h"
+#include "dlsync/export.h"
+#include "dlsync/lane.h"
+#include "dlsync/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dlsync_fence dlsync_fence;
+
+/* Marks the work queued so far on `lane`. A graph lane's frontier becomes the
+ * record node; a capturing stream's capture continues after it. */
+DLSYNC_API dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx,
+                                             dlsync_lane *lane);
+
+/* Orders `lane`'s later work after the fence (see above). A graph lane's new
+ * frontier is written back. */
+DLSYNC_API dlsync_status dlsync_fence_wait(dlsync_fence *fence, dlsync_lane *lane);
+
+/* Adds a reference; returns the fence (NULL stays NULL). */
+DLSYNC_API dlsync_fence *dlsync_fence_retain(dlsync_fence *fence);
+
+/* Drops a reference; NULL is a no-op. */
+DLSYNC_API void dlsync_fence_release(dlsync_fence *fence);
+
+typedef enum dlsync_fence_kind {
+  DLSYNC_FENCE_EAGER = 0,    /* an event recorded on an eager stream */
+  DLSYNC_FENCE_CAPTURED = 1, /* a record node in a stream capture */
+  DLSYNC_FENCE_BUILT = 2     /* a record node in a graph built by hand */
+} dlsync_fence_kind;
+
+DLSYNC_API dlsync_status dlsync_fence_get_kind(dlsync_fence_kind *out, const dlsync_fence *fence);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

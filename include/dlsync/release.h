@@ -1,0 +1,68 @@
+/* dlsync: stream-ordered release of exported objects.
+ *
+ * dlsync_release hands back an object (a DLPack tensor, a buffer, anything
+ * with a deleter) on a lane: the deleter runs only after the work queued so
+ * far on that lane has finished, and never on the calling thread.
+ *
+ *  - eager stream: a pooled event is recorded; a reclaimer thread (one per
+ *    GPU, bound to CPUs local to it where hwloc can tell) waits for it and
+ *    calls the deleter. The releasing thread never blocks.
+ *  - capturing stream or graph built by hand: the graph owns the object (a
+ *    user object); the deleter runs once, after the graph and every
+ *    executable made from it are destroyed and their launches have finished,
+ *    however many times it was replayed.
+ *
+ * Deleters run on a reclaimer thread of dlsync's, never on a driver callback
+ * thread, so they may call CUDA (cudaFree, cuMemFree). That thread runs in
+ * RELAXED capture mode, so a deleter's allocation calls do not break another
+ * thread's GLOBAL capture. Deleters of one GPU run one at a time, in the order
+ * their work finished; a slow deleter delays the others.
+ *
+ * Shutdown: dlsync_context_destroy waits for the context's pending eager
+ * releases, and returns DLSYNC_ERROR_BUSY, naming how many, when graphs still
+ * own releases; those still run when their graphs are destroyed. None is
+ * ever dropped. dlsync_release_flush waits for the eager ones on demand.
+ *
+ * Capture safety: releasing on a capturing stream makes no call that is
+ * illegal during capture.
+ */
+#ifndef DLSYNC_RELEASE_H
+#define DLSYNC_RELEASE_H
+
+#include <stddef.h>
+
+#include "dlsync/context.h"
+#include "dlsync/export.h"
+#include "dlsync/lane.h"
+#include "dlsync/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef void (*dlsync_deleter)(void *arg);
+
+/* Runs deleter(arg) once the work queued so far on `lane` is done (see above).
+ * On failure the deleter has not run and will not: the object is still the
+ * caller's. */
+DLSYNC_API dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane,
+                                        dlsync_deleter deleter, void *arg);
+
+/* Waits until every eager release made so far on this context has run its
+ * deleter. Do not call it from a deleter. */
+DLSYNC_API dlsync_status dlsync_release_flush(dlsync_context *ctx);
+
+typedef struct dlsync_release_stats {
+  size_t pending_eager; /* waiting for their stream */
+  size_t pending_graph; /* owned by graphs still alive */
+  size_t done;          /* deleters run */
+} dlsync_release_stats;
+
+DLSYNC_API dlsync_status dlsync_release_get_stats(dlsync_release_stats *out,
+                                                  const dlsync_context *ctx);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
