@@ -89,6 +89,17 @@ static void note(outcome *o, const char *fmt, ...) {
     }                                                                                \
   } while (0)
 
+/* Ends a capture that must end cleanly. */
+#define END_CAPTURE(s, g)                                \
+  do {                                                   \
+    CUresult e_ = D->StreamEndCapture((s), (g));         \
+    if (e_ != CUDA_SUCCESS) {                            \
+      note(o, "cuStreamEndCapture: %s", gpu_err(D, e_)); \
+      o->broken++;                                       \
+      goto out;                                          \
+    }                                                    \
+  } while (0)
+
 static CUresult produce(CUstream s, CUdeviceptr buf, size_t words, unsigned v) {
   return D->MemsetD32Async(buf, v, words, s);
 }
@@ -262,7 +273,6 @@ static int sc_join(const scenario *s, CUstreamCaptureMode mode, bool use, outcom
   CUgraphExec x = NULL;
   dlsync_lane lp, lc;
   dlsync_exchange *ex = NULL;
-  CUresult r;
   (void)s;
   CU(new_stream(&p));
   CU(new_stream(&c));
@@ -277,12 +287,7 @@ static int sc_join(const scenario *s, CUstreamCaptureMode mode, bool use, outcom
   CU(consume(c, big_buf, BIG_WORDS, 0));
   if (use)
     DS(dlsync_exchange_end(ex));
-  r = D->StreamEndCapture(p, &g);
-  if (r != CUDA_SUCCESS) {
-    note(o, "cuStreamEndCapture: %s", gpu_err(D, r));
-    o->broken++;
-    goto out;
-  }
+  END_CAPTURE(p, &g);
   if (use && (count_nodes(g, CU_GRAPH_NODE_TYPE_EVENT_RECORD) != 0 ||
               count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT) != 0)) {
     note(o, "the join added event nodes");
@@ -313,7 +318,6 @@ static int sc_same_capture(const scenario *s, CUstreamCaptureMode mode, bool use
   CUgraphExec x = NULL;
   dlsync_lane lp, lc;
   dlsync_exchange *ex = NULL;
-  CUresult r;
   (void)s;
   CU(new_stream(&p));
   CU(new_stream(&c));
@@ -336,12 +340,7 @@ static int sc_same_capture(const scenario *s, CUstreamCaptureMode mode, bool use
     CU(D->EventRecord(join, c));
     CU(D->StreamWaitEvent(p, join, 0));
   }
-  r = D->StreamEndCapture(p, &g);
-  if (r != CUDA_SUCCESS) {
-    note(o, "cuStreamEndCapture: %s", gpu_err(D, r));
-    o->broken++;
-    goto out;
-  }
+  END_CAPTURE(p, &g);
   if (use && (count_nodes(g, CU_GRAPH_NODE_TYPE_EVENT_RECORD) != 0 ||
               count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT) != 0)) {
     note(o, "same capture added event nodes");
@@ -657,7 +656,6 @@ static int sc_capture_to_built(const scenario *s, CUstreamCaptureMode mode, bool
   CUgraphNode cp = NULL, cdeps[2];
   dlsync_lane lp, lc;
   dlsync_exchange *ex = NULL;
-  CUresult r;
   (void)s;
   CU(new_stream(&p));
   CU(new_stream(&sc));
@@ -675,12 +673,7 @@ static int sc_capture_to_built(const scenario *s, CUstreamCaptureMode mode, bool
     lc.ndeps = 1;
     DS_EXPECT(dlsync_exchange_end(ex), DLSYNC_ERROR_CAPTURE_ORDER);
   }
-  r = D->StreamEndCapture(p, &g1);
-  if (r != CUDA_SUCCESS) {
-    note(o, "cuStreamEndCapture: %s", gpu_err(D, r));
-    o->broken++;
-    goto out;
-  }
+  END_CAPTURE(p, &g1);
   CU(D->GraphInstantiateWithFlags(&x1, g1, 0));
   CU(D->GraphInstantiateWithFlags(&x2, g2, 0));
   replay(o, g1, x1, p, x2, sc, 0);
@@ -701,7 +694,6 @@ static int sc_built_to_capture(const scenario *s, CUstreamCaptureMode mode, bool
   CUgraphNode m = NULL, pdeps[2];
   dlsync_lane lp, lc;
   dlsync_exchange *ex = NULL;
-  CUresult r;
   (void)s;
   CU(new_stream(&sp));
   CU(new_stream(&c));
@@ -717,12 +709,7 @@ static int sc_built_to_capture(const scenario *s, CUstreamCaptureMode mode, bool
   CU(consume(c, big_buf, BIG_WORDS, 0));
   if (use)
     DS_EXPECT(dlsync_exchange_end(ex), DLSYNC_ERROR_CAPTURE_ORDER);
-  r = D->StreamEndCapture(c, &g2);
-  if (r != CUDA_SUCCESS) {
-    note(o, "cuStreamEndCapture: %s", gpu_err(D, r));
-    o->broken++;
-    goto out;
-  }
+  END_CAPTURE(c, &g2);
   CU(D->GraphInstantiateWithFlags(&x1, g1, 0));
   CU(D->GraphInstantiateWithFlags(&x2, g2, 0));
   replay(o, g1, x1, sp, x2, c, 0);
@@ -1038,7 +1025,6 @@ static int sc_two_devices_join(const scenario *s, CUstreamCaptureMode mode, bool
   CUgraphExec x = NULL;
   dlsync_lane lp, lc;
   dlsync_exchange *ex = NULL;
-  CUresult r;
   (void)s;
   if (dev1_ctx == NULL)
     return 0;
@@ -1055,12 +1041,7 @@ static int sc_two_devices_join(const scenario *s, CUstreamCaptureMode mode, bool
   CU(consume_on_dev1(c, 0));
   if (use)
     DS(dlsync_exchange_end(ex));
-  r = D->StreamEndCapture(p, &g);
-  if (r != CUDA_SUCCESS) {
-    note(o, "cuStreamEndCapture: %s", gpu_err(D, r));
-    o->broken++;
-    goto out;
-  }
+  END_CAPTURE(p, &g);
   CU(D->GraphInstantiateWithFlags(&x, g, 0));
   for (int k = 0; k < REPLAYS; k++) {
     unsigned v = ++value_base, got = 0;
@@ -1080,6 +1061,364 @@ out:
   return 0;
 }
 
+/* ---- lifetimes: stream-ordered release and fences (issue 4) ---- */
+
+typedef struct seen {
+  CUdeviceptr buf;
+  size_t words;
+  unsigned value;   /* what the deleter read from the buffer */
+  int calls;        /* how often the deleter ran */
+  pthread_t thread; /* where it ran */
+  CUresult r;
+} seen;
+
+/* A deleter that reads the buffer's last word, as a real deleter's cudaFree
+ * would have to wait for: it must see what the work before the release
+ * wrote. It runs on dlsync's reclaimer thread. */
+static void reading_deleter(void *arg) {
+  seen *sn = arg;
+  CUcontext popped;
+  sn->thread = pthread_self();
+  sn->r = D->CtxPushCurrent(E.cuctx);
+  if (sn->r == CUDA_SUCCESS) {
+    sn->r = D->MemcpyDtoH(&sn->value, sn->buf + (sn->words - 1) * 4, 4);
+    D->CtxPopCurrent(&popped);
+  }
+  __atomic_add_fetch(&sn->calls, 1, __ATOMIC_SEQ_CST);
+}
+
+static bool wait_calls(seen *sn, int want) {
+  for (int i = 0; i < 3000; i++) {
+    if (__atomic_load_n(&sn->calls, __ATOMIC_SEQ_CST) >= want)
+      return true;
+    struct timespec ts = {0, 1000000};
+    nanosleep(&ts, NULL);
+  }
+  return false;
+}
+
+/* A release made while a long producer (a 4 GiB memset) still runs: the
+ * deleter must read the producer's value, never the previous one. The
+ * control calls the deleter at once, as a plain deleter would be. */
+static int sc_release_eager(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream st = NULL;
+  dlsync_lane l;
+  (void)s;
+  (void)mode;
+  CU(new_stream(&st));
+  CU(settle(st));
+  l = dlsync_lane_stream(st);
+  for (int t = 0; t < TRIALS; t++) {
+    seen sn;
+    unsigned v = ++value_base;
+    memset(&sn, 0, sizeof sn);
+    sn.buf = big_buf;
+    sn.words = BIG_WORDS;
+    CU(produce(st, big_buf, BIG_WORDS, v));
+    if (use) {
+      DS(dlsync_release(E.ctx, &l, reading_deleter, &sn));
+      if (!wait_calls(&sn, 1)) {
+        note(o, "the deleter did not run within 3 s");
+        o->broken++;
+        goto out;
+      }
+      if (pthread_equal(sn.thread, pthread_self())) {
+        note(o, "the deleter ran on the releasing thread");
+        o->broken++;
+      }
+    } else {
+      reading_deleter(&sn);
+    }
+    CU(D->StreamSynchronize(st));
+    o->runs++;
+    o->wrong += sn.value != v || sn.calls != 1 || sn.r != CUDA_SUCCESS;
+  }
+out:
+  D->CtxSynchronize();
+  drop_stream(st);
+  return 0;
+}
+
+/* A buffer released inside a capture lives through 100 replays and is freed
+ * once, after the graph and its executable are gone. The control frees it
+ * at release time: the replays then run on a freed buffer (counted wrong). */
+typedef struct freed_flag {
+  int calls;
+  pthread_t thread;
+} freed_flag;
+
+static void flag_deleter(void *arg) {
+  freed_flag *f = arg;
+  f->thread = pthread_self();
+  __atomic_add_fetch(&f->calls, 1, __ATOMIC_SEQ_CST);
+}
+
+static int sc_release_capture(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream st = NULL, launch = NULL;
+  CUgraph g = NULL;
+  CUgraphExec x = NULL;
+  dlsync_lane l;
+  freed_flag f;
+  (void)s;
+  memset(&f, 0, sizeof f);
+  CU(new_stream(&st));
+  CU(new_stream(&launch));
+  CU(settle(st));
+  l = dlsync_lane_stream(st);
+  CU(D->StreamBeginCapture(st, mode));
+  CU(produce(st, big_buf, BIG_WORDS, 7));
+  CU(consume(st, big_buf, BIG_WORDS, 0));
+  if (use)
+    DS(dlsync_release(E.ctx, &l, flag_deleter, &f));
+  else
+    flag_deleter(&f); /* freed while the graph still uses it */
+  END_CAPTURE(st, &g);
+  CU(D->GraphInstantiateWithFlags(&x, g, 0));
+  CU(D->GraphDestroy(g)); /* the executable keeps it */
+  g = NULL;
+  for (int k = 0; k < 2 * REPLAYS; k++) {
+    CU(D->GraphLaunch(x, launch));
+    if (k % 10 == 9)
+      CU(D->StreamSynchronize(launch));
+    o->runs++;
+    o->wrong += __atomic_load_n(&f.calls, __ATOMIC_SEQ_CST) != 0; /* used after free */
+  }
+  CU(D->StreamSynchronize(launch));
+  CU(D->GraphExecDestroy(x));
+  x = NULL;
+  if (use) {
+    for (int i = 0; i < 3000 && __atomic_load_n(&f.calls, __ATOMIC_SEQ_CST) == 0; i++) {
+      struct timespec ts = {0, 1000000};
+      nanosleep(&ts, NULL);
+    }
+    if (f.calls != 1) {
+      note(o, "deleter ran %d times after the graph went (expected 1)", f.calls);
+      o->broken++;
+    } else if (pthread_equal(f.thread, pthread_self())) {
+      note(o, "the deleter ran on the test's thread");
+      o->broken++;
+    }
+  }
+out:
+  D->CtxSynchronize();
+  drop_graph(g, x);
+  drop_stream(st);
+  drop_stream(launch);
+  return 0;
+}
+
+/* A fence signalled in one capture and waited on in another; the graphs are
+ * launched in that order, with a new producer value each time. */
+static int sc_fence_two_captures(const scenario *s, CUstreamCaptureMode mode, bool use,
+                                 outcome *o) {
+  CUstream p = NULL, c = NULL;
+  CUgraph g1 = NULL, g2 = NULL;
+  CUgraphExec x1 = NULL, x2 = NULL;
+  dlsync_lane lp, lc;
+  dlsync_fence *f = NULL;
+  CUresult r1, r2;
+  (void)s;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_stream(c);
+  CU(D->StreamBeginCapture(p, mode));
+  CU(produce(p, big_buf, BIG_WORDS, 7));
+  if (use)
+    DS(dlsync_fence_signal(&f, E.ctx, &lp));
+  r1 = D->StreamEndCapture(p, &g1);
+  CU(D->StreamBeginCapture(c, mode));
+  if (use)
+    DS(dlsync_fence_wait(f, &lc));
+  CU(consume(c, big_buf, BIG_WORDS, 0));
+  r2 = D->StreamEndCapture(c, &g2);
+  if (r1 != CUDA_SUCCESS || r2 != CUDA_SUCCESS) {
+    note(o, "cuStreamEndCapture: %s, %s", gpu_err(D, r1), gpu_err(D, r2));
+    o->broken++;
+    goto out;
+  }
+  dlsync_fence_release(f); /* the graphs hold the event now */
+  f = NULL;
+  CU(D->GraphInstantiateWithFlags(&x1, g1, 0));
+  CU(D->GraphInstantiateWithFlags(&x2, g2, 0));
+  replay(o, g1, x1, p, x2, c, 0);
+out:
+  if (f != NULL) {
+    CUgraph junk = NULL;
+    D->StreamEndCapture(c, &junk);
+    drop_graph(junk, NULL);
+  }
+  dlsync_fence_release(f);
+  D->CtxSynchronize();
+  drop_graph(g1, x1);
+  drop_graph(g2, x2);
+  drop_stream(p);
+  drop_stream(c);
+  return 0;
+}
+
+/* A fence signalled in a capture is armed by each launch: an eager wait
+ * issued after a launch orders after that launch's producer. */
+static int sc_fence_eager_after_launch(const scenario *s, CUstreamCaptureMode mode, bool use,
+                                       outcome *o) {
+  CUstream p = NULL, c = NULL, launch = NULL;
+  CUgraph g = NULL;
+  CUgraphExec x = NULL;
+  dlsync_lane lp, lc;
+  dlsync_fence *f = NULL;
+  (void)s;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(new_stream(&launch));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_stream(c);
+  CU(D->StreamBeginCapture(p, mode));
+  CU(produce(p, big_buf, BIG_WORDS, 7));
+  DS(dlsync_fence_signal(&f, E.ctx, &lp));
+  /* While the capture is active an eager wait is refused. */
+  DS_EXPECT(dlsync_fence_wait(f, &lc), DLSYNC_ERROR_CAPTURE_ORDER);
+  END_CAPTURE(p, &g);
+  CU(D->GraphInstantiateWithFlags(&x, g, 0));
+  for (int k = 0; k < REPLAYS; k++) {
+    unsigned v = ++value_base, got = 0;
+    CU(set_memset_value(g, x, v));
+    CU(D->GraphLaunch(x, launch));
+    if (use)
+      DS(dlsync_fence_wait(f, &lc));
+    CU(consume(c, big_buf, BIG_WORDS, 1));
+    CU(D->StreamSynchronize(c));
+    CU(D->StreamSynchronize(launch));
+    CU(read_slot(&got, 1));
+    o->runs++;
+    o->wrong += got != v;
+  }
+out:
+  D->CtxSynchronize();
+  dlsync_fence_release(f);
+  drop_graph(g, x);
+  drop_stream(p);
+  drop_stream(c);
+  drop_stream(launch);
+  return 0;
+}
+
+/* Eight threads: each produces into its own buffer and signals a fence; each
+ * consumes its neighbour's buffer after waiting on the neighbour's fence, and
+ * signals a fence back that the neighbour's next producer waits on. */
+#define FTHREADS 8
+#define FROUNDS 30
+#define FWORDS ((size_t)1 << 26) /* 256 MiB each */
+
+typedef struct fence_worker {
+  pthread_t thread;
+  int index;
+  bool use;
+  CUstream p, c;
+  CUdeviceptr buf;
+  dlsync_fence *produced; /* this thread's data is ready */
+  dlsync_fence *consumed; /* this thread has read its neighbour's data */
+  unsigned value;
+  int runs, wrong, broken;
+  char note[160];
+} fence_worker;
+
+static fence_worker fw[FTHREADS];
+static pthread_barrier_t fbarrier;
+
+static void *fence_worker_main(void *arg) {
+  fence_worker *w = arg;
+  fence_worker *next = &fw[(w->index + 1) % FTHREADS];
+  fence_worker *prev = &fw[(w->index + FTHREADS - 1) % FTHREADS];
+  dlsync_lane lp, lc;
+  CUcontext popped;
+  D->CtxPushCurrent(E.cuctx);
+  lp = dlsync_lane_stream(w->p);
+  lc = dlsync_lane_stream(w->c);
+  for (int k = 0; k < FROUNDS; k++) {
+    unsigned got = 0;
+    /* Produce, after the previous thread finished reading our last value. */
+    if (w->use && prev->consumed != NULL && dlsync_fence_wait(prev->consumed, &lp) != 0)
+      w->broken++;
+    w->value = (unsigned)(w->index * 100000 + k + 1);
+    if (D->MemsetD32Async(w->buf, w->value, FWORDS, w->p) != CUDA_SUCCESS)
+      w->broken++;
+    dlsync_fence_release(w->produced);
+    w->produced = NULL;
+    if (w->use && dlsync_fence_signal(&w->produced, E.ctx, &lp) != 0) {
+      snprintf(w->note, sizeof w->note, "signal: %s", dlsync_last_error());
+      w->broken++;
+    }
+    pthread_barrier_wait(&fbarrier);
+    /* Consume the next thread's buffer. */
+    if (w->use && dlsync_fence_wait(next->produced, &lc) != 0) {
+      snprintf(w->note, sizeof w->note, "wait: %s", dlsync_last_error());
+      w->broken++;
+    }
+    if (D->MemcpyDtoDAsync(slots + (CUdeviceptr)(160 + w->index) * 4, next->buf + (FWORDS - 1) * 4,
+                           4, w->c) != CUDA_SUCCESS)
+      w->broken++;
+    dlsync_fence_release(w->consumed);
+    w->consumed = NULL;
+    if (w->use && dlsync_fence_signal(&w->consumed, E.ctx, &lc) != 0)
+      w->broken++;
+    if (D->StreamSynchronize(w->c) != CUDA_SUCCESS ||
+        D->MemcpyDtoH(&got, slots + (CUdeviceptr)(160 + w->index) * 4, 4) != CUDA_SUCCESS)
+      w->broken++;
+    w->runs++;
+    w->wrong += got != next->value;
+    pthread_barrier_wait(&fbarrier);
+  }
+  D->StreamSynchronize(w->p);
+  D->CtxPopCurrent(&popped);
+  return NULL;
+}
+
+static int sc_fence_threads(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  int started = 0;
+  (void)s;
+  (void)mode;
+  memset(fw, 0, sizeof fw);
+  pthread_barrier_init(&fbarrier, NULL, FTHREADS);
+  for (int i = 0; i < FTHREADS; i++) {
+    fw[i].index = i;
+    fw[i].use = use;
+    CU(new_stream(&fw[i].p));
+    CU(new_stream(&fw[i].c));
+    CU(D->MemAlloc(&fw[i].buf, FWORDS * 4));
+    CU(D->MemsetD32Async(fw[i].buf, 0, FWORDS, fw[i].p));
+  }
+  CU(D->CtxSynchronize());
+  for (int i = 0; i < FTHREADS; i++) {
+    if (pthread_create(&fw[i].thread, NULL, fence_worker_main, &fw[i]) != 0) {
+      note(o, "pthread_create failed");
+      o->broken++;
+      break;
+    }
+    started++;
+  }
+  for (int i = 0; i < started; i++)
+    pthread_join(fw[i].thread, NULL);
+out:
+  D->CtxSynchronize();
+  for (int i = 0; i < FTHREADS; i++) {
+    o->runs += fw[i].runs;
+    o->wrong += fw[i].wrong;
+    o->broken += fw[i].broken;
+    if (fw[i].note[0] != '\0')
+      note(o, "thread %d: %s", i, fw[i].note);
+    dlsync_fence_release(fw[i].produced);
+    dlsync_fence_release(fw[i].consumed);
+    if (fw[i].buf)
+      D->MemFree(fw[i].buf);
+    drop_stream(fw[i].p);
+    drop_stream(fw[i].c);
+  }
+  pthread_barrier_destroy(&fbarrier);
+  return 0;
+}
+
 static const scenario scenarios[] = {
     {"A same stream", "stream S / S", sc_same_stream, false, false},
     {"A eager->eager", "eager / eager", sc_eager_eager, false, true},
@@ -1094,6 +1433,11 @@ static const scenario scenarios[] = {
     {"B built->capture", "built / capturing", sc_built_to_capture, true, true},
     {"errors", "invalid, legacy, bad lanes", sc_errors, true, true},
     {"threads", "4 eager + 1 capture", sc_threads, true, true},
+    {"L release eager", "deleter after a 4 GiB memset", sc_release_eager, false, true},
+    {"L release capture", "freed after 100 replays", sc_release_capture, true, true},
+    {"L fence 2 captures", "signal G1 / wait G2", sc_fence_two_captures, true, true},
+    {"L fence eager", "signal capture / eager wait", sc_fence_eager_after_launch, true, true},
+    {"L fence 8 threads", "signal + wait, 8 threads", sc_fence_threads, false, true},
     {"2 GPUs eager", "eager dev0 / eager dev1", sc_two_devices_eager, false, true},
     {"2 GPUs join", "capturing dev0 / eager dev1", sc_two_devices_join, true, true},
 };
