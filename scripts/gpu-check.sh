@@ -50,6 +50,11 @@ echo "== GPU regression suite"
 "$build"/tests/gpu/gpu_suite >"$out/suite.txt" 2>&1 || status=1
 grep -v '^  ' "$out/suite.txt" | sed -n '1p'
 
+py_rc=0
+if [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
+  bash "$root/python/run_gpu_suite.sh" "$build" >"$out/python.txt" 2>&1 || py_rc=$?
+fi
+
 bench_rc=0
 if [ -z "${SUITE_ONLY:-}" ]; then
   "$build"/bench/bench_exchange >"$out/bench.txt" 2>&1 || bench_rc=$?
@@ -61,6 +66,12 @@ grep '^  ' "$out/suite.txt" | head -40
 echo
 echo "== suite table"
 sed -n '/^scenario/,$p' "$out/suite.txt"
+if [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
+  echo "== python frameworks suite (rc $py_rc)"
+  head -4 "$out/python.txt"
+  sed -n '/^case /,$p' "$out/python.txt"
+  [ "$py_rc" -eq 0 ] || { grep -E "^(FAILED|ERROR)|Error" "$out/python.txt" | head -20; status=1; }
+fi
 if [ -z "${SUITE_ONLY:-}" ]; then
   echo "== bench (rc $bench_rc)"
   grep -v '^FAIL' "$out/bench.txt"
