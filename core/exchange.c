@@ -20,8 +20,8 @@ typedef struct domain {
 
 struct dlsync_exchange {
   dlsync_context *ctx;
-  dlsync_lane producer; /* stream lanes: a copy */
-  dlsync_lane consumer;
+  CUstream producer_stream; /* stream lanes */
+  CUstream consumer_stream;
   dlsync_lane *producer_ref; /* graph lanes: the caller's */
   dlsync_lane *consumer_ref;
   bool cross;
@@ -395,13 +395,65 @@ static bool order_eager_fast(dlsync_context *ctx, CUstream first, CUstream then,
   return true;
 }
 
+/* Each thread keeps one free exchange handle, so that the usual begin/end
+ * pair allocates nothing. The slot is the thread's own (a handle ended on
+ * another thread goes to that thread's slot, or is freed); a pthread key
+ * frees the slot and what it holds when the thread exits. */
+typedef struct handle_slot {
+  dlsync_exchange *spare;
+} handle_slot;
+
+static pthread_once_t slot_once = PTHREAD_ONCE_INIT;
+static pthread_key_t slot_key;
+static bool slot_key_ok;
+static _Thread_local handle_slot *slot;
+static _Thread_local bool slot_tried;
+
+static void slot_free(void *p) {
+  handle_slot *hs = p;
+  free(hs->spare);
+  free(hs);
+}
+
+static void slot_key_init(void) {
+  slot_key_ok = pthread_key_create(&slot_key, slot_free) == 0;
+}
+
+static handle_slot *my_slot(void) {
+  if (DLSYNC__LIKELY(slot != NULL) || slot_tried)
+    return slot;
+  slot_tried = true;
+  pthread_once(&slot_once, slot_key_init);
+  if (!slot_key_ok)
+    return NULL;
+  slot = calloc(1, sizeof *slot);
+  if (slot != NULL && pthread_setspecific(slot_key, slot) != 0) {
+    free(slot);
+    slot = NULL;
+  }
+  return slot;
+}
+
 static dlsync_exchange *exchange_alloc(void) {
+  handle_slot *hs = my_slot();
+  if (DLSYNC__LIKELY(hs != NULL && hs->spare != NULL)) {
+    dlsync_exchange *ex = hs->spare;
+    hs->spare = NULL;
+    return ex;
+  }
   return malloc(sizeof(dlsync_exchange));
 }
 
 static void exchange_free(dlsync_exchange *ex) {
-  if (ex != &same_stream_exchange)
-    free(ex);
+  handle_slot *hs;
+  if (ex == NULL || ex == &same_stream_exchange)
+    return;
+  hs = my_slot();
+  if (hs != NULL && hs->spare == NULL) {
+    hs->spare = ex;
+    return;
+  }
+  free(ex);
 }
 
 dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
@@ -419,6 +471,12 @@ dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_begin: ctx is NULL");
   if (producer != NULL && consumer != NULL && producer->kind == DLSYNC_LANE_STREAM &&
       consumer->kind == DLSYNC_LANE_STREAM && producer->graph == NULL && consumer->graph == NULL) {
+    if (dlsync__same_stream(producer->stream, consumer->stream)) {
+      /* One stream: already ordered. One query, for its errors. */
+      DLSYNC_TRY(dlsync__lane_read(&p, ctx, producer, "producer"));
+      *out = &same_stream_exchange;
+      return DLSYNC_SUCCESS;
+    }
     ex = exchange_alloc();
     if (ex == NULL)
       return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_exchange_begin: out of memory");
@@ -426,13 +484,11 @@ dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
       if (st != DLSYNC_SUCCESS)
         goto cleanup;
       ex->ctx = ctx;
-      ex->producer = *producer;
-      ex->consumer = *consumer;
+      ex->producer_stream = producer->stream;
+      ex->consumer_stream = consumer->stream;
       ex->producer_ref = NULL;
       ex->consumer_ref = NULL;
       ex->cross = false;
-      memset(&ex->producer_domain, 0, sizeof ex->producer_domain);
-      memset(&ex->consumer_domain, 0, sizeof ex->consumer_domain);
       *out = ex;
       return DLSYNC_SUCCESS;
     }
@@ -452,8 +508,8 @@ dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
   }
   DLSYNC_TRY(order_now(ctx, &pool, &p, &c, &res));
   ex->ctx = ctx;
-  ex->producer = *producer;
-  ex->consumer = *consumer;
+  ex->producer_stream = producer->stream;
+  ex->consumer_stream = consumer->stream;
   ex->producer_ref = producer->kind == DLSYNC_LANE_GRAPH ? producer : NULL;
   ex->consumer_ref = consumer->kind == DLSYNC_LANE_GRAPH ? consumer : NULL;
   ex->cross = res.cross;
@@ -472,17 +528,19 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *ex) {
   order_result res;
   pool_pick pool;
   bool same = false;
-  dlsync_lane *producer, *consumer;
+  dlsync_lane *producer, *consumer, lp, lc;
   if (ex == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_end: exchange is NULL");
   if (ex == &same_stream_exchange)
     return DLSYNC_SUCCESS; /* one stream: its own order is enough */
   if (ex->producer_ref == NULL && ex->consumer_ref == NULL &&
-      order_eager_fast(ex->ctx, ex->consumer.stream, ex->producer.stream, "consumer", "producer",
+      order_eager_fast(ex->ctx, ex->consumer_stream, ex->producer_stream, "consumer", "producer",
                        &st))
     goto cleanup;
-  producer = ex->producer_ref != NULL ? ex->producer_ref : &ex->producer;
-  consumer = ex->consumer_ref != NULL ? ex->consumer_ref : &ex->consumer;
+  lp = dlsync_lane_stream(ex->producer_stream);
+  lc = dlsync_lane_stream(ex->consumer_stream);
+  producer = ex->producer_ref != NULL ? ex->producer_ref : &lp;
+  consumer = ex->consumer_ref != NULL ? ex->consumer_ref : &lc;
   DLSYNC_TRY(
       order_lanes(ex->ctx, consumer, "consumer", producer, "producer", &c, &p, &pool, &res, &same));
   if (same)

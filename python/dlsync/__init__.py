@@ -276,6 +276,20 @@ def _current_stream_of(obj: Any, device_id: int) -> int:
     )
 
 
+@contextlib.contextmanager
+def _on_device(obj: Any, device_id: int) -> Iterator[None]:
+    """Makes the producer's device current while it exports: PyTorch refuses
+    to export a tensor of another device than the current one, and consumers
+    (JAX) may have changed it."""
+    if type(obj).__module__.split(".")[0] == "torch":
+        import torch
+
+        with torch.cuda.device(device_id):
+            yield
+    else:
+        yield
+
+
 class _Wrapped:
     """What :func:`wrap` returns: a DLPack producer that orders the
     consumer's stream after the real producer's, the capture-aware way."""
@@ -335,7 +349,8 @@ class _Wrapped:
         else:
             ex.end()  # eager, no scope: the consumer is ordered; nothing to join
         # The producer must not synchronise on its own: dlsync did.
-        return self._obj.__dlpack__(stream=-1, **kwargs)
+        with _on_device(self._obj, int(device_id)):
+            return self._obj.__dlpack__(stream=-1, **kwargs)
 
 
 def wrap(obj: Any, producer: Any = None) -> _Wrapped:

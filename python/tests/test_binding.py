@@ -24,7 +24,7 @@ class _CupyLike:
 
 def _has_driver():
     try:
-        dlsync.capture_state(0x10)
+        dlsync.capture_state(dlsync.LEGACY)  # a valid handle wherever a driver is
         return True
     except dlsync.Error as e:
         return e.status != "DLSYNC_ERROR_NO_DRIVER"

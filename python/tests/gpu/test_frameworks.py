@@ -163,7 +163,8 @@ class _NoSync:
         return self._t.__dlpack_device__()
 
     def __dlpack__(self, stream=None, **kw):
-        return self._t.__dlpack__(stream=-1, **kw)
+        with torch.cuda.device(self._t.device):
+            return self._t.__dlpack__(stream=-1, **kw)
 
 
 def test_torch_to_jax_eager(record):
