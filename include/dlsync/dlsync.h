@@ -9,6 +9,8 @@
 #include "dlsync/context.h"
 #include "dlsync/lane.h"
 #include "dlsync/exchange.h"
+#include "dlsync/dlpack.h"
+#include "dlsync/env.h"
 #include "dlsync/fence.h"
 #include "dlsync/release.h"
 

@@ -175,9 +175,12 @@ def test_torch_to_jax_eager(record):
 
 
 def _cuda_core(use):
-    core = pytest.importorskip("cuda.core.experimental")
+    core = pytest.importorskip("cuda.core")
     cupy = pytest.importorskip("cupy")
-    dev = core.Device(0)
+    Device = getattr(core, "Device", None)
+    if Device is None:
+        Device = pytest.importorskip("cuda.core.experimental").Device
+    dev = Device(0)
     dev.set_current()
     consumer = dev.create_stream()
     producer = torch.cuda.Stream()
