@@ -149,6 +149,13 @@ static pthread_mutex_t reclaimers_lock = PTHREAD_MUTEX_INITIALIZER;
 static reclaimer **reclaimers;
 static int nreclaimers;
 
+static const char *const skipped_components[] = {
+    "cuda", "nvml", "opencl", "rsmi", "levelzero", "gl",
+#if defined(__linux__)
+    "pci",
+#endif
+};
+
 /* Binds the calling thread to the CPUs hwloc finds local to the GPU with
  * this PCI bus id; leaves it unbound when hwloc cannot tell. */
 static void bind_near(const char *bus_id) {
@@ -159,6 +166,13 @@ static void bind_near(const char *bus_id) {
     return;
   if (hwloc_topology_init(&topo) != 0)
     return;
+  /* Only where PCI devices sit is needed: no GPU discovery plugins (they
+   * would load libcuda or NVML themselves), and on Linux sysfs is read
+   * directly instead of through libpciaccess, which keeps a cache it never
+   * frees. An unknown component name is not an error. */
+  for (size_t i = 0; i < sizeof skipped_components / sizeof skipped_components[0]; i++)
+    (void)hwloc_topology_set_components(topo, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST,
+                                        skipped_components[i]);
   if (hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT) == 0 &&
       hwloc_topology_load(topo) == 0) {
     pci = hwloc_get_pcidev_by_busid(topo, dom, bus, dev, fn);
