@@ -29,10 +29,10 @@ rm -rf "$build" # a fresh configure: no cached paths from an earlier run
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | tee "$out/gpu.txt"
 
-cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDLSYNC_WERROR=ON ${CMAKE_ARGS:-} >"$out/configure.log" 2>&1 &&
+cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDLSYNC_WERROR=ON ${CMAKE_ARGS:-} >"$build.configure.log" 2>&1 &&
   cmake --build "$build" -j"$jobs" >"$out/build.log" 2>&1
 if [ $? -ne 0 ]; then
-  echo "BUILD FAILED"; tail -n 60 "$out/build.log"; tail -n 20 "$out/configure.log"; exit 1
+  echo "BUILD FAILED"; tail -n 60 "$out/build.log"; tail -n 20 "$build.configure.log"; exit 1
 fi
 echo "== readelf: $(readelf -d "$build"/libdlsync.so | grep -c 'NEEDED.*libcuda') libcuda NEEDED entries"
 

@@ -1309,7 +1309,7 @@ out:
  * signals a fence back that the neighbour's next producer waits on. */
 #define FTHREADS 8
 #define FROUNDS 30
-#define FWORDS ((size_t)1 << 26) /* 256 MiB each */
+#define FWORDS ((size_t)1 << 28) /* 1 GiB each */
 
 typedef struct fence_worker {
   pthread_t thread;
@@ -1342,7 +1342,10 @@ static void *fence_worker_main(void *arg) {
     if (w->use && prev->consumed != NULL && dlsync_fence_wait(prev->consumed, &lp) != 0)
       w->broken++;
     w->value = (unsigned)(w->index * 100000 + k + 1);
-    if (D->MemsetD32Async(w->buf, w->value, FWORDS, w->p) != CUDA_SUCCESS)
+    /* Two passes, so that the producer is still running when an unordered
+     * consumer reads (it then sees the old value or the first pass's). */
+    if (D->MemsetD32Async(w->buf, 0xDEAD, FWORDS, w->p) != CUDA_SUCCESS ||
+        D->MemsetD32Async(w->buf, w->value, FWORDS, w->p) != CUDA_SUCCESS)
       w->broken++;
     dlsync_fence_release(w->produced);
     w->produced = NULL;
