@@ -11,6 +11,7 @@ struct dlsync_fence {
   dlsync_fence_kind kind;
   dlsync__held_event *he; /* the event, held while the fence lives */
   CUstream stream;        /* CAPTURED: the stream it was signalled on */
+  pthread_t thread;       /* CAPTURED: the signalling thread (per-thread stream) */
   uint64_t capture_id;    /* CAPTURED */
   CUgraph graph;          /* CAPTURED, BUILT: the graph holding the record node */
   CUgraphNode node;       /* CAPTURED, BUILT: the record node */
@@ -53,6 +54,12 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_signal: ctx is NULL");
   d = ctx->drv;
   DLSYNC_TRY(dlsync__lane_check(lane, "signalling"));
+  if (lane->kind == DLSYNC_LANE_GRAPH && lane->capacity < 1) {
+    st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                      "the signalling graph lane has capacity 0: dlsync writes the lane's new "
+                      "frontier (the record node) into deps");
+    goto cleanup;
+  }
   if (lane->kind == DLSYNC_LANE_STREAM && dlsync__is_legacy_stream(lane->stream))
     DLSYNC_TRY(dlsync__lane_read(&l, ctx, lane, "signalling")); /* the legacy stream: query first */
   memset(&l, 0, sizeof l);
@@ -83,6 +90,7 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
     /* A record node in the lane's graph, which holds the event too. */
     f->kind = l.kind == DLSYNC_LANE_CAPTURING ? DLSYNC_FENCE_CAPTURED : DLSYNC_FENCE_BUILT;
     f->stream = l.stream;
+    f->thread = pthread_self();
     f->capture_id = l.capture_id;
     f->graph = l.graph;
     DLSYNC_TRY(dlsync__graph_hold_event(ctx, f->he, &f->graph, 1));
@@ -98,20 +106,66 @@ cleanup:
   return st;
 }
 
-/* Is the capture the fence was signalled in still going on? */
+/* Is the capture the fence was signalled in still going on? Asked of the
+ * stream it was signalled on (which must still exist). */
 static dlsync_status capture_active(bool *active, const dlsync_fence *f) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = f->ctx->drv;
   CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
   cuuint64_t id = 0;
-  CUresult r;
   *active = false;
-  r = d->StreamGetCaptureInfo(f->stream, &cs, &id, NULL, NULL, NULL, NULL);
-  if (r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_INVALID_VALUE)
-    return DLSYNC_SUCCESS; /* the stream is gone, and its capture with it */
-  DLSYNC_CU(d, cuStreamGetCaptureInfo, r, "the stream fence %p was signalled on", (const void *)f);
+  if (f->stream == CU_STREAM_PER_THREAD && !pthread_equal(f->thread, pthread_self())) {
+    /* That handle names this thread's own stream here, not the one that
+     * captured: the capture's state cannot be read from this thread. */
+    st = dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
+                      "the fence was signalled in a capture of another thread's per-thread "
+                      "default stream, whose state cannot be read from this thread; wait from "
+                      "that thread, or signal on an explicit stream");
+    goto cleanup;
+  }
+  DLSYNC_CU(d, cuStreamGetCaptureInfo,
+            d->StreamGetCaptureInfo(f->stream, &cs, &id, NULL, NULL, NULL, NULL),
+            "stream %p, on which fence %p was signalled", (void *)f->stream, (const void *)f);
   *active = cs != CU_STREAM_CAPTURE_STATUS_NONE && id == f->capture_id;
 cleanup:
+  return st;
+}
+
+/* Is the fence's record node a node of the lane's graph? Graph and node
+ * handles are reused after destroy, so equal graph handles are not enough:
+ * the node must be found among the graph's nodes and record this fence's
+ * event (no other node records it). */
+static dlsync_status in_graph(bool *found, const dlsync_fence *f, CUgraph g) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = f->ctx->drv;
+  CUgraphNode *nodes = NULL;
+  size_t n = 0;
+  *found = false;
+  if (g != f->graph)
+    return DLSYNC_SUCCESS;
+  DLSYNC_CU(d, cuGraphGetNodes, d->GraphGetNodes(g, NULL, &n), "graph %p", (void *)g);
+  if (n == 0)
+    goto cleanup;
+  nodes = malloc(n * sizeof *nodes);
+  if (nodes == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_fence_wait: out of memory");
+    goto cleanup;
+  }
+  DLSYNC_CU(d, cuGraphGetNodes, d->GraphGetNodes(g, nodes, &n), "graph %p", (void *)g);
+  for (size_t i = 0; i < n && !*found; i++) {
+    CUgraphNodeType type;
+    CUevent ev = NULL;
+    if (nodes[i] != f->node)
+      continue;
+    DLSYNC_CU(d, cuGraphNodeGetType, d->GraphNodeGetType(nodes[i], &type), "graph %p", (void *)g);
+    if (type != CU_GRAPH_NODE_TYPE_EVENT_RECORD)
+      break;
+    DLSYNC_CU(d, cuGraphEventRecordNodeGetEvent, d->GraphEventRecordNodeGetEvent(nodes[i], &ev),
+              "graph %p", (void *)g);
+    *found = ev == f->he->event;
+  }
+cleanup:
+  free(nodes);
   return st;
 }
 
@@ -128,11 +182,11 @@ dlsync_status dlsync_fence_wait(dlsync_fence *f, dlsync_lane *lane) {
   d = ctx->drv;
   ev = f->he->event;
   DLSYNC_TRY(dlsync__lane_check(lane, "waiting"));
-  if (f->kind == DLSYNC_FENCE_CAPTURED)
-    DLSYNC_TRY(capture_active(&active, f));
   DLSYNC_TRY(dlsync__lane_read(&l, ctx, lane, "waiting"));
 
   if (l.kind == DLSYNC_LANE_EAGER) {
+    if (f->kind == DLSYNC_FENCE_CAPTURED)
+      DLSYNC_TRY(capture_active(&active, f));
     if (active) {
       st = dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
                         "the fence was signalled in capture %llu, which is still active: eager "
@@ -145,22 +199,30 @@ dlsync_status dlsync_fence_wait(dlsync_fence *f, dlsync_lane *lane) {
               "waiting stream %p on fence %p", (void *)l.stream, (void *)f);
     goto cleanup;
   }
-  if (f->kind != DLSYNC_FENCE_EAGER && f->graph == l.graph &&
-      (l.kind == DLSYNC_LANE_BUILT || (active && l.capture_id == f->capture_id))) {
-    /* The same graph: an edge from the record node, no new node. */
-    if (l.kind == DLSYNC_LANE_CAPTURING) {
-      DLSYNC_CU(d, cuStreamUpdateCaptureDependencies,
-                d->StreamUpdateCaptureDependencies(l.stream, &f->node, NULL, 1,
-                                                   CU_STREAM_ADD_CAPTURE_DEPENDENCIES),
-                "waiting stream %p on fence %p in the same capture", (void *)l.stream, (void *)f);
-    } else {
-      DLSYNC_TRY(dlsync__graph_lane_add_dep(&l, f->node));
-    }
+  if (l.kind == DLSYNC_LANE_CAPTURING && f->kind == DLSYNC_FENCE_CAPTURED &&
+      l.capture_id == f->capture_id) {
+    /* The same capture (ids are unique): an edge from the record node. */
+    DLSYNC_CU(d, cuStreamUpdateCaptureDependencies,
+              d->StreamUpdateCaptureDependencies(l.stream, &f->node, NULL, 1,
+                                                 CU_STREAM_ADD_CAPTURE_DEPENDENCIES),
+              "waiting stream %p on fence %p in the same capture", (void *)l.stream, (void *)f);
     goto cleanup;
   }
-  if (active && l.kind == DLSYNC_LANE_CAPTURING) {
-    /* Another capture waiting on a record node of an active capture is fine
-     * by hand (two captures, launched in order), as in the exchange. */
+  if (l.kind == DLSYNC_LANE_BUILT) {
+    bool same = false;
+    if (f->kind == DLSYNC_FENCE_BUILT)
+      DLSYNC_TRY(in_graph(&same, f, l.graph));
+    if (same) {
+      /* The same graph: the record node joins the frontier, no new node. */
+      DLSYNC_TRY(dlsync__graph_lane_add_dep(&l, f->node));
+      goto cleanup;
+    }
+    if (lane->capacity < 1) {
+      st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "the waiting graph lane has capacity 0: dlsync writes the lane's new "
+                        "frontier (the wait node) into deps");
+      goto cleanup;
+    }
   }
   /* Another graph: a wait node there, holding the event. */
   DLSYNC_TRY(dlsync__graph_hold_event(ctx, f->he, &l.graph, 1));

@@ -136,8 +136,8 @@ dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync_context *ctx, CU
         r = r2;
     }
     if (r != CUDA_SUCCESS) {
-      st = dlsync__fail_driver(ctx->drv, r, "cuCtxGetDevice", "the device of CUDA context %p",
-                               (void *)cuctx);
+      st = dlsync__fail_driver(ctx->drv, r, "cuCtxPushCurrent/cuCtxGetDevice/cuCtxPopCurrent",
+                               "finding the device of CUDA context %p", (void *)cuctx);
       free(p);
       p = NULL;
       goto cleanup;

@@ -121,6 +121,20 @@ dlsync_status dlsync__release_book_close(dlsync__release_book *b) {
   size_t graph_owned;
   if (b == NULL)
     return DLSYNC_SUCCESS;
+  if (on_reclaimer) {
+    /* From a deleter: the release running it is still pending, so waiting
+     * would wait for itself. Report instead; the book is reference-counted
+     * and the pending releases still run. */
+    size_t pending;
+    pthread_mutex_lock(&b->lock);
+    pending = b->pending_eager + b->pending_graph;
+    pthread_mutex_unlock(&b->lock);
+    book_unref(b);
+    return dlsync__fail(DLSYNC_ERROR_BUSY,
+                        "the context was destroyed from a deleter with %zu release(s) pending "
+                        "(the one running included); they still run",
+                        pending);
+  }
   book_wait_eager(b);
   pthread_mutex_lock(&b->lock);
   graph_owned = b->pending_graph;
@@ -156,6 +170,11 @@ static const char *const skipped_components[] = {
 #endif
 };
 
+/* One topology load at a time: reclaimers of several GPUs start together, and
+ * hwloc's Linux backend goes through libudev, whose global state is not safe
+ * to initialise from two threads at once (ThreadSanitizer sees the race). */
+static pthread_mutex_t topology_lock = PTHREAD_MUTEX_INITIALIZER;
+
 /* Binds the calling thread to the CPUs hwloc finds local to the GPU with
  * this PCI bus id; leaves it unbound when hwloc cannot tell. */
 static void bind_near(const char *bus_id) {
@@ -164,8 +183,11 @@ static void bind_near(const char *bus_id) {
   hwloc_obj_t pci, anc;
   if (sscanf(bus_id, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) != 4)
     return;
-  if (hwloc_topology_init(&topo) != 0)
+  pthread_mutex_lock(&topology_lock);
+  if (hwloc_topology_init(&topo) != 0) {
+    pthread_mutex_unlock(&topology_lock);
     return;
+  }
   /* Only where PCI devices sit is needed: no GPU discovery plugins (they
    * would load libcuda or NVML themselves), and on Linux sysfs is read
    * directly instead of through libpciaccess, which keeps a cache it never
@@ -181,14 +203,16 @@ static void bind_near(const char *bus_id) {
       (void)hwloc_set_cpubind(topo, anc->cpuset, HWLOC_CPUBIND_THREAD);
   }
   hwloc_topology_destroy(topo);
+  pthread_mutex_unlock(&topology_lock);
 }
 
 static void run_item(release_item *it) {
   bool sync_failed = false;
+  /* RELAXED each time, for graph-owned releases too (their deleters may call
+   * CUDA): nothing this thread does may break a capture. */
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  (void)it->drv->ThreadExchangeStreamCaptureMode(&mode);
   if (it->event != NULL) {
-    /* RELAXED each time: nothing this thread does may break a capture. */
-    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    (void)it->drv->ThreadExchangeStreamCaptureMode(&mode);
     sync_failed = it->drv->EventSynchronize(it->event) != CUDA_SUCCESS;
     dlsync__pool_put(it->pool, it->event);
     dlsync__pool_unref(it->pool);

@@ -16,11 +16,16 @@
  *    takes the event's state when its own graph is launched: launch the
  *    signalling graph first, each time.
  *
- * Waiting on a fence whose capture is still active from anything but that
- * same capture is DLSYNC_ERROR_CAPTURE_ORDER (the record node has not been
- * launched and cannot be); from the same capture it adds edges only. Whether
- * an ended capture's graph was ever instantiated or launched cannot be seen
- * from here: an eager wait on such a fence is the caller's responsibility.
+ * Waiting from an eager stream on a fence whose capture is still active is
+ * DLSYNC_ERROR_CAPTURE_ORDER (the record node has not been launched and
+ * cannot be); from that same capture it adds edges only; from another
+ * capture or a graph built by hand it adds a wait node as above. To tell
+ * whether the capture is still active dlsync asks the stream the fence was
+ * signalled on: keep that stream alive while eager streams may wait on the
+ * fence (a fence signalled in a capture of the per-thread default stream can
+ * be waited on eagerly only from the signalling thread). Whether an ended
+ * capture's graph was ever instantiated or launched cannot be seen from
+ * here: an eager wait on such a fence is the caller's responsibility.
  *
  * Lifetime: the event behind a fence stays out of the pool while the fence or
  * any graph that waits on it (or records it) exists; graphs hold it through

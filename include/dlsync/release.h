@@ -16,7 +16,10 @@
  * thread, so they may call CUDA (cudaFree, cuMemFree). That thread runs in
  * RELAXED capture mode, so a deleter's allocation calls do not break another
  * thread's GLOBAL capture. Deleters of one GPU run one at a time, in the order
- * their work finished; a slow deleter delays the others.
+ * the releases were made (eager ones) or their graphs let go: a slow deleter,
+ * or a release whose stream is still busy, delays those behind it. Do not
+ * destroy the context from a deleter (it returns DLSYNC_ERROR_BUSY there
+ * rather than wait for itself).
  *
  * Shutdown: dlsync_context_destroy waits for the context's pending eager
  * releases, and returns DLSYNC_ERROR_BUSY, naming how many, when graphs still

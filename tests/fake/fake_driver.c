@@ -2287,6 +2287,15 @@ static CUresult CUDAAPI fk_GraphNodeGetType(CUgraphNode h, CUgraphNodeType *type
   return leave(CUDA_SUCCESS);
 }
 
+static CUresult CUDAAPI fk_GraphEventRecordNodeGetEvent(CUgraphNode h, CUevent *event_out) {
+  ENTER(GraphEventRecordNodeGetEvent);
+  fnode *n = GET_NODE(h);
+  if (!n || !event_out || n->type != CU_GRAPH_NODE_TYPE_EVENT_RECORD)
+    return leave(CUDA_ERROR_INVALID_VALUE);
+  *event_out = n->ev;
+  return leave(CUDA_SUCCESS);
+}
+
 static CUresult CUDAAPI fk_GraphGetNodes(CUgraph hg, CUgraphNode *nodes, size_t *num) {
   ENTER(GraphGetNodes);
   fgraph *g = GET_GRAPH(hg);

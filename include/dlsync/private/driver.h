@@ -72,6 +72,8 @@ enum {
   X(GraphAddEventWaitNode, PFN_cuGraphAddEventWaitNode_v11010, 11010, DLSYNC__NEED_CORE)     \
   X(GraphAddEmptyNode, PFN_cuGraphAddEmptyNode_v10000, 10000, DLSYNC__NEED_CORE)             \
   X(GraphNodeGetType, PFN_cuGraphNodeGetType_v10000, 10000, DLSYNC__NEED_CORE)               \
+  X(GraphEventRecordNodeGetEvent, PFN_cuGraphEventRecordNodeGetEvent_v11010, 11010,          \
+    DLSYNC__NEED_CORE)                                                                       \
   X(GraphGetNodes, PFN_cuGraphGetNodes_v10000, 10000, DLSYNC__NEED_CORE)                     \
   X(UserObjectCreate, PFN_cuUserObjectCreate_v11030, 11030, DLSYNC__NEED_CORE)               \
   X(UserObjectRelease, PFN_cuUserObjectRelease_v11030, 11030, DLSYNC__NEED_CORE)             \

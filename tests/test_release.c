@@ -1,0 +1,967 @@
+/* Stream-ordered release on the fake driver: deleters run on a reclaimer
+ * thread, once, only after the work (eager streams: after synchronizing the
+ * event recorded behind the producer's work; graphs: after the graph and its
+ * executables are gone), never blocking the releasing thread; context
+ * shutdown; flush; deleters that call the driver during another thread's
+ * capture; the errors; fault injection on every driver call; many threads.
+ *
+ * Every wait on the reclaimer has a timeout: a broken reclaimer fails a test,
+ * it never hangs it. */
+#include <errno.h>
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+#include <time.h>
+
+#include <cmocka.h>
+
+#include "dlsync/private/internal.h"
+#include "fake/fake_driver.h"
+
+#define TIMEOUT_MS 5000
+
+static const dlsync__driver *D; /* the fake's table, for the test's own calls */
+static dlsync__driver W;        /* the table the contexts use: the fake's, with a probe */
+static dlsync_context *ctx;
+static CUstream P, C;
+
+/* ---- the probe: which event the calling thread last synchronized ---- */
+
+static PFN_cuEventSynchronize_v2000 real_event_synchronize;
+static _Thread_local uint64_t synced_op;
+
+static CUresult CUDAAPI probe_event_synchronize(CUevent e) {
+  CUresult r = real_event_synchronize(e);
+  synced_op = r == CUDA_SUCCESS ? fake_event_op(e) : 0;
+  return r;
+}
+
+/* ---- time ---- */
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  while (nanosleep(&ts, &ts) != 0 && errno == EINTR) {
+  }
+}
+
+static long long now_ms(void) {
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (long long)ts.tv_sec * 1000 + ts.tv_nsec / 1000000;
+}
+
+/* ---- deleters ---- */
+
+static atomic_int sequence;
+
+typedef struct rec {
+  atomic_int calls;
+  atomic_int order; /* sequence number of the first call */
+  pthread_t thread;
+  uint64_t synced_op; /* what the reclaimer synchronized just before */
+  /* gate_deleter */
+  atomic_int entered;
+  atomic_int open;
+  atomic_int gate_timed_out;
+  /* flush_deleter */
+  dlsync_context *ctx;
+  dlsync_status flush_status;
+  char message[256];
+  /* driver_deleter */
+  CUstream stream;
+  CUdeviceptr ptr;
+  CUresult query_result;
+  CUresult free_result;
+} rec;
+
+static void rec_init(rec *r) {
+  memset(r, 0, sizeof *r);
+  atomic_init(&r->calls, 0);
+  atomic_init(&r->order, 0);
+  atomic_init(&r->entered, 0);
+  atomic_init(&r->open, 0);
+  atomic_init(&r->gate_timed_out, 0);
+}
+
+static void note(rec *r) {
+  r->thread = pthread_self();
+  r->synced_op = synced_op;
+  if (atomic_fetch_add(&r->calls, 1) == 0)
+    atomic_store(&r->order, atomic_fetch_add(&sequence, 1) + 1);
+}
+
+static void note_deleter(void *arg) {
+  note(arg);
+}
+
+/* Blocks until the test opens the gate (at most TIMEOUT_MS). */
+static void gate_deleter(void *arg) {
+  rec *r = arg;
+  long long until = now_ms() + TIMEOUT_MS;
+  atomic_store(&r->entered, 1);
+  while (!atomic_load(&r->open)) {
+    if (now_ms() > until) {
+      atomic_store(&r->gate_timed_out, 1);
+      break;
+    }
+    sleep_ms(1);
+  }
+  note(r);
+}
+
+static void slow_deleter(void *arg) {
+  sleep_ms(200);
+  note(arg);
+}
+
+static void flush_deleter(void *arg) {
+  rec *r = arg;
+  r->flush_status = dlsync_release_flush(r->ctx);
+  snprintf(r->message, sizeof r->message, "%s", dlsync_last_error());
+  note(r);
+}
+
+/* Destroys r->ctx from inside its own deleter. */
+static void destroying_deleter(void *arg) {
+  rec *r = arg;
+  r->flush_status = dlsync_context_destroy(r->ctx);
+  snprintf(r->message, sizeof r->message, "%s", dlsync_last_error());
+  note(r);
+}
+
+static void driver_deleter(void *arg) {
+  rec *r = arg;
+  r->query_result = D->StreamQuery(r->stream);
+  r->free_result = r->ptr != 0 ? D->MemFree(r->ptr) : CUDA_SUCCESS;
+  note(r);
+}
+
+/* ---- waiting, with timeouts ---- */
+
+static bool wait_for(atomic_int *v, int at_least) {
+  long long until = now_ms() + TIMEOUT_MS;
+  while (atomic_load(v) < at_least) {
+    if (now_ms() > until)
+      return false;
+    sleep_ms(1);
+  }
+  return true;
+}
+
+static dlsync_release_stats stats_of(dlsync_context *c) {
+  dlsync_release_stats s;
+  assert_int_equal(dlsync_release_get_stats(&s, c), DLSYNC_SUCCESS);
+  return s;
+}
+
+/* Polls the stats until `done` reaches n (the deleters of graph-owned
+ * releases run on the reclaimer after the destructors). */
+static bool wait_done(dlsync_context *c, size_t n) {
+  long long until = now_ms() + TIMEOUT_MS;
+  while (stats_of(c).done < n) {
+    if (now_ms() > until)
+      return false;
+    sleep_ms(1);
+  }
+  return true;
+}
+
+/* A call that may block (flush, context destroy), run on a thread of its own
+ * and joined with a timeout. */
+typedef struct blocking_call {
+  pthread_t thread;
+  dlsync_context *ctx;
+  bool destroy; /* dlsync_context_destroy instead of dlsync_release_flush */
+  dlsync_status status;
+  char message[256];
+} blocking_call;
+
+static void *blocking_main(void *p) {
+  blocking_call *b = p;
+  b->status = b->destroy ? dlsync_context_destroy(b->ctx) : dlsync_release_flush(b->ctx);
+  snprintf(b->message, sizeof b->message, "%s", dlsync_last_error());
+  return NULL;
+}
+
+static void blocking_start(blocking_call *b, dlsync_context *c, bool destroy) {
+  b->ctx = c;
+  b->destroy = destroy;
+  b->status = DLSYNC_ERROR_INTERNAL;
+  b->message[0] = '\0';
+  assert_int_equal(pthread_create(&b->thread, NULL, blocking_main, b), 0);
+}
+
+static bool blocking_returned(blocking_call *b) {
+  return pthread_tryjoin_np(b->thread, NULL) == 0;
+}
+
+static dlsync_status blocking_join(blocking_call *b) {
+  struct timespec ts;
+  clock_gettime(CLOCK_REALTIME, &ts);
+  ts.tv_sec += TIMEOUT_MS / 1000;
+  if (pthread_timedjoin_np(b->thread, NULL, &ts) != 0)
+    fail_msg("%s did not return within %d ms",
+             b->destroy ? "dlsync_context_destroy" : "dlsync_release_flush", TIMEOUT_MS);
+  return b->status;
+}
+
+static dlsync_status flush_within(dlsync_context *c) {
+  blocking_call b;
+  blocking_start(&b, c, false);
+  return blocking_join(&b);
+}
+
+/* Destructors run on a thread of their own, like the driver's; returns its id. */
+static void *destructors_main(void *p) {
+  (void)p;
+  fake_run_destructors();
+  return NULL;
+}
+
+static pthread_t run_destructors_elsewhere(void) {
+  pthread_t t;
+  assert_int_equal(pthread_create(&t, NULL, destructors_main, NULL), 0);
+  assert_int_equal(pthread_join(t, NULL), 0);
+  return t;
+}
+
+/* ---- fixture ---- */
+
+static int setup(void **state) {
+  (void)state;
+  fake_reset(2);
+  D = fake_driver();
+  assert_int_equal(dlsync__context_create_with_driver(&ctx, NULL, &W), DLSYNC_SUCCESS);
+  P = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  C = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  assert_non_null(P);
+  assert_non_null(C);
+  atomic_store(&sequence, 0);
+  fake_log_reset();
+  return 0;
+}
+
+/* Every live event is in the pools of c and (when not NULL) other: none lost,
+ * none held by a graph or a release. */
+static void assert_pools_intact(dlsync_context *c, dlsync_context *other) {
+  dlsync__pool_stats ps, po = {0, 0, 0, 0};
+  fake_run_destructors();
+  dlsync__pool_stats_get(&ps, c);
+  if (other != NULL)
+    dlsync__pool_stats_get(&po, other);
+  assert_int_equal(ps.graph_owned, 0);
+  assert_int_equal(po.graph_owned, 0);
+  assert_int_equal(ps.created - ps.destroyed, ps.free_events);
+  assert_int_equal(po.created - po.destroyed, po.free_events);
+  assert_int_equal(fake_live_events(), ps.free_events + po.free_events);
+}
+
+static void assert_pool_intact_of(dlsync_context *c) {
+  assert_pools_intact(c, NULL);
+}
+
+static void pop_all_contexts(void) {
+  CUcontext cur = NULL;
+  while (D->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur != NULL) {
+    CUcontext popped;
+    assert_int_equal(D->CtxPopCurrent(&popped), CUDA_SUCCESS);
+  }
+}
+
+static int teardown(void **state) {
+  char leaks[256] = {0};
+  dlsync_release_stats rs;
+  (void)state;
+  fake_fail_clear();
+  pop_all_contexts();
+  fake_run_destructors();
+  assert_int_equal(flush_within(ctx), DLSYNC_SUCCESS);
+  rs = stats_of(ctx);
+  assert_int_equal(rs.pending_eager, 0);
+  assert_int_equal(rs.pending_graph, 0);
+  assert_int_equal(fake_illegal_calls(), 0);
+  assert_int_equal(fake_dangling_event_uses(), 0);
+  assert_pool_intact_of(ctx);
+  assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
+  ctx = NULL;
+  fake_stream_destroy(P);
+  fake_stream_destroy(C);
+  fake_run_destructors();
+  if (fake_leak_report(leaks, sizeof leaks) != 0)
+    fail_msg("leaked: %s", leaks);
+  return 0;
+}
+
+static CUgraph end_capture_ok(CUstream s) {
+  CUgraph g = NULL;
+  CUresult r = D->StreamEndCapture(s, &g);
+  if (r != CUDA_SUCCESS)
+    fail_msg("cuStreamEndCapture: %s", dlsync__driver_error_name(D, r));
+  assert_non_null(g);
+  return g;
+}
+
+/* The deleter has not run, and does not run while we wait a little. */
+static void assert_not_run(rec *r) {
+  fake_run_destructors();
+  sleep_ms(20);
+  assert_int_equal(atomic_load(&r->calls), 0);
+}
+
+/* ---- eager streams ---- */
+
+static void eager_release_runs_on_the_reclaimer_after_the_work_once(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P);
+  rec r;
+  dlsync_release_stats rs;
+  uint64_t produce, recorded;
+  (void)state;
+  rec_init(&r);
+  produce = fake_work(P, "produce", NULL);
+  assert_int_equal(dlsync_release(ctx, &lp, note_deleter, &r), DLSYNC_SUCCESS);
+  /* The release recorded an event on P after the producer's work... */
+  recorded = fake_stream_last_op(P);
+  assert_int_not_equal(recorded, produce);
+  assert_true(fake_happens_before(produce, recorded));
+  assert_int_equal(fake_call_count("cuEventRecord"), 1);
+  assert_int_equal(flush_within(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&r.calls), 1);
+  /* ...and the deleter ran after the reclaimer synchronized that record. */
+  assert_int_equal(r.synced_op, recorded);
+  assert_false(pthread_equal(r.thread, pthread_self()));
+  rs = stats_of(ctx);
+  assert_int_equal(rs.pending_eager, 0);
+  assert_int_equal(rs.pending_graph, 0);
+  assert_int_equal(rs.done, 1);
+  sleep_ms(20);
+  assert_int_equal(atomic_load(&r.calls), 1);
+  assert_int_equal(stats_of(ctx).done, 1);
+}
+
+static void releasing_never_blocks_and_flush_waits(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  rec a, b;
+  blocking_call flush;
+  dlsync_release_stats rs;
+  long long t0;
+  (void)state;
+  rec_init(&a);
+  rec_init(&b);
+  fake_work(P, "produce", NULL);
+  assert_int_equal(dlsync_release(ctx, &lp, gate_deleter, &a), DLSYNC_SUCCESS);
+  assert_true(wait_for(&a.entered, 1));
+  rs = stats_of(ctx);
+  assert_int_equal(rs.pending_eager, 1);
+  assert_int_equal(rs.done, 0);
+  /* The reclaimer is busy with a's deleter: releasing does not wait for it. */
+  t0 = now_ms();
+  fake_work(C, "produce", NULL);
+  assert_int_equal(dlsync_release(ctx, &lc, note_deleter, &b), DLSYNC_SUCCESS);
+  assert_true(now_ms() - t0 < 1000);
+  rs = stats_of(ctx);
+  assert_int_equal(rs.pending_eager, 2);
+  assert_int_equal(atomic_load(&b.calls), 0);
+  /* Flush waits for both. */
+  blocking_start(&flush, ctx, false);
+  sleep_ms(50);
+  assert_false(blocking_returned(&flush));
+  atomic_store(&a.open, 1);
+  assert_int_equal(blocking_join(&flush), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&a.gate_timed_out), 0);
+  assert_int_equal(atomic_load(&a.calls), 1);
+  assert_int_equal(atomic_load(&b.calls), 1);
+  assert_true(atomic_load(&a.order) < atomic_load(&b.order)); /* in the order of their work */
+  rs = stats_of(ctx);
+  assert_int_equal(rs.pending_eager, 0);
+  assert_int_equal(rs.done, 2);
+}
+
+static void eager_releases_on_two_devices(void **state) {
+  CUstream s1 = fake_stream_create(1, CU_STREAM_NON_BLOCKING);
+  dlsync_lane l0 = dlsync_lane_stream(P), l1 = dlsync_lane_stream(s1);
+  rec r0, r1;
+  (void)state;
+  rec_init(&r0);
+  rec_init(&r1);
+  assert_int_equal(dlsync_release(ctx, &l0, note_deleter, &r0), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release(ctx, &l1, note_deleter, &r1), DLSYNC_SUCCESS);
+  assert_int_equal(flush_within(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&r0.calls), 1);
+  assert_int_equal(atomic_load(&r1.calls), 1);
+  /* One reclaimer per GPU. */
+  assert_false(pthread_equal(r0.thread, r1.thread));
+  assert_false(pthread_equal(r0.thread, pthread_self()));
+  assert_false(pthread_equal(r1.thread, pthread_self()));
+  fake_stream_destroy(s1);
+}
+
+/* ---- graphs ---- */
+
+static void capture_release_runs_after_the_graph_and_its_executable(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P);
+  CUgraphNode n1, n2;
+  CUgraph g;
+  CUgraphExec x;
+  pthread_t dtor_thread;
+  dlsync_release_stats rs;
+  rec r;
+  (void)state;
+  rec_init(&r);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(P, "produce", &n1);
+  fake_log_reset();
+  assert_int_equal(dlsync_release(ctx, &lp, note_deleter, &r), DLSYNC_SUCCESS);
+  /* Nothing recorded, synchronized or queried; the capture goes on. */
+  assert_int_equal(fake_call_count("cuEventRecord"), 0);
+  assert_int_equal(fake_call_count("cuEventSynchronize"), 0);
+  assert_int_equal(fake_call_count("cuStreamQuery"), 0);
+  assert_int_equal(fake_illegal_calls(), 0);
+  assert_int_equal(fake_capture_status(P), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  rs = stats_of(ctx);
+  assert_int_equal(rs.pending_graph, 1);
+  assert_int_equal(rs.pending_eager, 0);
+  fake_work(P, "more", &n2);
+  g = end_capture_ok(P);
+  assert_true(fake_graph_has_path(g, n1, n2));
+  assert_not_run(&r);
+  /* Instantiated and replayed 100 times: still owned. */
+  x = NULL;
+  assert_int_equal(W.GraphInstantiateWithFlags(&x, g, 0), CUDA_SUCCESS);
+  for (int i = 0; i < 100; i++)
+    assert_int_equal(W.GraphLaunch(x, C), CUDA_SUCCESS);
+  assert_not_run(&r);
+  /* Flush waits only for eager releases. */
+  assert_int_equal(flush_within(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&r.calls), 0);
+  /* The graph gone, the executable still alive: still owned. */
+  assert_int_equal(D->GraphDestroy(g), CUDA_SUCCESS);
+  assert_not_run(&r);
+  assert_int_equal(stats_of(ctx).pending_graph, 1);
+  /* The executable gone too: the destructor queues it, the reclaimer runs it. */
+  assert_int_equal(D->GraphExecDestroy(x), CUDA_SUCCESS);
+  assert_int_equal(fake_pending_destructors(), 1);
+  dtor_thread = run_destructors_elsewhere();
+  assert_true(wait_done(ctx, 1));
+  assert_int_equal(atomic_load(&r.calls), 1);
+  assert_false(pthread_equal(r.thread, dtor_thread));
+  assert_false(pthread_equal(r.thread, pthread_self()));
+  rs = stats_of(ctx);
+  assert_int_equal(rs.pending_graph, 0);
+  assert_int_equal(rs.done, 1);
+  sleep_ms(20);
+  assert_int_equal(atomic_load(&r.calls), 1);
+}
+
+static void capture_release_with_inline_destructors_still_runs_on_the_reclaimer(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P);
+  CUgraph g;
+  rec r;
+  (void)state;
+  rec_init(&r);
+  fake_set_destructors_inline(true);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(dlsync_release(ctx, &lp, note_deleter, &r), DLSYNC_SUCCESS);
+  g = end_capture_ok(P);
+  assert_int_equal(atomic_load(&r.calls), 0);
+  /* The destructor runs inside cuGraphDestroy, on this thread. */
+  assert_int_equal(D->GraphDestroy(g), CUDA_SUCCESS);
+  assert_true(wait_for(&r.calls, 1));
+  assert_false(pthread_equal(r.thread, pthread_self()));
+  assert_true(wait_done(ctx, 1));
+  fake_set_destructors_inline(false);
+}
+
+static void built_lane_release_runs_after_the_graph(void **state) {
+  CUgraph g;
+  CUgraphNode m, deps[2];
+  dlsync_lane lg;
+  rec r, early;
+  (void)state;
+  rec_init(&r);
+  rec_init(&early);
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  m = fake_graph_add_work(g, NULL, 0, "uses the tensor");
+  deps[0] = m;
+  lg = dlsync_lane_graph(g, deps, 1, 2);
+  /* Without a current context the GPU is unknown. */
+  assert_int_equal(dlsync_release(ctx, &lg, note_deleter, &early), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(dlsync_last_error(), "current CUDA context"));
+  assert_int_equal(stats_of(ctx).pending_graph, 0);
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  assert_int_equal(dlsync_release(ctx, &lg, note_deleter, &r), DLSYNC_SUCCESS);
+  /* No node, the frontier as it was. */
+  assert_int_equal(fake_graph_count_nodes(g, -1), 1);
+  assert_int_equal(lg.ndeps, 1);
+  assert_ptr_equal(lg.deps[0], m);
+  assert_int_equal(stats_of(ctx).pending_graph, 1);
+  assert_not_run(&r);
+  assert_int_equal(D->GraphDestroy(g), CUDA_SUCCESS);
+  fake_run_destructors();
+  assert_true(wait_done(ctx, 1));
+  assert_int_equal(atomic_load(&r.calls), 1);
+  assert_false(pthread_equal(r.thread, pthread_self()));
+  assert_not_run(&early);
+  pop_all_contexts();
+}
+
+/* ---- shutdown and flush ---- */
+
+static void context_destroy_waits_for_eager_releases(void **state) {
+  dlsync_context *c2 = NULL;
+  dlsync_lane lp = dlsync_lane_stream(P);
+  blocking_call destroy;
+  rec r;
+  (void)state;
+  rec_init(&r);
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, &W), DLSYNC_SUCCESS);
+  fake_work(P, "produce", NULL);
+  assert_int_equal(dlsync_release(c2, &lp, slow_deleter, &r), DLSYNC_SUCCESS);
+  blocking_start(&destroy, c2, true);
+  assert_int_equal(blocking_join(&destroy), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&r.calls), 1);
+  assert_int_equal(fake_live_events(), 0); /* the release's event went back and was destroyed */
+}
+
+static void context_destroyed_from_its_own_deleter_reports_instead_of_hanging(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P);
+  rec r, after;
+  (void)state;
+  rec_init(&r);
+  rec_init(&after);
+  assert_int_equal(dlsync__context_create_with_driver(&r.ctx, NULL, &W), DLSYNC_SUCCESS);
+  fake_work(P, "produce", NULL);
+  assert_int_equal(dlsync_release(r.ctx, &lp, destroying_deleter, &r), DLSYNC_SUCCESS);
+  /* A release of the test's own context queued behind it still runs. */
+  assert_int_equal(dlsync_release(ctx, &lp, note_deleter, &after), DLSYNC_SUCCESS);
+  assert_int_equal(flush_within(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&r.calls), 1);
+  assert_int_equal(r.flush_status, DLSYNC_ERROR_BUSY);
+  assert_non_null(strstr(r.message, "from a deleter"));
+  assert_int_equal(atomic_load(&after.calls), 1);
+}
+
+static void context_destroy_with_a_graph_owned_release_is_busy(void **state) {
+  dlsync_context *c2 = NULL;
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  blocking_call destroy;
+  CUgraph g;
+  rec r, eager;
+  (void)state;
+  rec_init(&r);
+  rec_init(&eager);
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, &W), DLSYNC_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(P, "produce", NULL);
+  assert_int_equal(dlsync_release(c2, &lp, note_deleter, &r), DLSYNC_SUCCESS);
+  g = end_capture_ok(P);
+  assert_int_equal(dlsync_release(c2, &lc, slow_deleter, &eager), DLSYNC_SUCCESS);
+  blocking_start(&destroy, c2, true);
+  assert_int_equal(blocking_join(&destroy), DLSYNC_ERROR_BUSY);
+  assert_non_null(strstr(destroy.message, "1 release(s)"));
+  assert_non_null(strstr(destroy.message, "graphs"));
+  /* The eager one was waited for, the graph's one was not dropped. */
+  assert_int_equal(atomic_load(&eager.calls), 1);
+  assert_not_run(&r);
+  assert_int_equal(D->GraphDestroy(g), CUDA_SUCCESS);
+  fake_run_destructors();
+  assert_true(wait_for(&r.calls, 1));
+  assert_false(pthread_equal(r.thread, pthread_self()));
+  sleep_ms(20);
+  assert_int_equal(atomic_load(&r.calls), 1);
+}
+
+static void flush_from_a_deleter_is_refused(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P);
+  CUgraph g;
+  rec r, rg;
+  (void)state;
+  rec_init(&r);
+  rec_init(&rg);
+  r.ctx = ctx;
+  rg.ctx = ctx;
+  assert_int_equal(dlsync_release(ctx, &lp, flush_deleter, &r), DLSYNC_SUCCESS);
+  assert_int_equal(flush_within(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&r.calls), 1);
+  assert_int_equal(r.flush_status, DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(r.message, "from a deleter"));
+  /* The same from a graph-owned release's deleter. */
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(dlsync_release(ctx, &lp, flush_deleter, &rg), DLSYNC_SUCCESS);
+  g = end_capture_ok(P);
+  assert_int_equal(D->GraphDestroy(g), CUDA_SUCCESS);
+  fake_run_destructors();
+  assert_true(wait_done(ctx, 2));
+  assert_int_equal(rg.flush_status, DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(rg.message, "from a deleter"));
+}
+
+/* ---- deleters calling the driver while another thread captures ---- */
+
+static void eager_deleter_may_call_the_driver_during_a_global_capture(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P);
+  CUgraph g;
+  rec r;
+  (void)state;
+  rec_init(&r);
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  assert_int_equal(D->MemAlloc(&r.ptr, 4096), CUDA_SUCCESS);
+  r.stream = P;
+  /* This thread captures C in GLOBAL mode: other GLOBAL threads may not query. */
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(C, "captured", NULL);
+  fake_work(P, "produce", NULL);
+  assert_int_equal(dlsync_release(ctx, &lp, driver_deleter, &r), DLSYNC_SUCCESS);
+  assert_int_equal(flush_within(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&r.calls), 1);
+  assert_int_equal(r.query_result, CUDA_SUCCESS);
+  assert_int_equal(r.free_result, CUDA_SUCCESS);
+  assert_int_equal(fake_illegal_calls(), 0);
+  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  g = end_capture_ok(C);
+  assert_int_equal(D->GraphDestroy(g), CUDA_SUCCESS);
+  assert_int_equal(fake_live_allocs(), 0);
+  pop_all_contexts();
+}
+
+static void graph_deleter_may_call_the_driver_during_a_global_capture(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P);
+  CUgraph g1, g2;
+  rec r;
+  (void)state;
+  rec_init(&r);
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  assert_int_equal(D->MemAlloc(&r.ptr, 4096), CUDA_SUCCESS);
+  r.stream = P;
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(P, "uses the buffer", NULL);
+  assert_int_equal(dlsync_release(ctx, &lp, driver_deleter, &r), DLSYNC_SUCCESS);
+  g1 = end_capture_ok(P);
+  assert_int_equal(D->GraphDestroy(g1), CUDA_SUCCESS);
+  /* The deleter runs while this thread captures C in GLOBAL mode. */
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(C, "captured", NULL);
+  fake_run_destructors();
+  assert_true(wait_done(ctx, 1));
+  assert_int_equal(atomic_load(&r.calls), 1);
+  assert_int_equal(r.query_result, CUDA_SUCCESS);
+  assert_int_equal(r.free_result, CUDA_SUCCESS);
+  assert_int_equal(fake_illegal_calls(), 0);
+  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  g2 = end_capture_ok(C);
+  assert_int_equal(D->GraphDestroy(g2), CUDA_SUCCESS);
+  assert_int_equal(fake_live_allocs(), 0);
+  pop_all_contexts();
+}
+
+/* ---- errors ---- */
+
+static void null_and_invalid_arguments(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), none, both = dlsync_lane_stream(P), bad;
+  dlsync_release_stats rs;
+  CUgraph g;
+  CUgraphNode deps[1];
+  rec r;
+  (void)state;
+  rec_init(&r);
+  memset(&none, 0, sizeof none);
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  both.graph = g;
+  fake_log_reset();
+  assert_int_equal(dlsync_release(NULL, &lp, note_deleter, &r), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(dlsync_last_error(), "ctx is NULL"));
+  assert_int_equal(dlsync_release(ctx, &lp, NULL, &r), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(dlsync_last_error(), "deleter is NULL"));
+  assert_int_equal(dlsync_release(ctx, NULL, note_deleter, &r), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(dlsync_last_error(), "lane is NULL"));
+  assert_int_equal(dlsync_release(ctx, &none, note_deleter, &r), DLSYNC_ERROR_INVALID_LANE);
+  assert_non_null(strstr(dlsync_last_error(), "neither"));
+  assert_int_equal(dlsync_release(ctx, &both, note_deleter, &r), DLSYNC_ERROR_INVALID_LANE);
+  assert_non_null(strstr(dlsync_last_error(), "both"));
+  bad = dlsync_lane_graph(NULL, deps, 0, 1);
+  assert_int_equal(dlsync_release(ctx, &bad, note_deleter, &r), DLSYNC_ERROR_INVALID_LANE);
+  assert_non_null(strstr(dlsync_last_error(), "no graph"));
+  bad = dlsync_lane_graph(g, deps, 2, 1);
+  assert_int_equal(dlsync_release(ctx, &bad, note_deleter, &r), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(dlsync_last_error(), "capacity"));
+  bad = dlsync_lane_graph(g, NULL, 1, 1);
+  assert_int_equal(dlsync_release(ctx, &bad, note_deleter, &r), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(dlsync_last_error(), "deps is NULL"));
+  assert_int_equal(fake_calls_total(), 0);
+  assert_int_equal(dlsync_release_flush(NULL), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(dlsync_last_error(), "ctx is NULL"));
+  assert_int_equal(dlsync_release_get_stats(NULL, ctx), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(dlsync_last_error(), "out is NULL"));
+  assert_int_equal(dlsync_release_get_stats(&rs, NULL), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_non_null(strstr(dlsync_last_error(), "ctx is NULL"));
+  rs = stats_of(ctx);
+  assert_int_equal(rs.pending_eager + rs.pending_graph + rs.done, 0);
+  assert_int_equal(D->GraphDestroy(g), CUDA_SUCCESS);
+  assert_int_equal(flush_within(ctx), DLSYNC_SUCCESS);
+  assert_not_run(&r);
+}
+
+static void invalidated_capture_and_legacy_stream_are_refused(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P);
+  dlsync_lane legacy = dlsync_lane_stream(DLSYNC_STREAM_LEGACY), nul = dlsync_lane_stream(NULL);
+  CUstream blocking = fake_stream_create(0, CU_STREAM_DEFAULT);
+  CUevent e = fake_event_create(0, 0);
+  dlsync_release_stats rs;
+  CUgraph g = NULL;
+  rec r;
+  (void)state;
+  rec_init(&r);
+  /* An invalidated capture. */
+  assert_int_equal(D->EventRecord(e, C), CUDA_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(D->StreamWaitEvent(P, e, 0), CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+  assert_int_equal(dlsync_release(ctx, &lp, note_deleter, &r), DLSYNC_ERROR_CAPTURE_INVALIDATED);
+  assert_non_null(strstr(dlsync_last_error(), "invalidated"));
+  assert_int_equal(D->StreamEndCapture(P, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  assert_null(g);
+  /* The legacy stream while a blocking stream captures. */
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(blocking, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(blocking, "captured", NULL);
+  fake_log_reset();
+  assert_int_equal(dlsync_release(ctx, &legacy, note_deleter, &r),
+                   DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE);
+  assert_non_null(strstr(dlsync_last_error(), "legacy"));
+  assert_int_equal(dlsync_release(ctx, &nul, note_deleter, &r),
+                   DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE);
+  assert_int_equal(fake_call_count("cuEventRecord"), 0);
+  assert_int_equal(fake_call_count("cuUserObjectCreate"), 0);
+  assert_int_equal(fake_capture_status(blocking), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  g = end_capture_ok(blocking);
+  assert_int_equal(D->GraphDestroy(g), CUDA_SUCCESS);
+  rs = stats_of(ctx);
+  assert_int_equal(rs.pending_eager + rs.pending_graph + rs.done, 0);
+  assert_int_equal(flush_within(ctx), DLSYNC_SUCCESS);
+  assert_not_run(&r);
+  /* Without the capture the legacy stream is an eager lane. */
+  assert_int_equal(dlsync_release(ctx, &legacy, note_deleter, &r), DLSYNC_SUCCESS);
+  assert_int_equal(flush_within(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&r.calls), 1);
+  pop_all_contexts();
+  fake_event_destroy(e);
+  fake_stream_destroy(blocking);
+}
+
+/* ---- fault injection: every driver call of a release ---- */
+
+typedef enum release_row { R_EAGER, R_CAPTURE, R_BUILT } release_row;
+
+/* One release of the row on a context and stream of its own, with driver call
+ * n failing (n = 0: none), then cleaned up and checked: nothing left alive.
+ * While the release is made, the reclaimer is held in the deleter of another
+ * context's release, so that its own driver calls cannot take the fault.
+ * Returns true when call n was reached. */
+static bool run_release_row(release_row row, unsigned n) {
+  dlsync_context *fc = NULL, *fb = NULL;
+  CUstream s = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  CUstream sb = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  dlsync_lane l = dlsync_lane_stream(s), lb = dlsync_lane_stream(sb);
+  CUgraph g = NULL;
+  CUgraphNode deps[2];
+  rec blocker, r;
+  dlsync_release_stats rs;
+  dlsync_status st;
+  char leaks[256] = {0};
+  bool reached;
+  rec_init(&blocker);
+  rec_init(&r);
+  assert_int_equal(dlsync__context_create_with_driver(&fb, NULL, &W), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync__context_create_with_driver(&fc, NULL, &W), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release(fb, &lb, gate_deleter, &blocker), DLSYNC_SUCCESS);
+  assert_true(wait_for(&blocker.entered, 1));
+  if (row == R_CAPTURE) {
+    assert_int_equal(D->StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  } else if (row == R_BUILT) {
+    assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+    assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+    deps[0] = fake_graph_add_work(g, NULL, 0, "uses it");
+    l = dlsync_lane_graph(g, deps, 1, 2);
+  }
+  if (row != R_BUILT)
+    fake_work(s, "uses it", NULL);
+
+  if (n > 0)
+    fake_fail_call(n, CUDA_ERROR_UNKNOWN);
+  st = dlsync_release(fc, &l, note_deleter, &r);
+  reached = n > 0 && !fake_fail_pending();
+  fake_fail_clear();
+  atomic_store(&blocker.open, 1);
+  if (reached) {
+    if (st == DLSYNC_SUCCESS)
+      fail_msg("row %d: call %u failed but the release succeeded", (int)row, n);
+    if (strstr(dlsync_last_error(), "CUDA_ERROR_") == NULL)
+      fail_msg("row %d, call %u: message without the driver's error: %s", (int)row, n,
+               dlsync_last_error());
+  } else if (st != DLSYNC_SUCCESS) {
+    fail_msg("row %d without a fault: %s", (int)row, dlsync_last_error());
+  }
+
+  /* Clean up: end the capture, destroy the graph, let everything run. */
+  if (row == R_CAPTURE)
+    assert_int_equal(D->StreamEndCapture(s, &g), CUDA_SUCCESS);
+  if (g != NULL)
+    assert_int_equal(D->GraphDestroy(g), CUDA_SUCCESS);
+  fake_run_destructors();
+  assert_int_equal(flush_within(fb), DLSYNC_SUCCESS);
+  assert_int_equal(flush_within(fc), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&blocker.gate_timed_out), 0);
+  assert_int_equal(atomic_load(&blocker.calls), 1);
+  if (reached) {
+    /* The object is still the caller's: its deleter never runs. */
+    assert_not_run(&r);
+    rs = stats_of(fc);
+    assert_int_equal(rs.done, 0);
+  } else {
+    assert_true(wait_done(fc, 1));
+    assert_int_equal(atomic_load(&r.calls), 1);
+  }
+  rs = stats_of(fc);
+  assert_int_equal(rs.pending_eager, 0);
+  assert_int_equal(rs.pending_graph, 0);
+  assert_pools_intact(fc, fb);
+  pop_all_contexts();
+  assert_int_equal(dlsync_context_destroy(fc), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_context_destroy(fb), DLSYNC_SUCCESS);
+  fake_stream_destroy(s);
+  fake_stream_destroy(sb);
+  fake_run_destructors();
+  if (fake_leak_report(leaks, sizeof leaks) != 0)
+    fail_msg("row %d, call %u: leaked: %s", (int)row, n, leaks);
+  assert_int_equal(fake_illegal_calls(), 0);
+  return reached;
+}
+
+static void every_driver_failure_in_a_release_is_a_status(void **state) {
+  (void)state;
+  /* Each row brings its own contexts and streams: nothing else is alive. */
+  fake_stream_destroy(P);
+  fake_stream_destroy(C);
+  assert_int_equal(fake_leak_report(NULL, 0), 0);
+  for (release_row row = R_EAGER; row <= R_BUILT; row++) {
+    unsigned n;
+    run_release_row(row, 0);
+    for (n = 1; n < 100; n++)
+      if (!run_release_row(row, n))
+        break;
+    assert_true(n > 2);
+    assert_true(n < 100);
+  }
+  P = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  C = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+}
+
+/* ---- threads ---- */
+
+#define RT 8
+#define RROUNDS 60
+
+typedef struct rthread {
+  int index;
+  CUstream s;
+  atomic_int deleted;
+  int expected;
+  int failures;
+} rthread;
+
+static void count_deleter(void *arg) {
+  atomic_fetch_add((atomic_int *)arg, 1);
+}
+
+static void *release_loop(void *arg) {
+  rthread *t = arg;
+  dlsync_lane l = dlsync_lane_stream(t->s);
+  for (int i = 0; i < RROUNDS; i++) {
+    fake_work(t->s, "produce", NULL);
+    if (i % 6 == 5) {
+      /* Now and then a capture whose graph owns the release. */
+      CUgraph g = NULL;
+      if (D->StreamBeginCapture(t->s, CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS) {
+        t->failures++;
+        continue;
+      }
+      fake_work(t->s, "captured", NULL);
+      if (dlsync_release(ctx, &l, count_deleter, &t->deleted) != DLSYNC_SUCCESS)
+        t->failures++;
+      else
+        t->expected++;
+      if (D->StreamEndCapture(t->s, &g) != CUDA_SUCCESS || D->GraphDestroy(g) != CUDA_SUCCESS)
+        t->failures++;
+      fake_run_destructors();
+    } else {
+      if (dlsync_release(ctx, &l, count_deleter, &t->deleted) != DLSYNC_SUCCESS)
+        t->failures++;
+      else
+        t->expected++;
+    }
+  }
+  return NULL;
+}
+
+static void many_threads_release_at_once(void **state) {
+  pthread_t th[RT];
+  rthread td[RT];
+  size_t expected = 0;
+  (void)state;
+  for (int i = 0; i < RT; i++) {
+    td[i].index = i;
+    td[i].s = fake_stream_create(i % 2, CU_STREAM_NON_BLOCKING);
+    atomic_init(&td[i].deleted, 0);
+    td[i].expected = 0;
+    td[i].failures = 0;
+  }
+  for (int i = 0; i < RT; i++)
+    assert_int_equal(pthread_create(&th[i], NULL, release_loop, &td[i]), 0);
+  for (int i = 0; i < RT; i++)
+    assert_int_equal(pthread_join(th[i], NULL), 0);
+  fake_run_destructors();
+  for (int i = 0; i < RT; i++)
+    expected += (size_t)td[i].expected;
+  assert_int_equal(flush_within(ctx), DLSYNC_SUCCESS);
+  assert_true(wait_done(ctx, expected));
+  assert_int_equal(stats_of(ctx).done, expected);
+  for (int i = 0; i < RT; i++) {
+    assert_int_equal(td[i].failures, 0);
+    assert_int_equal(td[i].expected, RROUNDS);
+    assert_int_equal(atomic_load(&td[i].deleted), td[i].expected);
+    fake_stream_destroy(td[i].s);
+  }
+}
+
+int main(void) {
+#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
+  const struct CMUnitTest tests[] = {
+      T(eager_release_runs_on_the_reclaimer_after_the_work_once),
+      T(releasing_never_blocks_and_flush_waits),
+      T(eager_releases_on_two_devices),
+      T(capture_release_runs_after_the_graph_and_its_executable),
+      T(capture_release_with_inline_destructors_still_runs_on_the_reclaimer),
+      T(built_lane_release_runs_after_the_graph),
+      T(context_destroy_waits_for_eager_releases),
+      T(context_destroyed_from_its_own_deleter_reports_instead_of_hanging),
+      T(context_destroy_with_a_graph_owned_release_is_busy),
+      T(flush_from_a_deleter_is_refused),
+      T(graph_deleter_may_call_the_driver_during_a_global_capture),
+      T(eager_deleter_may_call_the_driver_during_a_global_capture),
+      T(null_and_invalid_arguments),
+      T(invalidated_capture_and_legacy_stream_are_refused),
+      T(every_driver_failure_in_a_release_is_a_status),
+      T(many_threads_release_at_once),
+  };
+#undef T
+  int rc;
+  fake_reset(2);
+  W = *fake_driver();
+  real_event_synchronize = W.EventSynchronize;
+  W.EventSynchronize = probe_event_synchronize;
+  rc = cmocka_run_group_tests(tests, NULL, NULL);
+  fake_shutdown();
+  return rc;
+}
