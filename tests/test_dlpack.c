@@ -14,38 +14,17 @@
 #include <cmocka.h>
 
 #include "dlsync/private/dlpack_abi.h"
-#include "dlsync/private/internal.h"
-#include "fake/fake_driver.h"
-
-static const dlsync__driver *D;
-static dlsync_context *ctx;
-static CUstream P, C;
+#include "fixture.h"
 
 static int setup(void **state) {
   (void)state;
-  fake_reset(2);
-  D = fake_driver();
-  assert_int_equal(dlsync__context_create_with_driver(&ctx, NULL, D), DLSYNC_SUCCESS);
-  P = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
-  C = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
-  assert_non_null(P);
-  assert_non_null(C);
-  fake_log_reset();
+  fixture_open(NULL);
   return 0;
 }
 
 static int teardown(void **state) {
-  char leaks[256] = {0};
   (void)state;
-  fake_fail_clear();
-  assert_int_equal(fake_illegal_calls(), 0);
-  assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
-  ctx = NULL;
-  fake_stream_destroy(P);
-  fake_stream_destroy(C);
-  fake_run_destructors();
-  if (fake_leak_report(leaks, sizeof leaks) != 0)
-    fail_msg("leaked: %s", leaks);
+  fixture_close();
   return 0;
 }
 
@@ -285,15 +264,6 @@ static void eager_producer_legacy_consumer_orders(void **state) {
     CUcontext popped;
     assert_int_equal(D->CtxPopCurrent(&popped), CUDA_SUCCESS);
   }
-}
-
-static CUgraph end_capture_ok(CUstream s) {
-  CUgraph g = NULL;
-  CUresult r = D->StreamEndCapture(s, &g);
-  if (r != CUDA_SUCCESS)
-    fail_msg("cuStreamEndCapture: %s", dlsync__driver_error_name(D, r));
-  assert_non_null(g);
-  return g;
 }
 
 static void capturing_producer_refuses_legacy(void **state) {

@@ -11,66 +11,7 @@
 
 #include <cmocka.h>
 
-#include "dlsync/private/internal.h"
-#include "fake/fake_driver.h"
-
-static const dlsync__driver *D;
-static dlsync_context *ctx;
-static CUstream P, C;
-
-static int setup(void **state) {
-  (void)state;
-  fake_reset(2);
-  D = fake_driver();
-  assert_int_equal(dlsync__context_create_with_driver(&ctx, NULL, D), DLSYNC_SUCCESS);
-  P = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
-  C = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
-  assert_non_null(P);
-  assert_non_null(C);
-  fake_log_reset();
-  return 0;
-}
-
-/* Every live event is in the pool (none lost, none still held by a graph). */
-static void assert_pool_intact(void) {
-  dlsync__pool_stats ps;
-  fake_run_destructors();
-  dlsync__pool_stats_get(&ps, ctx);
-  assert_int_equal(ps.graph_owned, 0);
-  assert_int_equal(ps.created - ps.destroyed, ps.free_events);
-  assert_int_equal(fake_live_events(), ps.free_events);
-}
-
-static int teardown(void **state) {
-  char leaks[256] = {0};
-  (void)state;
-  fake_fail_clear();
-  assert_int_equal(fake_illegal_calls(), 0);
-  assert_int_equal(fake_dangling_event_uses(), 0);
-  assert_pool_intact();
-  assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
-  ctx = NULL;
-  fake_stream_destroy(P);
-  fake_stream_destroy(C);
-  fake_run_destructors();
-  if (fake_leak_report(leaks, sizeof leaks) != 0)
-    fail_msg("leaked: %s", leaks);
-  return 0;
-}
-
-static CUgraph end_capture_ok(CUstream s) {
-  CUgraph g = NULL;
-  CUresult r = D->StreamEndCapture(s, &g);
-  if (r != CUDA_SUCCESS)
-    fail_msg("cuStreamEndCapture: %s", dlsync__driver_error_name(D, r));
-  assert_non_null(g);
-  return g;
-}
-
-static void destroy_graph(CUgraph g) {
-  assert_int_equal(D->GraphDestroy(g), CUDA_SUCCESS);
-  fake_run_destructors();
-}
+#include "fixture.h"
 
 /* ---- A: plain streams ---- */
 
@@ -747,6 +688,18 @@ static void many_threads_one_context(void **state) {
     fake_stream_destroy(td[i].p);
     fake_stream_destroy(td[i].c);
   }
+}
+
+static int setup(void **state) {
+  (void)state;
+  fixture_open(NULL);
+  return 0;
+}
+
+static int teardown(void **state) {
+  (void)state;
+  fixture_close();
+  return 0;
 }
 
 int main(void) {

@@ -14,40 +14,7 @@
 
 #include <cmocka.h>
 
-#include "dlsync/private/internal.h"
-#include "fake/fake_driver.h"
-
-static const dlsync__driver *D;
-static dlsync_context *ctx;
-static CUstream P, C;
-
-static int setup(void **state) {
-  (void)state;
-  fake_reset(2);
-  D = fake_driver();
-  assert_int_equal(dlsync__context_create_with_driver(&ctx, NULL, D), DLSYNC_SUCCESS);
-  P = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
-  C = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
-  assert_non_null(P);
-  assert_non_null(C);
-  fake_log_reset();
-  return 0;
-}
-
-/* Every live event is in the pool (none lost, none still held by a graph or
- * a fence). */
-static void assert_pool_intact_of(dlsync_context *c) {
-  dlsync__pool_stats ps;
-  fake_run_destructors();
-  dlsync__pool_stats_get(&ps, c);
-  assert_int_equal(ps.graph_owned, 0);
-  assert_int_equal(ps.created - ps.destroyed, ps.free_events);
-  assert_int_equal(fake_live_events(), ps.free_events);
-}
-
-static void assert_pool_intact(void) {
-  assert_pool_intact_of(ctx);
-}
+#include "fixture.h"
 
 static size_t graph_owned(dlsync_context *c) {
   dlsync__pool_stats ps;
@@ -61,50 +28,22 @@ static size_t free_events(dlsync_context *c) {
   return ps.free_events;
 }
 
-/* Pops every context this thread has current. */
-static void pop_all_contexts(void) {
-  CUcontext cur = NULL;
-  while (D->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur != NULL) {
-    CUcontext popped;
-    assert_int_equal(D->CtxPopCurrent(&popped), CUDA_SUCCESS);
-  }
+static int setup(void **state) {
+  (void)state;
+  fixture_open(NULL);
+  return 0;
 }
 
 static int teardown(void **state) {
-  char leaks[256] = {0};
   dlsync_release_stats rs;
   (void)state;
-  fake_fail_clear();
   pop_all_contexts();
-  assert_int_equal(fake_illegal_calls(), 0);
-  assert_int_equal(fake_dangling_event_uses(), 0);
   assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
   assert_int_equal(dlsync_release_get_stats(&rs, ctx), DLSYNC_SUCCESS);
   assert_int_equal(rs.pending_eager, 0);
   assert_int_equal(rs.pending_graph, 0);
-  assert_pool_intact();
-  assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
-  ctx = NULL;
-  fake_stream_destroy(P);
-  fake_stream_destroy(C);
-  fake_run_destructors();
-  if (fake_leak_report(leaks, sizeof leaks) != 0)
-    fail_msg("leaked: %s", leaks);
+  fixture_close();
   return 0;
-}
-
-static CUgraph end_capture_ok(CUstream s) {
-  CUgraph g = NULL;
-  CUresult r = D->StreamEndCapture(s, &g);
-  if (r != CUDA_SUCCESS)
-    fail_msg("cuStreamEndCapture: %s", dlsync__driver_error_name(D, r));
-  assert_non_null(g);
-  return g;
-}
-
-static void destroy_graph(CUgraph g) {
-  assert_int_equal(D->GraphDestroy(g), CUDA_SUCCESS);
-  fake_run_destructors();
 }
 
 static CUgraphExec instantiate(CUgraph g) {

@@ -19,15 +19,11 @@
 
 #include <cmocka.h>
 
-#include "dlsync/private/internal.h"
-#include "fake/fake_driver.h"
+#include "fixture.h"
 
 #define TIMEOUT_MS 5000
 
-static const dlsync__driver *D; /* the fake's table, for the test's own calls */
-static dlsync__driver W;        /* the table the contexts use: the fake's, with a probe */
-static dlsync_context *ctx;
-static CUstream P, C;
+static dlsync__driver W; /* the table the contexts use: the fake's (D), with a probe */
 
 /* ---- the probe: which event the calling thread last synchronized ---- */
 
@@ -233,76 +229,22 @@ static pthread_t run_destructors_elsewhere(void) {
 
 static int setup(void **state) {
   (void)state;
-  fake_reset(2);
-  D = fake_driver();
-  assert_int_equal(dlsync__context_create_with_driver(&ctx, NULL, &W), DLSYNC_SUCCESS);
-  P = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
-  C = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
-  assert_non_null(P);
-  assert_non_null(C);
+  fixture_open(&W);
   atomic_store(&sequence, 0);
-  fake_log_reset();
   return 0;
 }
 
-/* Every live event is in the pools of c and (when not NULL) other: none lost,
- * none held by a graph or a release. */
-static void assert_pools_intact(dlsync_context *c, dlsync_context *other) {
-  dlsync__pool_stats ps, po = {0, 0, 0, 0};
-  fake_run_destructors();
-  dlsync__pool_stats_get(&ps, c);
-  if (other != NULL)
-    dlsync__pool_stats_get(&po, other);
-  assert_int_equal(ps.graph_owned, 0);
-  assert_int_equal(po.graph_owned, 0);
-  assert_int_equal(ps.created - ps.destroyed, ps.free_events);
-  assert_int_equal(po.created - po.destroyed, po.free_events);
-  assert_int_equal(fake_live_events(), ps.free_events + po.free_events);
-}
-
-static void assert_pool_intact_of(dlsync_context *c) {
-  assert_pools_intact(c, NULL);
-}
-
-static void pop_all_contexts(void) {
-  CUcontext cur = NULL;
-  while (D->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur != NULL) {
-    CUcontext popped;
-    assert_int_equal(D->CtxPopCurrent(&popped), CUDA_SUCCESS);
-  }
-}
-
 static int teardown(void **state) {
-  char leaks[256] = {0};
   dlsync_release_stats rs;
   (void)state;
-  fake_fail_clear();
   pop_all_contexts();
   fake_run_destructors();
   assert_int_equal(flush_within(ctx), DLSYNC_SUCCESS);
   rs = stats_of(ctx);
   assert_int_equal(rs.pending_eager, 0);
   assert_int_equal(rs.pending_graph, 0);
-  assert_int_equal(fake_illegal_calls(), 0);
-  assert_int_equal(fake_dangling_event_uses(), 0);
-  assert_pool_intact_of(ctx);
-  assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
-  ctx = NULL;
-  fake_stream_destroy(P);
-  fake_stream_destroy(C);
-  fake_run_destructors();
-  if (fake_leak_report(leaks, sizeof leaks) != 0)
-    fail_msg("leaked: %s", leaks);
+  fixture_close();
   return 0;
-}
-
-static CUgraph end_capture_ok(CUstream s) {
-  CUgraph g = NULL;
-  CUresult r = D->StreamEndCapture(s, &g);
-  if (r != CUDA_SUCCESS)
-    fail_msg("cuStreamEndCapture: %s", dlsync__driver_error_name(D, r));
-  assert_non_null(g);
-  return g;
 }
 
 /* The deleter has not run, and does not run while we wait a little. */
