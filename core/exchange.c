@@ -60,9 +60,6 @@ typedef struct pool_pick {
 
 static dlsync_status pool_for(pool_pick *pk, dlsync_context *ctx, const dlsync_lane *a,
                               const char *a_role, const dlsync_lane *b, const char *b_role) {
-  dlsync_status st = DLSYNC_SUCCESS;
-  const dlsync__driver *d = ctx->drv;
-  CUcontext cur = NULL;
   dlsync__pool **out = &pk->pool;
   memset(pk, 0, sizeof *pk);
   if (a->kind == DLSYNC_LANE_STREAM || b->kind == DLSYNC_LANE_STREAM) {
@@ -75,17 +72,7 @@ static dlsync_status pool_for(pool_pick *pk, dlsync_context *ctx, const dlsync_l
     *out = NULL; /* same graph: edges only, no event */
     return DLSYNC_SUCCESS;
   }
-  DLSYNC_CU(d, cuCtxGetCurrent, d->CtxGetCurrent(&cur), "both lanes are graph lanes");
-  if (cur == NULL) {
-    st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                      "both lanes are graph lanes and this thread has no current CUDA context: "
-                      "make the graphs' device context current (cuCtxSetCurrent or "
-                      "cudaSetDevice) so dlsync knows where to create the event");
-    goto cleanup;
-  }
-  DLSYNC_TRY(dlsync__pool_for_cuctx(out, ctx, cur));
-cleanup:
-  return st;
+  return dlsync__pool_for_current(out, ctx, "both lanes are graph lanes");
 }
 
 /* then.frontier := then.frontier U first.frontier (both graph lanes, same graph). */

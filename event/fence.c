@@ -21,23 +21,9 @@ struct dlsync_fence {
  * graph lane. Checked with the driver (no memo): fences are not a hot path. */
 static dlsync_status pool_of_lane(dlsync__pool **out, dlsync_context *ctx,
                                   const dlsync__lane_now *l) {
-  dlsync_status st = DLSYNC_SUCCESS;
-  const dlsync__driver *d = ctx->drv;
-  CUcontext cur = NULL;
   if (l->lane->kind == DLSYNC_LANE_STREAM)
     return dlsync__pool_for_stream(out, NULL, ctx, l->stream, l->role);
-  DLSYNC_CU(d, cuCtxGetCurrent, d->CtxGetCurrent(&cur), "the %s graph lane", l->role);
-  if (cur == NULL) {
-    st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                      "the %s lane is a graph lane and this thread has no current CUDA context: "
-                      "make the graph's device context current so dlsync knows where to create "
-                      "the event",
-                      l->role);
-    goto cleanup;
-  }
-  DLSYNC_TRY(dlsync__pool_for_cuctx(out, ctx, cur));
-cleanup:
-  return st;
+  return dlsync__pool_for_current(out, ctx, "the signalling lane is a graph lane");
 }
 
 dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsync_lane *lane) {

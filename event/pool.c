@@ -217,6 +217,24 @@ cleanup:
   return st;
 }
 
+dlsync_status dlsync__pool_for_current(dlsync__pool **out, dlsync_context *ctx, const char *what) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = ctx->drv;
+  CUcontext cur = NULL;
+  DLSYNC_CU(d, cuCtxGetCurrent, d->CtxGetCurrent(&cur), "%s", what);
+  if (cur == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                      "%s, and this thread has no current CUDA context: make the graph's device "
+                      "context current (cuCtxSetCurrent or cudaSetDevice) so that dlsync knows "
+                      "which device's events to use",
+                      what);
+    goto cleanup;
+  }
+  DLSYNC_TRY(dlsync__pool_for_cuctx(out, ctx, cur));
+cleanup:
+  return st;
+}
+
 /* ---- take and give back ---- */
 
 dlsync_status dlsync__pool_get(CUevent *out, dlsync__pool *p) {

@@ -344,7 +344,6 @@ dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_dele
   dlsync__pool *pool = NULL;
   reclaimer *r = NULL;
   release_item *it = NULL;
-  CUcontext cur = NULL;
   bool booked = false;
   if (ctx == NULL || deleter == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_release: %s is NULL",
@@ -356,14 +355,8 @@ dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_dele
       DLSYNC_TRY(dlsync__lane_read(&l, ctx, lane, "releasing"));
     DLSYNC_TRY(dlsync__pool_for_stream(&pool, NULL, ctx, lane->stream, "releasing"));
   } else {
-    DLSYNC_CU(d, cuCtxGetCurrent, d->CtxGetCurrent(&cur), "releasing on a graph lane");
-    if (cur == NULL) {
-      st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                        "releasing on a graph lane needs a current CUDA context (the graph's "
-                        "device), to know which GPU's reclaimer runs the deleter");
-      goto cleanup;
-    }
-    DLSYNC_TRY(dlsync__pool_for_cuctx(&pool, ctx, cur));
+    /* The current context's device says which GPU's reclaimer runs it. */
+    DLSYNC_TRY(dlsync__pool_for_current(&pool, ctx, "releasing on a graph lane"));
   }
   DLSYNC_TRY(dlsync__lane_read(&l, ctx, lane, "releasing"));
   DLSYNC_TRY(reclaimer_for(&r, d, dlsync__pool_device(pool)));

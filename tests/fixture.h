@@ -73,6 +73,19 @@ static inline void fixture_close(void) {
     fail_msg("leaked: %s", leaks);
 }
 
+/* cmocka setup/teardown for tests that need nothing more. */
+static inline int fixture_setup(void **state) {
+  (void)state;
+  fixture_open(NULL);
+  return 0;
+}
+
+static inline int fixture_teardown(void **state) {
+  (void)state;
+  fixture_close();
+  return 0;
+}
+
 static inline CUgraph end_capture_ok(CUstream s) {
   CUgraph g = NULL;
   CUresult r = D->StreamEndCapture(s, &g);

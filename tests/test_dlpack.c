@@ -16,18 +16,6 @@
 #include "dlsync/private/dlpack_abi.h"
 #include "fixture.h"
 
-static int setup(void **state) {
-  (void)state;
-  fixture_open(NULL);
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  fixture_close();
-  return 0;
-}
-
 static bool contains(const char *s, const char *part) {
   return strstr(s, part) != NULL;
 }
@@ -462,7 +450,7 @@ static void failed_release_leaves_the_tensor_to_the_caller(void **state) {
 }
 
 int main(void) {
-#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
+#define T(f) cmocka_unit_test_setup_teardown(f, fixture_setup, fixture_teardown)
   const struct CMUnitTest tests[] = {
       T(deleter_is_called_exactly_once),
       T(deleter_null_cases),

@@ -690,20 +690,8 @@ static void many_threads_one_context(void **state) {
   }
 }
 
-static int setup(void **state) {
-  (void)state;
-  fixture_open(NULL);
-  return 0;
-}
-
-static int teardown(void **state) {
-  (void)state;
-  fixture_close();
-  return 0;
-}
-
 int main(void) {
-#define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
+#define T(f) cmocka_unit_test_setup_teardown(f, fixture_setup, fixture_teardown)
   const struct CMUnitTest tests[] = {
       T(same_stream_is_one_query),
       T(eager_eager_orders_both_ways),

@@ -361,6 +361,21 @@ out:
   return 0;
 }
 
+/* Instantiates g, launches it once on `launch`, waits, reads the slot and
+ * destroys the graph and its executable whatever happened. */
+static CUresult launch_once(CUgraph g, CUstream launch, int slot, unsigned *got) {
+  CUgraphExec x = NULL;
+  CUresult r = D->GraphInstantiateWithFlags(&x, g, 0);
+  if (r == CUDA_SUCCESS)
+    r = D->GraphLaunch(x, launch);
+  if (r == CUDA_SUCCESS)
+    r = D->StreamSynchronize(launch);
+  if (r == CUDA_SUCCESS)
+    r = read_slot(got, slot);
+  drop_graph(g, x);
+  return r;
+}
+
 /* Waits (up to a second) until graph-owned events are back in the pool. */
 static bool events_came_back(void) {
   for (int i = 0; i < 1000; i++) {
@@ -389,7 +404,6 @@ static int sc_eager_to_capture(const scenario *s, CUstreamCaptureMode mode, bool
   lc = dlsync_lane_stream(c);
   for (int t = 0; t < TRIALS; t++) {
     CUgraph g = NULL;
-    CUgraphExec x = NULL;
     dlsync_exchange *ex = NULL;
     unsigned v = ++value_base, got = 0;
     CUresult r;
@@ -410,14 +424,7 @@ static int sc_eager_to_capture(const scenario *s, CUstreamCaptureMode mode, bool
       note(o, "expected one event-wait node");
       o->broken++;
     }
-    r = D->GraphInstantiateWithFlags(&x, g, 0);
-    if (r == CUDA_SUCCESS)
-      r = D->GraphLaunch(x, launch);
-    if (r == CUDA_SUCCESS)
-      r = D->StreamSynchronize(launch);
-    if (r == CUDA_SUCCESS)
-      r = read_slot(&got, t);
-    drop_graph(g, x);
+    r = launch_once(g, launch, t, &got);
     if (r != CUDA_SUCCESS) {
       note(o, "trial %d: %s", t, gpu_err(D, r));
       o->broken++;
@@ -602,7 +609,6 @@ static int sc_eager_to_built(const scenario *s, CUstreamCaptureMode mode, bool u
   lp = dlsync_lane_stream(p);
   for (int t = 0; t < TRIALS; t++) {
     CUgraph g = NULL;
-    CUgraphExec x = NULL;
     CUgraphNode cp = NULL, cdeps[2];
     dlsync_lane lc;
     dlsync_exchange *ex = NULL;
@@ -620,14 +626,9 @@ static int sc_eager_to_built(const scenario *s, CUstreamCaptureMode mode, bool u
       DS_EXPECT(dlsync_exchange_end(ex), DLSYNC_ERROR_CAPTURE_ORDER);
     }
     if (r == CUDA_SUCCESS)
-      r = D->GraphInstantiateWithFlags(&x, g, 0);
-    if (r == CUDA_SUCCESS)
-      r = D->GraphLaunch(x, launch);
-    if (r == CUDA_SUCCESS)
-      r = D->StreamSynchronize(launch);
-    if (r == CUDA_SUCCESS)
-      r = read_slot(&got, t);
-    drop_graph(g, x);
+      r = launch_once(g, launch, t, &got);
+    else
+      drop_graph(g, NULL);
     if (r != CUDA_SUCCESS) {
       note(o, "trial %d: %s", t, gpu_err(D, r));
       o->broken++;

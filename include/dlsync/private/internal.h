@@ -81,6 +81,10 @@ typedef struct dlsync__pool dlsync__pool;
 dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsync_context *ctx,
                                       CUstream stream, const char *role);
 void dlsync__pool_memo_forget(const dlsync_context *ctx, CUstream stream);
+/* The pool of the calling thread's current CUDA context, for graph lanes
+ * (which name no stream); DLSYNC_ERROR_INVALID_ARGUMENT naming `what` ("the
+ * waiting lane is a graph lane") when there is none. */
+dlsync_status dlsync__pool_for_current(dlsync__pool **out, dlsync_context *ctx, const char *what);
 /* The pool of a CUDA context (created on first use). */
 dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync_context *ctx, CUcontext cuctx);
 dlsync_status dlsync__pool_get(CUevent *out, dlsync__pool *pool);
