@@ -115,11 +115,11 @@ static void op_raw_fork_join_one_event(void) {
   CHECK(D->StreamWaitEvent(P, e1, 0) == CUDA_SUCCESS, "wait");
 }
 
-/* The floor of a design that asks the driver about both streams at begin
- * and at end: four status queries and the raw fork+join. */
+/* The floor of dlsync's design, which asks the driver at each call: begin
+ * asks about the consumer, end about both (three status queries), and the
+ * raw fork+join. */
 static void op_raw_with_queries(void) {
   CUstreamCaptureStatus a, b;
-  CHECK(D->StreamIsCapturing(P, &a) == CUDA_SUCCESS, "q");
   CHECK(D->StreamIsCapturing(C, &b) == CUDA_SUCCESS, "q");
   CHECK(D->EventRecord(e1, P) == CUDA_SUCCESS, "record");
   CHECK(D->StreamWaitEvent(C, e1, 0) == CUDA_SUCCESS, "wait");
@@ -129,10 +129,29 @@ static void op_raw_with_queries(void) {
   CHECK(D->StreamWaitEvent(P, e2, 0) == CUDA_SUCCESS, "wait");
 }
 
+/* The same with DLSYNC_EXCHANGE_CAPTURE_STABLE: one status query. */
+static void op_raw_with_one_query(void) {
+  CUstreamCaptureStatus b;
+  CHECK(D->StreamIsCapturing(C, &b) == CUDA_SUCCESS, "q");
+  CHECK(D->EventRecord(e1, P) == CUDA_SUCCESS, "record");
+  CHECK(D->StreamWaitEvent(C, e1, 0) == CUDA_SUCCESS, "wait");
+  CHECK(D->EventRecord(e2, C) == CUDA_SUCCESS, "record");
+  CHECK(D->StreamWaitEvent(P, e2, 0) == CUDA_SUCCESS, "wait");
+}
+
 static void op_dlsync_eager(void) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync_exchange *ex;
   CHECK(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc) == DLSYNC_SUCCESS, "begin");
+  CHECK(dlsync_exchange_end(ex) == DLSYNC_SUCCESS, "end");
+}
+
+static void op_dlsync_stable(void) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex;
+  CHECK(dlsync_exchange_begin_flags(&ex, E.ctx, &lp, &lc, DLSYNC_EXCHANGE_CAPTURE_STABLE) ==
+            DLSYNC_SUCCESS,
+        "begin");
   CHECK(dlsync_exchange_end(ex) == DLSYNC_SUCCESS, "end");
 }
 
@@ -148,8 +167,9 @@ static void op_event_per_call(void) {
   CHECK(D->EventDestroy(b) == CUDA_SUCCESS, "destroy");
 }
 
-/* In capture: P captures, C is joined by the first exchange; time K pairs. */
-static double time_in_capture(bool use) {
+/* In capture: P captures, C is joined by the first exchange; time K pairs
+ * (op: the raw fork+join, or dlsync's with or without the flag). */
+static double time_in_capture(op_fn op) {
   double t[BATCHES];
   const int k = 500;
   for (int b = 0; b < BATCHES; b++) {
@@ -157,12 +177,8 @@ static double time_in_capture(bool use) {
     double t0;
     CHECK(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS, "capture");
     t0 = gpu_now_ns();
-    for (int i = 0; i < k; i++) {
-      if (use)
-        op_dlsync_eager();
-      else
-        op_raw_fork_join();
-    }
+    for (int i = 0; i < k; i++)
+      op();
     t[b] = (gpu_now_ns() - t0) / k;
     CHECK(D->StreamEndCapture(P, &g) == CUDA_SUCCESS, "end capture");
     D->GraphDestroy(g);
@@ -302,9 +318,12 @@ static void replay_compare(double *captured_us, double *built_us, size_t *captur
 int main(void) {
   int rc = gpu_env_init(&E);
   double raw_one = 0, raw_queries = 0;
+  double raw_one_query = 0;
   double ratio_eager[ROUNDS], ratio_same[ROUNDS], ratio_per[ROUNDS];
-  double re, rs, rp;
-  double q, same, raw, eager, per_call, cap_raw, cap_ds, two_raw, two_ds, rc_us, rb_us;
+  double ratio_stable[ROUNDS], ratio_per_stable[ROUNDS];
+  double re, rs, rp, rst, rpst;
+  double q, same, raw, eager, stable, per_call, cap_raw, cap_ds, cap_st, two_raw, two_ds, rc_us,
+      rb_us;
   size_t nc = 0, nb = 0;
   if (rc != 0)
     return rc;
@@ -328,7 +347,7 @@ int main(void) {
    * per-round ratios is reported with their range. */
   {
     double r_q[ROUNDS], r_same[ROUNDS], r_raw[ROUNDS], r_eager[ROUNDS], r_per[ROUNDS];
-    double r_one[ROUNDS], r_rq[ROUNDS];
+    double r_one[ROUNDS], r_rq[ROUNDS], r_stable[ROUNDS], r_r1[ROUNDS];
     for (int k = 0; k < ROUNDS; k++) {
       r_q[k] = time_op(op_query);
       r_same[k] = time_op(op_same_stream);
@@ -337,12 +356,18 @@ int main(void) {
       r_per[k] = time_op(op_event_per_call);
       r_one[k] = time_op(op_raw_fork_join_one_event);
       r_rq[k] = time_op(op_raw_with_queries);
+      r_stable[k] = time_op(op_dlsync_stable);
+      r_r1[k] = time_op(op_raw_with_one_query);
     }
     for (int k = 0; k < ROUNDS; k++) {
       ratio_eager[k] = r_eager[k] / r_raw[k];
       ratio_same[k] = r_same[k] / r_q[k];
       ratio_per[k] = r_per[k] / r_eager[k];
+      ratio_stable[k] = r_stable[k] / r_raw[k];
+      ratio_per_stable[k] = r_per[k] / r_stable[k];
     }
+    raw_one_query = median(r_r1, ROUNDS);
+    stable = median(r_stable, ROUNDS);
     raw_one = median(r_one, ROUNDS);
     raw_queries = median(r_rq, ROUNDS);
     q = median(r_q, ROUNDS);
@@ -351,8 +376,9 @@ int main(void) {
     eager = median(r_eager, ROUNDS);
     per_call = median(r_per, ROUNDS);
   }
-  cap_raw = time_in_capture(false);
-  cap_ds = time_in_capture(true);
+  cap_raw = time_in_capture(op_raw_fork_join);
+  cap_ds = time_in_capture(op_dlsync_eager);
+  cap_st = time_in_capture(op_dlsync_stable);
   two_raw = time_two_captures(false);
   two_ds = time_two_captures(true);
   replay_compare(&rc_us, &rb_us, &nc, &nb);
@@ -375,6 +401,8 @@ int main(void) {
   rs = median(ratio_same, ROUNDS);
   re = median(ratio_eager, ROUNDS);
   rp = median(ratio_per, ROUNDS);
+  rst = median(ratio_stable, ROUNDS);
+  rpst = median(ratio_per_stable, ROUNDS);
   printf("\ndlsync bench on %s (host ns per operation: medians over %d rounds of %d batches of "
          "%d; ratios: median of the per-round ratios [min-max])\n",
          E.name, ROUNDS, BATCHES, OPS);
@@ -385,17 +413,29 @@ int main(void) {
   printf("%-44s %10.1f %10.1f %8.2f %s [%.2f-%.2f]\n", "eager begin+end vs raw fork+join", eager,
          raw, re, re <= 1.10 ? "<= 1.10 ok" : "<= 1.10 MISSED", ratio_eager[0],
          ratio_eager[ROUNDS - 1]);
+  printf("%-44s %10.1f %10.1f %8.2f %s [%.2f-%.2f]\n", "  with CAPTURE_STABLE vs raw fork+join",
+         stable, raw, rst, rst <= 1.10 ? "<= 1.10 ok" : "<= 1.10 MISSED", ratio_stable[0],
+         ratio_stable[ROUNDS - 1]);
   printf("%-44s %10.1f %10.1f %8.2f %s\n", "  raw fork+join with one event vs two", raw_one, raw,
          raw_one / raw, "(reference)");
-  printf("%-44s %10.1f %10.1f %8.2f %s\n", "  raw fork+join + 4 status queries vs raw", raw_queries,
+  printf("%-44s %10.1f %10.1f %8.2f %s\n", "  raw fork+join + 3 status queries vs raw", raw_queries,
          raw, raw_queries / raw, "(the floor of asking at each call)");
-  printf("%-44s %10.1f %10.1f %8.2f %s\n", "  eager begin+end vs that floor", eager, raw_queries,
+  printf("%-44s %10.1f %10.1f %8.2f %s\n", "  raw fork+join + 1 status query vs raw", raw_one_query,
+         raw, raw_one_query / raw, "(the floor with CAPTURE_STABLE)");
+  printf("%-44s %10.1f %10.1f %8.2f %s\n", "  eager begin+end vs its floor", eager, raw_queries,
          eager / raw_queries, "(dlsync's own cost)");
+  printf("%-44s %10.1f %10.1f %8.2f %s\n", "  with CAPTURE_STABLE vs its floor", stable,
+         raw_one_query, stable / raw_one_query, "(dlsync's own cost)");
   printf("%-44s %10.1f %10.1f %8.2f %s [%.2f-%.2f]\n", "eager begin+end vs event created per call",
          eager, per_call, rp, rp >= 1.5 ? "speedup >= 1.50 ok" : "speedup >= 1.50 MISSED",
          ratio_per[0], ratio_per[ROUNDS - 1]);
+  printf("%-44s %10.1f %10.1f %8.2f %s [%.2f-%.2f]\n", "  with CAPTURE_STABLE vs event per call",
+         stable, per_call, rpst, rpst >= 1.5 ? "speedup >= 1.50 ok" : "speedup >= 1.50 MISSED",
+         ratio_per_stable[0], ratio_per_stable[ROUNDS - 1]);
   printf("%-44s %10.1f %10.1f %8.2f %s\n", "in capture (join) begin+end vs raw fork+join", cap_ds,
          cap_raw, cap_ds / cap_raw, "(no target)");
+  printf("%-44s %10.1f %10.1f %8.2f %s\n", "  with CAPTURE_STABLE", cap_st, cap_raw,
+         cap_st / cap_raw, "(no target)");
   printf("%-44s %10.1f %10.1f %8.2f %s\n", "two captures dlsync_order vs manual nodes", two_ds,
          two_raw, two_ds / two_raw, "(no target)");
   printf("%-44s %10.2f %10.2f %8.3f %s\n", "replay us: captured chain vs hand-built", rc_us, rb_us,

@@ -25,6 +25,7 @@ struct dlsync_exchange {
   dlsync_lane *producer_ref; /* graph lanes: the caller's */
   dlsync_lane *consumer_ref;
   bool cross;
+  bool stable; /* end may trust what begin found (DLSYNC_EXCHANGE_CAPTURE_STABLE) */
   domain producer_domain;
   domain consumer_domain;
 };
@@ -316,6 +317,132 @@ cleanup:
   return st;
 }
 
+/* The handle of an exchange between one stream and itself: nothing to end.
+ * Shared and never freed. */
+static dlsync_exchange same_stream_exchange;
+
+/* The common case without the general machinery: a plain record on `first`
+ * and a wait on `then`, with the thread's scratch event of first's context and
+ * no lock. Asking the driver about `then` is enough when it is eager: if
+ * `first` is eager the two calls order the streams, and if `first` is
+ * capturing the wait joins `then` to that capture, which is the table's row
+ * for it (a capture of `first` that is invalidated fails the record, which
+ * says so). `query` says which streams to ask about: FAST_QUERY_THEN, both
+ * (FAST_QUERY_BOTH: each must be eager) or none (FAST_QUERY_NONE: the caller
+ * knows they are eager or share a capture).
+ *
+ * Returns true when it handled the order (*st says how it went), false when
+ * the general path must (a stream that is capturing when it must not be, a
+ * special stream handle, a first use on this thread, an event of another
+ * context); nothing is queued then. */
+typedef enum fast_query { FAST_QUERY_NONE, FAST_QUERY_THEN, FAST_QUERY_BOTH } fast_query;
+
+static bool special_stream(CUstream s) {
+  return dlsync__is_legacy_stream(s) || s == CU_STREAM_PER_THREAD;
+}
+
+static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CUstream first,
+                                      CUstream then, fast_query query, const char *first_role,
+                                      const char *then_role, dlsync_status *st) {
+  const dlsync__driver *d = ctx->drv;
+  CUstreamCaptureStatus cs;
+  CUevent ev;
+  CUresult r;
+  if (special_stream(first) || special_stream(then) || first == then)
+    return false;
+  ev = dlsync__thread_scratch(t, ctx, first);
+  if (ev == NULL)
+    return false;
+  if (query == FAST_QUERY_BOTH) {
+    r = d->StreamIsCapturing(first, &cs);
+    if (r != CUDA_SUCCESS)
+      goto query_failed;
+    if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
+      return false;
+  }
+  if (query != FAST_QUERY_NONE) {
+    r = d->StreamIsCapturing(then, &cs);
+    if (r != CUDA_SUCCESS)
+      goto query_failed;
+    if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
+      return false;
+  }
+  r = d->EventRecord(ev, first);
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+    if (context_mismatch(r)) {
+      /* A stream handle reused in another context: the general path asks
+       * the driver which pool is the stream's now. */
+      dlsync__pool_memo_forget(ctx, first);
+      return false;
+    }
+    *st = dlsync__fail_driver(
+        d, r, "cuEventRecord", "%s stream %p%s", first_role, (void *)first,
+        r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ? ": its capture has been invalidated" : "");
+    return true;
+  }
+  r = d->StreamWaitEvent(then, ev, 0);
+  *st =
+      DLSYNC__LIKELY(r == CUDA_SUCCESS)
+          ? DLSYNC_SUCCESS
+          : dlsync__fail_driver(d, r, "cuStreamWaitEvent", "%s stream %p waiting for %s stream %p",
+                                then_role, (void *)then, first_role, (void *)first);
+  return true;
+query_failed:
+  *st = dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s or %s stream (%p, %p)", first_role,
+                            then_role, (void *)first, (void *)then);
+  return true;
+}
+
+/* Each thread keeps one free exchange handle, so that the usual begin/end
+ * pair allocates nothing. The slot is the thread's own (a handle ended on
+ * another thread goes to that thread's slot, or is freed); a pthread key
+ * frees what it holds when the thread exits. */
+static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
+static pthread_key_t spare_key;
+static bool spare_key_ok;
+
+static void spare_free(void *p) {
+  dlsync__thread *t = p;
+  free(t->spare);
+  t->spare = NULL;
+  t->spare_keyed = false;
+}
+
+static void spare_key_init(void) {
+  spare_key_ok = pthread_key_create(&spare_key, spare_free) == 0;
+}
+
+static dlsync_exchange *exchange_alloc(dlsync__thread *t) {
+  if (DLSYNC__LIKELY(t->spare != NULL)) {
+    dlsync_exchange *ex = t->spare;
+    t->spare = NULL;
+    return ex;
+  }
+  return malloc(sizeof(dlsync_exchange));
+}
+
+static void exchange_free(dlsync__thread *t, dlsync_exchange *ex) {
+  if (ex == NULL || ex == &same_stream_exchange)
+    return;
+  if (DLSYNC__LIKELY(t->spare == NULL && t->spare_keyed)) {
+    t->spare = ex;
+    return;
+  }
+  if (t->spare == NULL) {
+    pthread_once(&spare_once, spare_key_init);
+    if (spare_key_ok && pthread_setspecific(spare_key, t) == 0) {
+      t->spare_keyed = true;
+      t->spare = ex;
+      return;
+    }
+  }
+  free(ex);
+}
+
+static bool plain_stream_lane(const dlsync_lane *l) {
+  return l != NULL && l->kind == DLSYNC_LANE_STREAM && l->graph == NULL;
+}
+
 dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane *then) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__lane_now a, b;
@@ -324,6 +451,10 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
   bool same = false;
   if (ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_order: ctx is NULL");
+  if (plain_stream_lane(first) && plain_stream_lane(then) &&
+      order_fast(dlsync__thread_get(), ctx, first->stream, then->stream, FAST_QUERY_THEN, "first",
+                 "then", &st))
+    return st;
   DLSYNC_TRY(order_lanes(ctx, first, "first", then, "then", &a, &b, &pool, &res, &same));
   if (!same)
     DLSYNC_TRY(order_now(ctx, &pool, &a, &b, &res));
@@ -331,156 +462,38 @@ cleanup:
   return st;
 }
 
-/* The handle of an exchange between one stream and itself: nothing to end.
- * Shared and never freed. */
-static dlsync_exchange same_stream_exchange;
-
-/* The common case, eager stream to eager stream, without the general
- * machinery: two status queries, the thread's scratch event, record, wait.
- * Returns true when it handled the order (*st then says how it went), false
- * when the general path must (a capturing stream, a special stream handle, a
- * first use on this thread, an event of another context); nothing is queued
- * then. */
-static bool order_eager_fast(dlsync_context *ctx, CUstream first, CUstream then,
-                             const char *first_role, const char *then_role, dlsync_status *st) {
-  const dlsync__driver *d = ctx->drv;
-  CUstreamCaptureStatus a, b;
-  dlsync__pool *pool = NULL;
-  CUevent ev;
-  CUresult r;
-  if (dlsync__is_legacy_stream(first) || first == CU_STREAM_PER_THREAD ||
-      dlsync__is_legacy_stream(then) || then == CU_STREAM_PER_THREAD || first == then)
-    return false;
-  ev = dlsync__pool_scratch_for_stream(ctx, first, &pool);
-  if (ev == NULL)
-    return false;
-  r = d->StreamIsCapturing(first, &a);
-  if (r == CUDA_SUCCESS && a == CU_STREAM_CAPTURE_STATUS_NONE) {
-    r = d->StreamIsCapturing(then, &b);
-    if (r == CUDA_SUCCESS && b != CU_STREAM_CAPTURE_STATUS_NONE)
-      return false;
-  } else if (r == CUDA_SUCCESS) {
-    return false;
-  }
-  if (r != CUDA_SUCCESS) {
-    *st = dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s or %s stream (%p, %p)", first_role,
-                              then_role, (void *)first, (void *)then);
-    return true;
-  }
-  r = d->EventRecord(ev, first);
-  if (r != CUDA_SUCCESS) {
-    if (context_mismatch(r))
-      return false; /* a reused stream handle: the general path asks again */
-    *st = dlsync__fail_driver(d, r, "cuEventRecord", "%s stream %p", first_role, (void *)first);
-    return true;
-  }
-  r = d->StreamWaitEvent(then, ev, 0);
-  *st = r == CUDA_SUCCESS ? DLSYNC_SUCCESS
-                          : dlsync__fail_driver(d, r, "cuStreamWaitEvent",
-                                                "%s stream %p waiting for %s stream %p", then_role,
-                                                (void *)then, first_role, (void *)first);
-  return true;
-}
-
-/* Each thread keeps one free exchange handle, so that the usual begin/end
- * pair allocates nothing. The slot is the thread's own (a handle ended on
- * another thread goes to that thread's slot, or is freed); a pthread key
- * frees the slot and what it holds when the thread exits. */
-typedef struct handle_slot {
-  dlsync_exchange *spare;
-} handle_slot;
-
-static pthread_once_t slot_once = PTHREAD_ONCE_INIT;
-static pthread_key_t slot_key;
-static bool slot_key_ok;
-static _Thread_local handle_slot *slot;
-static _Thread_local bool slot_tried;
-
-static void slot_free(void *p) {
-  handle_slot *hs = p;
-  free(hs->spare);
-  free(hs);
-}
-
-static void slot_key_init(void) {
-  slot_key_ok = pthread_key_create(&slot_key, slot_free) == 0;
-}
-
-static handle_slot *my_slot(void) {
-  if (DLSYNC__LIKELY(slot != NULL) || slot_tried)
-    return slot;
-  slot_tried = true;
-  pthread_once(&slot_once, slot_key_init);
-  if (!slot_key_ok)
-    return NULL;
-  slot = calloc(1, sizeof *slot);
-  if (slot != NULL && pthread_setspecific(slot_key, slot) != 0) {
-    free(slot);
-    slot = NULL;
-  }
-  return slot;
-}
-
-static dlsync_exchange *exchange_alloc(void) {
-  handle_slot *hs = my_slot();
-  if (DLSYNC__LIKELY(hs != NULL && hs->spare != NULL)) {
-    dlsync_exchange *ex = hs->spare;
-    hs->spare = NULL;
-    return ex;
-  }
-  return malloc(sizeof(dlsync_exchange));
-}
-
-static void exchange_free(dlsync_exchange *ex) {
-  handle_slot *hs;
-  if (ex == NULL || ex == &same_stream_exchange)
-    return;
-  hs = my_slot();
-  if (hs != NULL && hs->spare == NULL) {
-    hs->spare = ex;
-    return;
-  }
-  free(ex);
-}
-
-dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
-                                    dlsync_lane *producer, dlsync_lane *consumer) {
+/* Everything but the fast path (kept out of line so that the fast path's
+ * frame stays small). */
+static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsync_context *ctx,
+                                                    dlsync_lane *producer, dlsync_lane *consumer,
+                                                    uint32_t flags) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync_exchange *ex = NULL;
+  dlsync__thread *t;
   dlsync__lane_now p, c;
   order_result res;
   pool_pick pool;
   bool same = false;
+  bool stable = (flags & DLSYNC_EXCHANGE_CAPTURE_STABLE) != 0;
   if (out == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_begin: out is NULL");
   *out = NULL;
   if (ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_begin: ctx is NULL");
-  if (producer != NULL && consumer != NULL && producer->kind == DLSYNC_LANE_STREAM &&
-      consumer->kind == DLSYNC_LANE_STREAM && producer->graph == NULL && consumer->graph == NULL) {
+  if ((flags & ~(uint32_t)DLSYNC_EXCHANGE_CAPTURE_STABLE) != 0)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_exchange_begin_flags: unknown flags 0x%x (known: "
+                        "DLSYNC_EXCHANGE_CAPTURE_STABLE = 0x%x)",
+                        (unsigned)(flags & ~(uint32_t)DLSYNC_EXCHANGE_CAPTURE_STABLE),
+                        (unsigned)DLSYNC_EXCHANGE_CAPTURE_STABLE);
+  t = dlsync__thread_get();
+  if (plain_stream_lane(producer) && plain_stream_lane(consumer)) {
     if (dlsync__same_stream(producer->stream, consumer->stream)) {
       /* One stream: already ordered. One query, for its errors. */
       DLSYNC_TRY(dlsync__lane_read(&p, ctx, producer, "producer"));
       *out = &same_stream_exchange;
       return DLSYNC_SUCCESS;
     }
-    ex = exchange_alloc();
-    if (ex == NULL)
-      return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_exchange_begin: out of memory");
-    if (order_eager_fast(ctx, producer->stream, consumer->stream, "producer", "consumer", &st)) {
-      if (st != DLSYNC_SUCCESS)
-        goto cleanup;
-      ex->ctx = ctx;
-      ex->producer_stream = producer->stream;
-      ex->consumer_stream = consumer->stream;
-      ex->producer_ref = NULL;
-      ex->consumer_ref = NULL;
-      ex->cross = false;
-      *out = ex;
-      return DLSYNC_SUCCESS;
-    }
-    exchange_free(ex);
-    ex = NULL;
   }
   DLSYNC_TRY(
       order_lanes(ctx, producer, "producer", consumer, "consumer", &p, &c, &pool, &res, &same));
@@ -488,7 +501,7 @@ dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
     *out = &same_stream_exchange;
     goto cleanup;
   }
-  ex = exchange_alloc();
+  ex = exchange_alloc(t);
   if (ex == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_exchange_begin: out of memory");
     goto cleanup;
@@ -502,28 +515,63 @@ dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
   ex->cross = res.cross;
   ex->producer_domain = domain_of(&p);
   ex->consumer_domain = domain_of(&c);
+  /* What end may trust: two eager streams, or a consumer that joined the
+   * producer's capture; either way end's plain record and wait are right. */
+  ex->stable =
+      stable && ((p.kind == DLSYNC_LANE_EAGER && c.kind == DLSYNC_LANE_EAGER) || res.joined);
   *out = ex;
   ex = NULL;
 cleanup:
-  exchange_free(ex);
+  exchange_free(t, ex);
   return st;
 }
 
-dlsync_status dlsync_exchange_end(dlsync_exchange *ex) {
+dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context *ctx,
+                                          dlsync_lane *producer, dlsync_lane *consumer,
+                                          uint32_t flags) {
+  dlsync_status st;
+  dlsync__thread *t;
+  dlsync_exchange *ex;
+  /* The fast path: two distinct stream lanes, a warm thread, an eager
+   * consumer; anything else (or anything wrong) goes the general way. */
+  if (DLSYNC__UNLIKELY(out == NULL || ctx == NULL ||
+                       (flags & ~(uint32_t)DLSYNC_EXCHANGE_CAPTURE_STABLE) != 0 ||
+                       !plain_stream_lane(producer) || !plain_stream_lane(consumer)))
+    return begin_general(out, ctx, producer, consumer, flags);
+  t = dlsync__thread_get();
+  ex = t->spare;
+  if (DLSYNC__UNLIKELY(ex == NULL))
+    return begin_general(out, ctx, producer, consumer, flags);
+  if (!order_fast(t, ctx, producer->stream, consumer->stream, FAST_QUERY_THEN, "producer",
+                  "consumer", &st))
+    return begin_general(out, ctx, producer, consumer, flags);
+  *out = NULL;
+  if (DLSYNC__UNLIKELY(st != DLSYNC_SUCCESS))
+    return st;
+  t->spare = NULL;
+  ex->ctx = ctx;
+  ex->producer_stream = producer->stream;
+  ex->consumer_stream = consumer->stream;
+  ex->producer_ref = NULL;
+  ex->consumer_ref = NULL;
+  ex->cross = false;
+  ex->stable = (flags & DLSYNC_EXCHANGE_CAPTURE_STABLE) != 0;
+  *out = ex;
+  return DLSYNC_SUCCESS;
+}
+
+dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
+                                    dlsync_lane *producer, dlsync_lane *consumer) {
+  return dlsync_exchange_begin_flags(out, ctx, producer, consumer, 0);
+}
+
+static DLSYNC__NOINLINE dlsync_status end_general(dlsync__thread *t, dlsync_exchange *ex) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__lane_now c, p;
   order_result res;
   pool_pick pool;
   bool same = false;
   dlsync_lane *producer, *consumer, lp, lc;
-  if (ex == NULL)
-    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_end: exchange is NULL");
-  if (ex == &same_stream_exchange)
-    return DLSYNC_SUCCESS; /* one stream: its own order is enough */
-  if (ex->producer_ref == NULL && ex->consumer_ref == NULL &&
-      order_eager_fast(ex->ctx, ex->consumer_stream, ex->producer_stream, "consumer", "producer",
-                       &st))
-    goto cleanup;
   lp = dlsync_lane_stream(ex->producer_stream);
   lc = dlsync_lane_stream(ex->consumer_stream);
   producer = ex->producer_ref != NULL ? ex->producer_ref : &lp;
@@ -555,6 +603,26 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *ex) {
   }
   DLSYNC_TRY(order_now(ex->ctx, &pool, &c, &p, &res));
 cleanup:
-  exchange_free(ex);
+  exchange_free(t, ex);
   return st;
+}
+
+dlsync_status dlsync_exchange_end(dlsync_exchange *ex) {
+  dlsync_status st;
+  dlsync__thread *t;
+  if (DLSYNC__UNLIKELY(ex == NULL))
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_end: exchange is NULL");
+  if (ex == &same_stream_exchange)
+    return DLSYNC_SUCCESS; /* one stream: its own order is enough */
+  t = dlsync__thread_get();
+  /* Stream lanes: both eager now (two queries), or, when begin may be
+   * trusted (DLSYNC_EXCHANGE_CAPTURE_STABLE), eager or one capture as begin
+   * found them (no query). */
+  if (ex->producer_ref == NULL && ex->consumer_ref == NULL &&
+      order_fast(t, ex->ctx, ex->consumer_stream, ex->producer_stream,
+                 ex->stable ? FAST_QUERY_NONE : FAST_QUERY_BOTH, "consumer", "producer", &st)) {
+    exchange_free(t, ex);
+    return st;
+  }
+  return end_general(t, ex);
 }

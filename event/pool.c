@@ -181,10 +181,15 @@ static bool special_stream(CUstream s) {
   return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
 }
 
+static _Thread_local dlsync__thread hot;
+
 void dlsync__pool_memo_forget(const dlsync_context *ctx, CUstream stream) {
   for (unsigned i = 0; i < MEMO_SLOTS; i++)
     if (memo[i].ctx == ctx && memo[i].stream == stream)
       memo[i].ctx = NULL;
+  for (unsigned i = 0; i < DLSYNC__FAST_SLOTS; i++)
+    if (hot.fast[i].ctx == ctx && hot.fast[i].stream == stream)
+      hot.fast[i].ctx = NULL;
 }
 
 dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsync_context *ctx,
@@ -359,9 +364,13 @@ dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync_context
   return DLSYNC_SUCCESS;
 }
 
-CUevent dlsync__pool_scratch_for_stream(const dlsync_context *ctx, CUstream stream,
-                                        dlsync__pool **pool) {
+dlsync__thread *dlsync__thread_get(void) {
+  return &hot;
+}
+
+CUevent dlsync__thread_scratch_slow(dlsync__thread *t, const dlsync_context *ctx, CUstream stream) {
   dlsync__pool *p = NULL;
+  dlsync__fast_entry *e;
   for (unsigned i = 0; i < MEMO_SLOTS; i++) {
     if (memo[i].stream == stream && memo[i].ctx == ctx && memo[i].generation == ctx->generation) {
       p = memo[i].pool;
@@ -372,8 +381,12 @@ CUevent dlsync__pool_scratch_for_stream(const dlsync_context *ctx, CUstream stre
     return NULL;
   for (unsigned i = 0; i < SCRATCH_SLOTS; i++) {
     if (scratch[i].pool == p && scratch[i].ctx == ctx && scratch[i].generation == ctx->generation) {
-      *pool = p;
-      return scratch[i].event;
+      e = &t->fast[t->fast_next++ % DLSYNC__FAST_SLOTS];
+      e->ctx = ctx;
+      e->generation = ctx->generation;
+      e->stream = stream;
+      e->event = scratch[i].event;
+      return e->event;
     }
   }
   return NULL;

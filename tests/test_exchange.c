@@ -61,10 +61,146 @@ static void warm_pool_makes_exactly_the_needed_calls(void **state) {
   assert_int_equal(fake_call_count("cuEventCreate"), 0);
   assert_int_equal(fake_call_count("cuStreamGetCtx"), 0);
   fake_log_reset();
+  /* Begin asks about the consumer only: whatever the producer is, recording
+   * on it and waiting on the consumer is the table's answer (see the join). */
   assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_string_equal(fake_call_log(), "cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent");
+  fake_log_reset();
+  /* End asks about both: either may have begun capturing since. */
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
   assert_string_equal(fake_call_log(),
                       "cuStreamIsCapturing,cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent");
+}
+
+static void warm_order_asks_about_then_only(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  uint64_t a, b;
+  (void)state;
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  a = fake_work(P, "produce", NULL);
+  fake_log_reset();
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_string_equal(fake_call_log(), "cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent");
+  b = fake_work(C, "consume", NULL);
+  assert_true(fake_happens_before(a, b));
+}
+
+/* ---- DLSYNC_EXCHANGE_CAPTURE_STABLE ---- */
+
+static void stable_end_asks_nothing(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  uint64_t produce, consume, mutate;
+  (void)state;
+  for (int i = 0; i < 2; i++) { /* warm both ways */
+    assert_int_equal(
+        dlsync_exchange_begin_flags(&ex, ctx, &lp, &lc, DLSYNC_EXCHANGE_CAPTURE_STABLE),
+        DLSYNC_SUCCESS);
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  }
+  produce = fake_work(P, "produce", NULL);
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_begin_flags(&ex, ctx, &lp, &lc, DLSYNC_EXCHANGE_CAPTURE_STABLE),
+                   DLSYNC_SUCCESS);
+  assert_string_equal(fake_call_log(), "cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent");
+  consume = fake_work(C, "consume", NULL);
+  fake_log_reset();
   assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  assert_string_equal(fake_call_log(), "cuEventRecord,cuStreamWaitEvent");
+  mutate = fake_work(P, "mutate", NULL);
+  assert_true(fake_happens_before(produce, consume));
+  assert_true(fake_happens_before(consume, mutate));
+}
+
+static void stable_join_is_joined_back_without_queries(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  CUgraphNode n1, n2, n3;
+  CUgraph g;
+  (void)state;
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(
+        dlsync_exchange_begin_flags(&ex, ctx, &lp, &lc, DLSYNC_EXCHANGE_CAPTURE_STABLE),
+        DLSYNC_SUCCESS);
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  }
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(P, "produce", &n1);
+  assert_int_equal(dlsync_exchange_begin_flags(&ex, ctx, &lp, &lc, DLSYNC_EXCHANGE_CAPTURE_STABLE),
+                   DLSYNC_SUCCESS);
+  assert_int_equal(fake_capture_id(C), fake_capture_id(P));
+  fake_work(C, "consume", &n2);
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  assert_string_equal(fake_call_log(), "cuEventRecord,cuStreamWaitEvent");
+  fake_work(P, "mutate", &n3);
+  g = end_capture_ok(P);
+  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_NONE);
+  assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 0);
+  assert_true(fake_graph_has_path(g, n1, n2));
+  assert_true(fake_graph_has_path(g, n2, n3));
+  destroy_graph(g);
+}
+
+/* The general path (cold thread) also lets a stable end skip its queries. */
+static void stable_cold_begin_still_trusted(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  (void)state;
+  assert_int_equal(dlsync_exchange_begin_flags(&ex, ctx, &lp, &lc, DLSYNC_EXCHANGE_CAPTURE_STABLE),
+                   DLSYNC_SUCCESS);
+  assert_int_equal(fake_call_count("cuStreamGetCtx"), 1); /* the general path ran */
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_exchange_begin_flags(&ex, ctx, &lp, &lc, DLSYNC_EXCHANGE_CAPTURE_STABLE),
+                   DLSYNC_SUCCESS);
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  assert_string_equal(fake_call_log(), "cuEventRecord,cuStreamWaitEvent");
+}
+
+/* What exchange.h says a broken promise costs: a consumer that begins
+ * capturing between begin and end pulls the producer into its capture, which
+ * then cannot end. Without the flag the same sequence is refused. */
+static void stable_broken_promise_costs_the_capture(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  CUgraph g = NULL;
+  (void)state;
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(
+        dlsync_exchange_begin_flags(&ex, ctx, &lp, &lc, DLSYNC_EXCHANGE_CAPTURE_STABLE),
+        DLSYNC_SUCCESS);
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  }
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(C, "consume", NULL);
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_CAPTURE_ORDER);
+  assert_int_equal(fake_capture_status(P), CU_STREAM_CAPTURE_STATUS_NONE);
+  destroy_graph(end_capture_ok(C));
+
+  assert_int_equal(dlsync_exchange_begin_flags(&ex, ctx, &lp, &lc, DLSYNC_EXCHANGE_CAPTURE_STABLE),
+                   DLSYNC_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(C, "consume", NULL);
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  assert_int_equal(fake_capture_status(P), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  fake_work(P, "mutate", NULL); /* captured into the consumer's graph */
+  assert_int_equal(D->StreamEndCapture(C, &g), CUDA_ERROR_STREAM_CAPTURE_UNJOINED);
+  assert_null(g);
+  assert_int_equal(fake_active_captures(), 0);
+}
+
+static void unknown_flags_are_refused(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = (dlsync_exchange *)0x1;
+  (void)state;
+  assert_int_equal(dlsync_exchange_begin_flags(&ex, ctx, &lp, &lc, 0x6),
+                   DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_null(ex);
+  assert_non_null(strstr(dlsync_last_error(), "unknown flags 0x6"));
+  assert_int_equal(fake_calls_total(), 0);
 }
 
 static void devices_order_across(void **state) {
@@ -472,6 +608,30 @@ static void invalidated_capture_is_reported(void **state) {
   fake_event_destroy(e);
 }
 
+/* A warm thread does not ask about the producer at begin: the record on its
+ * invalidated capture fails and says so, and nothing is queued. */
+static void invalidated_capture_is_reported_when_warm(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  CUevent e = fake_event_create(0, 0);
+  CUgraph g = NULL;
+  (void)state;
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  }
+  assert_int_equal(D->EventRecord(e, C), CUDA_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(D->StreamWaitEvent(P, e, 0), CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+  ex = (dlsync_exchange *)0x1;
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_ERROR_CAPTURE_INVALIDATED);
+  assert_null(ex);
+  assert_non_null(strstr(dlsync_last_error(), "invalidated"));
+  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_NONE);
+  assert_int_equal(D->StreamEndCapture(P, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  fake_event_destroy(e);
+}
+
 static void legacy_stream_during_blocking_capture(void **state) {
   CUstream blocking = fake_stream_create(0, CU_STREAM_DEFAULT);
   dlsync_lane legacy = dlsync_lane_stream(DLSYNC_STREAM_LEGACY), lc = dlsync_lane_stream(C);
@@ -548,7 +708,15 @@ static void both_graph_lanes_need_a_current_context(void **state) {
 
 /* ---- fault injection: every driver call of begin and end ---- */
 
-typedef enum row { ROW_EAGER, ROW_JOIN, ROW_EAGER_TO_CAPTURE, ROW_TWO_CAPTURES, ROW_BUILT_TWO } row;
+typedef enum row {
+  ROW_EAGER,
+  ROW_JOIN,
+  ROW_EAGER_TO_CAPTURE,
+  ROW_TWO_CAPTURES,
+  ROW_BUILT_TWO,
+  ROW_EAGER_STABLE, /* DLSYNC_EXCHANGE_CAPTURE_STABLE: end asks nothing */
+  ROW_JOIN_STABLE
+} row;
 
 /* Runs one exchange of the row with call n failing (n = 0: none). Returns
  * true when call n was reached. Cleans everything up either way. */
@@ -559,7 +727,8 @@ static bool run_row_with_fault(row r, unsigned n) {
   CUgraphNode pdeps[2], cdeps[2];
   dlsync_status sb, se = DLSYNC_SUCCESS;
   bool reached;
-  if (r == ROW_JOIN || r == ROW_TWO_CAPTURES)
+  bool join = r == ROW_JOIN || r == ROW_JOIN_STABLE;
+  if (join || r == ROW_TWO_CAPTURES)
     assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
   if (r == ROW_EAGER_TO_CAPTURE || r == ROW_TWO_CAPTURES)
     assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
@@ -574,7 +743,9 @@ static bool run_row_with_fault(row r, unsigned n) {
   fake_work(P, "produce", NULL);
   if (n > 0)
     fake_fail_call(n, CUDA_ERROR_UNKNOWN);
-  sb = dlsync_exchange_begin(&ex, ctx, &lp, &lc);
+  sb = dlsync_exchange_begin_flags(
+      &ex, ctx, &lp, &lc,
+      r == ROW_EAGER_STABLE || r == ROW_JOIN_STABLE ? DLSYNC_EXCHANGE_CAPTURE_STABLE : 0);
   if (sb == DLSYNC_SUCCESS) {
     assert_non_null(ex);
     if (r == ROW_BUILT_TWO)
@@ -604,13 +775,13 @@ static bool run_row_with_fault(row r, unsigned n) {
     if (g != NULL)
       destroy_graph(g);
   }
-  if (r == ROW_JOIN || r == ROW_TWO_CAPTURES) {
+  if (join || r == ROW_TWO_CAPTURES) {
     CUgraph g = NULL;
     CUresult er = D->StreamEndCapture(P, &g);
     if (g != NULL)
       destroy_graph(g);
     /* The join row ends cleanly unless the fault hit the join itself. */
-    if (r == ROW_JOIN && !reached)
+    if (join && !reached)
       assert_int_equal(er, CUDA_SUCCESS);
   }
   if (g1 != NULL)
@@ -628,7 +799,7 @@ static bool run_row_with_fault(row r, unsigned n) {
 
 static void every_driver_failure_in_begin_and_end_is_a_status(void **state) {
   (void)state;
-  for (row r = ROW_EAGER; r <= ROW_BUILT_TWO; r++) {
+  for (row r = ROW_EAGER; r <= ROW_JOIN_STABLE; r++) {
     unsigned n;
     run_row_with_fault(r, 0);
     for (n = 1; n < 200; n++)
@@ -697,6 +868,12 @@ int main(void) {
       T(eager_eager_orders_both_ways),
       T(eager_eager_without_dlsync_is_unordered),
       T(warm_pool_makes_exactly_the_needed_calls),
+      T(warm_order_asks_about_then_only),
+      T(stable_end_asks_nothing),
+      T(stable_join_is_joined_back_without_queries),
+      T(stable_cold_begin_still_trusted),
+      T(stable_broken_promise_costs_the_capture),
+      T(unknown_flags_are_refused),
       T(devices_order_across),
       T(reused_stream_handle_in_another_context_is_noticed),
       T(warm_streams_still_notice_a_capture),
@@ -713,6 +890,7 @@ int main(void) {
       T(built_producer_eager_consumer_is_refused),
       T(bad_lanes_are_refused_before_any_driver_call),
       T(invalidated_capture_is_reported),
+      T(invalidated_capture_is_reported_when_warm),
       T(legacy_stream_during_blocking_capture),
       T(foreign_dependency_is_named),
       T(both_graph_lanes_need_a_current_context),

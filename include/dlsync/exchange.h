@@ -74,6 +74,31 @@ typedef struct dlsync_exchange dlsync_exchange;
 DLSYNC_API dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
                                                dlsync_lane *producer, dlsync_lane *consumer);
 
+/* Flags of dlsync_exchange_begin_flags. */
+typedef enum dlsync_exchange_flag {
+  DLSYNC_EXCHANGE_DEFAULT = 0,
+  /* A promise by the caller: between begin and end, no capture begins or
+   * ends on either stream and neither stream joins another capture. That is
+   * true of the usual pattern, where one library call begins, queues its work
+   * and ends. With it, an end after a begin that found two eager streams (or
+   * a consumer that joined the producer's capture) trusts what begin found
+   * and asks the driver nothing: two status queries fewer per exchange.
+   * Broken, the promise costs a capture: if the consumer began capturing in
+   * between, end's wait makes the producer join that capture, so the
+   * producer's later work is captured too and that capture's
+   * cuStreamEndCapture fails with CUDA_ERROR_STREAM_CAPTURE_UNJOINED; if the
+   * producer began capturing, end's wait on an eager event invalidates its
+   * capture. Without the flag, end asks again and refuses the first case with
+   * DLSYNC_ERROR_CAPTURE_ORDER and orders the second with a wait node. */
+  DLSYNC_EXCHANGE_CAPTURE_STABLE = 1u << 0
+} dlsync_exchange_flag;
+
+/* dlsync_exchange_begin with flags (dlsync_exchange_flag bits); unknown bits
+ * are DLSYNC_ERROR_INVALID_ARGUMENT. */
+DLSYNC_API dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context *ctx,
+                                                     dlsync_lane *producer, dlsync_lane *consumer,
+                                                     uint32_t flags);
+
 /* Orders the producer's later work after the consumer's work since begin
  * (dlsync_order(ctx, consumer, producer)) and frees the handle, whatever the
  * result. NULL is DLSYNC_ERROR_INVALID_ARGUMENT.

@@ -25,7 +25,11 @@ extern "C" {
 #define DLSYNC__PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
 #define DLSYNC__LIKELY(x) __builtin_expect(!!(x), 1)
 #define DLSYNC__UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define DLSYNC__INLINE inline __attribute__((always_inline))
+#define DLSYNC__NOINLINE __attribute__((noinline))
 #else
+#define DLSYNC__INLINE inline
+#define DLSYNC__NOINLINE
 #define DLSYNC__PRINTF(fmt, args)
 #define DLSYNC__LIKELY(x) (x)
 #define DLSYNC__UNLIKELY(x) (x)
@@ -96,11 +100,7 @@ void dlsync__pool_put(dlsync__pool *pool, CUevent event);
 dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync_context *ctx,
                                   dlsync__pool *pool);
 void dlsync__pool_unborrow(dlsync__pool *pool, CUevent event, bool lent);
-/* The fast path's lookup: the calling thread's scratch event for the pool the
- * memo gives for `stream`, with no driver call and no lock; NULL when either
- * is not known yet (then take the full path, which fills both). */
-CUevent dlsync__pool_scratch_for_stream(const dlsync_context *ctx, CUstream stream,
-                                        dlsync__pool **pool);
+
 /* Called from a user object's destructor (a driver thread: no CUDA calls):
  * hands an event back to its pool, or to the orphan list if the context is
  * gone. Drops the pool reference the graph held. */
@@ -216,6 +216,44 @@ struct dlsync_context {
   _Atomic(dlsync__pool *) pools; /* one per CUDA context, newest first */
   struct dlsync__release_book *releases;
 };
+
+/* ---- the calling thread (event/pool.c) ---- */
+/* The calling thread's hot state: what the eager fast path of an exchange
+ * needs, found with one thread-local access. fast[] maps a stream to the
+ * thread's scratch event of that stream's CUDA context; an entry is trusted
+ * only for the context (and generation) that made it, and is made from the
+ * memo and the scratch slots once the general path has filled both. */
+#define DLSYNC__FAST_SLOTS 4
+typedef struct dlsync__fast_entry {
+  const dlsync_context *ctx;
+  uint64_t generation;
+  CUstream stream;
+  CUevent event;
+} dlsync__fast_entry;
+
+typedef struct dlsync__thread {
+  dlsync__fast_entry fast[DLSYNC__FAST_SLOTS];
+  unsigned fast_next;
+  void *spare;      /* core/exchange.c: one free exchange handle */
+  bool spare_keyed; /* the thread-exit hook that frees it is set */
+} dlsync__thread;
+
+dlsync__thread *dlsync__thread_get(void);
+
+/* The thread's scratch event for `stream` with no driver call and no lock:
+ * from fast[], else from the memo and the scratch slots (then remembered in
+ * fast[]); NULL when either is not known yet (take the full path, which fills
+ * both). */
+CUevent dlsync__thread_scratch_slow(dlsync__thread *t, const dlsync_context *ctx, CUstream stream);
+static inline CUevent dlsync__thread_scratch(dlsync__thread *t, const dlsync_context *ctx,
+                                             CUstream stream) {
+  for (unsigned i = 0; i < DLSYNC__FAST_SLOTS; i++) {
+    const dlsync__fast_entry *e = &t->fast[i];
+    if (e->stream == stream && e->ctx == ctx && e->generation == ctx->generation)
+      return e->event;
+  }
+  return dlsync__thread_scratch_slow(t, ctx, stream);
+}
 
 /* ---- releases (event/release.c) ---- */
 
