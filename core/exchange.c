@@ -121,6 +121,41 @@ static bool context_mismatch(CUresult r) {
   return r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_INVALID_CONTEXT;
 }
 
+static bool special_stream(CUstream s) {
+  return dlsync__is_legacy_stream(s) || s == CU_STREAM_PER_THREAD;
+}
+
+static bool capture_result(CUresult r) {
+  return r >= CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED && r <= CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+}
+
+/* `then` failed to wait (cuStreamWaitEvent) for an event recorded on
+ * `first`. When the two streams are of two devices, that is
+ * DLSYNC_ERROR_CROSS_DEVICE and the message names both devices; otherwise
+ * the driver's status. The devices are looked up only here, on the way out
+ * (never for the legacy or per-thread handles, nor for capture errors). */
+static dlsync_status fail_wait(dlsync_context *ctx, CUresult r, CUstream first, CUstream then,
+                               const char *first_role, const char *then_role) {
+  const dlsync__driver *d = ctx->drv;
+  dlsync__pool *pf = NULL, *pt = NULL;
+  int df = -1, dt = -1;
+  if (!capture_result(r) && !special_stream(first) && !special_stream(then) &&
+      dlsync__pool_for_stream(&pf, NULL, ctx, first, first_role) == DLSYNC_SUCCESS &&
+      dlsync__pool_for_stream(&pt, NULL, ctx, then, then_role) == DLSYNC_SUCCESS) {
+    df = dlsync__pool_device(pf);
+    dt = dlsync__pool_device(pt);
+  }
+  if (df >= 0 && dt >= 0 && df != dt) {
+    dlsync__fail_driver(d, r, "cuStreamWaitEvent",
+                        "%s stream %p on device %d waiting for %s stream %p on device %d: the "
+                        "driver refused to order work across the two devices",
+                        then_role, (void *)then, dt, first_role, (void *)first, df);
+    return dlsync__retag(DLSYNC_ERROR_CROSS_DEVICE);
+  }
+  return dlsync__fail_driver(d, r, "cuStreamWaitEvent", "%s stream %p waiting for %s stream %p",
+                             then_role, (void *)then, first_role, (void *)first);
+}
+
 /* cuEventRecord of a pooled event on first's stream. When the pool came from
  * the per-thread memo and the driver says the event is not of the stream's
  * context (a stream handle reused in another context), forget the memo, take
@@ -176,6 +211,7 @@ static dlsync_status order_now(dlsync_context *ctx, pool_pick *pk, dlsync__lane_
   bool lent = false;
   bool put_back = false; /* ev goes back to the pool at cleanup */
   CUgraph graphs[2];
+  CUresult r;
   res->joined = false;
   res->cross = false;
 
@@ -214,9 +250,9 @@ static dlsync_status order_now(dlsync_context *ctx, pool_pick *pk, dlsync__lane_
     if (then->kind == DLSYNC_LANE_EAGER) {
       DLSYNC_TRY(record_plain(ctx, pk, &ev, &lent, first));
       pool = pk->pool;
-      DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(then->stream, ev, 0),
-                "%s stream %p waiting for %s stream %p", then->role, (void *)then->stream,
-                first->role, (void *)first->stream);
+      r = d->StreamWaitEvent(then->stream, ev, 0);
+      if (r != CUDA_SUCCESS)
+        st = fail_wait(ctx, r, first->stream, then->stream, first->role, then->role);
       goto cleanup;
     }
     /* then is in a graph: an external wait node; the graph owns the event. */
@@ -250,10 +286,11 @@ static dlsync_status order_now(dlsync_context *ctx, pool_pick *pk, dlsync__lane_
     /* Same capture: edges only. Eager `then`: it joins the capture. */
     DLSYNC_TRY(record_plain(ctx, pk, &ev, &lent, first));
     pool = pk->pool;
-    DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(then->stream, ev, 0),
-              "%s stream %p waiting for %s stream %p (capture %llu)", then->role,
-              (void *)then->stream, first->role, (void *)first->stream,
-              (unsigned long long)first->capture_id);
+    r = d->StreamWaitEvent(then->stream, ev, 0);
+    if (r != CUDA_SUCCESS) {
+      st = fail_wait(ctx, r, first->stream, then->stream, first->role, then->role);
+      goto cleanup;
+    }
     res->joined = then->kind == DLSYNC_LANE_EAGER;
     goto cleanup;
   }
@@ -337,10 +374,6 @@ static dlsync_exchange same_stream_exchange;
  * context); nothing is queued then. */
 typedef enum fast_query { FAST_QUERY_NONE, FAST_QUERY_THEN, FAST_QUERY_BOTH } fast_query;
 
-static bool special_stream(CUstream s) {
-  return dlsync__is_legacy_stream(s) || s == CU_STREAM_PER_THREAD;
-}
-
 static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CUstream first,
                                       CUstream then, fast_query query, const char *first_role,
                                       const char *then_role, dlsync_status *st) {
@@ -381,11 +414,8 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
     return true;
   }
   r = d->StreamWaitEvent(then, ev, 0);
-  *st =
-      DLSYNC__LIKELY(r == CUDA_SUCCESS)
-          ? DLSYNC_SUCCESS
-          : dlsync__fail_driver(d, r, "cuStreamWaitEvent", "%s stream %p waiting for %s stream %p",
-                                then_role, (void *)then, first_role, (void *)first);
+  *st = DLSYNC__LIKELY(r == CUDA_SUCCESS) ? DLSYNC_SUCCESS
+                                          : fail_wait(ctx, r, first, then, first_role, then_role);
   return true;
 query_failed:
   *st = dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s or %s stream (%p, %p)", first_role,

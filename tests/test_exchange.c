@@ -219,6 +219,49 @@ static void devices_order_across(void **state) {
   fake_stream_destroy(other);
 }
 
+/* A wait the driver refuses between streams of two devices is its own
+ * status, naming both devices, for a cold and a warm thread, in begin and in
+ * end; between streams of one device the same refusal stays
+ * DLSYNC_ERROR_DRIVER. Nothing is queued, the pool stays intact. */
+static void cross_device_refusal_is_its_own_status(void **state) {
+  CUstream other = fake_stream_create(1, CU_STREAM_NON_BLOCKING);
+  dlsync_lane lp = dlsync_lane_stream(P), lo = dlsync_lane_stream(other),
+              lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  (void)state;
+  for (int warm = 0; warm < 2; warm++) {
+    uint64_t a, b;
+    fake_fail_nth("cuStreamWaitEvent", 1, CUDA_ERROR_NOT_SUPPORTED);
+    ex = (dlsync_exchange *)0x1;
+    assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lo), DLSYNC_ERROR_CROSS_DEVICE);
+    assert_null(ex);
+    assert_non_null(strstr(dlsync_last_error(), "on device 1 waiting for producer stream"));
+    assert_non_null(strstr(dlsync_last_error(), "on device 0"));
+    assert_non_null(strstr(dlsync_last_error(), "CUDA_ERROR_NOT_SUPPORTED"));
+    assert_int_equal(dlsync_last_driver_result(), CUDA_ERROR_NOT_SUPPORTED);
+    a = fake_work(P, "produce", NULL);
+    b = fake_work(other, "consume", NULL);
+    assert_false(fake_happens_before(a, b)); /* nothing was queued */
+    /* end: the producer's wait is refused */
+    assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lo), DLSYNC_SUCCESS);
+    fake_fail_nth("cuStreamWaitEvent", 1, CUDA_ERROR_NOT_SUPPORTED);
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_CROSS_DEVICE);
+    assert_non_null(strstr(dlsync_last_error(), "producer stream"));
+    /* one device: the driver's status */
+    fake_fail_nth("cuStreamWaitEvent", 1, CUDA_ERROR_NOT_SUPPORTED);
+    assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_ERROR_DRIVER);
+    assert_null(strstr(dlsync_last_error(), "device"));
+    /* warm up both pairs for the next round */
+    for (int i = 0; i < 2; i++) {
+      assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lo), DLSYNC_SUCCESS);
+      assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+      assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+      assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+    }
+  }
+  fake_stream_destroy(other);
+}
+
 static void reused_stream_handle_in_another_context_is_noticed(void **state) {
   CUstream s = fake_stream_create(0, CU_STREAM_NON_BLOCKING), s2;
   dlsync_lane ls, lc;
@@ -875,6 +918,7 @@ int main(void) {
       T(stable_broken_promise_costs_the_capture),
       T(unknown_flags_are_refused),
       T(devices_order_across),
+      T(cross_device_refusal_is_its_own_status),
       T(reused_stream_handle_in_another_context_is_noticed),
       T(warm_streams_still_notice_a_capture),
       T(same_capture_is_edges_only),

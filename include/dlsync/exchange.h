@@ -35,6 +35,11 @@
  * thread or another. Events are created (allowed during capture) only when a
  * pool is empty.
  *
+ * Devices: streams of two devices are ordered like any others (the driver
+ * needs no peer access for an event wait; seen on two H200s). Should the
+ * driver refuse such a wait, the status is DLSYNC_ERROR_CROSS_DEVICE and the
+ * message names both devices.
+ *
  * Errors leave nothing queued that the caller did not ask for, return pooled
  * events to the pool and leak nothing. Threads: any number of calls at once on
  * one context; one exchange handle is used by one thread at a time.

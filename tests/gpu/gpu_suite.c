@@ -190,6 +190,13 @@ out:
   return 0;
 }
 
+/* Variants of the eager and join rows: the flags their begins pass, and
+ * whether the join row warms its streams (one eager exchange first) so that
+ * its begin in capture takes the fast path (which asks about the consumer
+ * only) instead of the general one. */
+static uint32_t xflags;
+static bool warm_streams;
+
 /* Settles a buffer to a known value before a scenario. */
 static CUresult settle(CUstream s) {
   CUresult r = produce(s, big_buf, BIG_WORDS, ++value_base);
@@ -245,7 +252,7 @@ static int sc_eager_eager(const scenario *s, CUstreamCaptureMode mode, bool use,
     want[t] = ++value_base;
     CU(produce(p, big_buf, BIG_WORDS, want[t]));
     if (use)
-      DS(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc));
+      DS(dlsync_exchange_begin_flags(&ex, E.ctx, &lp, &lc, xflags));
     CU(consume(c, big_buf, BIG_WORDS, t));
     if (use)
       DS(dlsync_exchange_end(ex));
@@ -280,10 +287,15 @@ static int sc_join(const scenario *s, CUstreamCaptureMode mode, bool use, outcom
   CU(settle(p));
   lp = dlsync_lane_stream(p);
   lc = dlsync_lane_stream(c);
+  if (use && warm_streams) {
+    DS(dlsync_exchange_begin_flags(&ex, E.ctx, &lp, &lc, xflags));
+    DS(dlsync_exchange_end(ex));
+    ex = NULL;
+  }
   CU(D->StreamBeginCapture(p, mode));
   CU(produce(p, big_buf, BIG_WORDS, 7));
   if (use)
-    DS(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc));
+    DS(dlsync_exchange_begin_flags(&ex, E.ctx, &lp, &lc, xflags));
   CU(consume(c, big_buf, BIG_WORDS, 0));
   if (use)
     DS(dlsync_exchange_end(ex));
@@ -308,6 +320,33 @@ out:
   drop_stream(c);
   drop_stream(launch);
   return 0;
+}
+
+static int sc_eager_eager_stable(const scenario *s, CUstreamCaptureMode mode, bool use,
+                                 outcome *o) {
+  int r;
+  xflags = DLSYNC_EXCHANGE_CAPTURE_STABLE;
+  r = sc_eager_eager(s, mode, use, o);
+  xflags = 0;
+  return r;
+}
+
+static int sc_join_warm(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  int r;
+  warm_streams = true;
+  r = sc_join(s, mode, use, o);
+  warm_streams = false;
+  return r;
+}
+
+static int sc_join_stable(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  int r;
+  warm_streams = true;
+  xflags = DLSYNC_EXCHANGE_CAPTURE_STABLE;
+  r = sc_join(s, mode, use, o);
+  warm_streams = false;
+  xflags = 0;
+  return r;
 }
 
 /* Both in one capture: the consumer was forked into it by the caller. */
@@ -725,8 +764,11 @@ out:
 
 /* ---- errors: each a status, nothing queued, the capture intact ---- */
 
+static const char *mode_name(CUstreamCaptureMode m);
+
 static int sc_errors(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
-  CUstream blocking = NULL, other = NULL;
+  CUstream blocking = NULL, other = NULL, c2 = NULL;
+  dlsync_lane lc2;
   CUevent eager_ev = NULL;
   CUgraph g = NULL, gb = NULL;
   CUgraphNode m = NULL, deps[2];
@@ -804,6 +846,98 @@ static int sc_errors(const scenario *s, CUstreamCaptureMode mode, bool use, outc
   g = NULL;
   drop_graph(gb, NULL);
   gb = NULL;
+  /* 6. an invalidated capture met by the fast path: the streams are warm,
+   * begin asks about the consumer only, and the record on the producer's
+   * invalidated capture must say so and leave the consumer alone. */
+  CU(new_stream(&c2));
+  lc2 = dlsync_lane_stream(c2);
+  lb = dlsync_lane_stream(blocking);
+  for (int i = 0; i < 2; i++) {
+    DS(dlsync_exchange_begin(&ex, E.ctx, &lb, &lc2));
+    DS(dlsync_exchange_end(ex));
+    ex = NULL;
+  }
+  CU(D->EventRecord(eager_ev, other));
+  CU(D->StreamBeginCapture(blocking, mode));
+  r = D->StreamWaitEvent(blocking, eager_ev, 0); /* invalidates */
+  o->runs++;
+  DS_EXPECT(dlsync_exchange_begin(&ex, E.ctx, &lb, &lc2), DLSYNC_ERROR_CAPTURE_INVALIDATED);
+  {
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_ACTIVE;
+    CU(D->StreamIsCapturing(c2, &cs));
+    if (cs != CU_STREAM_CAPTURE_STATUS_NONE) {
+      note(o, "the consumer joined an invalidated capture");
+      o->broken++;
+    }
+  }
+  r = D->StreamEndCapture(blocking, &g);
+  if (g != NULL) {
+    D->GraphDestroy(g);
+    g = NULL;
+  }
+  /* 7. DLSYNC_EXCHANGE_CAPTURE_STABLE's promise broken, as exchange.h says:
+   * (a) the consumer begins capturing between begin and end: end succeeds,
+   * the producer joins that capture, and the capture fails to end once the
+   * producer queued more; (b) the producer begins capturing: its capture is
+   * invalidated. Both are checked against the driver and printed. */
+  for (int i = 0; i < 2; i++) {
+    DS(dlsync_exchange_begin_flags(&ex, E.ctx, &lo, &lc2, DLSYNC_EXCHANGE_CAPTURE_STABLE));
+    DS(dlsync_exchange_end(ex));
+    ex = NULL;
+  }
+  {
+    dlsync_status se;
+    CUresult ra, rb;
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    o->runs++;
+    DS(dlsync_exchange_begin_flags(&ex, E.ctx, &lo, &lc2, DLSYNC_EXCHANGE_CAPTURE_STABLE));
+    CU(D->StreamBeginCapture(c2, mode));
+    CU(consume(c2, big_buf, 16, 0));
+    se = dlsync_exchange_end(ex);
+    ex = NULL;
+    D->StreamIsCapturing(other, &cs);
+    produce(other, big_buf, 16, 1);
+    ra = D->StreamEndCapture(c2, &g);
+    if (g != NULL) {
+      D->GraphDestroy(g);
+      g = NULL;
+    }
+    printf("  [%s] CAPTURE_STABLE broken by the consumer: end %s, producer %s, consumer's "
+           "cuStreamEndCapture %s\n",
+           mode_name(mode), dlsync_status_name(se),
+           cs == CU_STREAM_CAPTURE_STATUS_ACTIVE ? "joined its capture" : "not capturing",
+           gpu_err(D, ra));
+    if (se != DLSYNC_SUCCESS || cs != CU_STREAM_CAPTURE_STATUS_ACTIVE ||
+        ra != CUDA_ERROR_STREAM_CAPTURE_UNJOINED) {
+      note(o, "a broken CAPTURE_STABLE promise (consumer) did not cost what exchange.h says");
+      o->broken++;
+    }
+    CU(D->StreamIsCapturing(other, &cs));
+    if (cs != CU_STREAM_CAPTURE_STATUS_NONE) {
+      note(o, "the producer stayed in the consumer's failed capture");
+      o->broken++;
+      goto out;
+    }
+    o->runs++;
+    DS(dlsync_exchange_begin_flags(&ex, E.ctx, &lo, &lc2, DLSYNC_EXCHANGE_CAPTURE_STABLE));
+    CU(consume(c2, big_buf, 16, 0));
+    CU(D->StreamBeginCapture(other, mode));
+    se = dlsync_exchange_end(ex);
+    ex = NULL;
+    rb = D->StreamEndCapture(other, &g);
+    if (g != NULL) {
+      D->GraphDestroy(g);
+      g = NULL;
+    }
+    printf("  [%s] CAPTURE_STABLE broken by the producer: end %s (%s), producer's "
+           "cuStreamEndCapture %s\n",
+           mode_name(mode), dlsync_status_name(se), se == DLSYNC_SUCCESS ? "" : dlsync_last_error(),
+           gpu_err(D, rb));
+    if (rb != CUDA_ERROR_STREAM_CAPTURE_INVALIDATED) {
+      note(o, "a broken CAPTURE_STABLE promise (producer) did not cost what exchange.h says");
+      o->broken++;
+    }
+  }
   if (!events_came_back()) {
     note(o, "graph-owned events did not come back");
     o->broken++;
@@ -822,6 +956,7 @@ out:
   drop_graph(gb, NULL);
   drop_stream(blocking);
   drop_stream(other);
+  drop_stream(c2);
   if (eager_ev)
     D->EventDestroy(eager_ev);
   return 0;
@@ -997,7 +1132,7 @@ static int sc_two_devices_eager(const scenario *s, CUstreamCaptureMode mode, boo
     want[t] = ++value_base;
     CU(produce(p, big_buf, BIG_WORDS, want[t]));
     if (use)
-      DS(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc));
+      DS(dlsync_exchange_begin_flags(&ex, E.ctx, &lp, &lc, xflags));
     CU(consume_on_dev1(c, t));
     if (use)
       DS(dlsync_exchange_end(ex));
@@ -1426,7 +1561,10 @@ out:
 static const scenario scenarios[] = {
     {"A same stream", "stream S / S", sc_same_stream, false, false},
     {"A eager->eager", "eager / eager", sc_eager_eager, false, true},
+    {"A eager stable", "eager / eager, CAPTURE_STABLE", sc_eager_eager_stable, false, true},
     {"C join", "capturing / eager", sc_join, true, true},
+    {"C join warm", "capturing / eager, fast path", sc_join_warm, true, true},
+    {"C join stable", "capturing / eager, STABLE", sc_join_stable, true, true},
     {"C same capture", "capturing / same capture", sc_same_capture, true, true},
     {"C eager->capture", "eager / capturing", sc_eager_to_capture, true, true},
     {"C two captures", "capturing G1 / G2", sc_two_captures, true, true},
