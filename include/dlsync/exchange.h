@@ -41,8 +41,11 @@
  * message names both devices.
  *
  * Errors leave nothing queued that the caller did not ask for, return pooled
- * events to the pool and leak nothing. Threads: any number of calls at once on
- * one context; one exchange handle is used by one thread at a time.
+ * events to the pool and leak nothing. One exception to "at once": a graph
+ * takes its event before dlsync adds the node that uses it, so when adding
+ * the node fails (DLSYNC_ERROR_FOREIGN_DEPENDENCY, say) the event comes back
+ * when that graph is destroyed. Threads: any number of calls at once on one
+ * context; one exchange handle is used by one thread at a time.
  */
 #ifndef DLSYNC_EXCHANGE_H
 #define DLSYNC_EXCHANGE_H

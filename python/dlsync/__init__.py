@@ -122,8 +122,11 @@ _status_name = _fn("dlsync_status_name", ctypes.c_char_p, ctypes.c_int)
 _last_error = _fn("dlsync_last_error", ctypes.c_char_p)
 _version_string = _fn("dlsync_version_string", ctypes.c_char_p)
 _context_default = _fn("dlsync_context_default", ctypes.c_int, _P(_vp))
+# dlsync_exchange_flag
+CAPTURE_STABLE = 1
+
 _exchange_begin = _fn(
-    "dlsync_exchange_begin", ctypes.c_int, _P(_vp), _vp, _P(_Lane), _P(_Lane)
+    "dlsync_exchange_begin_flags", ctypes.c_int, _P(_vp), _vp, _P(_Lane), _P(_Lane), ctypes.c_uint32
 )
 _exchange_end = _fn("dlsync_exchange_end", ctypes.c_int, _vp)
 _lane_query = _fn("dlsync_lane_query", ctypes.c_int, _P(_LaneState), _vp, _P(_Lane))
@@ -198,10 +201,11 @@ def capture_state(stream: Any) -> str:
 class _Exchange:
     __slots__ = ("_handle", "_lanes")
 
-    def __init__(self, producer: Any, consumer: Any):
+    def __init__(self, producer: Any, consumer: Any, flags: int = 0):
         p, c = _lane(producer), _lane(consumer)
         out = _vp()
-        _check(_exchange_begin(ctypes.byref(out), _context(), ctypes.byref(p), ctypes.byref(c)))
+        _check(_exchange_begin(ctypes.byref(out), _context(), ctypes.byref(p), ctypes.byref(c),
+                               flags))
         self._handle = out.value
         self._lanes = (p, c)
 
@@ -212,12 +216,16 @@ class _Exchange:
 
 
 @contextlib.contextmanager
-def exchange(producer: Any, consumer: Any) -> Iterator[None]:
+def exchange(producer: Any, consumer: Any, capture_stable: bool = False) -> Iterator[None]:
     """Orders ``consumer`` after ``producer`` on entry, and the producer's
     later work after the consumer's work inside the block on exit. Under
     stream capture an eager consumer joins the producer's capture and is
-    joined back on exit."""
-    ex = _Exchange(producer, consumer)
+    joined back on exit.
+
+    ``capture_stable=True`` (DLSYNC_EXCHANGE_CAPTURE_STABLE) promises that no
+    capture begins or ends on either stream inside the block, so the exit
+    asks the driver nothing; a broken promise costs a capture (exchange.h)."""
+    ex = _Exchange(producer, consumer, CAPTURE_STABLE if capture_stable else 0)
     try:
         yield
     finally:

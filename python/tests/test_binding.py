@@ -52,6 +52,10 @@ class Binding(unittest.TestCase):
                 pass
         self.assertEqual(info.exception.status, "DLSYNC_ERROR_NO_DRIVER")
         self.assertIn("libcuda.so.1", info.exception.message)
+        with self.assertRaises(dlsync.Error) as info:
+            with dlsync.exchange(0x10, 0x20, capture_stable=True):
+                pass
+        self.assertEqual(info.exception.status, "DLSYNC_ERROR_NO_DRIVER")
 
     def test_wrap_passes_non_cuda_producers_through(self):
         class Host:

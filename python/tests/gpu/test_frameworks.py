@@ -79,6 +79,53 @@ def test_torch_to_cupy_under_torch_graph(mode, record):
            _torch_to_cupy(mode, False))
 
 
+# ---- the same with an explicit exchange, capture_stable=True ----
+
+
+def _torch_to_cupy_stable(mode, use):
+    cupy = pytest.importorskip("cupy")
+    x = torch.zeros(N, device="cuda")
+    res = cupy.zeros(N, dtype=cupy.float32)
+    side = cupy.cuda.Stream(non_blocking=True)
+    cupy.multiply(cupy.from_dlpack(x), 3, out=res)
+    torch.cuda.synchronize()
+    if use:  # warm this thread's fast path for the two streams
+        with dlsync.exchange(torch.cuda.current_stream(), side, capture_stable=True):
+            pass
+    g = torch.cuda.CUDAGraph()
+    runs = wrong = broken = 0
+    note = ""
+    try:
+        with torch.cuda.graph(g, capture_error_mode=mode):
+            y = x * 2 + 1
+            cy = cupy.from_dlpack(_NoSync(y))  # no ordering but dlsync's
+            if use:
+                with dlsync.exchange(torch.cuda.current_stream(), side, capture_stable=True):
+                    with side:
+                        cupy.multiply(cy, 3, out=res)
+            else:
+                with side:
+                    cupy.multiply(cy, 3, out=res)
+    except Exception as e:  # the control's broken capture
+        broken += 1
+        note = f"{type(e).__name__}: {str(e).splitlines()[0][:120]}"
+        torch.cuda.synchronize()
+        return runs, wrong, broken, note
+    for i in range(REPLAYS):
+        x.fill_(float(i + 1))
+        g.replay()
+        torch.cuda.synchronize()
+        runs += 1
+        wrong += float(res[-1].get()) != (2.0 * (i + 1) + 1) * 3
+    return runs, wrong, broken, note
+
+
+@pytest.mark.parametrize("mode", MODES)
+def test_torch_to_cupy_exchange_capture_stable(mode, record):
+    record("torch -> CuPy STABLE", "torch.cuda.graph", mode, _torch_to_cupy_stable(mode, True),
+           _torch_to_cupy_stable(mode, False))
+
+
 # ---- CuPy producer (joined into the capture), torch consumer ----
 
 
@@ -141,7 +188,11 @@ def _torch_to_jax(use):
         x = torch.full((N,), float(i + 1), device="cuda")
         torch.cuda.synchronize()
         with torch.cuda.stream(s):
-            y = x * 2 + 1  # a long producer on a side stream
+            # A long producer on a side stream: a spin of about 10 ms first,
+            # so that a consumer not ordered after it reads too early every
+            # time (the multiply alone raced JAX's read in 0 to 6 of 10).
+            torch.cuda._sleep(20_000_000)
+            y = x * 2 + 1
             if use:
                 j = jax.dlpack.from_dlpack(dlsync.wrap(y, producer=s))
             else:
