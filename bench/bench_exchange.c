@@ -9,6 +9,7 @@
 #include <dlfcn.h>
 #include <libgen.h>
 #include <sched.h>
+#include <time.h>
 #include <unistd.h>
 
 #include "../tests/gpu/gpu_common.h"
@@ -279,6 +280,92 @@ static double time_two_captures(bool use) {
   return median(t, BATCHES);
 }
 
+/* The other rows of the table, one dlsync_order each, against the calls a
+ * caller would make by hand (with pre-created events, one per order, and no
+ * user objects: dlsync also gives each event to the graph, so that it lives
+ * as long as the graph). K orders per batch on fresh graphs, destroyed after
+ * the batch; the pool is refilled (graph-owned events back) before the next. */
+#define K_ROWS 500
+static CUevent kev[K_ROWS];
+
+typedef enum table_row { ROW_EAGER_TO_CAPTURE, ROW_EAGER_TO_BUILT, ROW_BUILT_TWO } table_row;
+
+static void wait_events_back(void) {
+  for (int i = 0; i < 2000; i++) {
+    dlsync__pool_stats ps;
+    dlsync__pool_stats_get(&ps, E.ctx);
+    if (ps.graph_owned == 0)
+      return;
+    struct timespec ts = {0, 500000};
+    nanosleep(&ts, NULL);
+  }
+}
+
+static double time_row(table_row row, bool use) {
+  double t[BATCHES];
+  for (int b = 0; b < BATCHES; b++) {
+    CUgraph g1 = NULL, g2 = NULL;
+    CUgraphNode d1[2], d2[2];
+    dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C), l1, l2;
+    double t0;
+    if (row == ROW_EAGER_TO_CAPTURE) {
+      CHECK(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
+    } else {
+      CHECK(D->GraphCreate(&g2, 0) == CUDA_SUCCESS, "graph");
+      CHECK(D->GraphAddEmptyNode(&d2[0], g2, NULL, 0) == CUDA_SUCCESS, "node");
+      if (row == ROW_BUILT_TWO) {
+        CHECK(D->GraphCreate(&g1, 0) == CUDA_SUCCESS, "graph");
+        CHECK(D->GraphAddEmptyNode(&d1[0], g1, NULL, 0) == CUDA_SUCCESS, "node");
+      }
+    }
+    l1 = dlsync_lane_graph(g1, d1, 1, 2);
+    l2 = dlsync_lane_graph(g2, d2, 1, 2);
+    t0 = gpu_now_ns();
+    for (int i = 0; i < K_ROWS; i++) {
+      CUgraphNode n;
+      switch (row) {
+      case ROW_EAGER_TO_CAPTURE:
+        if (use) {
+          CHECK(dlsync_order(E.ctx, &lp, &lc) == DLSYNC_SUCCESS, "order");
+        } else {
+          CHECK(D->EventRecord(kev[i], P) == CUDA_SUCCESS, "record");
+          CHECK(D->StreamWaitEvent(C, kev[i], CU_EVENT_WAIT_EXTERNAL) == CUDA_SUCCESS, "wait");
+        }
+        break;
+      case ROW_EAGER_TO_BUILT:
+        if (use) {
+          CHECK(dlsync_order(E.ctx, &lp, &l2) == DLSYNC_SUCCESS, "order");
+        } else {
+          CHECK(D->GraphAddEventWaitNode(&n, g2, d2, 1, kev[i]) == CUDA_SUCCESS, "wait node");
+          d2[0] = n;
+          CHECK(D->EventRecord(kev[i], P) == CUDA_SUCCESS, "record");
+        }
+        break;
+      case ROW_BUILT_TWO:
+        if (use) {
+          CHECK(dlsync_order(E.ctx, &l1, &l2) == DLSYNC_SUCCESS, "order");
+        } else {
+          CHECK(D->GraphAddEventRecordNode(&n, g1, d1, 1, kev[i]) == CUDA_SUCCESS, "rec node");
+          d1[0] = n;
+          CHECK(D->GraphAddEventWaitNode(&n, g2, d2, 1, kev[i]) == CUDA_SUCCESS, "wait node");
+          d2[0] = n;
+        }
+        break;
+      }
+    }
+    t[b] = (gpu_now_ns() - t0) / K_ROWS;
+    if (row == ROW_EAGER_TO_CAPTURE)
+      CHECK(D->StreamEndCapture(C, &g2) == CUDA_SUCCESS, "end capture");
+    D->CtxSynchronize();
+    if (g1 != NULL)
+      D->GraphDestroy(g1);
+    if (g2 != NULL)
+      D->GraphDestroy(g2);
+    wait_events_back();
+  }
+  return median(t, BATCHES);
+}
+
 /* Replay of a chain of CHAIN exchanges (producer memset, consumer copy),
  * captured through dlsync, against a hand-built graph with the same nodes and
  * only the edges the order needs. Returns microseconds per replay. */
@@ -372,6 +459,7 @@ int main(void) {
   int rc = gpu_env_init(&E);
   double raw_one = 0, raw_queries = 0;
   double raw_one_query = 0;
+  double row_ds[3], row_raw[3];
   double ratio_eager[ROUNDS], ratio_same[ROUNDS], ratio_per[ROUNDS];
   double ratio_stable[ROUNDS], ratio_per_stable[ROUNDS];
   double ratio_so[ROUNDS], ratio_so_stable[ROUNDS];
@@ -448,6 +536,14 @@ int main(void) {
   cap_st = time_in_capture(op_dlsync_stable);
   two_raw = time_two_captures(false);
   two_ds = time_two_captures(true);
+  for (int i = 0; i < K_ROWS; i++)
+    CHECK(D->EventCreate(&kev[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS, "event");
+  /* The context of the graph lanes' pool: device 0's, current already. */
+  for (int r = 0; r < 3; r++) {
+    time_row((table_row)r, true); /* warm: the pool grows to K_ROWS events */
+    row_raw[r] = time_row((table_row)r, false);
+    row_ds[r] = time_row((table_row)r, true);
+  }
   replay_compare(&rc_us, &rb_us, &nc, &nb);
   CHECK(dlsync__pool_for_stream(&bench_pool, NULL, E.ctx, P, "bench") == DLSYNC_SUCCESS, "pool");
   {
@@ -515,9 +611,17 @@ int main(void) {
          cap_st / cap_raw, "(no target)");
   printf("%-44s %10.1f %10.1f %8.2f %s\n", "two captures dlsync_order vs manual nodes", two_ds,
          two_raw, two_ds / two_raw, "(no target)");
+  printf("%-44s %10.1f %10.1f %8.2f %s\n", "order eager -> capturing vs record+ext. wait",
+         row_ds[0], row_raw[0], row_ds[0] / row_raw[0], "(no target)");
+  printf("%-44s %10.1f %10.1f %8.2f %s\n", "order eager -> built vs wait node+record", row_ds[1],
+         row_raw[1], row_ds[1] / row_raw[1], "(no target)");
+  printf("%-44s %10.1f %10.1f %8.2f %s\n", "order built g1 -> g2 vs record+wait nodes", row_ds[2],
+         row_raw[2], row_ds[2] / row_raw[2], "(no target)");
   printf("%-44s %10.2f %10.2f %8.3f %s\n", "replay us: captured chain vs hand-built", rc_us, rb_us,
          rc_us / rb_us, rc_us / rb_us <= 1.05 ? "<= 1.05 ok" : "<= 1.05 MISSED");
   printf("%-44s %10zu %10zu\n", "  nodes in the two graphs", nc, nb);
+  for (int i = 0; i < K_ROWS; i++)
+    D->EventDestroy(kev[i]);
   if (have_so)
     so.context_destroy(so.ctx);
   dlsync_context_destroy(E.ctx);
