@@ -125,21 +125,36 @@ static bool special_stream(CUstream s) {
   return dlsync__is_legacy_stream(s) || s == CU_STREAM_PER_THREAD;
 }
 
-static bool capture_result(CUresult r) {
-  return r >= CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED && r <= CUDA_ERROR_STREAM_CAPTURE_WRONG_THREAD;
+/* Results with which a driver refuses an operation on its arguments (not a
+ * capture's rules, not a lack of memory, not a failed driver). */
+static bool refusal_result(CUresult r) {
+  switch (r) {
+  case CUDA_ERROR_INVALID_VALUE:
+  case CUDA_ERROR_INVALID_DEVICE:
+  case CUDA_ERROR_INVALID_CONTEXT:
+  case CUDA_ERROR_INVALID_HANDLE:
+  case CUDA_ERROR_NOT_PERMITTED:
+  case CUDA_ERROR_NOT_SUPPORTED:
+  case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED:
+  case CUDA_ERROR_PEER_ACCESS_NOT_ENABLED:
+    return true;
+  default:
+    return false;
+  }
 }
 
 /* `then` failed to wait (cuStreamWaitEvent) for an event recorded on
  * `first`. When the two streams are of two devices, that is
  * DLSYNC_ERROR_CROSS_DEVICE and the message names both devices; otherwise
- * the driver's status. The devices are looked up only here, on the way out
- * (never for the legacy or per-thread handles, nor for capture errors). */
+ * the driver's status. The devices are looked up only here, on the way out,
+ * and only for a refusal (never for capture errors, a lack of memory, or the
+ * legacy and per-thread handles). */
 static dlsync_status fail_wait(dlsync_context *ctx, CUresult r, CUstream first, CUstream then,
                                const char *first_role, const char *then_role) {
   const dlsync__driver *d = ctx->drv;
   dlsync__pool *pf = NULL, *pt = NULL;
   int df = -1, dt = -1;
-  if (!capture_result(r) && !special_stream(first) && !special_stream(then) &&
+  if (refusal_result(r) && !special_stream(first) && !special_stream(then) &&
       dlsync__pool_for_stream(&pf, NULL, ctx, first, first_role) == DLSYNC_SUCCESS &&
       dlsync__pool_for_stream(&pt, NULL, ctx, then, then_role) == DLSYNC_SUCCESS) {
     df = dlsync__pool_device(pf);

@@ -247,6 +247,10 @@ static void cross_device_refusal_is_its_own_status(void **state) {
     fake_fail_nth("cuStreamWaitEvent", 1, CUDA_ERROR_NOT_SUPPORTED);
     assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_CROSS_DEVICE);
     assert_non_null(strstr(dlsync_last_error(), "producer stream"));
+    /* not a refusal (out of memory): the driver's status, devices or not */
+    fake_fail_nth("cuStreamWaitEvent", 1, CUDA_ERROR_OUT_OF_MEMORY);
+    assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lo), DLSYNC_ERROR_OUT_OF_MEMORY);
+    assert_null(strstr(dlsync_last_error(), "device"));
     /* one device: the driver's status */
     fake_fail_nth("cuStreamWaitEvent", 1, CUDA_ERROR_NOT_SUPPORTED);
     assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_ERROR_DRIVER);
