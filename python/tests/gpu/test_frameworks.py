@@ -241,6 +241,7 @@ def _cuda_core(use):
         x = torch.full((N,), float(i + 1), device="cuda")
         torch.cuda.synchronize()
         with torch.cuda.stream(producer):
+            torch.cuda._sleep(20_000_000)  # about 10 ms: the control must read too early
             y = x * 2 + 1
         cy = cupy.from_dlpack(_NoSync(y))
         ext = cupy.cuda.ExternalStream(dlsync.stream_handle(consumer))
