@@ -121,10 +121,6 @@ static bool context_mismatch(CUresult r) {
   return r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_INVALID_CONTEXT;
 }
 
-static bool special_stream(CUstream s) {
-  return dlsync__is_legacy_stream(s) || s == CU_STREAM_PER_THREAD;
-}
-
 /* Results with which a driver refuses an operation on its arguments (not a
  * capture's rules, not a lack of memory, not a failed driver). */
 static bool refusal_result(CUresult r) {
@@ -154,7 +150,7 @@ static dlsync_status fail_wait(dlsync_context *ctx, CUresult r, CUstream first, 
   const dlsync__driver *d = ctx->drv;
   dlsync__pool *pf = NULL, *pt = NULL;
   int df = -1, dt = -1;
-  if (refusal_result(r) && !special_stream(first) && !special_stream(then) &&
+  if (refusal_result(r) && !dlsync__is_special_stream(first) && !dlsync__is_special_stream(then) &&
       dlsync__pool_for_stream(&pf, NULL, ctx, first, first_role) == DLSYNC_SUCCESS &&
       dlsync__pool_for_stream(&pt, NULL, ctx, then, then_role) == DLSYNC_SUCCESS) {
     df = dlsync__pool_device(pf);
@@ -396,7 +392,7 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
   CUstreamCaptureStatus cs;
   CUevent ev;
   CUresult r;
-  if (special_stream(first) || special_stream(then) || first == then)
+  if (dlsync__is_special_stream(first) || dlsync__is_special_stream(then) || first == then)
     return false;
   ev = dlsync__thread_scratch(t, ctx, first);
   if (ev == NULL)

@@ -157,52 +157,32 @@ cleanup:
   return st;
 }
 
-/* A small per-thread memo of stream -> pool, so that the hot path does not
- * ask the driver for a stream's context at each call. An entry is trusted
- * only for the context (and its generation) that made it. A stream handle can
- * be reused after cuStreamDestroy, possibly in another CUDA context: then the
- * pool's event does not belong to the stream's context and cuEventRecord
- * fails, and the caller forgets the entry and asks again
- * (dlsync__pool_memo_forget). The special handles (NULL, legacy, per-thread)
- * follow the thread's current context and are never memoised. */
-#define MEMO_SLOTS 8
-
-typedef struct stream_memo {
-  const dlsync_context *ctx;
-  uint64_t generation;
-  CUstream stream;
-  dlsync__pool *pool;
-} stream_memo;
-
-static _Thread_local stream_memo memo[MEMO_SLOTS];
-static _Thread_local unsigned memo_next;
-
-static bool special_stream(CUstream s) {
-  return s == NULL || s == CU_STREAM_LEGACY || s == CU_STREAM_PER_THREAD;
-}
-
+/* The calling thread's block (memo, scratch slots, spare handle); see
+ * internal.h. */
 static _Thread_local dlsync__thread hot;
 
+dlsync__thread *dlsync__thread_get(void) {
+  return &hot;
+}
+
 void dlsync__pool_memo_forget(const dlsync_context *ctx, CUstream stream) {
-  for (unsigned i = 0; i < MEMO_SLOTS; i++)
-    if (memo[i].ctx == ctx && memo[i].stream == stream)
-      memo[i].ctx = NULL;
-  for (unsigned i = 0; i < DLSYNC__FAST_SLOTS; i++)
-    if (hot.fast[i].ctx == ctx && hot.fast[i].stream == stream)
-      hot.fast[i].ctx = NULL;
+  for (unsigned i = 0; i < DLSYNC__MEMO_SLOTS; i++)
+    if (hot.memo[i].ctx == ctx && hot.memo[i].stream == stream)
+      hot.memo[i].ctx = NULL;
 }
 
 dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsync_context *ctx,
                                       CUstream stream, const char *role) {
   dlsync_status st = DLSYNC_SUCCESS;
   CUcontext cuctx = NULL;
-  bool memoise = from_memo != NULL && !special_stream(stream);
+  bool memoise = from_memo != NULL && !dlsync__is_special_stream(stream);
   if (from_memo != NULL)
     *from_memo = false;
   if (memoise) {
-    for (unsigned i = 0; i < MEMO_SLOTS; i++) {
-      if (memo[i].stream == stream && memo[i].ctx == ctx && memo[i].generation == ctx->generation) {
-        *out = memo[i].pool;
+    for (unsigned i = 0; i < DLSYNC__MEMO_SLOTS; i++) {
+      const dlsync__stream_memo *m = &hot.memo[i];
+      if (m->stream == stream && m->ctx == ctx && m->generation == ctx->generation) {
+        *out = m->pool;
         *from_memo = true;
         return DLSYNC_SUCCESS;
       }
@@ -212,11 +192,12 @@ dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsyn
             "%s stream %p: finding its CUDA context", role, (void *)stream);
   DLSYNC_TRY(dlsync__pool_for_cuctx(out, ctx, cuctx));
   if (memoise) {
-    stream_memo *m = &memo[memo_next++ % MEMO_SLOTS];
+    dlsync__stream_memo *m = &hot.memo[hot.memo_next++ % DLSYNC__MEMO_SLOTS];
     m->ctx = ctx;
     m->generation = ctx->generation;
     m->stream = stream;
     m->pool = *out;
+    m->scratch = NULL;
   }
 cleanup:
   return st;
@@ -314,27 +295,19 @@ void dlsync__pool_put(dlsync__pool *p, CUevent event) {
  * pool remembers every event it lent this way (at most SCRATCH_MAX; past that
  * threads take and give back as usual) and destroys them with the context. A
  * thread's slots are trusted only for the context generation that filled
- * them, like the stream memo. */
-#define SCRATCH_SLOTS 2
+ * them, like the stream memo. A slot that is reused for another pool leaves
+ * its event with the thread (a memo entry may still name it): it is never
+ * lent to another thread. */
 #define SCRATCH_MAX 256
-
-typedef struct scratch_slot {
-  const dlsync_context *ctx;
-  uint64_t generation;
-  dlsync__pool *pool;
-  CUevent event;
-} scratch_slot;
-
-static _Thread_local scratch_slot scratch[SCRATCH_SLOTS];
-static _Thread_local unsigned scratch_next;
 
 dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync_context *ctx,
                                   dlsync__pool *p) {
   dlsync_status st;
   bool registered = false;
-  for (unsigned i = 0; i < SCRATCH_SLOTS; i++) {
-    if (scratch[i].pool == p && scratch[i].ctx == ctx && scratch[i].generation == ctx->generation) {
-      *out = scratch[i].event;
+  for (unsigned i = 0; i < DLSYNC__SCRATCH_SLOTS; i++) {
+    const dlsync__scratch_slot *sl = &hot.scratch[i];
+    if (sl->pool == p && sl->ctx == ctx && sl->generation == ctx->generation) {
+      *out = sl->event;
       *lent = true;
       return DLSYNC_SUCCESS;
     }
@@ -354,7 +327,7 @@ dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync_context
   }
   spin_unlock(&p->lock);
   if (registered) {
-    scratch_slot *slot = &scratch[scratch_next++ % SCRATCH_SLOTS];
+    dlsync__scratch_slot *slot = &hot.scratch[hot.scratch_next++ % DLSYNC__SCRATCH_SLOTS];
     slot->ctx = ctx;
     slot->generation = ctx->generation;
     slot->pool = p;
@@ -364,29 +337,12 @@ dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync_context
   return DLSYNC_SUCCESS;
 }
 
-dlsync__thread *dlsync__thread_get(void) {
-  return &hot;
-}
-
-CUevent dlsync__thread_scratch_slow(dlsync__thread *t, const dlsync_context *ctx, CUstream stream) {
-  dlsync__pool *p = NULL;
-  dlsync__fast_entry *e;
-  for (unsigned i = 0; i < MEMO_SLOTS; i++) {
-    if (memo[i].stream == stream && memo[i].ctx == ctx && memo[i].generation == ctx->generation) {
-      p = memo[i].pool;
-      break;
-    }
-  }
-  if (p == NULL)
-    return NULL;
-  for (unsigned i = 0; i < SCRATCH_SLOTS; i++) {
-    if (scratch[i].pool == p && scratch[i].ctx == ctx && scratch[i].generation == ctx->generation) {
-      e = &t->fast[t->fast_next++ % DLSYNC__FAST_SLOTS];
-      e->ctx = ctx;
-      e->generation = ctx->generation;
-      e->stream = stream;
-      e->event = scratch[i].event;
-      return e->event;
+CUevent dlsync__thread_scratch_fill(dlsync__thread *t, dlsync__stream_memo *m) {
+  for (unsigned i = 0; i < DLSYNC__SCRATCH_SLOTS; i++) {
+    const dlsync__scratch_slot *sl = &t->scratch[i];
+    if (sl->pool == m->pool && sl->ctx == m->ctx && sl->generation == m->generation) {
+      m->scratch = sl->event;
+      return m->scratch;
     }
   }
   return NULL;

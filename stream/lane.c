@@ -74,8 +74,7 @@ dlsync_status dlsync__lane_read(dlsync__lane_now *out, dlsync_context *ctx, dlsy
    * straight to the full query, whose answer for the legacy stream during a
    * blocking capture (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) is known to leave
    * the capture intact. */
-  if (lane->stream != NULL && lane->stream != CU_STREAM_LEGACY &&
-      lane->stream != CU_STREAM_PER_THREAD) {
+  if (!dlsync__is_special_stream(lane->stream)) {
     r = d->StreamIsCapturing(lane->stream, &cs);
     if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
       st = dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s stream %p", role,

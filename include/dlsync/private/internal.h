@@ -170,6 +170,11 @@ static inline dlsync_status dlsync__lane_check(const dlsync_lane *lane, const ch
 static inline bool dlsync__is_legacy_stream(CUstream s) {
   return s == NULL || s == CU_STREAM_LEGACY;
 }
+/* The handles that follow the calling thread (legacy, per-thread default):
+ * never memoised, never on the fast path. */
+static inline bool dlsync__is_special_stream(CUstream s) {
+  return dlsync__is_legacy_stream(s) || s == CU_STREAM_PER_THREAD;
+}
 static inline bool dlsync__same_stream(CUstream a, CUstream b) {
   return a == b || (dlsync__is_legacy_stream(a) && dlsync__is_legacy_stream(b));
 }
@@ -218,41 +223,63 @@ struct dlsync_context {
 };
 
 /* ---- the calling thread (event/pool.c) ---- */
-/* The calling thread's hot state: what the eager fast path of an exchange
- * needs, found with one thread-local access. fast[] maps a stream to the
- * thread's scratch event of that stream's CUDA context; an entry is trusted
- * only for the context (and generation) that made it, and is made from the
- * memo and the scratch slots once the general path has filled both. */
-#define DLSYNC__FAST_SLOTS 4
-typedef struct dlsync__fast_entry {
+/* Everything dlsync keeps per thread for the hot path, in one thread-local
+ * block (one access through __tls_get_addr in the shared library).
+ *
+ * memo: stream -> pool, so that the hot path does not ask the driver for a
+ * stream's context at each call; `scratch` caches the thread's scratch event
+ * of that pool once known. An entry is trusted only for the context (and its
+ * generation) that made it. A stream handle can be reused after
+ * cuStreamDestroy, possibly in another CUDA context: then cuEventRecord with
+ * the pool's event fails, and the caller forgets the entry and asks again
+ * (dlsync__pool_memo_forget). The special handles are never memoised.
+ *
+ * scratch: a plain record followed by a wait leaves the event free again at
+ * once, so the thread keeps one event per pool it uses (see pool.c). */
+#define DLSYNC__MEMO_SLOTS 8
+#define DLSYNC__SCRATCH_SLOTS 2
+
+typedef struct dlsync__stream_memo {
   const dlsync_context *ctx;
   uint64_t generation;
   CUstream stream;
+  dlsync__pool *pool;
+  CUevent scratch; /* the thread's scratch event of pool, NULL until known */
+} dlsync__stream_memo;
+
+typedef struct dlsync__scratch_slot {
+  const dlsync_context *ctx;
+  uint64_t generation;
+  dlsync__pool *pool;
   CUevent event;
-} dlsync__fast_entry;
+} dlsync__scratch_slot;
 
 typedef struct dlsync__thread {
-  dlsync__fast_entry fast[DLSYNC__FAST_SLOTS];
-  unsigned fast_next;
+  dlsync__stream_memo memo[DLSYNC__MEMO_SLOTS];
+  unsigned memo_next;
+  dlsync__scratch_slot scratch[DLSYNC__SCRATCH_SLOTS];
+  unsigned scratch_next;
   void *spare;      /* core/exchange.c: one free exchange handle */
   bool spare_keyed; /* the thread-exit hook that frees it is set */
 } dlsync__thread;
 
 dlsync__thread *dlsync__thread_get(void);
 
-/* The thread's scratch event for `stream` with no driver call and no lock:
- * from fast[], else from the memo and the scratch slots (then remembered in
- * fast[]); NULL when either is not known yet (take the full path, which fills
- * both). */
-CUevent dlsync__thread_scratch_slow(dlsync__thread *t, const dlsync_context *ctx, CUstream stream);
+/* Fills m->scratch from the scratch slots; NULL when the thread has no
+ * scratch event of m->pool yet. */
+CUevent dlsync__thread_scratch_fill(dlsync__thread *t, dlsync__stream_memo *m);
+
+/* The thread's scratch event for `stream`, with no driver call and no lock;
+ * NULL when the memo or the scratch slots do not know it yet (then take the
+ * full path, which fills both). */
 static inline CUevent dlsync__thread_scratch(dlsync__thread *t, const dlsync_context *ctx,
                                              CUstream stream) {
-  for (unsigned i = 0; i < DLSYNC__FAST_SLOTS; i++) {
-    const dlsync__fast_entry *e = &t->fast[i];
-    if (e->stream == stream && e->ctx == ctx && e->generation == ctx->generation)
-      return e->event;
+  for (unsigned i = 0; i < DLSYNC__MEMO_SLOTS; i++) {
+    dlsync__stream_memo *m = &t->memo[i];
+    if (m->stream == stream && m->ctx == ctx && m->generation == ctx->generation)
+      return DLSYNC__LIKELY(m->scratch != NULL) ? m->scratch : dlsync__thread_scratch_fill(t, m);
   }
-  return dlsync__thread_scratch_slow(t, ctx, stream);
+  return NULL;
 }
 
 /* ---- releases (event/release.c) ---- */
