@@ -307,6 +307,7 @@ static double time_row(table_row row, bool use) {
     CUgraph g1 = NULL, g2 = NULL;
     CUgraphNode d1[2], d2[2];
     dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C), l1, l2;
+    dlsync_lane *first, *then;
     double t0;
     if (row == ROW_EAGER_TO_CAPTURE) {
       CHECK(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
@@ -320,36 +321,31 @@ static double time_row(table_row row, bool use) {
     }
     l1 = dlsync_lane_graph(g1, d1, 1, 2);
     l2 = dlsync_lane_graph(g2, d2, 1, 2);
+    /* dlsync's side is one order, between the row's two lanes. */
+    first = row == ROW_BUILT_TWO ? &l1 : &lp;
+    then = row == ROW_EAGER_TO_CAPTURE ? &lc : &l2;
     t0 = gpu_now_ns();
     for (int i = 0; i < K_ROWS; i++) {
       CUgraphNode n;
+      if (use) {
+        CHECK(dlsync_order(E.ctx, first, then) == DLSYNC_SUCCESS, "order");
+        continue;
+      }
       switch (row) {
       case ROW_EAGER_TO_CAPTURE:
-        if (use) {
-          CHECK(dlsync_order(E.ctx, &lp, &lc) == DLSYNC_SUCCESS, "order");
-        } else {
-          CHECK(D->EventRecord(kev[i], P) == CUDA_SUCCESS, "record");
-          CHECK(D->StreamWaitEvent(C, kev[i], CU_EVENT_WAIT_EXTERNAL) == CUDA_SUCCESS, "wait");
-        }
+        CHECK(D->EventRecord(kev[i], P) == CUDA_SUCCESS, "record");
+        CHECK(D->StreamWaitEvent(C, kev[i], CU_EVENT_WAIT_EXTERNAL) == CUDA_SUCCESS, "wait");
         break;
       case ROW_EAGER_TO_BUILT:
-        if (use) {
-          CHECK(dlsync_order(E.ctx, &lp, &l2) == DLSYNC_SUCCESS, "order");
-        } else {
-          CHECK(D->GraphAddEventWaitNode(&n, g2, d2, 1, kev[i]) == CUDA_SUCCESS, "wait node");
-          d2[0] = n;
-          CHECK(D->EventRecord(kev[i], P) == CUDA_SUCCESS, "record");
-        }
+        CHECK(D->GraphAddEventWaitNode(&n, g2, d2, 1, kev[i]) == CUDA_SUCCESS, "wait node");
+        d2[0] = n;
+        CHECK(D->EventRecord(kev[i], P) == CUDA_SUCCESS, "record");
         break;
       case ROW_BUILT_TWO:
-        if (use) {
-          CHECK(dlsync_order(E.ctx, &l1, &l2) == DLSYNC_SUCCESS, "order");
-        } else {
-          CHECK(D->GraphAddEventRecordNode(&n, g1, d1, 1, kev[i]) == CUDA_SUCCESS, "rec node");
-          d1[0] = n;
-          CHECK(D->GraphAddEventWaitNode(&n, g2, d2, 1, kev[i]) == CUDA_SUCCESS, "wait node");
-          d2[0] = n;
-        }
+        CHECK(D->GraphAddEventRecordNode(&n, g1, d1, 1, kev[i]) == CUDA_SUCCESS, "rec node");
+        d1[0] = n;
+        CHECK(D->GraphAddEventWaitNode(&n, g2, d2, 1, kev[i]) == CUDA_SUCCESS, "wait node");
+        d2[0] = n;
         break;
       }
     }

@@ -13,6 +13,28 @@
 
 #include "fixture.h"
 
+/* Two begin/end rounds between the lanes: afterwards the thread knows both
+ * streams (memo and scratch event), so the next exchange takes the fast
+ * path. */
+static void warm_pair(dlsync_lane *lp, dlsync_lane *lc, uint32_t flags) {
+  dlsync_exchange *ex = NULL;
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(dlsync_exchange_begin_flags(&ex, ctx, lp, lc, flags), DLSYNC_SUCCESS);
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  }
+}
+
+/* Ends P's capture, which must end cleanly with C joined back (no longer
+ * capturing), no event-record node, and produce -> consume -> mutate. */
+static void end_join_checked(CUgraphNode produce, CUgraphNode consume, CUgraphNode mutate) {
+  CUgraph g = end_capture_ok(P);
+  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_NONE);
+  assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 0);
+  assert_true(fake_graph_has_path(g, produce, consume));
+  assert_true(fake_graph_has_path(g, consume, mutate));
+  destroy_graph(g);
+}
+
 /* ---- A: plain streams ---- */
 
 static void same_stream_is_one_query(void **state) {
@@ -93,12 +115,7 @@ static void stable_end_asks_nothing(void **state) {
   dlsync_exchange *ex = NULL;
   uint64_t produce, consume, mutate;
   (void)state;
-  for (int i = 0; i < 2; i++) { /* warm both ways */
-    assert_int_equal(
-        dlsync_exchange_begin_flags(&ex, ctx, &lp, &lc, DLSYNC_EXCHANGE_CAPTURE_STABLE),
-        DLSYNC_SUCCESS);
-    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
-  }
+  warm_pair(&lp, &lc, DLSYNC_EXCHANGE_CAPTURE_STABLE);
   produce = fake_work(P, "produce", NULL);
   fake_log_reset();
   assert_int_equal(dlsync_exchange_begin_flags(&ex, ctx, &lp, &lc, DLSYNC_EXCHANGE_CAPTURE_STABLE),
@@ -117,14 +134,8 @@ static void stable_join_is_joined_back_without_queries(void **state) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync_exchange *ex = NULL;
   CUgraphNode n1, n2, n3;
-  CUgraph g;
   (void)state;
-  for (int i = 0; i < 2; i++) {
-    assert_int_equal(
-        dlsync_exchange_begin_flags(&ex, ctx, &lp, &lc, DLSYNC_EXCHANGE_CAPTURE_STABLE),
-        DLSYNC_SUCCESS);
-    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
-  }
+  warm_pair(&lp, &lc, DLSYNC_EXCHANGE_CAPTURE_STABLE);
   assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
   fake_work(P, "produce", &n1);
   assert_int_equal(dlsync_exchange_begin_flags(&ex, ctx, &lp, &lc, DLSYNC_EXCHANGE_CAPTURE_STABLE),
@@ -135,12 +146,7 @@ static void stable_join_is_joined_back_without_queries(void **state) {
   assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
   assert_string_equal(fake_call_log(), "cuEventRecord,cuStreamWaitEvent");
   fake_work(P, "mutate", &n3);
-  g = end_capture_ok(P);
-  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_NONE);
-  assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 0);
-  assert_true(fake_graph_has_path(g, n1, n2));
-  assert_true(fake_graph_has_path(g, n2, n3));
-  destroy_graph(g);
+  end_join_checked(n1, n2, n3);
 }
 
 /* The general path (cold thread) also lets a stable end skip its queries. */
@@ -167,12 +173,7 @@ static void stable_broken_promise_costs_the_capture(void **state) {
   dlsync_exchange *ex = NULL;
   CUgraph g = NULL;
   (void)state;
-  for (int i = 0; i < 2; i++) {
-    assert_int_equal(
-        dlsync_exchange_begin_flags(&ex, ctx, &lp, &lc, DLSYNC_EXCHANGE_CAPTURE_STABLE),
-        DLSYNC_SUCCESS);
-    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
-  }
+  warm_pair(&lp, &lc, DLSYNC_EXCHANGE_CAPTURE_STABLE);
   assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
   assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
   fake_work(C, "consume", NULL);
@@ -256,12 +257,8 @@ static void cross_device_refusal_is_its_own_status(void **state) {
     assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_ERROR_DRIVER);
     assert_null(strstr(dlsync_last_error(), "device"));
     /* warm up both pairs for the next round */
-    for (int i = 0; i < 2; i++) {
-      assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lo), DLSYNC_SUCCESS);
-      assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
-      assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
-      assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
-    }
+    warm_pair(&lp, &lo, 0);
+    warm_pair(&lp, &lc, 0);
   }
   fake_stream_destroy(other);
 }
@@ -347,7 +344,6 @@ static void eager_consumer_joins_and_is_joined_back(void **state) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync_exchange *ex = NULL;
   CUgraphNode n1, n2, n3;
-  CUgraph g;
   (void)state;
   assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
   fake_work(P, "produce", &n1);
@@ -358,12 +354,7 @@ static void eager_consumer_joins_and_is_joined_back(void **state) {
   assert_non_null(n2);
   assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
   fake_work(P, "mutate", &n3);
-  g = end_capture_ok(P);
-  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_NONE);
-  assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 0);
-  assert_true(fake_graph_has_path(g, n1, n2));
-  assert_true(fake_graph_has_path(g, n2, n3));
-  destroy_graph(g);
+  end_join_checked(n1, n2, n3);
 }
 
 static void join_without_end_leaves_capture_unjoined(void **state) {
@@ -663,10 +654,7 @@ static void invalidated_capture_is_reported_when_warm(void **state) {
   CUevent e = fake_event_create(0, 0);
   CUgraph g = NULL;
   (void)state;
-  for (int i = 0; i < 2; i++) {
-    assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
-    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
-  }
+  warm_pair(&lp, &lc, 0);
   assert_int_equal(D->EventRecord(e, C), CUDA_SUCCESS);
   assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
   assert_int_equal(D->StreamWaitEvent(P, e, 0), CUDA_ERROR_STREAM_CAPTURE_ISOLATION);

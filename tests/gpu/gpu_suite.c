@@ -46,6 +46,12 @@ typedef struct scenario {
   int (*fn)(const struct scenario *s, CUstreamCaptureMode mode, bool use, outcome *o);
   bool modes;            /* run in GLOBAL, THREAD_LOCAL and RELAXED */
   bool control_can_fail; /* false: stream order alone is enough (same stream) */
+  /* Variants of the eager and join rows: the flags their begins pass, and
+   * whether the join row warms its streams (one eager exchange first) so
+   * that its begin in capture takes the fast path (which asks about the
+   * consumer only) instead of the general one. */
+  uint32_t flags;
+  bool warm;
 } scenario;
 
 static void note(outcome *o, const char *fmt, ...) {
@@ -190,13 +196,6 @@ out:
   return 0;
 }
 
-/* Variants of the eager and join rows: the flags their begins pass, and
- * whether the join row warms its streams (one eager exchange first) so that
- * its begin in capture takes the fast path (which asks about the consumer
- * only) instead of the general one. */
-static uint32_t xflags;
-static bool warm_streams;
-
 /* Settles a buffer to a known value before a scenario. */
 static CUresult settle(CUstream s) {
   CUresult r = produce(s, big_buf, BIG_WORDS, ++value_base);
@@ -238,7 +237,6 @@ static int sc_eager_eager(const scenario *s, CUstreamCaptureMode mode, bool use,
   CUstream p = NULL, c = NULL;
   unsigned want[TRIALS];
   dlsync_lane lp, lc;
-  (void)s;
   (void)mode;
   CU(new_stream(&p));
   CU(new_stream(&c));
@@ -252,7 +250,7 @@ static int sc_eager_eager(const scenario *s, CUstreamCaptureMode mode, bool use,
     want[t] = ++value_base;
     CU(produce(p, big_buf, BIG_WORDS, want[t]));
     if (use)
-      DS(dlsync_exchange_begin_flags(&ex, E.ctx, &lp, &lc, xflags));
+      DS(dlsync_exchange_begin_flags(&ex, E.ctx, &lp, &lc, s->flags));
     CU(consume(c, big_buf, BIG_WORDS, t));
     if (use)
       DS(dlsync_exchange_end(ex));
@@ -280,22 +278,21 @@ static int sc_join(const scenario *s, CUstreamCaptureMode mode, bool use, outcom
   CUgraphExec x = NULL;
   dlsync_lane lp, lc;
   dlsync_exchange *ex = NULL;
-  (void)s;
   CU(new_stream(&p));
   CU(new_stream(&c));
   CU(new_stream(&launch));
   CU(settle(p));
   lp = dlsync_lane_stream(p);
   lc = dlsync_lane_stream(c);
-  if (use && warm_streams) {
-    DS(dlsync_exchange_begin_flags(&ex, E.ctx, &lp, &lc, xflags));
+  if (use && s->warm) {
+    DS(dlsync_exchange_begin_flags(&ex, E.ctx, &lp, &lc, s->flags));
     DS(dlsync_exchange_end(ex));
     ex = NULL;
   }
   CU(D->StreamBeginCapture(p, mode));
   CU(produce(p, big_buf, BIG_WORDS, 7));
   if (use)
-    DS(dlsync_exchange_begin_flags(&ex, E.ctx, &lp, &lc, xflags));
+    DS(dlsync_exchange_begin_flags(&ex, E.ctx, &lp, &lc, s->flags));
   CU(consume(c, big_buf, BIG_WORDS, 0));
   if (use)
     DS(dlsync_exchange_end(ex));
@@ -320,33 +317,6 @@ out:
   drop_stream(c);
   drop_stream(launch);
   return 0;
-}
-
-static int sc_eager_eager_stable(const scenario *s, CUstreamCaptureMode mode, bool use,
-                                 outcome *o) {
-  int r;
-  xflags = DLSYNC_EXCHANGE_CAPTURE_STABLE;
-  r = sc_eager_eager(s, mode, use, o);
-  xflags = 0;
-  return r;
-}
-
-static int sc_join_warm(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
-  int r;
-  warm_streams = true;
-  r = sc_join(s, mode, use, o);
-  warm_streams = false;
-  return r;
-}
-
-static int sc_join_stable(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
-  int r;
-  warm_streams = true;
-  xflags = DLSYNC_EXCHANGE_CAPTURE_STABLE;
-  r = sc_join(s, mode, use, o);
-  warm_streams = false;
-  xflags = 0;
-  return r;
 }
 
 /* Both in one capture: the consumer was forked into it by the caller. */
@@ -1118,7 +1088,6 @@ static int sc_two_devices_eager(const scenario *s, CUstreamCaptureMode mode, boo
   CUstream p = NULL, c = NULL;
   unsigned want[TRIALS];
   dlsync_lane lp, lc;
-  (void)s;
   (void)mode;
   if (dev1_ctx == NULL)
     return 0;
@@ -1132,7 +1101,7 @@ static int sc_two_devices_eager(const scenario *s, CUstreamCaptureMode mode, boo
     want[t] = ++value_base;
     CU(produce(p, big_buf, BIG_WORDS, want[t]));
     if (use)
-      DS(dlsync_exchange_begin_flags(&ex, E.ctx, &lp, &lc, xflags));
+      DS(dlsync_exchange_begin_flags(&ex, E.ctx, &lp, &lc, s->flags));
     CU(consume_on_dev1(c, t));
     if (use)
       DS(dlsync_exchange_end(ex));
@@ -1559,29 +1528,32 @@ out:
 }
 
 static const scenario scenarios[] = {
-    {"A same stream", "stream S / S", sc_same_stream, false, false},
-    {"A eager->eager", "eager / eager", sc_eager_eager, false, true},
-    {"A eager stable", "eager / eager, CAPTURE_STABLE", sc_eager_eager_stable, false, true},
-    {"C join", "capturing / eager", sc_join, true, true},
-    {"C join warm", "capturing / eager, fast path", sc_join_warm, true, true},
-    {"C join stable", "capturing / eager, STABLE", sc_join_stable, true, true},
-    {"C same capture", "capturing / same capture", sc_same_capture, true, true},
-    {"C eager->capture", "eager / capturing", sc_eager_to_capture, true, true},
-    {"C two captures", "capturing G1 / G2", sc_two_captures, true, true},
-    {"B same graph", "built g / g", sc_built_same, false, true},
-    {"B two graphs", "built g1 / g2", sc_built_two, false, true},
-    {"B eager->built", "eager / built", sc_eager_to_built, false, true},
-    {"B capture->built", "capturing / built", sc_capture_to_built, true, true},
-    {"B built->capture", "built / capturing", sc_built_to_capture, true, true},
-    {"errors", "invalid, legacy, bad lanes", sc_errors, true, true},
-    {"threads", "4 eager + 1 capture", sc_threads, true, true},
-    {"L release eager", "deleter after a 4 GiB memset", sc_release_eager, false, true},
-    {"L release capture", "freed after 100 replays", sc_release_capture, true, true},
-    {"L fence 2 captures", "signal G1 / wait G2", sc_fence_two_captures, true, true},
-    {"L fence eager", "signal capture / eager wait", sc_fence_eager_after_launch, true, true},
-    {"L fence 8 threads", "signal + wait, 8 threads", sc_fence_threads, false, true},
-    {"2 GPUs eager", "eager dev0 / eager dev1", sc_two_devices_eager, false, true},
-    {"2 GPUs join", "capturing dev0 / eager dev1", sc_two_devices_join, true, true},
+    {"A same stream", "stream S / S", sc_same_stream, false, false, 0, false},
+    {"A eager->eager", "eager / eager", sc_eager_eager, false, true, 0, false},
+    {"A eager stable", "eager / eager, CAPTURE_STABLE", sc_eager_eager, false, true,
+     DLSYNC_EXCHANGE_CAPTURE_STABLE, false},
+    {"C join", "capturing / eager", sc_join, true, true, 0, false},
+    {"C join warm", "capturing / eager, fast path", sc_join, true, true, 0, true},
+    {"C join stable", "capturing / eager, STABLE", sc_join, true, true,
+     DLSYNC_EXCHANGE_CAPTURE_STABLE, true},
+    {"C same capture", "capturing / same capture", sc_same_capture, true, true, 0, false},
+    {"C eager->capture", "eager / capturing", sc_eager_to_capture, true, true, 0, false},
+    {"C two captures", "capturing G1 / G2", sc_two_captures, true, true, 0, false},
+    {"B same graph", "built g / g", sc_built_same, false, true, 0, false},
+    {"B two graphs", "built g1 / g2", sc_built_two, false, true, 0, false},
+    {"B eager->built", "eager / built", sc_eager_to_built, false, true, 0, false},
+    {"B capture->built", "capturing / built", sc_capture_to_built, true, true, 0, false},
+    {"B built->capture", "built / capturing", sc_built_to_capture, true, true, 0, false},
+    {"errors", "invalid, legacy, bad lanes", sc_errors, true, true, 0, false},
+    {"threads", "4 eager + 1 capture", sc_threads, true, true, 0, false},
+    {"L release eager", "deleter after a 4 GiB memset", sc_release_eager, false, true, 0, false},
+    {"L release capture", "freed after 100 replays", sc_release_capture, true, true, 0, false},
+    {"L fence 2 captures", "signal G1 / wait G2", sc_fence_two_captures, true, true, 0, false},
+    {"L fence eager", "signal capture / eager wait", sc_fence_eager_after_launch, true, true, 0,
+     false},
+    {"L fence 8 threads", "signal + wait, 8 threads", sc_fence_threads, false, true, 0, false},
+    {"2 GPUs eager", "eager dev0 / eager dev1", sc_two_devices_eager, false, true, 0, false},
+    {"2 GPUs join", "capturing dev0 / eager dev1", sc_two_devices_join, true, true, 0, false},
 };
 
 static const char *mode_name(CUstreamCaptureMode m) {
