@@ -4,7 +4,10 @@
 #   bash scripts/dev.sh info   builds dlsync (Release) and runs dlsync-info
 #   bash scripts/dev.sh test   builds and runs the tests: Release, then
 #                              Debug with ASan+UBSan, then ThreadSanitizer on
-#                              the concurrency tests; warnings are errors
+#                              the concurrency tests; warnings are errors;
+#                              then scripts/install-check.sh (install, the
+#                              consumers, the wheel; pip reaches PyPI for
+#                              scikit-build-core)
 #
 # Missing build dependencies (cmake, pkg-config, cmocka, hwloc) are installed
 # with apt-get when running as root, otherwise the command to do so is printed.
@@ -77,6 +80,8 @@ test)
     -DDLSYNC_BUILD_BENCH=OFF -DDLSYNC_BUILD_TOOLS=OFF -DDLSYNC_BUILD_GPU_TESTS=OFF
   TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1} ctest --test-dir "$root/build/tsan" --output-on-failure \
     -R '^test_(exchange|status|fake|env|dlpack|fence|release)$'
+  echo "== Install check: CMake package, pkg-config, FetchContent, wheel in a fresh venv"
+  bash "$root/scripts/install-check.sh" "$root/build/install-check"
   ;;
 *)
   echo "usage: bash scripts/dev.sh info|test" >&2

@@ -26,8 +26,7 @@ class PackageTest(unittest.TestCase):
         self.assertNotIn("DLSYNC_LIBRARY", os.environ)
         self.assertEqual(os.path.dirname(os.path.abspath(dlsync.library_path())), pkg)
         self.assertFalse(os.path.isfile(os.path.join(pkg, "..", "..", "include", "dlsync", "version.h")))
-        here = os.path.abspath(os.path.join(os.path.dirname(__file__), ".."))
-        self.assertFalse(pkg.startswith(here + os.sep), pkg)
+        self.assertIn("site-packages", pkg.split(os.sep))
         self.assertTrue(re.match(r"^\d", dlsync.__version__))
 
 
