@@ -66,6 +66,13 @@ if [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
   bash "$root/python/run_gpu_suite.sh" "$build" >"$out/python.txt" 2>&1 || py_rc=$?
 fi
 
+# ---- packaging: the example kernel library's Python caller ----
+caller_rc=skipped
+if [ -f "$build/libkernel_lib.so" ]; then
+  caller_rc=0
+  python3 "$root/examples/kernel_lib/caller.py" "$build/libkernel_lib.so" >"$out/caller.txt" 2>&1 ||
+    caller_rc=$?
+fi
 # ---- packaging: the wheel from .whl-dlsync/, installed, framework suite ----
 wheel=$(ls "$root"/.whl-dlsync/dlsync-*.whl 2>/dev/null | head -n 1)
 wheel_rc=skipped
@@ -113,6 +120,9 @@ fi
 echo "== dlsync-info --selftest (rc $selftest_rc)"
 cat "$out/selftest.txt"
 [ "$selftest_rc" -eq 0 ] || status=1
+echo "== examples/kernel_lib/caller.py (rc $caller_rc)"
+[ "$caller_rc" = skipped ] || cat "$out/caller.txt"
+[ "$caller_rc" = skipped ] || [ "$caller_rc" = 0 ] || status=1
 if [ "$wheel_rc" != skipped ]; then
   echo "== wheel $(basename "$wheel"): installed in /tmp/dlsyncpkg, framework suite (rc $wheel_rc)"
   grep '^dlsync ' "$out/wheel.txt"
