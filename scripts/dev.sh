@@ -24,6 +24,10 @@ ensure_deps() {
   command -v pkg-config >/dev/null || missing+=(pkg-config)
   command -v cc >/dev/null || missing+=(gcc)
   command -v c++ >/dev/null || missing+=(g++)
+  # install-check.sh: a wheel and a fresh venv.
+  command -v python3 >/dev/null || missing+=(python3)
+  python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+  python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
   if command -v pkg-config >/dev/null; then
     pkg-config --exists cmocka || missing+=(libcmocka-dev)
     pkg-config --exists 'hwloc >= 2.1' || missing+=(libhwloc-dev)
