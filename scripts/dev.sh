@@ -83,7 +83,7 @@ test)
   build "$root/build/tsan" -DCMAKE_BUILD_TYPE=Debug -DDLSYNC_WERROR=ON -DDLSYNC_TSAN=ON \
     -DDLSYNC_BUILD_BENCH=OFF -DDLSYNC_BUILD_TOOLS=OFF -DDLSYNC_BUILD_GPU_TESTS=OFF
   TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1} ctest --test-dir "$root/build/tsan" --output-on-failure \
-    -R '^test_(exchange|status|fake|env|dlpack|fence|release)$'
+    -R '^test_(exchange|status|fake|env|dlpack|fence|release|hwloc)$'
   echo "== Install check: CMake package, pkg-config, FetchContent, wheel in a fresh venv"
   bash "$root/scripts/install-check.sh" "$root/build/install-check"
   ;;
