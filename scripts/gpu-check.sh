@@ -38,7 +38,7 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDLSYNC_WERROR=ON ${CMA
 if [ $? -ne 0 ]; then
   echo "BUILD FAILED"; tail -n 60 "$out/build.log"; tail -n 20 "$build.configure.log"; exit 1
 fi
-echo "== readelf: $(readelf -d "$build"/libdlsync.so | grep -c 'NEEDED.*libcuda') libcuda NEEDED entries"
+echo "== readelf: $(readelf -d "$build"/libdlsync.so | grep -c 'NEEDED.*libcuda') libcuda, $(readelf -d "$build"/libdlsync.so | grep -c 'NEEDED.*hwloc') libhwloc NEEDED entries"
 
 echo "== dlsync-info"
 "$build"/tools/dlsync-info | tee "$out/info.txt" || status=1
