@@ -19,8 +19,12 @@
 #include "dlsync/dlsync.h"
 #include "selftest.h"
 
-#define TRIALS 8
-#define MAX_WORDS ((size_t)1 << 28) /* 1 GiB of uint32: about 0.3 ms on an H200 */
+#define TRIALS 12
+/* 4 GiB of uint32, about 1.3 ms on an H200: long enough for an unordered
+ * consumer to read early even after a capture and an instantiation (the GPU
+ * suite's controls read stale data in 14 of 20 such trials); halved until
+ * it fits. */
+#define MAX_WORDS ((size_t)1 << 30)
 #define MIN_WORDS ((size_t)1 << 24)
 #define SLOTS 64
 
@@ -66,6 +70,7 @@ static struct {
 #undef FIELD
 } cu;
 
+static CUdevice dev;
 static CUcontext cuctx;
 static dlsync_context *ctx;
 static CUdeviceptr big, slots;
@@ -539,7 +544,6 @@ static int load_driver(FILE *f) {
 }
 
 static int setup(FILE *f, int *driver_version) {
-  CUdevice dev;
   int n = 0, rc;
   size_t free_b = 0, total_b = 0;
   if ((rc = load_driver(f)) != 0)
@@ -623,7 +627,9 @@ cleanup:
     (void)cu.cuMemFree(big);
   if (slots != 0)
     (void)cu.cuMemFree(slots);
-  if (cuctx != NULL)
+  if (cuctx != NULL) {
     (void)cu.cuCtxPopCurrent(&popped);
+    (void)cu.cuDevicePrimaryCtxRelease(dev);
+  }
   return rc;
 }
