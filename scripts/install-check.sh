@@ -15,6 +15,7 @@ work=${1:-$(mktemp -d)}
 jobs=$(nproc 2>/dev/null || echo 2)
 python=${PYTHON:-python3}
 mkdir -p "$work"
+work=$(cd "$work" && pwd) # absolute: it is handed to CMake and pkg-config
 log="$work/log"
 : >"$log"
 step() { echo "-- $*"; }
