@@ -13,11 +13,11 @@
  * destroying it can wait for the eager ones and report those graphs still
  * own. Books and queued releases are reference-counted, so a release that
  * outlives its context (owned by a graph) still runs. */
-#include <hwloc.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
+#include "dlsync/private/hwloc.h"
 #include "dlsync/private/internal.h"
 
 struct dlsync__release_book {
@@ -163,49 +163,6 @@ static pthread_mutex_t reclaimers_lock = PTHREAD_MUTEX_INITIALIZER;
 static reclaimer **reclaimers;
 static int nreclaimers;
 
-static const char *const skipped_components[] = {
-    "cuda", "nvml", "opencl", "rsmi", "levelzero", "gl",
-#if defined(__linux__)
-    "pci",
-#endif
-};
-
-/* One topology load at a time: reclaimers of several GPUs start together, and
- * hwloc's Linux backend goes through libudev, whose global state is not safe
- * to initialise from two threads at once (ThreadSanitizer sees the race). */
-static pthread_mutex_t topology_lock = PTHREAD_MUTEX_INITIALIZER;
-
-/* Binds the calling thread to the CPUs hwloc finds local to the GPU with
- * this PCI bus id; leaves it unbound when hwloc cannot tell. */
-static void bind_near(const char *bus_id) {
-  hwloc_topology_t topo;
-  unsigned dom = 0, bus = 0, dev = 0, fn = 0;
-  hwloc_obj_t pci, anc;
-  if (sscanf(bus_id, "%x:%x:%x.%x", &dom, &bus, &dev, &fn) != 4)
-    return;
-  pthread_mutex_lock(&topology_lock);
-  if (hwloc_topology_init(&topo) != 0) {
-    pthread_mutex_unlock(&topology_lock);
-    return;
-  }
-  /* Only where PCI devices sit is needed: no GPU discovery plugins (they
-   * would load libcuda or NVML themselves), and on Linux sysfs is read
-   * directly instead of through libpciaccess, which keeps a cache it never
-   * frees. An unknown component name is not an error. */
-  for (size_t i = 0; i < sizeof skipped_components / sizeof skipped_components[0]; i++)
-    (void)hwloc_topology_set_components(topo, HWLOC_TOPOLOGY_COMPONENTS_FLAG_BLACKLIST,
-                                        skipped_components[i]);
-  if (hwloc_topology_set_io_types_filter(topo, HWLOC_TYPE_FILTER_KEEP_IMPORTANT) == 0 &&
-      hwloc_topology_load(topo) == 0) {
-    pci = hwloc_get_pcidev_by_busid(topo, dom, bus, dev, fn);
-    anc = pci != NULL ? hwloc_get_non_io_ancestor_obj(topo, pci) : NULL;
-    if (anc != NULL && anc->cpuset != NULL && !hwloc_bitmap_iszero(anc->cpuset))
-      (void)hwloc_set_cpubind(topo, anc->cpuset, HWLOC_CPUBIND_THREAD);
-  }
-  hwloc_topology_destroy(topo);
-  pthread_mutex_unlock(&topology_lock);
-}
-
 static void run_item(release_item *it) {
   bool sync_failed = false;
   /* RELAXED each time, for graph-owned releases too (their deleters may call
@@ -229,7 +186,7 @@ static void *reclaimer_main(void *p) {
   on_reclaimer = true;
   if (r->drv->DeviceGet(&dev, r->device) == CUDA_SUCCESS &&
       r->drv->DeviceGetPCIBusId(bus_id, (int)sizeof bus_id, dev) == CUDA_SUCCESS)
-    bind_near(bus_id);
+    (void)dlsync__hwloc_bind_near(bus_id); /* unbound where hwloc is absent */
   for (;;) {
     release_item *it;
     pthread_mutex_lock(&r->lock);

@@ -4,7 +4,10 @@
 #   bash scripts/dev.sh info   builds dlsync (Release) and runs dlsync-info
 #   bash scripts/dev.sh test   builds and runs the tests: Release, then
 #                              Debug with ASan+UBSan, then ThreadSanitizer on
-#                              the concurrency tests; warnings are errors
+#                              the concurrency tests; warnings are errors;
+#                              then scripts/install-check.sh (install, the
+#                              consumers, the wheel; pip reaches PyPI for
+#                              scikit-build-core)
 #
 # Missing build dependencies (cmake, pkg-config, cmocka, hwloc) are installed
 # with apt-get when running as root, otherwise the command to do so is printed.
@@ -21,6 +24,10 @@ ensure_deps() {
   command -v pkg-config >/dev/null || missing+=(pkg-config)
   command -v cc >/dev/null || missing+=(gcc)
   command -v c++ >/dev/null || missing+=(g++)
+  # install-check.sh: a wheel and a fresh venv.
+  command -v python3 >/dev/null || missing+=(python3)
+  python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
+  python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
   if command -v pkg-config >/dev/null; then
     pkg-config --exists cmocka || missing+=(libcmocka-dev)
     pkg-config --exists 'hwloc >= 2.1' || missing+=(libhwloc-dev)
@@ -76,7 +83,9 @@ test)
   build "$root/build/tsan" -DCMAKE_BUILD_TYPE=Debug -DDLSYNC_WERROR=ON -DDLSYNC_TSAN=ON \
     -DDLSYNC_BUILD_BENCH=OFF -DDLSYNC_BUILD_TOOLS=OFF -DDLSYNC_BUILD_GPU_TESTS=OFF
   TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1} ctest --test-dir "$root/build/tsan" --output-on-failure \
-    -R '^test_(exchange|status|fake|env|dlpack|fence|release)$'
+    -R '^test_(exchange|status|fake|env|dlpack|fence|release|hwloc)$'
+  echo "== Install check: CMake package, pkg-config, FetchContent, wheel in a fresh venv"
+  bash "$root/scripts/install-check.sh" "$root/build/install-check"
   ;;
 *)
   echo "usage: bash scripts/dev.sh info|test" >&2

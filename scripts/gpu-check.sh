@@ -7,6 +7,10 @@
 #   bash scripts/gpu-check.sh            # everything
 #   SUITE_ONLY=1 bash scripts/gpu-check.sh
 #
+# A wheel in .whl-dlsync/ (built elsewhere: python3 -m pip wheel . --no-deps
+# -w .whl-dlsync) is installed with pip --no-index into /tmp/dlsyncpkg and the
+# framework suite runs again against that installed package.
+#
 # cmocka, where the machine lacks it, is taken from .deps/cmocka (Debian's
 # libcmocka0 and libcmocka-dev unpacked with dpkg -x; see docs/gpu.md).
 set -u
@@ -34,11 +38,18 @@ cmake -S "$root" -B "$build" -DCMAKE_BUILD_TYPE=Release -DDLSYNC_WERROR=ON ${CMA
 if [ $? -ne 0 ]; then
   echo "BUILD FAILED"; tail -n 60 "$out/build.log"; tail -n 20 "$build.configure.log"; exit 1
 fi
-echo "== readelf: $(readelf -d "$build"/libdlsync.so | grep -c 'NEEDED.*libcuda') libcuda NEEDED entries"
+echo "== readelf: $(readelf -d "$build"/libdlsync.so | grep -c 'NEEDED.*libcuda') libcuda, $(readelf -d "$build"/libdlsync.so | grep -c 'NEEDED.*hwloc') libhwloc NEEDED entries"
 
 echo "== dlsync-info"
 "$build"/tools/dlsync-info | tee "$out/info.txt" || status=1
 "$build"/tools/dlsync-info --json >"$out/info.json" || status=1
+
+# ---- packaging: --version, --selftest (the table is printed at the end) ----
+echo "== dlsync-info --version"
+"$build"/tools/dlsync-info --version | tee "$out/version.txt" || status=1
+selftest_rc=0
+"$build"/tools/dlsync-info --selftest >"$out/selftest.txt" 2>&1 || selftest_rc=$?
+# ---- end packaging ----
 
 if [ -z "${SUITE_ONLY:-}" ]; then
   echo "== ctest (unit tests on the fake driver, GPU smoke)"
@@ -54,6 +65,39 @@ py_rc=0
 if [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
   bash "$root/python/run_gpu_suite.sh" "$build" >"$out/python.txt" 2>&1 || py_rc=$?
 fi
+
+# ---- packaging: the example kernel library's Python caller ----
+caller_rc=skipped
+if [ -f "$build/libkernel_lib.so" ]; then
+  caller_rc=0
+  python3 "$root/examples/kernel_lib/caller.py" "$build/libkernel_lib.so" >"$out/caller.txt" 2>&1 ||
+    caller_rc=$?
+fi
+# ---- packaging: the wheel from .whl-dlsync/, installed, framework suite ----
+wheel=$(ls "$root"/.whl-dlsync/dlsync-*.whl 2>/dev/null | head -n 1)
+wheel_rc=skipped
+if [ -n "$wheel" ] && [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
+  wheel_rc=0
+  pkg=/tmp/dlsyncpkg
+  tests=$(mktemp -d) # the tests outside the tree: they must import the installed dlsync
+  rm -rf "$pkg"
+  mkdir -p "$tests/tests"
+  cp -r "$root/python/tests/gpu" "$root/python/tests/test_binding.py" \
+    "$root/python/tests/test_package.py" "$tests/tests/"
+  {
+    python3 -m pip install --no-deps --no-index --target "$pkg" "$wheel" &&
+      cd "$tests/tests" &&
+      env -u DLSYNC_LIBRARY PYTHONPATH="$pkg" DLSYNC_EXPECT_BUNDLED=1 python3 -c \
+        'import dlsync, sys; print("dlsync", dlsync.__version__, dlsync.__file__, dlsync.library_path()); sys.exit(not dlsync.library_path().startswith("/tmp/dlsyncpkg/"))' &&
+      env -u DLSYNC_LIBRARY PYTHONPATH="$pkg" DLSYNC_EXPECT_BUNDLED=1 python3 -m unittest -q \
+        test_binding test_package &&
+      env -u DLSYNC_LIBRARY PYTHONPATH="$pkg" KERNEL_LIB="$build/libkernel_lib.so" \
+        PYTHONUNBUFFERED=1 python3 -m pytest -q -p no:cacheprovider gpu
+  } >"$out/wheel.txt" 2>&1 || wheel_rc=$?
+  cd "$root" || exit 1
+  rm -rf "$tests"
+fi
+# ---- end packaging ----
 
 bench_rc=0
 if [ -z "${SUITE_ONLY:-}" ]; then
@@ -72,6 +116,22 @@ if [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
   sed -n '/^case /,$p' "$out/python.txt"
   [ "$py_rc" -eq 0 ] || { grep -E "^(FAILED|ERROR)|Error" "$out/python.txt" | head -20; status=1; }
 fi
+# ---- packaging ----
+echo "== dlsync-info --selftest (rc $selftest_rc)"
+cat "$out/selftest.txt"
+[ "$selftest_rc" -eq 0 ] || status=1
+echo "== examples/kernel_lib/caller.py (rc $caller_rc)"
+[ "$caller_rc" = skipped ] || cat "$out/caller.txt"
+[ "$caller_rc" = skipped ] || [ "$caller_rc" = 0 ] || status=1
+if [ "$wheel_rc" != skipped ]; then
+  echo "== wheel $(basename "$wheel"): installed in /tmp/dlsyncpkg, framework suite (rc $wheel_rc)"
+  grep '^dlsync ' "$out/wheel.txt"
+  sed -n '/^case /,$p' "$out/wheel.txt"
+  [ "$wheel_rc" = 0 ] || { grep -E "^(FAILED|ERROR)|Error" "$out/wheel.txt" | head -20; status=1; }
+else
+  echo "== wheel: none in .whl-dlsync/ (or SUITE_ONLY/NO_PYTHON): not tested"
+fi
+# ---- end packaging ----
 if [ -z "${SUITE_ONLY:-}" ]; then
   echo "== bench (rc $bench_rc)"
   grep -v '^FAIL' "$out/bench.txt"

@@ -3,6 +3,10 @@
 #     prints one valid JSON object with the expected sections.
 #   -DINFO=<dlsync-info> -DMODE=usage: --help exits 0 and prints usage on
 #     stdout; an unknown option exits 2 and prints usage on stderr.
+#   -DINFO=<dlsync-info> -DMODE=version -DLIB=<libdlsync file>: --version exits
+#     0, names matching library and header versions and the libdlsync loaded.
+#   -DINFO=<dlsync-info> -DMODE=selftest: --selftest exits 77 saying there is
+#     nothing to test where there is no GPU; on a GPU it exits 0 with PASS.
 if(NOT INFO)
   message(FATAL_ERROR "pass -DINFO=<path of dlsync-info>")
 endif()
@@ -33,6 +37,29 @@ elseif(MODE STREQUAL "usage")
                   ERROR_VARIABLE err)
   if(NOT rc EQUAL 2 OR NOT err MATCHES "usage: dlsync-info" OR NOT out STREQUAL "")
     message(FATAL_ERROR "unknown option: exit ${rc} (want 2)\nstdout: ${out}\nstderr: ${err}")
+  endif()
+elseif(MODE STREQUAL "version")
+  execute_process(COMMAND ${INFO} --version RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err)
+  file(REAL_PATH "${LIB}" lib)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "dlsync library ([0-9.]+) \\(([0-9]+)\\), headers ([0-9.]+) \\(([0-9]+)\\)\n"
+     OR NOT CMAKE_MATCH_1 STREQUAL CMAKE_MATCH_3 OR NOT CMAKE_MATCH_2 STREQUAL CMAKE_MATCH_4)
+    message(FATAL_ERROR "--version: exit ${rc}, versions not found or differ\nstdout: ${out}\nstderr: ${err}")
+  endif()
+  string(FIND "${out}" "libdlsync: ${lib}\n" at)
+  if(at LESS 0 OR NOT out MATCHES "\nlibcuda: " OR NOT out MATCHES "\nlibhwloc: ")
+    message(FATAL_ERROR "--version does not name ${lib}, libcuda and libhwloc:\n${out}")
+  endif()
+elseif(MODE STREQUAL "selftest")
+  execute_process(COMMAND ${INFO} --selftest RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err)
+  if(rc EQUAL 77)
+    if(NOT out MATCHES "nothing to test")
+      message(FATAL_ERROR "--selftest exit 77 without saying why:\n${out}")
+    endif()
+    message(STATUS "no GPU: ${out}")
+  elseif(NOT rc EQUAL 0 OR NOT out MATCHES "\nselftest: PASS")
+    message(FATAL_ERROR "--selftest: exit ${rc}\n${out}\n${err}")
   endif()
 else()
   message(FATAL_ERROR "unknown MODE '${MODE}'")

@@ -5,8 +5,13 @@
  * as text or (--json) as one JSON object. Uses only dlsync's public API; the
  * topology comes from hwloc through topology.h.
  *
+ * --version says which libdlsync and libcuda were loaded (and their
+ * versions); --selftest runs each row of the decision table on GPU 0
+ * (selftest.c).
+ *
  * Exit status: 0 when everything could be read (no driver at all is a normal
- * answer, not an error), 1 when something failed, 2 on bad usage.
+ * answer, not an error), 1 when something failed, 2 on bad usage; --selftest
+ * exits 77 where there is no GPU (nothing tested).
  */
 #include <inttypes.h>
 #include <stdint.h>
@@ -23,6 +28,7 @@
 #include "dlsync/context.h"
 #include "dlsync/status.h"
 #include "dlsync/version.h"
+#include "selftest.h"
 #include "topology.h"
 
 #define DEFAULT_DRIVER "libcuda.so.1" /* what dlsync opens with a NULL config */
@@ -671,17 +677,91 @@ static void print_json(FILE *f, const report *r) {
 /* ---- main ---- */
 
 static void usage(FILE *f) {
-  (void)fputs("usage: dlsync-info [--json] [--help]\n"
+  (void)fputs("usage: dlsync-info [--json] [--version] [--selftest] [--help]\n"
               "\n"
               "Prints the dlsync version, the CUDA driver it loads, each GPU with its NUMA\n"
               "locality, the driver's capabilities and the machine's topology (hwloc).\n"
               "\n"
-              "  --json   print one JSON object instead of text\n"
-              "  --help   print this help and exit\n"
+              "  --json      print one JSON object instead of text\n"
+              "  --version   the library and header versions, the paths of the loaded\n"
+              "              libdlsync, libcuda and libhwloc, the driver version\n"
+              "  --selftest  run each row of the decision table on GPU 0 with a data check\n"
+              "              and a negative control; exit 0 when all pass, 77 without a GPU\n"
+              "  --help      print this help and exit\n"
               "\n"
               "Exit status: 0 when everything could be read (no driver is not an error),\n"
               "1 when something failed, 2 on bad usage.\n",
               f);
+}
+
+/* The file a loaded library came from: dladdr on one of its symbols. */
+static const char *path_of(const void *symbol, char *buf, size_t len) {
+#if defined(__linux__)
+  Dl_info info;
+  if (dladdr(symbol, &info) != 0 && info.dli_fname != NULL) {
+    char resolved[PATH_MAX];
+    (void)snprintf(buf, len, "%s",
+                   realpath(info.dli_fname, resolved) != NULL ? resolved : info.dli_fname);
+    return buf;
+  }
+#endif
+  (void)snprintf(buf, len, "(unknown)");
+  return buf;
+}
+
+/* The path of a library already loaded or loadable by soname, or NULL. */
+static char *soname_path(const char *soname) {
+  char *path = NULL;
+#if defined(__linux__)
+  struct link_map *map = NULL;
+  void *handle = dlopen(soname, RTLD_LAZY);
+  if (handle == NULL)
+    return NULL;
+  if (dlinfo(handle, RTLD_DI_LINKMAP, &map) == 0 && map != NULL && map->l_name != NULL) {
+    char resolved[PATH_MAX];
+    path = dup_string(realpath(map->l_name, resolved) != NULL ? resolved : map->l_name);
+  }
+  (void)dlclose(handle);
+#else
+  (void)soname;
+#endif
+  return path;
+}
+
+/* --version. Exit 1 when the library is not the version of the headers
+ * this program was compiled with. */
+static int print_version(FILE *f) {
+  char buf[4096], dv[32];
+  dlsync_context *ctx = NULL;
+  int driver_version = 0;
+  char *cuda, *hwloc;
+  dlsync_status st;
+  (void)fprintf(f, "dlsync library %s (%u), headers %s (%u)%s\n", dlsync_version_string(),
+                dlsync_version(), DLSYNC_VERSION_STRING, (unsigned)DLSYNC_VERSION,
+                dlsync_version() == DLSYNC_VERSION ? "" : ": MISMATCH");
+  unsigned (*fn)(void) = dlsync_version;
+  const void *sym;
+  memcpy(&sym, &fn, sizeof sym); /* a function's address as dladdr takes it */
+  (void)fprintf(f, "libdlsync: %s\n", path_of(sym, buf, sizeof buf));
+  st = dlsync_context_default(&ctx); /* loads the driver as any user would */
+  cuda = loaded_driver_path();
+  if (st == DLSYNC_SUCCESS && dlsync_context_driver_version(&driver_version, ctx) == DLSYNC_SUCCESS)
+    format_driver_version(dv, sizeof dv, driver_version);
+  else
+    (void)snprintf(dv, sizeof dv, "unknown");
+  if (cuda != NULL)
+    (void)fprintf(f, "libcuda: %s (driver %s)\n", cuda, dv);
+  else
+    (void)fprintf(f, "libcuda: not loaded: %s\n",
+                  st == DLSYNC_SUCCESS ? "(no path known)" : dlsync_last_error());
+  hwloc = soname_path("libhwloc.so.15");
+  (void)fprintf(f, "libhwloc: %s\n",
+                hwloc != NULL ? hwloc
+                              : "libhwloc.so.15 not found: reclaimer threads are not bound near "
+                                "their GPU");
+  free(cuda);
+  free(hwloc);
+  return dlsync_version() == DLSYNC_VERSION ? 0 : 1;
 }
 
 int main(int argc, char **argv) {
@@ -692,6 +772,12 @@ int main(int argc, char **argv) {
   for (int i = 1; i < argc; i++) {
     if (strcmp(argv[i], "--json") == 0) {
       json = 1;
+    } else if (strcmp(argv[i], "--version") == 0) {
+      status = print_version(stdout);
+      return fflush(stdout) == 0 ? status : 1;
+    } else if (strcmp(argv[i], "--selftest") == 0) {
+      status = selftest_run(stdout);
+      return fflush(stdout) == 0 ? status : 1;
     } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
       usage(stdout);
       return fflush(stdout) == 0 ? 0 : 1;

@@ -14,8 +14,10 @@ Streams may be given as integers (CUstream / cudaStream_t handles), as
     # leaving the scope joins the consumer back into the capture
 
 Errors raise :class:`dlsync.Error` carrying the library's status and message.
-The shared library is found through ``DLSYNC_LIBRARY`` (a path), next to this
-package, in the repository's build folders, or on the loader's path.
+The shared library: ``DLSYNC_LIBRARY`` (a path) when set, and then only it, so
+that an override never silently falls back; otherwise the libdlsync.so that
+``pip install`` put inside this package; otherwise, run from a source tree,
+the repository's build folders; last, the loader's path.
 """
 
 from __future__ import annotations
@@ -79,15 +81,16 @@ class _LaneState(ctypes.Structure):
 
 
 def _candidates() -> List[str]:
-    here = os.path.dirname(os.path.abspath(__file__))
-    root = os.path.dirname(os.path.dirname(here))
-    names = []
+    """Where libdlsync is looked for, in order (see the module docstring)."""
     env = os.environ.get("DLSYNC_LIBRARY")
     if env:
-        names.append(env)
-    names.append(os.path.join(here, "libdlsync.so"))
-    for build in ("build/release", "build", "build/asan"):
-        names.append(os.path.join(root, build, "libdlsync.so"))
+        return [env]
+    here = os.path.dirname(os.path.abspath(__file__))
+    names = [os.path.join(here, "libdlsync.so")]
+    root = os.path.dirname(os.path.dirname(here))
+    if os.path.isfile(os.path.join(root, "include", "dlsync", "version.h")):
+        for build in ("build/release", "build", "build/asan"):
+            names.append(os.path.join(root, build, "libdlsync.so"))
     found = ctypes.util.find_library("dlsync")
     if found:
         names.append(found)
@@ -101,9 +104,12 @@ def _load() -> ctypes.CDLL:
             return ctypes.CDLL(name)
         except OSError as e:
             tried.append(f"{name}: {e}")
-    raise ImportError(
-        "libdlsync.so not found; set DLSYNC_LIBRARY to its path. Tried:\n  " + "\n  ".join(tried)
+    hint = (
+        "DLSYNC_LIBRARY is set and could not be loaded"
+        if os.environ.get("DLSYNC_LIBRARY")
+        else "libdlsync.so not found; reinstall the package or set DLSYNC_LIBRARY to its path"
     )
+    raise ImportError(hint + ". Tried:\n  " + "\n  ".join(tried))
 
 
 _lib = _load()
@@ -144,6 +150,17 @@ def _check(status: int) -> None:
 def version() -> str:
     """The version of the loaded libdlsync."""
     return _version_string().decode()
+
+
+def library_path() -> str:
+    """The path of the libdlsync this module loaded."""
+    return str(_lib._name)
+
+
+try:  # written by CMake from include/dlsync/version.h when the wheel is built
+    from ._version import __version__
+except ImportError:  # a source tree: the same header, through the library built from it
+    __version__ = version()
 
 
 _ctx_lock = threading.Lock()
