@@ -154,12 +154,12 @@ def find(obj: Any, device_type: int, device_id: int, explicit: Any = None) -> Fo
     if module == "torch":
         import torch
 
-        return Found(torch.cuda.current_stream(device_id).cuda_stream, TORCH, True)
+        return Found(torch.cuda.current_stream(device_id).cuda_stream or _LEGACY, TORCH, True)
     if module == "cupy":
         import cupy
 
         with cupy.cuda.Device(device_id):
-            return Found(cupy.cuda.get_current_stream().ptr, CUPY, True)
+            return Found(cupy.cuda.get_current_stream().ptr or _LEGACY, CUPY, True)
     return Found(None, NONE, False)
 
 
@@ -172,7 +172,7 @@ def capturing_framework_streams() -> List[int]:
     if torch is not None and getattr(torch, "cuda", None) is not None:
         try:
             if torch.cuda.is_initialized():
-                out.append(torch.cuda.current_stream().cuda_stream)
+                out.append(torch.cuda.current_stream().cuda_stream or _LEGACY)  # 0: the NULL stream
         except Exception:  # noqa: BLE001 - a broken torch install is not ours to report
             pass
     return out
