@@ -7,6 +7,7 @@
 // from torch.compile(mode="reduce-overhead") (CUDA graphs again).
 // use_dlsync=false is the negative control: the same launch, not ordered.
 #include <ATen/cuda/CUDAContext.h>
+#include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>
 #include <cuda_runtime.h>
 #include <torch/library.h>

@@ -394,8 +394,10 @@ def _graph_builder(use):
     cupy.cuda.Device().synchronize()
     runs = wrong = broken = 0
     note = ""
-    gb = dev.create_stream().create_graph_builder()
-    producer = gb.stream
+    build_stream = dev.create_stream()
+    make = getattr(build_stream, "create_graph_builder", None)  # else the Device's
+    gb = make() if make is not None else dev.create_graph_builder()
+    producer = getattr(gb, "stream", gb)  # a cuda.core Stream (__cuda_stream__)
     try:
         gb.begin_building("relaxed")
         with cupy.cuda.ExternalStream(dlsync.stream_handle(producer)):
