@@ -440,6 +440,14 @@ def test_cuda_core_graph_builder_as_producer(record):
 # ---- two GPUs: NCCL all_reduce (torch.distributed, two ranks) ----
 
 
+def _free_port():
+    import socket
+
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
 def _nccl(setting, use):
     if torch.cuda.device_count() < 2:
         pytest.skip(f"needs 2 GPUs, found {torch.cuda.device_count()}")
@@ -447,7 +455,7 @@ def _nccl(setting, use):
     worker = os.path.join(HERE, "nccl_worker.py")
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, NCCL_NVLS_ENABLE="0", MASTER_ADDR="127.0.0.1",
-                   MASTER_PORT=str(29500 + os.getpid() % 1000), WORLD_SIZE="2",
+                   MASTER_PORT=str(_free_port()), WORLD_SIZE="2",
                    PYTHONPATH=os.path.join(ROOT, "python"))
         procs = []
         for rank in range(2):
