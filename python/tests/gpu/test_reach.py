@@ -366,6 +366,61 @@ def test_many_producers_one_exchange(record):
     record("[s1, s2] -> CuPy", "eager", "-", _many(True), _many(False))
 
 
+def _scope_shared(use):
+    """Three tensors of one slow producer stream, wrapped together in one
+    scope and read by one CuPy kernel: one exchange, counted."""
+    cupy = pytest.importorskip("cupy")
+    s = torch.cuda.Stream()
+    cs = cupy.cuda.Stream(non_blocking=True)
+    res = cupy.zeros(8, dtype=cupy.float32)
+    real = dlsync._Exchange
+    begun = []
+
+    class Counted(real):
+        __slots__ = ()
+
+        def __init__(self, *a, **kw):
+            super().__init__(*a, **kw)
+            begun.append(1)
+
+    runs = wrong = 0
+    note = ""
+    dlsync._Exchange = Counted
+    try:
+        for i in range(10):
+            x = torch.full((N,), float(i + 1), device="cuda")
+            torch.cuda.synchronize()
+            begun.clear()
+            with torch.cuda.stream(s):
+                torch.cuda._sleep(SPIN)
+                y1, y2, y3 = x * 1, x * 2, x * 3
+            with dlsync.scope(), cs:
+                if use:
+                    w = [dlsync.wrap(y, producer=s) for y in (y1, y2, y3)]
+                else:
+                    w = [_NoSync(y) for y in (y1, y2, y3)]
+                a, b, c = (cupy.from_dlpack(v) for v in w)
+                cupy.add(a[-8:], b[-8:], out=res)
+                cupy.add(res, c[-8:], out=res)
+            cs.synchronize()
+            runs += 1
+            got, want = float(res[-1].get()), 6.0 * (i + 1)
+            if got != want:
+                wrong += 1
+                note = note or f"run {i}: read {got}, want {want}"
+            if use and len(begun) != 1:
+                wrong += 1
+                note = note or f"run {i}: {len(begun)} exchanges, want 1"
+            torch.cuda.synchronize()
+    finally:
+        dlsync._Exchange = real
+    return runs, wrong, 0, note
+
+
+def test_wraps_made_together_share_one_exchange(record):
+    record("3 wraps, 1 exchange", "eager", "-", _scope_shared(True), _scope_shared(False))
+
+
 # ---- cuda.core's GraphBuilder (stream capture) as producer ----
 
 
