@@ -65,8 +65,9 @@ inline dlsync_lane stream_lane(stream_t stream) noexcept {
 inline dlsync_lane stream_lane(void *stream) noexcept {
   return dlsync_lane_stream(static_cast<stream_t>(stream));
 }
-inline const stream_t legacy_stream = DLSYNC_STREAM_LEGACY;
-inline const stream_t per_thread_stream = DLSYNC_STREAM_PER_THREAD;
+/* DLSYNC_STREAM_LEGACY and DLSYNC_STREAM_PER_THREAD without their C casts. */
+inline const stream_t legacy_stream = reinterpret_cast<stream_t>(std::uintptr_t{1});
+inline const stream_t per_thread_stream = reinterpret_cast<stream_t>(std::uintptr_t{2});
 
 /* A position in a graph built by hand with room for N frontier nodes, at a
  * fixed address: lane() may be handed to an exchange, which keeps it. */
