@@ -416,9 +416,18 @@ class _Wrapped:
 
 def wrap(obj: Any, producer: Any = None) -> _Wrapped:
     """A DLPack producer for ``from_dlpack`` consumers that orders the
-    producer's stream (by default its framework's current stream) before
-    the stream the consumer asks for, capture-aware, and asks the real
-    producer for its capsule without a sync of its own."""
+    producer's stream before the stream the consumer asks for,
+    capture-aware, and asks the real producer for its capsule without a
+    sync of its own.
+
+    The producer's stream is ``producer=``, else its type's
+    ``__dlpack_c_exchange_api__``, its ``__cuda_stream__``, or PyTorch's /
+    CuPy's current stream (dlsync/_producers.py). A producer that exposes
+    none (JAX) is handed the consumer's stream through its own
+    ``__dlpack__``; while a capture is on, that is refused with
+    :class:`Error` (DLSYNC_ERROR_CAPTURE_ORDER) before the producer is
+    touched. Inside a :func:`scope`, wraps made before the first of them is
+    exported share one exchange per (producer, consumer) stream pair."""
     return _Wrapped(obj, producer)
 
 
