@@ -5,6 +5,7 @@
 #include <string.h>
 
 int dlsync_headers_cxx_check(void);
+int dlsync_headers_hpp_check(void);
 
 int main(void) {
   dlsync_lane lane = dlsync_lane_stream(DLSYNC_STREAM_LEGACY);
@@ -15,8 +16,8 @@ int main(void) {
     return 1;
   if (dlsync_version() != DLSYNC_VERSION)
     return 1;
-  if (dlsync_headers_cxx_check() != 0)
+  if (dlsync_headers_cxx_check() != 0 || dlsync_headers_hpp_check() != 0)
     return 1;
-  puts("public headers: C11 and C++ ok");
+  puts("public headers: C11, C++ and dlsync.hpp ok");
   return 0;
 }

@@ -25,6 +25,8 @@ from __future__ import annotations
 import contextlib
 import ctypes
 import ctypes.util
+import functools
+import itertools
 import os
 import threading
 from typing import Any, Iterator, List, Optional
@@ -215,12 +217,20 @@ def capture_state(stream: Any) -> str:
     return "capturing" if st.kind == 1 else "eager"
 
 
+from . import _producers  # noqa: E402
+
+# Ticks order wraps and exchanges: an exchange begun after a wrap was made
+# covers that wrap's producer work too (see _Wrapped.__dlpack__).
+_ticks = itertools.count()
+
+
 class _Exchange:
-    __slots__ = ("_handle", "_lanes")
+    __slots__ = ("_handle", "_lanes", "began")
 
     def __init__(self, producer: Any, consumer: Any, flags: int = 0):
         p, c = _lane(producer), _lane(consumer)
         out = _vp()
+        self.began = next(_ticks)
         _check(_exchange_begin(ctypes.byref(out), _context(), ctypes.byref(p), ctypes.byref(c),
                                flags))
         self._handle = out.value
@@ -232,6 +242,27 @@ class _Exchange:
             _check(_exchange_end(handle))
 
 
+# Many producers, one consumer: one exchange per distinct producer stream.
+# Switching to the C dlsync_exchange_begin_many is this one line.
+_begin_many = functools.partial(_producers.ExchangeEach, lambda p, c, f: _Exchange(p, c, f))
+
+
+def _producer_handle(producer: Any) -> int:
+    """A stream, or a tensor / array whose stream dlsync can find."""
+    if producer is None or isinstance(producer, int) or not hasattr(producer, "__dlpack__"):
+        return stream_handle(producer)
+    device_type, device_id = producer.__dlpack_device__()
+    found = _producers.find(producer, int(device_type), int(device_id))
+    if found.stream is None:
+        raise Error(
+            "DLSYNC_ERROR_INVALID_ARGUMENT",
+            f"dlsync.exchange: {type(producer).__name__} exposes no stream to order after; "
+            "hand it to the consumer as dlsync.wrap(x) (its __dlpack__ is then given the "
+            "consumer's stream) or name its stream",
+        )
+    return found.stream
+
+
 @contextlib.contextmanager
 def exchange(producer: Any, consumer: Any, capture_stable: bool = False) -> Iterator[None]:
     """Orders ``consumer`` after ``producer`` on entry, and the producer's
@@ -239,10 +270,18 @@ def exchange(producer: Any, consumer: Any, capture_stable: bool = False) -> Iter
     stream capture an eager consumer joins the producer's capture and is
     joined back on exit.
 
+    ``producer`` is a stream, a tensor or array whose stream dlsync can find
+    (as :func:`wrap` does), or a list or tuple of those: the consumer is then
+    ordered after each distinct producer stream once.
+
     ``capture_stable=True`` (DLSYNC_EXCHANGE_CAPTURE_STABLE) promises that no
     capture begins or ends on either stream inside the block, so the exit
     asks the driver nothing; a broken promise costs a capture (exchange.h)."""
-    ex = _Exchange(producer, consumer, CAPTURE_STABLE if capture_stable else 0)
+    flags = CAPTURE_STABLE if capture_stable else 0
+    if isinstance(producer, (list, tuple)):
+        ex = _begin_many([_producer_handle(p) for p in producer], stream_handle(consumer), flags)
+    else:
+        ex = _Exchange(_producer_handle(producer), consumer, flags)
     try:
         yield
     finally:
@@ -282,23 +321,10 @@ def scope() -> Iterator[None]:
             raise first
 
 
-def _current_stream_of(obj: Any, device_id: int) -> int:
-    """The producer framework's current stream for ``obj``'s device."""
-    module = type(obj).__module__.split(".")[0]
-    if module == "torch":
-        import torch
-
-        return torch.cuda.current_stream(device_id).cuda_stream
-    if module == "cupy":
-        import cupy
-
-        with cupy.cuda.Device(device_id):
-            return cupy.cuda.get_current_stream().ptr
-    raise Error(
-        "DLSYNC_ERROR_INVALID_ARGUMENT",
-        f"dlsync.wrap: no producer stream given and {type(obj).__name__} "
-        "has no known current stream; pass producer=",
-    )
+def _current_stream_of(obj: Any, device_id: int) -> Optional[int]:
+    """The producer's current stream for ``obj``'s device; None when it
+    exposes none (dlsync/_producers.py says how it is found)."""
+    return _producers.find(obj, _KDLCUDA, device_id).stream
 
 
 @contextlib.contextmanager
@@ -322,6 +348,7 @@ class _Wrapped:
     def __init__(self, obj: Any, producer: Any):
         self._obj = obj
         self._producer = producer
+        self._born = next(_ticks)
 
     def __dlpack_device__(self):
         return self._obj.__dlpack_device__()
@@ -348,11 +375,10 @@ class _Wrapped:
                 "stream=0 is not allowed for CUDA by the DLPack specification: "
                 "pass 1 (legacy default stream), 2 (per-thread) or a stream handle",
             )
-        producer = (
-            stream_handle(self._producer)
-            if self._producer is not None
-            else _current_stream_of(self._obj, int(device_id))
-        )
+        found = _producers.find(self._obj, _KDLCUDA, int(device_id), self._producer)
+        if not found.no_sync_export:
+            return self._export_to(consumer, found.stream, kwargs)
+        producer = found.stream
         stack = _scopes()
         if not stack and capture_state(producer) == "capturing":
             raise Error(
@@ -368,21 +394,57 @@ class _Wrapped:
                 "capturing: run the consumer on a stream of its own (e.g. `with "
                 "cupy.cuda.Stream():`) so that it can join the capture",
             )
-        ex = _Exchange(producer, consumer)
-        if stack:
-            stack[-1].append(ex)
+        if stack and self._covered(stack[-1], producer, consumer):
+            pass  # an exchange begun after this wrap was made already orders its work
+        elif stack:
+            stack[-1].append(_Exchange(producer, consumer))
         else:
+            ex = _Exchange(producer, consumer)
             ex.end()  # eager, no scope: the consumer is ordered; nothing to join
         # The producer must not synchronise on its own: dlsync did.
         with _on_device(self._obj, int(device_id)):
             return self._obj.__dlpack__(stream=-1, **kwargs)
 
+    def _covered(self, mine: List[_Exchange], producer: int, consumer: int) -> bool:
+        """Whether this scope already has an exchange from ``producer`` to
+        ``consumer`` begun after this wrap was made, and so after the work
+        that produced it: wraps made together share one exchange."""
+        return any(ex.began > self._born and ex._lanes[0].stream == producer and
+                   ex._lanes[1].stream == consumer for ex in mine)
+
+    def _export_to(self, consumer: int, producer: Optional[int], kwargs: dict):
+        """A producer that exposes no stream (JAX): its own __dlpack__ is
+        handed the consumer's stream, never -1. Refused, before the producer
+        is touched, while the consumer (or an imported framework's current
+        stream) is capturing: the producer would break that capture."""
+        streams = [("the consumer's stream", consumer)]
+        if producer is not None:
+            streams.append(("the producer= stream", producer))
+        streams += [("the current PyTorch stream", t)
+                    for t in _producers.capturing_framework_streams()]
+        for what, s in streams:
+            if capture_state(s) == "capturing":
+                raise Error(_ERROR_CAPTURE_ORDER_NAME,
+                            _producers.no_stream_in_capture_message(type(self._obj), s, what))
+        if producer is not None:  # producer= names another stream too: order it first
+            _Exchange(producer, consumer).end()
+        return self._obj.__dlpack__(stream=consumer, **kwargs)
+
 
 def wrap(obj: Any, producer: Any = None) -> _Wrapped:
     """A DLPack producer for ``from_dlpack`` consumers that orders the
-    producer's stream (by default its framework's current stream) before
-    the stream the consumer asks for, capture-aware, and asks the real
-    producer for its capsule without a sync of its own."""
+    producer's stream before the stream the consumer asks for,
+    capture-aware, and asks the real producer for its capsule without a
+    sync of its own.
+
+    The producer's stream is ``producer=``, else its type's
+    ``__dlpack_c_exchange_api__``, its ``__cuda_stream__``, or PyTorch's /
+    CuPy's current stream (dlsync/_producers.py). A producer that exposes
+    none (JAX) is handed the consumer's stream through its own
+    ``__dlpack__``; while a capture is on, that is refused with
+    :class:`Error` (DLSYNC_ERROR_CAPTURE_ORDER) before the producer is
+    touched. Inside a :func:`scope`, wraps made before the first of them is
+    exported share one exchange per (producer, consumer) stream pair."""
     return _Wrapped(obj, producer)
 
 

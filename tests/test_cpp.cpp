@@ -1,0 +1,273 @@
+// The C++ header (include/dlsync/dlsync.hpp) on the fake driver: the guard
+// orders both ways and ends in its destructor, keeps the first failure's
+// status and message, joins a side stream back into a capture, moves without
+// ending twice; fences retain and release; graph positions keep their
+// frontier. A plain main: prints each failed check and returns 1.
+#include <cuda.h>
+
+#include <cstdio>
+#include <cstring>
+#include <utility>
+
+#include "dlsync/dlsync.hpp"
+#include "fake/fake_driver.h"
+
+extern "C" dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
+                                                            const dlsync_context_config *config,
+                                                            const dlsync__driver *drv);
+
+static int failures;
+static const dlsync__driver *D;
+static dlsync_context *ctx;
+static CUstream P, C;
+
+#define CHECK(cond)                                                                         \
+  do {                                                                                      \
+    if (!(cond)) {                                                                          \
+      std::fprintf(stderr, "%s:%d: %s: failed: %s\n", __FILE__, __LINE__, __func__, #cond); \
+      failures++;                                                                           \
+    }                                                                                       \
+  } while (0)
+
+static void open_fake() {
+  fake_reset(2);
+  D = fake_driver();
+  ctx = nullptr;
+  CHECK(dlsync__context_create_with_driver(&ctx, nullptr, D) == DLSYNC_SUCCESS);
+  P = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  C = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  fake_log_reset();
+}
+
+static void close_fake() {
+  char leaks[256] = {0};
+  fake_fail_clear();
+  CHECK(fake_illegal_calls() == 0);
+  CHECK(fake_dangling_event_uses() == 0);
+  CHECK(dlsync_context_destroy(ctx) == DLSYNC_SUCCESS);
+  fake_stream_destroy(P);
+  fake_stream_destroy(C);
+  fake_run_destructors();
+  CHECK(fake_live_events() == 0);
+  if (fake_leak_report(leaks, sizeof leaks) != 0) {
+    std::fprintf(stderr, "leaked: %s\n", leaks);
+    failures++;
+  }
+}
+
+static void guard_orders_both_ways_and_ends_in_its_destructor() {
+  open_fake();
+  uint64_t produce = fake_work(P, "produce", nullptr), consume, mutate;
+  {
+    dlsync::exchange ex(P, C, 0, ctx);
+    CHECK(ex.ok());
+    CHECK(ex.active());
+    CHECK(std::strcmp(ex.message(), "") == 0);
+    consume = fake_work(C, "consume", nullptr);
+  }
+  mutate = fake_work(P, "mutate", nullptr);
+  CHECK(fake_happens_before(produce, consume));
+  CHECK(fake_happens_before(consume, mutate));
+  close_fake();
+}
+
+static void without_the_guard_nothing_is_ordered() { // the fake can tell: the test can fail
+  open_fake();
+  uint64_t produce = fake_work(P, "produce", nullptr);
+  uint64_t consume = fake_work(C, "consume", nullptr);
+  CHECK(!fake_happens_before(produce, consume));
+  close_fake();
+}
+
+static void explicit_end_returns_the_status_once() {
+  open_fake();
+  dlsync::exchange ex(P, C, DLSYNC_EXCHANGE_CAPTURE_STABLE, ctx);
+  CHECK(ex.ok());
+  CHECK(ex.end() == DLSYNC_SUCCESS);
+  CHECK(!ex.active());
+  unsigned calls = static_cast<unsigned>(fake_calls_total());
+  CHECK(ex.end() == DLSYNC_SUCCESS);
+  CHECK(fake_calls_total() == calls); // the second end calls nothing
+  close_fake();
+}
+
+static void a_failed_begin_is_kept_and_the_destructor_does_nothing() {
+  open_fake();
+  fake_fail_always("cuEventRecord", CUDA_ERROR_LAUNCH_FAILED);
+  {
+    dlsync::exchange ex(P, C, 0, ctx);
+    CHECK(!ex.ok());
+    CHECK(!ex.active());
+    CHECK(ex.status() == DLSYNC_ERROR_DRIVER);
+    CHECK(std::strstr(ex.message(), "cuEventRecord") != nullptr);
+    CHECK(std::strcmp(ex.status_name(), "DLSYNC_ERROR_DRIVER") == 0);
+    fake_fail_clear();
+    // A later failure on this thread does not change what the guard kept.
+    dlsync_exchange *none = nullptr;
+    CHECK(dlsync_exchange_begin(&none, ctx, nullptr, nullptr) != DLSYNC_SUCCESS);
+    CHECK(std::strstr(ex.message(), "cuEventRecord") != nullptr);
+    CHECK(ex.end() == DLSYNC_ERROR_DRIVER);
+  }
+  close_fake();
+}
+
+static void a_failed_end_is_reported_by_end() {
+  open_fake();
+  dlsync::exchange ex(P, C, 0, ctx);
+  CHECK(ex.ok());
+  fake_fail_always("cuStreamWaitEvent", CUDA_ERROR_LAUNCH_FAILED);
+  CHECK(ex.end() == DLSYNC_ERROR_DRIVER);
+  CHECK(std::strstr(ex.message(), "cuStreamWaitEvent") != nullptr);
+  fake_fail_clear();
+  close_fake();
+}
+
+static void the_side_stream_joins_the_capture_and_is_joined_back() {
+  open_fake();
+  CHECK(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS);
+  CUgraphNode produce = nullptr, consume = nullptr;
+  fake_work(P, "produce", &produce);
+  {
+    dlsync::exchange ex(P, C, 0, ctx);
+    CHECK(ex.ok());
+    CHECK(dlsync::capturing(C, ctx)); // C joined P's capture
+    fake_work(C, "consume", &consume);
+  }
+  CUgraph g = nullptr;
+  CHECK(D->StreamEndCapture(P, &g) == CUDA_SUCCESS); // not UNJOINED
+  CHECK(!dlsync::capturing(C, ctx));
+  CHECK(g != nullptr);
+  if (g != nullptr) {
+    CHECK(produce != nullptr && consume != nullptr && fake_graph_has_path(g, produce, consume));
+    CHECK(D->GraphDestroy(g) == CUDA_SUCCESS);
+  }
+  close_fake();
+}
+
+static void a_moved_guard_ends_once() {
+  open_fake();
+  uint64_t produce = fake_work(P, "produce", nullptr), consume, mutate;
+  {
+    dlsync::exchange outer;
+    CHECK(!outer.active() && outer.ok());
+    {
+      dlsync::exchange ex(P, C, 0, ctx);
+      outer = std::move(ex);
+      CHECK(!ex.active()); // NOLINT(bugprone-use-after-move): the moved-from state is defined
+      dlsync::exchange moved(std::move(outer));
+      CHECK(moved.active() && !outer.active());
+      outer = std::move(moved);
+    } // ex and moved end nothing here
+    consume = fake_work(C, "consume", nullptr);
+    CHECK(outer.active());
+  }
+  mutate = fake_work(P, "mutate", nullptr);
+  CHECK(fake_happens_before(produce, consume));
+  CHECK(fake_happens_before(consume, mutate));
+  close_fake();
+}
+
+static void fences_retain_release_and_order() {
+  open_fake();
+  uint64_t produce = fake_work(P, "produce", nullptr);
+  {
+    dlsync::fence f(P, ctx);
+    CHECK(f.ok() && f.valid());
+    dlsync_fence_kind kind = DLSYNC_FENCE_BUILT;
+    CHECK(f.kind(&kind) == DLSYNC_SUCCESS && kind == DLSYNC_FENCE_EAGER);
+    dlsync::fence copy = f; // retains
+    dlsync::fence moved(std::move(f));
+    CHECK(!f.valid()); // NOLINT(bugprone-use-after-move)
+    CHECK(f.wait(C) == DLSYNC_ERROR_INVALID_ARGUMENT);
+    CHECK(copy.wait(C) == DLSYNC_SUCCESS);
+    CHECK(moved.native() == copy.native());
+  } // both references released: the event goes back (close checks it)
+  uint64_t consume = fake_work(C, "consume", nullptr);
+  CHECK(fake_happens_before(produce, consume));
+  close_fake();
+}
+
+static void a_failed_fence_keeps_its_message() {
+  open_fake();
+  fake_fail_always("cuEventRecord", CUDA_ERROR_LAUNCH_FAILED);
+  dlsync::fence f(P, ctx);
+  CHECK(!f.ok() && !f.valid());
+  CHECK(std::strstr(f.message(), "cuEventRecord") != nullptr);
+  fake_fail_clear();
+  close_fake();
+}
+
+static void graph_positions_keep_their_frontier() {
+  open_fake();
+  CUgraph g = nullptr;
+  CHECK(D->GraphCreate(&g, 0) == CUDA_SUCCESS);
+  CUgraphNode first = fake_graph_add_work(g, nullptr, 0, "first");
+  dlsync::graph_position<4> pos(g, &first, 1);
+  CHECK(pos.ok() && pos.size() == 1 && *pos.begin() == first);
+  dlsync::graph_position<1> too_small(g, pos.begin(), 2);
+  CHECK(!too_small.ok());
+  {
+    dlsync::exchange ex(pos.lane(), pos.lane(), 0, ctx); // same graph: edges only
+    CHECK(ex.ok());
+  }
+  CHECK(pos.size() >= 1);
+  CHECK(D->GraphDestroy(g) == CUDA_SUCCESS);
+  close_fake();
+}
+
+static void env_stream_scope_restores() {
+  void *got = nullptr;
+  {
+    dlsync::env_stream_scope s(DLSYNC_DLPACK_DEVICE_CUDA, 0, reinterpret_cast<void *>(0x1234));
+    CHECK(s.status() == DLSYNC_SUCCESS);
+    CHECK(dlsync_env_stream_get(&got, DLSYNC_DLPACK_DEVICE_CUDA, 0) == DLSYNC_SUCCESS);
+    CHECK(got == reinterpret_cast<void *>(0x1234));
+  }
+  CHECK(dlsync_env_stream_get(&got, DLSYNC_DLPACK_DEVICE_CUDA, 0) == DLSYNC_SUCCESS);
+  CHECK(got == nullptr);
+  dlsync_env_stream_clear();
+}
+
+#if DLSYNC_HPP_EXCEPTIONS
+static void the_throwing_constructor_throws_with_the_status() {
+  open_fake();
+  fake_fail_always("cuEventRecord", CUDA_ERROR_LAUNCH_FAILED);
+  bool thrown = false;
+  try {
+    dlsync::exchange ex(dlsync::throw_on_error, P, C, 0, ctx);
+  } catch (const dlsync::error &e) {
+    thrown = e.status() == DLSYNC_ERROR_DRIVER &&
+             std::strstr(e.what(), "DLSYNC_ERROR_DRIVER: ") != nullptr;
+  }
+  CHECK(thrown);
+  fake_fail_clear();
+  dlsync::exchange ok(dlsync::throw_on_error, P, C, 0, ctx);
+  CHECK(ok.active());
+  CHECK(ok.end() == DLSYNC_SUCCESS);
+  close_fake();
+}
+#endif
+
+int main() {
+  guard_orders_both_ways_and_ends_in_its_destructor();
+  without_the_guard_nothing_is_ordered();
+  explicit_end_returns_the_status_once();
+  a_failed_begin_is_kept_and_the_destructor_does_nothing();
+  a_failed_end_is_reported_by_end();
+  the_side_stream_joins_the_capture_and_is_joined_back();
+  a_moved_guard_ends_once();
+  fences_retain_release_and_order();
+  a_failed_fence_keeps_its_message();
+  graph_positions_keep_their_frontier();
+  env_stream_scope_restores();
+#if DLSYNC_HPP_EXCEPTIONS
+  the_throwing_constructor_throws_with_the_status();
+#endif
+  fake_shutdown();
+  if (failures != 0) {
+    std::fprintf(stderr, "%d checks failed\n", failures);
+    return 1;
+  }
+  std::printf("test_cpp: all checks passed\n");
+  return 0;
+}
