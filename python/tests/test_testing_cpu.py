@@ -200,6 +200,22 @@ class Diagnosis(unittest.TestCase):
         skipped = _captured(skipped="the op failed eagerly")
         self.assertFalse(skipped.ok)
         self.assertEqual(skipped.capture_status, "skipped")
+        self.assertEqual(skipped.diagnosis.lines(), ["not run: the op failed eagerly"])
+
+    def test_each_source_of_words_is_labelled(self):
+        stale = _captured(runs=1, captured=True, wrong=[rp.WrongOutput(1, "out", "Mismatched")])
+        self.assertIn("  compared: Mismatched", stale.diagnosis.lines())
+        unknown = rp.CaseResult("eager", "eager", errors=["ValueError: bad shape"])
+        self.assertIn("  error: ValueError: bad shape", unknown.diagnosis.lines())
+        unjoined = _captured(captured=False, errors=[UNJOINED])
+        self.assertIn("  CUDA said: " + UNJOINED, unjoined.diagnosis.lines())
+
+    def test_a_neighbour_failing_for_another_reason_does_not_blame_the_op(self):
+        case = _captured("global+eager", runs=3, captured=True, neighbour="eager",
+                         neighbour_errors=["Error: DLSYNC_ERROR_NO_DRIVER: no driver"])
+        d = case.diagnosis
+        self.assertEqual(d.headline, "the eager neighbour thread broke: an error")
+        self.assertIn("not a capture rule", d.meaning)
 
 
 class Report(unittest.TestCase):
@@ -235,6 +251,15 @@ class Report(unittest.TestCase):
         self.assertIn("what to do: import through dlsync.wrap inside dlsync.scope()", msg)
         self.assertIn("[relaxed] stale data after replay 1 of 3", msg)
         self.assertNotIn("[eager]", msg)
+
+    def test_cases_with_the_same_diagnosis_are_named_together(self):
+        r = rp.CaptureReport("op", [_captured(m, captured=False, errors=[UNJOINED])
+                                    for m in ("global", "thread_local", "relaxed")]
+                             + [_captured("relaxed+capture", captured=False, errors=[SYNC])])
+        msg = r.message()
+        self.assertIn("\n[global, thread_local, relaxed] capture broke: unjoined work", msg)
+        self.assertEqual(msg.count("capture broke: unjoined work"), 1)
+        self.assertIn("\n[relaxed+capture] capture broke: sync during capture", msg)
 
     def test_raise_if_failed_carries_the_report(self):
         r = self._report()

@@ -140,6 +140,7 @@ ERROR_TABLE: Tuple[ErrorKind, ...] = (
 STALE = "stale data"
 ERROR = "error"
 NEIGHBOUR = "neighbour"
+SKIPPED = "skipped"
 
 
 @dataclass
@@ -148,17 +149,16 @@ class Diagnosis:
     headline: str  # one line: "capture broke: unjoined work (cudaErrorStreamCaptureUnjoined)"
     meaning: str
     advice: str
-    said: str = ""  # what CUDA (or the library) said, first line
+    said: str = ""  # what CUDA (or the library, or the comparison) said, first line
     where: str = ""  # the op's call that raised, where known
 
     def lines(self) -> List[str]:
+        label = {STALE: "compared", ERROR: "error", SKIPPED: ""}.get(self.category, "CUDA said")
         out = [self.headline]
-        if self.said:
-            out.append(f"  CUDA said: {self.said}")
-        out.append(f"  what it means: {self.meaning}")
-        if self.where:
-            out.append(f"  where: {self.where}")
-        out.append(f"  what to do: {self.advice}")
+        for name, text in ((label, self.said), ("what it means", self.meaning),
+                           ("where", self.where), ("what to do", self.advice)):
+            if text and name:
+                out.append(f"  {name}: {text}")
         return out
 
 
@@ -279,7 +279,11 @@ def _stale(case: CaseResult) -> Diagnosis:
 def _neighbour(case: CaseResult) -> Diagnosis:
     kind = classify_error(case.neighbour_errors)
     what = f"{kind.category} ({kind.cuda})" if kind else "an error"
-    if case.neighbour == "capture":
+    if kind is None:
+        meaning = ("the neighbour thread failed with an error that is not a capture rule: see "
+                   "the message (the harness's neighbour needs dlsync and the CUDA driver)")
+        advice = "read the message; the op itself passed this case's comparison"
+    elif case.neighbour == "capture":
         meaning = ("while the op ran under capture, another thread's GLOBAL-mode capture broke "
                    "with " + what + ": a call of the op is unsafe beside a GLOBAL capture "
                    "(PyTorch captures in GLOBAL mode by default)")
@@ -301,8 +305,7 @@ def diagnose(case: CaseResult) -> Optional[Diagnosis]:
     if case.ok:
         return None
     if case.skipped:
-        return Diagnosis(ERROR, f"not run: {case.skipped}", "the case could not run here",
-                         "see the reason")
+        return Diagnosis(SKIPPED, f"not run: {case.skipped}", "", "")
     if case.errors:
         kind = classify_error(case.errors)
         said = _said(case.errors, kind)
@@ -418,11 +421,20 @@ class CaptureReport:
             head = (f"capture check of {self.name}: {len(failed)} of {len(self.cases)} cases "
                     "failed")
         lines = [head, self.table()]
+        # Cases with the same diagnosis (word for word) are named together.
+        groups: List[Tuple[List[str], List[str]]] = []
         for c in failed:
-            d = c.diagnosis
+            text = c.diagnosis.lines()
+            for names, seen in groups:
+                if seen == text:
+                    names.append(c.name)
+                    break
+            else:
+                groups.append(([c.name], text))
+        for names, text in groups:
             lines.append("")
-            lines.append(f"[{c.name}] " + d.lines()[0])
-            lines.extend(d.lines()[1:])
+            lines.append(f"[{', '.join(names)}] " + text[0])
+            lines.extend(text[1:])
         return "\n".join(lines)
 
     def __str__(self) -> str:
