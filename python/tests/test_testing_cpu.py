@@ -49,6 +49,16 @@ def _env():
     return env
 
 
+def _plugin_args():
+    """-p for a source tree; nothing where the entry point is installed
+    (pytest would register the module twice)."""
+    from importlib.metadata import entry_points
+
+    installed = any(ep.value == "dlsync.testing.pytest_plugin"
+                    for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "dlsync.testing.pytest_plugin"]
+
+
 def _has_pytest():
     try:
         import pytest  # noqa: F401
@@ -382,8 +392,8 @@ class Plugin(unittest.TestCase):
             with open(path, "w") as f:
                 f.write(textwrap.dedent(PLUGIN_CASES))
             run = subprocess.run(
-                [sys.executable, "-m", "pytest", "-p", "dlsync.testing.pytest_plugin",
-                 "-p", "no:cacheprovider", "-rsE", "-q", path],
+                [sys.executable, "-m", "pytest", *_plugin_args(), "-p", "no:cacheprovider",
+                 "-rsE", "-q", path],
                 cwd=tmp, env=_env(), capture_output=True, text=True)
             out = run.stdout + run.stderr
             self.assertIn("1 passed, 2 skipped, 1 error", out, out)
@@ -393,7 +403,7 @@ class Plugin(unittest.TestCase):
 
     def test_the_marker_is_registered(self):
         run = subprocess.run(
-            [sys.executable, "-m", "pytest", "-p", "dlsync.testing.pytest_plugin", "--markers"],
+            [sys.executable, "-m", "pytest", *_plugin_args(), "--markers"],
             env=_env(), capture_output=True, text=True, check=True)
         self.assertIn("@pytest.mark.capture_modes(*modes, replays=3", run.stdout)
 
