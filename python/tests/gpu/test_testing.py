@@ -69,7 +69,7 @@ def _rows(record, label, good, bad, expect):
         g = good.case(b.name)
         g_broke = int(g.captured is False or bool(g.errors))
         b_broke = int(b.captured is False or bool(b.errors) or bool(b.neighbour_errors))
-        setting = "check_capture" if b.neighbour == "-" else f"check_capture+{b.neighbour}"
+        setting = "check_capture" if b.neighbour == "-" else f"beside {b.neighbour}"
         try:
             record(label, setting, b.mode, (g.runs, g.wrong_runs, g_broke, ""),
                    (b.runs, b.wrong_runs if right else 0, b_broke if right else 0, note))
@@ -231,7 +231,7 @@ def test_the_example_kernel_library_passes(record):
     x = torch.zeros(N, device="cuda")
     good = _check(_library_op(lib, True), x, reference=_scaled)
     bad = _check(_library_op(lib, False), x, reference=_scaled)
-    _rows(record, "harness kernel lib (C)", good, bad, lambda name: {"stale data"})
+    _rows(record, "harness kernel lib", good, bad, lambda name: {"stale data"})
     assert good.ok
 
 
