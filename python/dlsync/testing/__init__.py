@@ -273,6 +273,7 @@ class _Harness:
         self.gen.manual_seed(seed)
         self.cycles = int(slow_producer_ms * _cycles_per_ms(torch, self.device))
         self.calls = 0
+        self.fresh: List[Any] = []  # the values of the last rewrite, for the reference
 
     # inputs
 
@@ -306,6 +307,7 @@ class _Harness:
                 torch.cuda._sleep(self.cycles)
             for i, value in zip(self.static, fresh):
                 self.args[i].copy_(value)
+        self.fresh = fresh
         torch.cuda.current_stream(self.device).wait_stream(self.producer)
 
     # outputs
@@ -325,7 +327,10 @@ class _Harness:
     def expected(self) -> List[Tuple[str, Any]]:
         torch = self.torch
         torch.cuda.synchronize()
+        # From the values written, not from the inputs now: an op may work in place.
         args = [a.clone() if isinstance(a, torch.Tensor) else a for a in self.args]
+        for i, value in zip(self.static, self.fresh):
+            args[i] = torch.empty_like(self.args[i]).copy_(value)
         ref = self.reference(*args)
         torch.cuda.synchronize()
         return self.snapshot(ref)
