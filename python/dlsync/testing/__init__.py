@@ -392,6 +392,12 @@ class _Harness:
         nb = _Neighbour(torch, neighbour, self.device) if neighbour else None
         out = None
         try:
+            # One eager call on the capture stream first, as PyTorch's CUDA
+            # graph notes advise: per-stream lazy state (library handles,
+            # workspaces) must not be created during the capture.
+            capture_stream.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(capture_stream):
+                self.fn(*self.args)
             torch.cuda.synchronize()  # as torch.cuda.graph does before it captures
             if nb is not None:
                 nb.start()
