@@ -358,6 +358,320 @@ class Helpers(unittest.TestCase):
                          "The values for attribute 'shape' do not match")
 
 
+# ---- check_capture's flow on a fake PyTorch (no GPU) ----
+#
+# A few lines of CUDA's capture rules in Python: work on a capturing stream is
+# recorded into the graph and runs at replay; work on any other stream runs at
+# once; a stream that waits on a capturing one joins its capture and must be
+# waited on in turn before the capture ends ("unjoined work"); a device sync
+# during a capture, or a query during a GLOBAL capture (any thread's) or a
+# THREAD_LOCAL one of this thread, is refused and invalidates the capture. No
+# timing: the slow producer is not modelled (the GPU tests cover it).
+
+_SYNC_MSG = "CUDA error: operation not permitted when stream is capturing"
+
+
+# Compiled under a file name in a torch/ folder, so that the harness looks past
+# its frames for the op's own line, as it looks past the real PyTorch's.
+_FAKE_TORCH = '''
+import contextlib
+import threading
+import types
+
+torch = types.ModuleType("torch")
+cuda = types.ModuleType("torch.cuda")
+testing = types.ModuleType("torch.testing")
+torch.cuda, torch.testing = cuda, testing
+tls = threading.local()
+active = []  # graphs being captured
+lock = threading.Lock()
+
+class Dtype:
+    is_floating_point, is_complex = True, False
+
+class Tensor:
+    is_cuda, device, dtype = True, "cuda:0", Dtype()
+
+    def __init__(self, vals):
+        self.vals = [float(v) for v in vals]
+
+    shape = property(lambda self: (len(self.vals),))
+
+    def clone(self):
+        return Tensor(self.vals)
+
+    def detach(self):
+        return self
+
+    def to(self, _dtype):
+        return self
+
+    def copy_(self, other):
+        self.vals = list(other.vals)
+        return self
+
+    def __mul__(self, k):
+        return Tensor([v * k for v in self.vals])
+
+    __rmul__ = __mul__
+
+    def __add__(self, k):
+        return Tensor([v + k for v in self.vals])
+
+class Graph:
+    def capture_begin(self, capture_error_mode="global"):
+        s = cuda.current_stream()
+        self.mode, self.origin, self.thunks = capture_error_mode, s, []
+        self.unjoined, self.invalid = set(), False
+        self.thread = threading.current_thread()
+        s.graph = self
+        with lock:
+            active.append(self)
+
+    def capture_end(self):
+        with lock:
+            active.remove(self)
+        for st in [self.origin, *self.unjoined]:
+            st.graph = None
+        if self.invalid:
+            raise RuntimeError("CUDA error: operation failed due to a previous error during "
+                               "capture")
+        if self.unjoined:
+            raise RuntimeError("CUDA error: capturing stream has unjoined work")
+
+    def replay(self):
+        for thunk in self.thunks:
+            thunk()
+
+class Stream:
+    def __init__(self, device=None):
+        self.graph = None
+
+    def wait_stream(self, other):
+        if other.graph is not None and self.graph is None:
+            self.graph = other.graph  # joins the capture
+            other.graph.unjoined.add(self)
+        elif other.graph is not None and other.graph is self.graph:
+            self.graph.unjoined.discard(other)  # joined back
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        _unsafe(device_wide=False)
+        return True
+
+def _unsafe(device_wide):
+    me = threading.current_thread()
+    with lock:
+        for g in active:
+            mine = g.thread is me
+            if (mine and (device_wide or g.mode != "relaxed")) or (
+                    not mine and g.mode == "global"):
+                g.invalid = True
+                raise RuntimeError(_SYNC_MSG)
+
+def launch(thunk):
+    s = cuda.current_stream()
+    if s.graph is not None:
+        s.graph.thunks.append(thunk)
+    else:
+        thunk()
+
+def mul(a, k, out):
+    def run():
+        out.vals = [v * k for v in a.vals]
+    launch(run)
+    return out
+
+@contextlib.contextmanager
+def stream(s):
+    prev = cuda.current_stream()
+    tls.current = s
+    try:
+        yield
+    finally:
+        tls.current = prev
+
+@contextlib.contextmanager
+def device(_d):
+    yield
+
+class Event:
+    def __init__(self, enable_timing=False):
+        pass
+
+    def record(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, _other):
+        return 5.0
+
+class Generator:
+    def __init__(self, device=None):
+        import random
+        self.rng = random.Random()
+
+    def manual_seed(self, n):
+        self.rng.seed(n)
+
+def randn(shape, device=None, generator=None, dtype=None):
+    return Tensor([generator.rng.gauss(0, 1) for _ in range(shape[0])])
+
+def assert_close(a, b, rtol=None, atol=None, equal_nan=True, check_device=True):
+    bad = sum(1 for x, y in zip(a.vals, b.vals) if abs(x - y) > 1e-6)
+    if bad:
+        raise AssertionError(f"Tensor-likes are not close!\\n\\nMismatched elements: {bad} / "
+                             f"{len(a.vals)}")
+
+default = Stream()
+cuda.is_available = lambda: True
+cuda.synchronize = lambda: _unsafe(device_wide=True)
+cuda.current_stream = lambda device=None: getattr(tls, "current", default)
+cuda.Stream, cuda.CUDAGraph, cuda.Event = Stream, Graph, Event
+cuda.stream, cuda.device, cuda.set_device = stream, device, lambda d: None
+cuda._sleep = lambda cycles: None
+testing.assert_close = assert_close
+torch.Tensor, torch.Generator, torch.randn, torch.mul = Tensor, Generator, randn, mul
+torch.full = lambda shape, v, device=None: Tensor([v] * shape[0])
+torch.zeros_like = torch.empty_like = lambda t: Tensor([0.0] * len(t.vals))
+torch.equal = lambda a, b: a.vals == b.vals
+torch.compile = lambda fn, mode=None: fn
+torch.tensor = Tensor
+'''
+
+
+def _fake_torch():
+    ns = {"_SYNC_MSG": _SYNC_MSG}
+    path = os.path.join(os.sep, "fake", "torch", "__init__.py")
+    exec(compile(_FAKE_TORCH, path, "exec"), ns)  # noqa: S102 - our own source
+    return ns["torch"]
+
+
+@unittest.skipIf(dt.gpu_unavailable_reason() == "", "a GPU is present: tests/gpu runs the real one")
+class FlowOnAFakeTorch(unittest.TestCase):
+    def setUp(self):
+        self.saved = {k: sys.modules.get(k) for k in ("torch", "torch.cuda", "torch.testing")}
+        torch = self.torch = _fake_torch()
+        sys.modules.update({"torch": torch, "torch.cuda": torch.cuda,
+                            "torch.testing": torch.testing})
+        self.x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+        self.out = torch.tensor([0.0] * 4)
+        self.side = torch.cuda.Stream()
+
+    def tearDown(self):
+        for k, v in self.saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+
+    def _check(self, fn, **kw):
+        return dt.check_capture(fn, self.x, raise_on_failure=False, **kw)
+
+    def _side(self, wait=True, join_back=True):
+        torch, side, out = self.torch, self.side, self.out
+
+        def side_op(x):
+            cur = torch.cuda.current_stream()
+            if wait:
+                side.wait_stream(cur)
+            with torch.cuda.stream(side):
+                torch.mul(x, 3, out=out)
+            if join_back:
+                cur.wait_stream(side)
+            return out
+
+        return side_op
+
+    def test_a_correct_op_passes_every_case(self):
+        r = self._check(self._side(), compile=True, neighbour=(None, "capture"))
+        self.assertTrue(r.ok, r.message())
+        self.assertEqual([c.name for c in r.cases],
+                         ["eager", "global", "global+capture", "thread_local",
+                          "thread_local+capture", "relaxed", "relaxed+capture", "compile"])
+        self.assertEqual([c.runs for c in r.cases], [3, 3, 3, 3, 3, 3, 3, 5])
+        self.assertIsNone(r.raise_if_failed().case("global").diagnosis)
+
+    def test_a_stream_outside_the_capture_is_stale_data(self):
+        r = self._check(self._side(wait=False, join_back=False), modes=("global",))
+        self.assertTrue(r.case("eager").ok)  # no timing here: eagerly it is right
+        case = r.case("global")
+        self.assertEqual((case.captured, case.runs, case.wrong_runs), (True, 3, 3))
+        self.assertTrue(all(w.unchanged for w in case.wrong))
+        self.assertTrue(case.diagnosis.headline.startswith(
+            "stale data after replay 1 of 3: output out differs"), case.diagnosis.headline)
+        self.assertIn("is not in the graph", case.diagnosis.meaning)
+        with self.assertRaises(AssertionError) as info:
+            r.raise_if_failed()
+        self.assertIn("[global] stale data after replay 1 of 3", str(info.exception))
+
+    def test_a_stream_not_joined_back_is_unjoined_work(self):
+        r = self._check(self._side(join_back=False))
+        self.assertTrue(r.case("eager").ok)
+        for mode in dt.MODES:
+            d = r.case(mode).diagnosis
+            self.assertEqual(d.headline,
+                             "capture broke: unjoined work (cudaErrorStreamCaptureUnjoined)")
+            self.assertEqual(d.where, "raised when the capture ended (no call of the op raised)")
+        self.assertIn("[global, thread_local, relaxed] capture broke: unjoined work",
+                      r.message())
+
+    def test_a_sync_is_named_with_its_line(self):
+        torch = self.torch
+
+        def syncing(x):
+            y = torch.mul(x, 2, out=torch.empty_like(x))
+            torch.cuda.synchronize()
+            return y
+
+        r = self._check(syncing)
+        for mode in dt.MODES:
+            d = r.case(mode).diagnosis
+            self.assertEqual(d.category, "sync during capture")
+            self.assertIn(_SYNC_MSG, d.said)
+            self.assertIn("test_testing_cpu.py", d.where)
+            self.assertTrue(d.where.endswith("in syncing: torch.cuda.synchronize()"), d.where)
+
+    def test_a_query_passes_relaxed_alone_and_fails_beside_a_global_capture(self):
+        torch, other = self.torch, self.torch.cuda.Stream()
+
+        def querying(x):
+            y = torch.mul(x, 2, out=torch.empty_like(x))
+            other.query()
+            return y
+
+        r = self._check(querying, modes=("global", "relaxed"), neighbour=(None, "capture"))
+        verdicts = {c.name: (c.diagnosis.category if c.diagnosis else "ok") for c in r.cases}
+        self.assertEqual(verdicts, {"eager": "ok", "global": "sync during capture",
+                                    "global+capture": "sync during capture", "relaxed": "ok",
+                                    "relaxed+capture": "sync during capture"})
+        # The neighbour's GLOBAL capture was invalidated by the op's query.
+        self.assertTrue(r.case("relaxed+capture").neighbour_errors)
+        self.assertFalse(r.case("relaxed").neighbour_errors)
+
+    def test_an_op_in_place_is_compared_with_the_values_written(self):
+        torch = self.torch
+
+        def in_place(x):
+            return torch.mul(x, 2, out=x)
+
+        r = self._check(in_place)
+        self.assertTrue(r.ok, r.message())
+
+    def test_an_op_that_fails_eagerly_skips_the_captures(self):
+        r = self._check(lambda x: None, modes=("global",))
+        self.assertEqual([c.capture_status for c in r.cases], ["-", "skipped"])
+        self.assertIn("returned no outputs", r.case("eager").diagnosis.headline)
+
+    def test_inputs_must_hold_a_cuda_tensor(self):
+        with self.assertRaises(ValueError):
+            dt.check_capture(lambda v: v, 3.0)
+
+
 PLUGIN_CASES = '''
 import sys
 import pytest
