@@ -1,0 +1,726 @@
+"""dlsync.testing without a GPU: importing it, the diagnosis table, the report,
+the option checks, and the pytest plugin skipping its cases.
+
+Plain unittest (no pytest needed; the plugin's case runs only where pytest is
+installed); ctest runs it with DLSYNC_LIBRARY set."""
+import os
+import subprocess
+import sys
+import tempfile
+import textwrap
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+PYTHON_DIR = os.path.join(HERE, "..")
+sys.path.insert(0, PYTHON_DIR)
+import dlsync.testing as dt  # noqa: E402
+from dlsync.testing import report as rp  # noqa: E402
+
+# What the driver and PyTorch say, as seen on the H200 (docs/gpu.md) or as
+# CUDA's error strings read.
+UNJOINED = "AcceleratorError: CUDA error: capturing stream has unjoined work"
+INVALIDATED = ("AcceleratorError: CUDA error: operation failed due to a previous error during "
+               "capture")
+SYNC = "AcceleratorError: CUDA error: operation not permitted when stream is capturing"
+LEGACY = ("RuntimeError: CUDA error: operation would make the legacy stream depend on a "
+          "capturing blocking stream")
+ISOLATION = "RuntimeError: CUDA error: dependency created on uncaptured work in another stream"
+SAMPLES = {
+    "sync during capture": [SYNC, "cudaErrorStreamCaptureUnsupported",
+                            "CUDA error: operation not permitted on an event last recorded in a "
+                            "capturing stream"],
+    "legacy stream": [LEGACY, "Error: DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE: the consumer asked",
+                      "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT"],
+    "isolation": [ISOLATION, "cuStreamWaitEvent failed: CUDA_ERROR_STREAM_CAPTURE_ISOLATION"],
+    "merge": ["CUDA error: operation would result in a merge of two independent capture "
+              "sequences"],
+    "wrong thread": ["CUDA error: attempt to terminate a thread-local capture sequence from "
+                     "another thread"],
+    "capture order": ["Error: DLSYNC_ERROR_CAPTURE_ORDER: the producer's stream is capturing"],
+    "unjoined work": [UNJOINED, "cuStreamEndCapture: CUDA_ERROR_STREAM_CAPTURE_UNJOINED"],
+    "invalidated": [INVALIDATED, "cudaErrorStreamCaptureInvalidated"],
+}
+
+
+def _env():
+    env = dict(os.environ)
+    env["PYTHONPATH"] = PYTHON_DIR + os.pathsep + env.get("PYTHONPATH", "")
+    env["PYTHONDONTWRITEBYTECODE"] = "1"
+    return env
+
+
+def _plugin_args():
+    """-p for a source tree; nothing where the entry point is installed
+    (pytest would register the module twice)."""
+    from importlib.metadata import entry_points
+
+    installed = any(ep.value == "dlsync.testing.pytest_plugin"
+                    for ep in entry_points(group="pytest11"))
+    return [] if installed else ["-p", "dlsync.testing.pytest_plugin"]
+
+
+def _has_pytest():
+    try:
+        import pytest  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+class Import(unittest.TestCase):
+    def test_importing_loads_no_framework(self):
+        code = ("import sys, dlsync.testing, dlsync.testing.report\n"
+                "print(sorted(m for m in ('torch', 'cupy', 'jax', 'numpy') if m in sys.modules))")
+        out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True,
+                             text=True, check=True)
+        self.assertEqual(out.stdout.strip(), "[]")
+
+    @unittest.skipUnless(_has_pytest(), "pytest is not installed")
+    def test_loading_the_plugin_loads_no_framework(self):
+        code = ("import sys, dlsync.testing.pytest_plugin\n"
+                "print(sorted(m for m in ('torch', 'cupy', 'jax', 'numpy') if m in sys.modules))")
+        out = subprocess.run([sys.executable, "-c", code], env=_env(), capture_output=True,
+                             text=True, check=True)
+        self.assertEqual(out.stdout.strip(), "[]")
+
+    @unittest.skipIf(dt.gpu_unavailable_reason() == "", "a GPU is present")
+    def test_check_capture_without_a_gpu_says_why(self):
+        with self.assertRaises(RuntimeError) as info:
+            dt.check_capture(lambda x: x, object())
+        self.assertIn("cannot run", str(info.exception))
+        self.assertIn(dt.gpu_unavailable_reason(), str(info.exception))
+
+
+class ErrorTable(unittest.TestCase):
+    def test_every_message_names_its_row(self):
+        for category, messages in SAMPLES.items():
+            for m in messages:
+                kind = rp.classify_error([m])
+                self.assertIsNotNone(kind, m)
+                self.assertEqual(kind.category, category, m)
+
+    def test_every_row_is_tested_and_categories_are_unique(self):
+        categories = [k.category for k in rp.ERROR_TABLE]
+        self.assertEqual(len(categories), len(set(categories)))
+        self.assertEqual(set(categories), set(SAMPLES))
+        for k in rp.ERROR_TABLE:
+            self.assertTrue(k.cuda and k.meaning and k.advice, k.category)
+            self.assertTrue(all(p == p.lower() for p in k.patterns), k.category)
+
+    def test_the_cause_wins_over_the_invalidated_capture(self):
+        self.assertEqual(rp.classify_error([SYNC, INVALIDATED]).category, "sync during capture")
+        self.assertEqual(rp.classify_error([INVALIDATED, ISOLATION]).category, "isolation")
+        self.assertEqual(rp.classify_error([INVALIDATED]).category, "invalidated")
+
+    def test_unknown_messages_match_no_row(self):
+        self.assertIsNone(rp.classify_error(["RuntimeError: out of memory", ""]))
+        self.assertIsNone(rp.classify_error([]))
+
+
+def _captured(name="global", **kw):
+    return rp.CaseResult(name, name, **kw)
+
+
+class Diagnosis(unittest.TestCase):
+    def test_a_passing_case_has_no_diagnosis(self):
+        case = _captured(runs=3, captured=True)
+        self.assertTrue(case.ok)
+        self.assertIsNone(case.diagnosis)
+        self.assertEqual(case.capture_status, "ok")
+
+    def test_unjoined_work_says_what_to_do(self):
+        case = _captured(captured=False, errors=[UNJOINED])
+        d = case.diagnosis
+        self.assertEqual(d.category, "unjoined work")
+        self.assertEqual(d.headline, "capture broke: unjoined work (cudaErrorStreamCaptureUnjoined)")
+        self.assertIn("a consumer stream joined the capture and was not joined back", d.meaning)
+        self.assertIn("import through dlsync.wrap inside dlsync.scope()", d.advice)
+        self.assertEqual(d.said, "AcceleratorError: CUDA error: capturing stream has unjoined work")
+        self.assertEqual(d.where, "raised when the capture ended (no call of the op raised)")
+        self.assertEqual(case.capture_status, "broken")
+
+    def test_a_sync_names_the_call_and_the_cuda_error(self):
+        case = _captured(captured=False, errors=[SYNC, INVALIDATED],
+                         where="ops.py:12 in op: torch.cuda.synchronize()")
+        d = case.diagnosis
+        self.assertEqual(d.category, "sync during capture")
+        self.assertIn("cudaErrorStreamCaptureUnsupported", d.headline)
+        self.assertIn("  where: ops.py:12 in op: torch.cuda.synchronize()", d.lines())
+        self.assertIn("operation not permitted when stream is capturing", d.said)
+
+    def test_multi_line_messages_quote_the_line_that_matched(self):
+        case = _captured(captured=False,
+                         errors=["AcceleratorError: CUDA error: something\nSearch for "
+                                 "`cudaErrorStreamCaptureIsolation' in the docs"])
+        self.assertEqual(case.diagnosis.category, "isolation")
+        self.assertEqual(case.diagnosis.said,
+                         "Search for `cudaErrorStreamCaptureIsolation' in the docs")
+
+    def test_stale_data_that_never_changed_ran_outside_the_graph(self):
+        wrong = [rp.WrongOutput(r, "out[1]", "Mismatched elements: 9 / 9 (100.0%)", True)
+                 for r in (1, 2, 3)]
+        d = _captured(runs=3, captured=True, wrong=wrong).diagnosis
+        self.assertEqual(d.category, "stale data")
+        self.assertTrue(d.headline.startswith("stale data after replay 1 of 3: output out[1]"),
+                        d.headline)
+        self.assertIn("in 3 of 3 replays", d.headline)
+        self.assertIn("is not in the graph", d.meaning)
+        self.assertIn("dlsync.exchange", d.advice)
+        self.assertEqual(d.said, "Mismatched elements: 9 / 9 (100.0%)")
+
+    def test_stale_data_that_changed_is_a_missing_dependency(self):
+        wrong = [rp.WrongOutput(2, "out", "Mismatched elements: 1 / 9 (11.1%)", False)]
+        d = _captured(runs=3, captured=True, wrong=wrong).diagnosis
+        self.assertTrue(d.headline.startswith("stale data after replay 2 of 3"), d.headline)
+        self.assertIn("missing dependency", d.meaning)
+
+    def test_stale_data_eagerly(self):
+        wrong = [rp.WrongOutput(2, "out", "x", False), rp.WrongOutput(3, "out", "x", False)]
+        d = rp.CaseResult("eager", "eager", runs=3, wrong=wrong).diagnosis
+        self.assertEqual(d.category, "stale data")
+        self.assertTrue(d.headline.startswith("stale data in eager call 2 of 3"), d.headline)
+        self.assertIn("not ordered after the caller's current stream", d.meaning)
+
+    def test_a_broken_neighbour_is_reported_when_the_op_raised_nothing(self):
+        case = _captured("relaxed+capture", runs=3, captured=True, neighbour="capture",
+                         neighbour_errors=[SYNC, INVALIDATED])
+        d = case.diagnosis
+        self.assertEqual(d.category, "neighbour")
+        self.assertEqual(d.headline,
+                         "the capture neighbour thread broke: sync during capture "
+                         "(cudaErrorStreamCaptureUnsupported)")
+        self.assertIn("GLOBAL", d.meaning)
+
+    def test_the_ops_own_error_comes_before_the_neighbour(self):
+        case = _captured(captured=False, errors=[SYNC], neighbour="capture",
+                         neighbour_errors=[INVALIDATED])
+        self.assertEqual(case.diagnosis.category, "sync during capture")
+
+    def test_unknown_errors_and_eager_failures(self):
+        d = rp.CaseResult("eager", "eager", errors=["ValueError: bad shape"]).diagnosis
+        self.assertEqual(d.category, "error")
+        self.assertEqual(d.headline, "the op failed: ValueError: bad shape")
+        d = _captured(runs=1, captured=True, errors=["RuntimeError: boom"]).diagnosis
+        self.assertEqual(d.headline, "replay failed: RuntimeError: boom")
+
+    def test_a_case_that_compared_nothing_fails(self):
+        case = _captured(runs=0, captured=True)
+        self.assertFalse(case.ok)
+        self.assertIn("nothing was compared", case.diagnosis.headline)
+        skipped = _captured(skipped="the op failed eagerly")
+        self.assertFalse(skipped.ok)
+        self.assertEqual(skipped.capture_status, "skipped")
+        self.assertEqual(skipped.diagnosis.lines(), ["not run: the op failed eagerly"])
+
+    def test_each_source_of_words_is_labelled(self):
+        stale = _captured(runs=1, captured=True, wrong=[rp.WrongOutput(1, "out", "Mismatched")])
+        self.assertIn("  compared: Mismatched", stale.diagnosis.lines())
+        unknown = rp.CaseResult("eager", "eager", errors=["ValueError: bad shape"])
+        self.assertIn("  error: ValueError: bad shape", unknown.diagnosis.lines())
+        unjoined = _captured(captured=False, errors=[UNJOINED])
+        self.assertIn("  CUDA said: " + UNJOINED, unjoined.diagnosis.lines())
+
+    def test_a_neighbour_failing_for_another_reason_does_not_blame_the_op(self):
+        case = _captured("global+eager", runs=3, captured=True, neighbour="eager",
+                         neighbour_errors=["Error: DLSYNC_ERROR_NO_DRIVER: no driver"])
+        d = case.diagnosis
+        self.assertEqual(d.headline, "the eager neighbour thread broke: an error")
+        self.assertIn("not a capture rule", d.meaning)
+
+
+class Report(unittest.TestCase):
+    def _report(self):
+        return rp.CaptureReport("scale", [
+            rp.CaseResult("eager", "eager", runs=3),
+            _captured("global", runs=0, captured=False, errors=[UNJOINED]),
+            _captured("relaxed", runs=3, captured=True,
+                      wrong=[rp.WrongOutput(1, "out", "Mismatched elements: 4 / 4", True)]),
+            rp.CaseResult("compile", "reduce-overhead", runs=5, captured=True,
+                          note="torch.compile skipped CUDA graphs"),
+        ])
+
+    def test_table_has_one_row_per_case(self):
+        lines = self._report().table().splitlines()
+        self.assertEqual(len(lines), 5)
+        for word in ("case", "mode", "neighbour", "runs", "wrong", "capture", "verdict"):
+            self.assertIn(word, lines[0])
+        self.assertEqual(lines[1].split(), ["eager", "eager", "-", "3", "0", "-", "ok"])
+        self.assertEqual(lines[2].split()[:6], ["global", "global", "-", "0", "0", "broken"])
+        self.assertTrue(lines[2].endswith("unjoined work"), lines[2])
+        self.assertTrue(lines[3].endswith("stale data"), lines[3])
+        self.assertIn("1", lines[3].split()[4])
+        self.assertTrue(lines[4].endswith("ok (torch.compile skipped CUDA graphs)"), lines[4])
+
+    def test_message_names_each_failed_case(self):
+        r = self._report()
+        self.assertFalse(r.ok)
+        self.assertEqual([c.name for c in r.failures], ["global", "relaxed"])
+        msg = r.message()
+        self.assertTrue(msg.startswith("capture check of scale: 2 of 4 cases failed"), msg)
+        self.assertIn("[global] capture broke: unjoined work (cudaErrorStreamCaptureUnjoined)", msg)
+        self.assertIn("what to do: import through dlsync.wrap inside dlsync.scope()", msg)
+        self.assertIn("[relaxed] stale data after replay 1 of 3", msg)
+        self.assertNotIn("[eager]", msg)
+
+    def test_cases_with_the_same_diagnosis_are_named_together(self):
+        r = rp.CaptureReport("op", [_captured(m, captured=False, errors=[UNJOINED])
+                                    for m in ("global", "thread_local", "relaxed")]
+                             + [_captured("relaxed+capture", captured=False, errors=[SYNC])])
+        msg = r.message()
+        self.assertIn("\n[global, thread_local, relaxed] capture broke: unjoined work", msg)
+        self.assertEqual(msg.count("capture broke: unjoined work"), 1)
+        self.assertIn("\n[relaxed+capture] capture broke: sync during capture", msg)
+
+    def test_raise_if_failed_carries_the_report(self):
+        r = self._report()
+        with self.assertRaises(AssertionError) as info:
+            r.raise_if_failed()
+        self.assertIs(info.exception.report, r)
+        self.assertEqual(str(info.exception), r.message())
+        good = rp.CaptureReport("ok", [rp.CaseResult("eager", "eager", runs=1)])
+        self.assertIs(good.raise_if_failed(), good)
+        self.assertIn("1 cases passed", good.message())
+        self.assertFalse(rp.CaptureReport("none").ok)
+
+    def test_case_lookup(self):
+        r = self._report()
+        self.assertEqual(r.case("relaxed").mode, "relaxed")
+        with self.assertRaises(KeyError):
+            r.case("thread_local")
+
+
+class Helpers(unittest.TestCase):
+    def test_user_frame_skips_frameworks_and_the_harness(self):
+        frames = [
+            ("/x/site-packages/dlsync/testing/__init__.py", 300, "eager", "self.fn(*self.args)"),
+            ("/work/lib/tests/test_ops.py", 12, "op", "  torch.cuda.synchronize()  "),
+            ("/x/site-packages/torch/cuda/__init__.py", 990, "synchronize", "return ..."),
+        ]
+        self.assertEqual(rp.user_frame(frames), "test_ops.py:12 in op: torch.cuda.synchronize()")
+        self.assertEqual(rp.user_frame(frames[:1] + frames[2:]), "")
+        self.assertEqual(rp.user_frame([("/a/b.py", 3, "f", None)]), "b.py:3 in f")
+
+    def test_where_an_exception_was_raised(self):
+        def op():
+            raise RuntimeError("inner")
+
+        try:
+            try:
+                op()
+            except RuntimeError:
+                raise ValueError("outer")
+        except ValueError as e:
+            chain = dt._chain(e)
+            self.assertEqual([type(x).__name__ for x in chain], ["RuntimeError", "ValueError"])
+            self.assertEqual(dt._messages(e), ["RuntimeError: inner", "ValueError: outer"])
+            self.assertIn("test_testing_cpu.py:", dt._where(e))
+            self.assertIn("in op: raise RuntimeError(\"inner\")", dt._where(e))
+
+    def test_options_are_checked(self):
+        self.assertEqual(dt._check_args("relaxed", 1, None, None, None, 0),
+                         (("relaxed",), (None,)))
+        self.assertEqual(dt._check_args(dt.MODES, 3, (None, "capture"), 1e-5, 1e-8, 10)[1],
+                         (None, "capture"))
+        bad = [
+            (("local",), 3, None, None, None, 10),
+            (dt.MODES, 0, None, None, None, 10),
+            (dt.MODES, True, None, None, None, 10),
+            (dt.MODES, 3, "other", None, None, 10),
+            (dt.MODES, 3, None, 1e-5, None, 10),
+            (dt.MODES, 3, None, None, None, -1),
+            (dt.MODES, 3, None, None, None, float("nan")),
+        ]
+        for args in bad:
+            with self.assertRaises(ValueError, msg=str(args)):
+                dt._check_args(*args)
+
+    def test_outputs_are_flattened_with_their_paths(self):
+        out = (1, [2, {"y": 3}], None)
+        self.assertEqual(list(dt._flatten(out)),
+                         [("out[0]", 1), ("out[1][0]", 2), ("out[1][1]['y']", 3),
+                          ("out[2]", None)])
+        self.assertEqual(list(dt._flatten(7)), [("out", 7)])
+        dt._require_outputs((None, 1))
+        with self.assertRaises(ValueError):
+            dt._require_outputs(None)
+        with self.assertRaises(ValueError):
+            dt._require_outputs((None, [None]))
+
+    def test_mismatch_summary_keeps_the_numbers(self):
+        text = ("Tensor-likes are not close!\n\nMismatched elements: 3 / 8 (37.5%)\n"
+                "Greatest absolute difference: 2.0 at index (5,) (up to 1e-05 allowed)\n"
+                "Greatest relative difference: 0.5 at index (5,) (up to 1.3e-06 allowed)\n")
+        self.assertEqual(dt._mismatch_summary(text),
+                         "Mismatched elements: 3 / 8 (37.5%); Greatest absolute difference: 2.0 "
+                         "at index (5,) (up to 1e-05 allowed); Greatest relative difference: "
+                         "0.5 at index (5,) (up to 1.3e-06 allowed)")
+        self.assertEqual(dt._mismatch_summary("The values for attribute 'shape' do not match"),
+                         "The values for attribute 'shape' do not match")
+
+
+# ---- check_capture's flow on a fake PyTorch (no GPU) ----
+#
+# A few lines of CUDA's capture rules in Python: work on a capturing stream is
+# recorded into the graph and runs at replay; work on any other stream runs at
+# once; a stream that waits on a capturing one joins its capture and must be
+# waited on in turn before the capture ends ("unjoined work"); a device sync
+# during a capture, or a query during a GLOBAL capture (any thread's) or a
+# THREAD_LOCAL one of this thread, is refused and invalidates the capture. No
+# timing: the slow producer is not modelled (the GPU tests cover it).
+
+_SYNC_MSG = "CUDA error: operation not permitted when stream is capturing"
+
+
+# Compiled under a file name in a torch/ folder, so that the harness looks past
+# its frames for the op's own line, as it looks past the real PyTorch's.
+_FAKE_TORCH = '''
+import contextlib
+import threading
+import types
+
+torch = types.ModuleType("torch")
+cuda = types.ModuleType("torch.cuda")
+testing = types.ModuleType("torch.testing")
+torch.cuda, torch.testing = cuda, testing
+tls = threading.local()
+active = []  # graphs being captured
+lock = threading.Lock()
+
+class Dtype:
+    is_floating_point, is_complex = True, False
+
+class Tensor:
+    is_cuda, device, dtype = True, "cuda:0", Dtype()
+
+    def __init__(self, vals):
+        self.vals = [float(v) for v in vals]
+
+    shape = property(lambda self: (len(self.vals),))
+
+    def clone(self):
+        return Tensor(self.vals)
+
+    def detach(self):
+        return self
+
+    def to(self, _dtype):
+        return self
+
+    def copy_(self, other):
+        self.vals = list(other.vals)
+        return self
+
+    def __mul__(self, k):
+        return Tensor([v * k for v in self.vals])
+
+    __rmul__ = __mul__
+
+    def __add__(self, k):
+        return Tensor([v + k for v in self.vals])
+
+class Graph:
+    def capture_begin(self, capture_error_mode="global"):
+        s = cuda.current_stream()
+        self.mode, self.origin, self.thunks = capture_error_mode, s, []
+        self.unjoined, self.invalid = set(), False
+        self.thread = threading.current_thread()
+        s.graph = self
+        with lock:
+            active.append(self)
+
+    def capture_end(self):
+        with lock:
+            active.remove(self)
+        for st in [self.origin, *self.unjoined]:
+            st.graph = None
+        if self.invalid:
+            raise RuntimeError("CUDA error: operation failed due to a previous error during "
+                               "capture")
+        if self.unjoined:
+            raise RuntimeError("CUDA error: capturing stream has unjoined work")
+
+    def replay(self):
+        for thunk in self.thunks:
+            thunk()
+
+class Stream:
+    def __init__(self, device=None):
+        self.graph = None
+
+    def wait_stream(self, other):
+        if other.graph is not None and self.graph is None:
+            self.graph = other.graph  # joins the capture
+            other.graph.unjoined.add(self)
+        elif other.graph is not None and other.graph is self.graph:
+            self.graph.unjoined.discard(other)  # joined back
+
+    def synchronize(self):
+        pass
+
+    def query(self):
+        _unsafe(device_wide=False)
+        return True
+
+def _unsafe(device_wide):
+    me = threading.current_thread()
+    with lock:
+        for g in active:
+            mine = g.thread is me
+            if (mine and (device_wide or g.mode != "relaxed")) or (
+                    not mine and g.mode == "global"):
+                g.invalid = True
+                raise RuntimeError(_SYNC_MSG)
+
+def launch(thunk):
+    s = cuda.current_stream()
+    if s.graph is not None:
+        s.graph.thunks.append(thunk)
+    else:
+        thunk()
+
+def mul(a, k, out):
+    def run():
+        out.vals = [v * k for v in a.vals]
+    launch(run)
+    return out
+
+@contextlib.contextmanager
+def stream(s):
+    prev = cuda.current_stream()
+    tls.current = s
+    try:
+        yield
+    finally:
+        tls.current = prev
+
+@contextlib.contextmanager
+def device(_d):
+    yield
+
+class Event:
+    def __init__(self, enable_timing=False):
+        pass
+
+    def record(self):
+        pass
+
+    def synchronize(self):
+        pass
+
+    def elapsed_time(self, _other):
+        return 5.0
+
+class Generator:
+    def __init__(self, device=None):
+        import random
+        self.rng = random.Random()
+
+    def manual_seed(self, n):
+        self.rng.seed(n)
+
+def randn(shape, device=None, generator=None, dtype=None):
+    return Tensor([generator.rng.gauss(0, 1) for _ in range(shape[0])])
+
+def assert_close(a, b, rtol=None, atol=None, equal_nan=True, check_device=True):
+    bad = sum(1 for x, y in zip(a.vals, b.vals) if abs(x - y) > 1e-6)
+    if bad:
+        raise AssertionError(f"Tensor-likes are not close!\\n\\nMismatched elements: {bad} / "
+                             f"{len(a.vals)}")
+
+default = Stream()
+cuda.is_available = lambda: True
+cuda.synchronize = lambda: _unsafe(device_wide=True)
+cuda.current_stream = lambda device=None: getattr(tls, "current", default)
+cuda.Stream, cuda.CUDAGraph, cuda.Event = Stream, Graph, Event
+cuda.stream, cuda.device, cuda.set_device = stream, device, lambda d: None
+cuda._sleep = lambda cycles: None
+testing.assert_close = assert_close
+torch.Tensor, torch.Generator, torch.randn, torch.mul = Tensor, Generator, randn, mul
+torch.full = lambda shape, v, device=None: Tensor([v] * shape[0])
+torch.zeros_like = torch.empty_like = lambda t: Tensor([0.0] * len(t.vals))
+torch.equal = lambda a, b: a.vals == b.vals
+torch.compile = lambda fn, mode=None: fn
+torch.tensor = Tensor
+'''
+
+
+def _fake_torch():
+    ns = {"_SYNC_MSG": _SYNC_MSG}
+    path = os.path.join(os.sep, "fake", "torch", "__init__.py")
+    exec(compile(_FAKE_TORCH, path, "exec"), ns)  # noqa: S102 - our own source
+    return ns["torch"]
+
+
+@unittest.skipIf(dt.gpu_unavailable_reason() == "", "a GPU is present: tests/gpu runs the real one")
+class FlowOnAFakeTorch(unittest.TestCase):
+    def setUp(self):
+        self.saved = {k: sys.modules.get(k) for k in ("torch", "torch.cuda", "torch.testing")}
+        torch = self.torch = _fake_torch()
+        sys.modules.update({"torch": torch, "torch.cuda": torch.cuda,
+                            "torch.testing": torch.testing})
+        self.x = torch.tensor([1.0, 2.0, 3.0, 4.0])
+        self.out = torch.tensor([0.0] * 4)
+        self.side = torch.cuda.Stream()
+
+    def tearDown(self):
+        for k, v in self.saved.items():
+            if v is None:
+                sys.modules.pop(k, None)
+            else:
+                sys.modules[k] = v
+
+    def _check(self, fn, **kw):
+        return dt.check_capture(fn, self.x, raise_on_failure=False, **kw)
+
+    def _side(self, wait=True, join_back=True):
+        torch, side, out = self.torch, self.side, self.out
+
+        def side_op(x):
+            cur = torch.cuda.current_stream()
+            if wait:
+                side.wait_stream(cur)
+            with torch.cuda.stream(side):
+                torch.mul(x, 3, out=out)
+            if join_back:
+                cur.wait_stream(side)
+            return out
+
+        return side_op
+
+    def test_a_correct_op_passes_every_case(self):
+        r = self._check(self._side(), compile=True, neighbour=(None, "capture"))
+        self.assertTrue(r.ok, r.message())
+        self.assertEqual([c.name for c in r.cases],
+                         ["eager", "global", "global+capture", "thread_local",
+                          "thread_local+capture", "relaxed", "relaxed+capture", "compile"])
+        self.assertEqual([c.runs for c in r.cases], [3, 3, 3, 3, 3, 3, 3, 5])
+        self.assertIsNone(r.raise_if_failed().case("global").diagnosis)
+
+    def test_a_stream_outside_the_capture_is_stale_data(self):
+        r = self._check(self._side(wait=False, join_back=False), modes=("global",))
+        self.assertTrue(r.case("eager").ok)  # no timing here: eagerly it is right
+        case = r.case("global")
+        self.assertEqual((case.captured, case.runs, case.wrong_runs), (True, 3, 3))
+        self.assertTrue(all(w.unchanged for w in case.wrong))
+        self.assertTrue(case.diagnosis.headline.startswith(
+            "stale data after replay 1 of 3: output out differs"), case.diagnosis.headline)
+        self.assertIn("is not in the graph", case.diagnosis.meaning)
+        with self.assertRaises(AssertionError) as info:
+            r.raise_if_failed()
+        self.assertIn("[global] stale data after replay 1 of 3", str(info.exception))
+
+    def test_a_stream_not_joined_back_is_unjoined_work(self):
+        r = self._check(self._side(join_back=False))
+        self.assertTrue(r.case("eager").ok)
+        for mode in dt.MODES:
+            d = r.case(mode).diagnosis
+            self.assertEqual(d.headline,
+                             "capture broke: unjoined work (cudaErrorStreamCaptureUnjoined)")
+            self.assertEqual(d.where, "raised when the capture ended (no call of the op raised)")
+        self.assertIn("[global, thread_local, relaxed] capture broke: unjoined work",
+                      r.message())
+
+    def test_a_sync_is_named_with_its_line(self):
+        torch = self.torch
+
+        def syncing(x):
+            y = torch.mul(x, 2, out=torch.empty_like(x))
+            torch.cuda.synchronize()
+            return y
+
+        r = self._check(syncing)
+        for mode in dt.MODES:
+            d = r.case(mode).diagnosis
+            self.assertEqual(d.category, "sync during capture")
+            self.assertIn(_SYNC_MSG, d.said)
+            self.assertIn("test_testing_cpu.py", d.where)
+            self.assertTrue(d.where.endswith("in syncing: torch.cuda.synchronize()"), d.where)
+
+    def test_a_query_passes_relaxed_alone_and_fails_beside_a_global_capture(self):
+        torch, other = self.torch, self.torch.cuda.Stream()
+
+        def querying(x):
+            y = torch.mul(x, 2, out=torch.empty_like(x))
+            other.query()
+            return y
+
+        r = self._check(querying, modes=("global", "relaxed"), neighbour=(None, "capture"))
+        verdicts = {c.name: (c.diagnosis.category if c.diagnosis else "ok") for c in r.cases}
+        self.assertEqual(verdicts, {"eager": "ok", "global": "sync during capture",
+                                    "global+capture": "sync during capture", "relaxed": "ok",
+                                    "relaxed+capture": "sync during capture"})
+        # The neighbour's GLOBAL capture was invalidated by the op's query.
+        self.assertTrue(r.case("relaxed+capture").neighbour_errors)
+        self.assertFalse(r.case("relaxed").neighbour_errors)
+
+    def test_an_op_in_place_is_compared_with_the_values_written(self):
+        torch = self.torch
+
+        def in_place(x):
+            return torch.mul(x, 2, out=x)
+
+        r = self._check(in_place)
+        self.assertTrue(r.ok, r.message())
+
+    def test_an_op_that_fails_eagerly_skips_the_captures(self):
+        r = self._check(lambda x: None, modes=("global",))
+        self.assertEqual([c.capture_status for c in r.cases], ["-", "skipped"])
+        self.assertIn("returned no outputs", r.case("eager").diagnosis.headline)
+
+    def test_inputs_must_hold_a_cuda_tensor(self):
+        with self.assertRaises(ValueError):
+            dt.check_capture(lambda v: v, 3.0)
+
+
+PLUGIN_CASES = '''
+import sys
+import pytest
+
+def test_plain_runs_and_the_plugin_loaded_no_framework():
+    assert "torch" not in sys.modules
+
+@pytest.mark.capture_modes("global", "relaxed", replays=2)
+def test_marked_body(x):
+    return x * 2
+
+def test_fixture(capture_check):
+    capture_check(lambda x: x, None)
+
+@pytest.mark.capture_modes(replay=2)
+def test_misspelt_option(x):
+    return x
+
+@pytest.fixture
+def x():
+    import torch
+    return torch.ones(4, device="cuda")
+'''
+
+
+@unittest.skipUnless(_has_pytest(), "pytest is not installed")
+@unittest.skipIf(dt.gpu_unavailable_reason() == "", "a GPU is present: tests/gpu runs the plugin")
+class Plugin(unittest.TestCase):
+    def test_cases_skip_with_the_reason_without_a_gpu(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "test_plugin_cases.py")
+            with open(path, "w") as f:
+                f.write(textwrap.dedent(PLUGIN_CASES))
+            run = subprocess.run(
+                [sys.executable, "-m", "pytest", *_plugin_args(), "-p", "no:cacheprovider",
+                 "-rsE", "-q", path],
+                cwd=tmp, env=_env(), capture_output=True, text=True)
+            out = run.stdout + run.stderr
+            self.assertIn("1 passed, 2 skipped, 1 error", out, out)
+            reason = "dlsync capture check: " + dt.gpu_unavailable_reason()
+            self.assertEqual(out.count(reason), 2, out)
+            self.assertIn("unknown capture_modes option(s) replay", out, out)
+
+    def test_the_marker_is_registered(self):
+        run = subprocess.run(
+            [sys.executable, "-m", "pytest", *_plugin_args(), "--markers"],
+            env=_env(), capture_output=True, text=True, check=True)
+        self.assertIn("@pytest.mark.capture_modes(*modes, replays=3", run.stdout)
+
+
+if __name__ == "__main__":
+    unittest.main()
