@@ -3,6 +3,7 @@
  * include/dlsync/private/driver.h. This file is the only one that knows how
  * libcuda is found. */
 #include <dlfcn.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
@@ -71,11 +72,10 @@ static dlsync_status load_one(dlsync__driver *t, const char *path) {
   }
   r = t->Init(0);
   if (r != CUDA_SUCCESS) {
-    st = dlsync__fail_driver(t, r, "cuInit",
-                             "%s was loaded but could not initialise: no usable GPU, or the "
-                             "driver and kernel module disagree",
-                             path);
-    st = dlsync__retag(DLSYNC_ERROR_NO_DRIVER);
+    st = dlsync__fail_driver_as(DLSYNC_ERROR_NO_DRIVER, t, r, "cuInit",
+                                "%s was loaded but could not initialise: no usable GPU, or the "
+                                "driver and kernel module disagree",
+                                path);
     goto cleanup;
   }
   r = t->DriverGetVersion(&t->version);
@@ -153,4 +153,51 @@ const char *dlsync__driver_error_name(const dlsync__driver *d, CUresult r) {
   default:
     return "CUDA_ERROR_UNKNOWN_CODE";
   }
+}
+
+/* ---- a driver call failed ---- */
+
+static dlsync_status status_of_result(CUresult r) {
+  switch (r) {
+  case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED:
+    return DLSYNC_ERROR_CAPTURE_INVALIDATED;
+  case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
+    return DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE;
+  case CUDA_ERROR_OUT_OF_MEMORY:
+    return DLSYNC_ERROR_OUT_OF_MEMORY;
+  default:
+    return DLSYNC_ERROR_DRIVER;
+  }
+}
+
+static dlsync_status fail_driverv(dlsync_status status, const dlsync__driver *d, CUresult result,
+                                  const char *call, const char *fmt, va_list ap)
+    DLSYNC__PRINTF(5, 0);
+static dlsync_status fail_driverv(dlsync_status status, const dlsync__driver *d, CUresult result,
+                                  const char *call, const char *fmt, va_list ap) {
+  char prefix[160];
+  bool context = fmt != NULL && fmt[0] != '\0';
+  snprintf(prefix, sizeof prefix, "%s failed: %s%s", call, dlsync__driver_error_name(d, result),
+           context ? " (" : "");
+  return dlsync__fail_with(status, (int)result, prefix, context ? ")" : NULL, fmt, ap);
+}
+
+dlsync_status dlsync__fail_driver(const dlsync__driver *d, CUresult result, const char *call,
+                                  const char *fmt, ...) {
+  dlsync_status st;
+  va_list ap;
+  va_start(ap, fmt);
+  st = fail_driverv(status_of_result(result), d, result, call, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+dlsync_status dlsync__fail_driver_as(dlsync_status status, const dlsync__driver *d, CUresult result,
+                                     const char *call, const char *fmt, ...) {
+  dlsync_status st;
+  va_list ap;
+  va_start(ap, fmt);
+  st = fail_driverv(status, d, result, call, fmt, ap);
+  va_end(ap);
+  return st;
 }

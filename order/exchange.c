@@ -157,11 +157,11 @@ static dlsync_status fail_wait(dlsync_context *ctx, CUresult r, CUstream first, 
     dt = dlsync__pool_device(pt);
   }
   if (df >= 0 && dt >= 0 && df != dt) {
-    dlsync__fail_driver(d, r, "cuStreamWaitEvent",
-                        "%s stream %p on device %d waiting for %s stream %p on device %d: the "
-                        "driver refused to order work across the two devices",
-                        then_role, (void *)then, dt, first_role, (void *)first, df);
-    return dlsync__retag(DLSYNC_ERROR_CROSS_DEVICE);
+    return dlsync__fail_driver_as(
+        DLSYNC_ERROR_CROSS_DEVICE, d, r, "cuStreamWaitEvent",
+        "%s stream %p on device %d waiting for %s stream %p on device %d: the driver refused to "
+        "order work across the two devices",
+        then_role, (void *)then, dt, first_role, (void *)first, df);
   }
   return dlsync__fail_driver(d, r, "cuStreamWaitEvent", "%s stream %p waiting for %s stream %p",
                              then_role, (void *)then, first_role, (void *)first);

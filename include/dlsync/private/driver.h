@@ -16,6 +16,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include "dlsync/private/base.h"
 #include "dlsync/status.h"
 
 #ifdef __cplusplus
@@ -152,6 +153,29 @@ dlsync_status dlsync__driver_require(const dlsync__driver *d, int need, const ch
 /* Name of a CUresult ("CUDA_ERROR_INVALID_VALUE"), through the table when it
  * can, never NULL. */
 const char *dlsync__driver_error_name(const dlsync__driver *d, CUresult r);
+
+/* ---- a driver call failed (driver/driver.c) ---- */
+
+/* The message reads "<call> failed: <CUDA_ERROR_NAME> (<context>)"; the
+ * status is DLSYNC_ERROR_DRIVER unless the result maps to a more precise one
+ * (invalidated capture, legacy stream during capture, out of memory). */
+dlsync_status dlsync__fail_driver(const dlsync__driver *d, CUresult result, const char *call,
+                                  const char *fmt, ...) DLSYNC__PRINTF(4, 5);
+
+/* The same message, reported as `status` whatever the result ("this driver
+ * call failed: report it as status X"). */
+dlsync_status dlsync__fail_driver_as(dlsync_status status, const dlsync__driver *d, CUresult result,
+                                     const char *call, const char *fmt, ...) DLSYNC__PRINTF(5, 6);
+
+/* DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(s, e, 0), "fmt", args...) */
+#define DLSYNC_CU(d, name, expr, ...)                           \
+  do {                                                          \
+    CUresult cu_r_ = (expr);                                    \
+    if (DLSYNC__UNLIKELY(cu_r_ != CUDA_SUCCESS)) {              \
+      st = dlsync__fail_driver((d), cu_r_, #name, __VA_ARGS__); \
+      goto cleanup;                                             \
+    }                                                           \
+  } while (0)
 
 #ifdef __cplusplus
 }

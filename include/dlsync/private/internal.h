@@ -1,10 +1,5 @@
-/* dlsync private: what the modules share. Never installed.
- *
- * Habits: internal non-static names start with dlsync__; one cleanup label per
- * function; failures go through dlsync__fail* which set the thread's message
- * and return the status, so `st = dlsync__fail(...); goto cleanup;` is the
- * only way out of a function that failed (DLSYNC_TRY/DLSYNC_CU do that).
- */
+/* dlsync private: what the modules above the driver share. Never installed.
+ * base.h (base/) and driver.h (driver/) hold the two bottom layers. */
 #ifndef DLSYNC_PRIVATE_INTERNAL_H
 #define DLSYNC_PRIVATE_INTERNAL_H
 
@@ -15,58 +10,12 @@
 #include <stdint.h>
 
 #include "dlsync/dlsync.h"
+#include "dlsync/private/base.h"
 #include "dlsync/private/driver.h"
 
 #ifdef __cplusplus
 extern "C" {
 #endif
-
-#if defined(__GNUC__)
-#define DLSYNC__PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
-#define DLSYNC__LIKELY(x) __builtin_expect(!!(x), 1)
-#define DLSYNC__UNLIKELY(x) __builtin_expect(!!(x), 0)
-#define DLSYNC__INLINE inline __attribute__((always_inline))
-#define DLSYNC__NOINLINE __attribute__((noinline))
-#else
-#define DLSYNC__INLINE inline
-#define DLSYNC__NOINLINE
-#define DLSYNC__PRINTF(fmt, args)
-#define DLSYNC__LIKELY(x) (x)
-#define DLSYNC__UNLIKELY(x) (x)
-#endif
-
-/* ---- errors (core/status.c) ---- */
-
-/* Sets the thread's last error (status, message, no driver result) and
- * returns status. */
-dlsync_status dlsync__fail(dlsync_status status, const char *fmt, ...) DLSYNC__PRINTF(2, 3);
-
-/* For a failed driver call: the message reads
- * "<call> failed: <CUDA_ERROR_NAME> (<context>)", the status is
- * DLSYNC_ERROR_DRIVER unless the result maps to a more precise one
- * (invalidated capture, legacy stream during capture). */
-dlsync_status dlsync__fail_driver(const dlsync__driver *d, CUresult result, const char *call,
-                                  const char *fmt, ...) DLSYNC__PRINTF(4, 5);
-
-/* Changes the status of the thread's last error, keeping its message. */
-dlsync_status dlsync__retag(dlsync_status status);
-
-#define DLSYNC_TRY(expr)                        \
-  do {                                          \
-    st = (expr);                                \
-    if (DLSYNC__UNLIKELY(st != DLSYNC_SUCCESS)) \
-      goto cleanup;                             \
-  } while (0)
-
-/* DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(s, e, 0), "fmt", args...) */
-#define DLSYNC_CU(d, name, expr, ...)                           \
-  do {                                                          \
-    CUresult cu_r_ = (expr);                                    \
-    if (DLSYNC__UNLIKELY(cu_r_ != CUDA_SUCCESS)) {              \
-      st = dlsync__fail_driver((d), cu_r_, #name, __VA_ARGS__); \
-      goto cleanup;                                             \
-    }                                                           \
-  } while (0)
 
 /* ---- event pool (event/pool.c) ---- */
 

@@ -1,0 +1,68 @@
+/* dlsync private: the base layer (base/). Never installed.
+ *
+ * The bottom of the library: status and the per-thread last error, the one
+ * allocation function, the decision log, and the per-thread block. It uses no
+ * other part of dlsync and knows nothing of CUDA.
+ *
+ * Habits: internal non-static names start with dlsync__; one cleanup label per
+ * function; failures go through dlsync__fail* which set the thread's message
+ * and return the status, so `st = dlsync__fail(...); goto cleanup;` is the
+ * only way out of a function that failed (DLSYNC_TRY and driver.h's DLSYNC_CU
+ * do that).
+ */
+#ifndef DLSYNC_PRIVATE_BASE_H
+#define DLSYNC_PRIVATE_BASE_H
+
+#include <stdarg.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dlsync/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define DLSYNC__PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#define DLSYNC__LIKELY(x) __builtin_expect(!!(x), 1)
+#define DLSYNC__UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define DLSYNC__INLINE inline __attribute__((always_inline))
+#define DLSYNC__NOINLINE __attribute__((noinline))
+#else
+#define DLSYNC__INLINE inline
+#define DLSYNC__NOINLINE
+#define DLSYNC__PRINTF(fmt, args)
+#define DLSYNC__LIKELY(x) (x)
+#define DLSYNC__UNLIKELY(x) (x)
+#endif
+
+/* ---- errors (base/status.c) ---- */
+
+/* Sets the thread's last error (status, message, no driver result) and
+ * returns status. */
+dlsync_status dlsync__fail(dlsync_status status, const char *fmt, ...) DLSYNC__PRINTF(2, 3);
+
+/* The general form: the message is prefix (may be NULL), then fmt, then
+ * suffix (may be NULL); driver_result is what dlsync_last_driver_result
+ * reports. The driver layer builds its messages with it. */
+dlsync_status dlsync__fail_with(dlsync_status status, int driver_result, const char *prefix,
+                                const char *suffix, const char *fmt, va_list ap)
+    DLSYNC__PRINTF(5, 0);
+
+/* Changes the status of the thread's last error, keeping its message. */
+dlsync_status dlsync__retag(dlsync_status status);
+
+#define DLSYNC_TRY(expr)                        \
+  do {                                          \
+    st = (expr);                                \
+    if (DLSYNC__UNLIKELY(st != DLSYNC_SUCCESS)) \
+      goto cleanup;                             \
+  } while (0)
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
