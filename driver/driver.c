@@ -103,8 +103,8 @@ dlsync_status dlsync__driver_load(const dlsync__driver **out, const char *path) 
       goto cleanup;
     }
   }
-  l = calloc(1, sizeof *l);
-  if (l == NULL || (l->path = strdup(path)) == NULL) {
+  l = dlsync__calloc(1, sizeof *l);
+  if (l == NULL || (l->path = dlsync__strdup(path)) == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "loading the CUDA driver: out of memory");
     goto cleanup;
   }
@@ -117,8 +117,8 @@ dlsync_status dlsync__driver_load(const dlsync__driver **out, const char *path) 
 cleanup:
   pthread_mutex_unlock(&load_lock);
   if (l != NULL) {
-    free(l->path);
-    free(l);
+    dlsync__free(l->path);
+    dlsync__free(l);
   }
   return st;
 }

@@ -71,7 +71,7 @@ void dlsync__orphans_collect(void) {
   while (list != NULL) {
     orphan *next = list->next;
     (void)list->drv->EventDestroy(list->event);
-    free(list);
+    dlsync__free(list);
     list = next;
   }
 }
@@ -79,9 +79,9 @@ void dlsync__orphans_collect(void) {
 static void pool_unref(dlsync__pool *p);
 
 static void pool_free(dlsync__pool *p) {
-  free(p->scratch);
-  free(p->free_events);
-  free(p);
+  dlsync__free(p->scratch);
+  dlsync__free(p->free_events);
+  dlsync__free(p);
 }
 
 int dlsync__pool_device(const dlsync__pool *p) {
@@ -121,7 +121,7 @@ dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync_context *ctx, CU
       goto cleanup;
     }
   }
-  p = calloc(1, sizeof *p);
+  p = dlsync__calloc(1, sizeof *p);
   if (p == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "creating an event pool: out of memory");
     goto cleanup;
@@ -138,7 +138,7 @@ dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync_context *ctx, CU
     if (r != CUDA_SUCCESS) {
       st = dlsync__fail_driver(ctx->drv, r, "cuCtxPushCurrent/cuCtxGetDevice/cuCtxPopCurrent",
                                "finding the device of CUDA context %p", (void *)cuctx);
-      free(p);
+      dlsync__free(p);
       p = NULL;
       goto cleanup;
     }
@@ -266,7 +266,7 @@ static bool keep_locked(dlsync__pool *p, CUevent event, bool limit) {
     return false;
   if (p->nfree == p->cap) {
     size_t cap = p->cap == 0 ? 16 : p->cap * 2;
-    CUevent *grown = realloc(p->free_events, cap * sizeof *grown);
+    CUevent *grown = dlsync__realloc(p->free_events, cap * sizeof *grown);
     if (grown == NULL)
       return false;
     p->free_events = grown;
@@ -319,7 +319,7 @@ dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync_context
   spin_lock(&p->lock);
   if (p->nscratch < SCRATCH_MAX) {
     if (p->scratch == NULL)
-      p->scratch = calloc(SCRATCH_MAX, sizeof *p->scratch);
+      p->scratch = dlsync__calloc(SCRATCH_MAX, sizeof *p->scratch);
     if (p->scratch != NULL) {
       p->scratch[p->nscratch++] = *out;
       registered = true;
@@ -363,7 +363,7 @@ void dlsync__pool_return_from_graph(dlsync__pool *p, CUevent event) {
     kept = keep_locked(p, event, false);
   spin_unlock(&p->lock);
   if (!kept) {
-    orphan *o = malloc(sizeof *o);
+    orphan *o = dlsync__malloc(sizeof *o);
     if (o != NULL) {
       o->drv = p->drv;
       o->event = event;
@@ -411,7 +411,7 @@ dlsync_status dlsync__pools_destroy(dlsync_context *ctx) {
         st = dlsync__fail_driver(p->drv, r, "cuEventDestroy",
                                  "destroying the event pool of context %p", (void *)p->cuctx);
     }
-    free(events);
+    dlsync__free(events);
     pool_unref(p);
     p = next;
   }
@@ -433,7 +433,7 @@ void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync_context *ctx) {
 }
 
 dlsync__held_event *dlsync__held_event_new(dlsync__pool *p, CUevent event) {
-  dlsync__held_event *he = malloc(sizeof *he);
+  dlsync__held_event *he = dlsync__malloc(sizeof *he);
   if (he == NULL)
     return NULL;
   atomic_init(&he->refs, 1);
@@ -451,7 +451,7 @@ void dlsync__held_event_unref(dlsync__held_event *he) {
   if (he == NULL || atomic_fetch_sub_explicit(&he->refs, 1, memory_order_acq_rel) != 1)
     return;
   dlsync__pool_return_from_graph(he->pool, he->event);
-  free(he);
+  dlsync__free(he);
 }
 
 void dlsync__pool_note_graph_owned(dlsync__pool *p) {

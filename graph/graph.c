@@ -83,7 +83,7 @@ static dlsync_status add_event_node(dlsync_context *ctx, CUgraphNode *out, CUgra
       bool foreign = false;
       if (d->GraphGetNodes(graph, NULL, &count) == CUDA_SUCCESS && count == 0) {
         foreign = true; /* an empty graph holds none of them */
-      } else if ((nodes = calloc(count + 1, sizeof *nodes)) != NULL &&
+      } else if ((nodes = dlsync__calloc(count + 1, sizeof *nodes)) != NULL &&
                  d->GraphGetNodes(graph, nodes, &count) == CUDA_SUCCESS) {
         for (size_t i = 0; i < ndeps && !foreign; i++) {
           bool found = false;
@@ -92,7 +92,7 @@ static dlsync_status add_event_node(dlsync_context *ctx, CUgraphNode *out, CUgra
           foreign = !found;
         }
       }
-      free(nodes);
+      dlsync__free(nodes);
       if (foreign)
         st = dlsync__fail(DLSYNC_ERROR_FOREIGN_DEPENDENCY,
                           "the %s graph lane's dependencies include a node that is not in its "

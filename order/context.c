@@ -61,7 +61,7 @@ dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
       goto cleanup;
     }
   }
-  ctx = calloc(1, sizeof *ctx);
+  ctx = dlsync__calloc(1, sizeof *ctx);
   if (ctx == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_context_create: out of memory");
     goto cleanup;
@@ -87,7 +87,7 @@ cleanup:
     (void)dlsync__release_book_close(ctx->releases);
     if (lock_made)
       pthread_mutex_destroy(&ctx->pools_lock);
-    free(ctx);
+    dlsync__free(ctx);
   }
   return st;
 }
@@ -121,7 +121,7 @@ dlsync_status dlsync_context_destroy(dlsync_context *ctx) {
       st = pst;
   }
   pthread_mutex_destroy(&ctx->pools_lock);
-  free(ctx);
+  dlsync__free(ctx);
   return st;
 }
 

@@ -444,7 +444,7 @@ static bool spare_key_ok;
 
 static void spare_free(void *p) {
   dlsync__thread *t = p;
-  free(t->spare);
+  dlsync__free(t->spare);
   t->spare = NULL;
   t->spare_keyed = false;
 }
@@ -459,7 +459,7 @@ static dlsync_exchange *exchange_alloc(dlsync__thread *t) {
     t->spare = NULL;
     return ex;
   }
-  return malloc(sizeof(dlsync_exchange));
+  return dlsync__malloc(sizeof(dlsync_exchange));
 }
 
 static void exchange_free(dlsync__thread *t, dlsync_exchange *ex) {
@@ -477,7 +477,7 @@ static void exchange_free(dlsync__thread *t, dlsync_exchange *ex) {
       return;
     }
   }
-  free(ex);
+  dlsync__free(ex);
 }
 
 static bool plain_stream_lane(const dlsync_lane *l) {

@@ -54,7 +54,7 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
   l.stream = lane->stream;
   DLSYNC_TRY(pool_of_lane(&pool, ctx, &l));
   DLSYNC_TRY(dlsync__lane_read(&l, ctx, lane, "signalling"));
-  f = calloc(1, sizeof *f);
+  f = dlsync__calloc(1, sizeof *f);
   if (f == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_fence_signal: out of memory");
     goto cleanup;
@@ -87,7 +87,7 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
 cleanup:
   if (f != NULL) {
     dlsync__held_event_unref(f->he);
-    free(f);
+    dlsync__free(f);
   }
   return st;
 }
@@ -132,7 +132,7 @@ static dlsync_status in_graph(bool *found, const dlsync_fence *f, CUgraph g) {
   DLSYNC_CU(d, cuGraphGetNodes, d->GraphGetNodes(g, NULL, &n), "graph %p", (void *)g);
   if (n == 0)
     goto cleanup;
-  nodes = malloc(n * sizeof *nodes);
+  nodes = dlsync__malloc(n * sizeof *nodes);
   if (nodes == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_fence_wait: out of memory");
     goto cleanup;
@@ -151,7 +151,7 @@ static dlsync_status in_graph(bool *found, const dlsync_fence *f, CUgraph g) {
     *found = ev == f->he->event;
   }
 cleanup:
-  free(nodes);
+  dlsync__free(nodes);
   return st;
 }
 
@@ -232,7 +232,7 @@ void dlsync_fence_release(dlsync_fence *f) {
   if (f == NULL || atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) != 1)
     return;
   dlsync__held_event_unref(f->he);
-  free(f);
+  dlsync__free(f);
 }
 
 dlsync_status dlsync_fence_get_kind(dlsync_fence_kind *out, const dlsync_fence *f) {

@@ -50,21 +50,21 @@ static void book_unref(dlsync__release_book *b) {
     return;
   pthread_cond_destroy(&b->cond);
   pthread_mutex_destroy(&b->lock);
-  free(b);
+  dlsync__free(b);
 }
 
 dlsync_status dlsync__release_book_new(dlsync__release_book **out) {
-  dlsync__release_book *b = calloc(1, sizeof *b);
+  dlsync__release_book *b = dlsync__calloc(1, sizeof *b);
   *out = NULL;
   if (b == NULL)
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "creating a context: out of memory");
   if (pthread_mutex_init(&b->lock, NULL) != 0) {
-    free(b);
+    dlsync__free(b);
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "creating a context: no mutex");
   }
   if (pthread_cond_init(&b->cond, NULL) != 0) {
     pthread_mutex_destroy(&b->lock);
-    free(b);
+    dlsync__free(b);
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "creating a context: no condition variable");
   }
   atomic_init(&b->refs, 1);
@@ -219,7 +219,7 @@ static void run_item(release_item *it) {
   }
   it->fn(it->arg);
   book_done(it->book, it->from_graph, sync_failed);
-  free(it);
+  dlsync__free(it);
 }
 
 static void *reclaimer_main(void *p) {
@@ -257,7 +257,7 @@ static dlsync_status reclaimer_for(reclaimer **out, const dlsync__driver *drv, i
     goto cleanup;
   }
   if (device >= nreclaimers) {
-    reclaimer **grown = realloc(reclaimers, (size_t)(device + 1) * sizeof *grown);
+    reclaimer **grown = dlsync__realloc(reclaimers, (size_t)(device + 1) * sizeof *grown);
     if (grown == NULL) {
       st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting a reclaimer: out of memory");
       goto cleanup;
@@ -267,16 +267,16 @@ static dlsync_status reclaimer_for(reclaimer **out, const dlsync__driver *drv, i
     reclaimers = grown;
     nreclaimers = device + 1;
   }
-  r = calloc(1, sizeof *r);
+  r = dlsync__calloc(1, sizeof *r);
   if (r == NULL || pthread_mutex_init(&r->lock, NULL) != 0) {
-    free(r);
+    dlsync__free(r);
     r = NULL;
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting a reclaimer: out of memory");
     goto cleanup;
   }
   if (pthread_cond_init(&r->cond, NULL) != 0) {
     pthread_mutex_destroy(&r->lock);
-    free(r);
+    dlsync__free(r);
     r = NULL;
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting a reclaimer: no condition variable");
     goto cleanup;
@@ -289,7 +289,7 @@ static dlsync_status reclaimer_for(reclaimer **out, const dlsync__driver *drv, i
   if (pthread_create(&r->thread, attr_made ? &attr : NULL, reclaimer_main, r) != 0) {
     pthread_cond_destroy(&r->cond);
     pthread_mutex_destroy(&r->lock);
-    free(r);
+    dlsync__free(r);
     r = NULL;
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting the reclaimer thread of device %d",
                       device);
@@ -325,7 +325,7 @@ static void release_from_graph(void *p) {
   if (!atomic_load(&it->armed)) {
     /* The hand-over to the graph failed: the release never happened. */
     book_cancel(it->book, true);
-    free(it);
+    dlsync__free(it);
     return;
   }
   pthread_mutex_lock(&reclaimers_lock);
@@ -360,7 +360,7 @@ dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_dele
   }
   DLSYNC_TRY(dlsync__lane_read(&l, ctx, lane, "releasing"));
   DLSYNC_TRY(reclaimer_for(&r, d, dlsync__pool_device(pool)));
-  it = calloc(1, sizeof *it);
+  it = dlsync__calloc(1, sizeof *it);
   if (it == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_release: out of memory");
     goto cleanup;
@@ -403,7 +403,7 @@ cleanup:
       dlsync__pool_put(pool, it->event);
     if (booked)
       book_cancel(it->book, it->from_graph);
-    free(it);
+    dlsync__free(it);
   }
   return st;
 }

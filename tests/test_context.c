@@ -142,6 +142,32 @@ static void every_failure_while_creating_is_a_status(void **state) {
   assert_true(n >= 3); /* cuInit and cuDriverGetVersion were both failed */
 }
 
+static void every_allocation_failure_while_creating_is_a_status(void **state) {
+  unsigned n;
+  (void)state;
+  for (n = 1; n < 100; n++) {
+    dlsync_context *ctx = (dlsync_context *)0x1;
+    dlsync_status st;
+    fake_fail_alloc(n);
+    st = dlsync__context_create_with_driver(&ctx, NULL, fake_driver());
+    if (fake_fail_pending()) {
+      /* Creation made fewer than n allocations: done. */
+      fake_fail_clear();
+      assert_int_equal(st, DLSYNC_SUCCESS);
+      assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
+      break;
+    }
+    if (st == DLSYNC_SUCCESS) {
+      assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
+      continue;
+    }
+    assert_int_equal(st, DLSYNC_ERROR_OUT_OF_MEMORY);
+    assert_null(ctx);
+    assert_true(fake_fault_reported(FAKE_FAULT_ALLOC));
+  }
+  assert_true(n >= 2); /* the context itself, its release book */
+}
+
 static void devices_are_reported(void **state) {
   dlsync_context *ctx = NULL;
   int n = 0;
@@ -206,6 +232,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(capture_features_report_themselves_unavailable, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(every_failure_while_creating_is_a_status, setup, teardown),
+      cmocka_unit_test_setup_teardown(every_allocation_failure_while_creating_is_a_status, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(devices_are_reported, setup, teardown),
       cmocka_unit_test_setup_teardown(default_context_without_driver_remembers_why, setup,
                                       teardown),

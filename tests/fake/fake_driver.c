@@ -2692,9 +2692,32 @@ void fake_fail_call(unsigned n, CUresult r) {
   unlock();
 }
 
+void fake_fail_alloc(unsigned n) {
+  dlsync__alloc_fail_nth(n);
+}
+
+void fake_fail_fault(fake_fault kind, unsigned n) {
+  if (kind == FAKE_FAULT_ALLOC)
+    fake_fail_alloc(n);
+  else
+    fake_fail_call(n, CUDA_ERROR_UNKNOWN);
+}
+
+const char *fake_fault_name(fake_fault kind) {
+  return kind == FAKE_FAULT_ALLOC ? "allocation" : "driver call";
+}
+
+bool fake_fault_reported(fake_fault kind) {
+  if (kind == FAKE_FAULT_ALLOC)
+    return dlsync_last_status() == DLSYNC_ERROR_OUT_OF_MEMORY &&
+           strstr(dlsync_last_error(), "out of memory") != NULL;
+  return strstr(dlsync_last_error(), "CUDA_ERROR_UNKNOWN") != NULL &&
+         dlsync_last_driver_result() == CUDA_ERROR_UNKNOWN;
+}
+
 bool fake_fail_pending(void) {
   lock();
-  bool pending = S.fail_any_at != 0;
+  bool pending = S.fail_any_at != 0 || dlsync__alloc_fail_pending();
   for (int i = 0; i < DLSYNC__DRIVER_ENTRY_COUNT && !pending; i++)
     pending = S.fail_nth_at[i] != 0;
   unlock();
@@ -2702,6 +2725,7 @@ bool fake_fail_pending(void) {
 }
 
 void fake_fail_clear(void) {
+  dlsync__alloc_fail_nth(0);
   lock();
   S.fail_any_at = 0;
   memset(S.fail_nth_at, 0, sizeof S.fail_nth_at);

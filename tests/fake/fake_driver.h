@@ -99,10 +99,26 @@ void fake_fail_always(const char *symbol, CUresult r);
  * and stop once it completed without reaching call n (fake_fail_pending()). */
 void fake_fail_call(unsigned n, CUresult r);
 
-/* True while a fake_fail_call or fake_fail_nth is armed and has not fired. */
+/* The nth allocation dlsync makes, counted from now (1 = the next one;
+ * dlsync__malloc and friends, any thread), returns NULL. One-shot. Sweep it
+ * like fake_fail_call. */
+void fake_fail_alloc(unsigned n);
+
+/* What a fault sweep fails: the nth driver call (with CUDA_ERROR_UNKNOWN) or
+ * the nth allocation. fake_fail_fault arms one; fake_fault_name names it for
+ * messages; fake_fault_reported says whether the thread's last error is the
+ * one such a fault must leave (the driver's CUDA_ERROR_UNKNOWN, or
+ * DLSYNC_ERROR_OUT_OF_MEMORY). */
+typedef enum fake_fault { FAKE_FAULT_CALL, FAKE_FAULT_ALLOC } fake_fault;
+void fake_fail_fault(fake_fault kind, unsigned n);
+const char *fake_fault_name(fake_fault kind);
+bool fake_fault_reported(fake_fault kind);
+
+/* True while a fake_fail_call, fake_fail_nth or fake_fail_alloc is armed and
+ * has not fired. */
 bool fake_fail_pending(void);
 
-/* Disarms every injected fault. */
+/* Disarms every injected fault (allocation faults too). */
 void fake_fail_clear(void);
 
 /* Driver calls since fake_reset or fake_log_reset, in all / of one entry

@@ -54,6 +54,22 @@ dlsync_status dlsync__fail_with(dlsync_status status, int driver_result, const c
 /* Changes the status of the thread's last error, keeping its message. */
 dlsync_status dlsync__retag(dlsync_status status);
 
+/* ---- allocation (base/alloc.c) ---- */
+
+/* Every allocation of the library goes through these (malloc, calloc,
+ * realloc, strdup semantics; dlsync__free(NULL) is a no-op). */
+void *dlsync__malloc(size_t size);
+void *dlsync__calloc(size_t count, size_t size);
+void *dlsync__realloc(void *ptr, size_t size);
+char *dlsync__strdup(const char *s);
+void dlsync__free(void *ptr);
+
+/* Test hook: the nth allocation from now (1: the next one) returns NULL, once;
+ * 0 disarms. Any thread's allocation counts. */
+void dlsync__alloc_fail_nth(unsigned n);
+/* True while an armed allocation fault has not fired. */
+bool dlsync__alloc_fail_pending(void);
+
 #define DLSYNC_TRY(expr)                        \
   do {                                          \
     st = (expr);                                \
