@@ -71,11 +71,18 @@ static void set_message(dlsync_status status, int driver_result, const char *pre
     vsnprintf(last_error.message + used, sizeof last_error.message - used, fmt, ap);
 }
 
+/* Each error is an INFO line of the decision log. */
+static void log_error(void) {
+  DLSYNC__LOG(DLSYNC__LOG_INFO, "error %s: %s", dlsync_status_name(last_error.status),
+              last_error.message);
+}
+
 dlsync_status dlsync__fail(dlsync_status status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   set_message(status, 0, NULL, fmt, ap);
   va_end(ap);
+  log_error();
   return status;
 }
 
@@ -86,6 +93,7 @@ dlsync_status dlsync__fail_with(dlsync_status status, int driver_result, const c
     size_t len = strlen(last_error.message);
     snprintf(last_error.message + len, sizeof last_error.message - len, "%s", suffix);
   }
+  log_error();
   return status;
 }
 

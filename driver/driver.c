@@ -110,6 +110,14 @@ dlsync_status dlsync__driver_load(const dlsync__driver **out, const char *path) 
   }
   DLSYNC_TRY(load_one(&l->table, l->path));
   l->table.origin = l->path;
+  if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_INFO))) {
+    Dl_info where;
+    memset(&where, 0, sizeof where);
+    if (dladdr(*(void **)&l->table.Init, &where) == 0 || where.dli_fname == NULL)
+      where.dli_fname = "?";
+    dlsync__log(DLSYNC__LOG_INFO, "driver loaded: %s (%s), CUDA driver version %d.%d", l->path,
+                where.dli_fname, l->table.version / 1000, (l->table.version % 1000) / 10);
+  }
   l->next = loaded;
   loaded = l;
   *out = &l->table;

@@ -80,6 +80,9 @@ dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
   atomic_init(&ctx->pools, NULL);
   DLSYNC_TRY(dlsync__release_book_new(&ctx->releases));
   dlsync__orphans_collect();
+  DLSYNC__LOG(DLSYNC__LOG_INFO, "context %p created (driver %s, version %d.%d, events kept %u)",
+              (void *)ctx, drv->origin != NULL ? drv->origin : "?", ctx->driver_version / 1000,
+              (ctx->driver_version % 1000) / 10, (unsigned)ctx->events_kept);
   *out = ctx;
   ctx = NULL;
 cleanup:
@@ -121,6 +124,7 @@ dlsync_status dlsync_context_destroy(dlsync_context *ctx) {
       st = pst;
   }
   pthread_mutex_destroy(&ctx->pools_lock);
+  DLSYNC__LOG(DLSYNC__LOG_INFO, "context %p destroyed (%s)", (void *)ctx, dlsync_status_name(st));
   dlsync__free(ctx);
   return st;
 }

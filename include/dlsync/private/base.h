@@ -14,6 +14,7 @@
 #define DLSYNC_PRIVATE_BASE_H
 
 #include <stdarg.h>
+#include <stdatomic.h>
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>
@@ -69,6 +70,35 @@ void dlsync__free(void *ptr);
 void dlsync__alloc_fail_nth(unsigned n);
 /* True while an armed allocation fault has not fired. */
 bool dlsync__alloc_fail_pending(void);
+
+/* ---- the decision log (base/log.c) ---- */
+
+/* DLSYNC_DEBUG=WARN|INFO|TRACE, DLSYNC_DEBUG_FILE=path (%p: pid); see
+ * docs/design.md. INFO: the driver loaded, contexts created and destroyed,
+ * every error set through dlsync__fail*. TRACE: one line per decision (order,
+ * exchange begin and end, fence signal and wait, release) naming the row of
+ * the decision table, the streams, capture ids and nodes added. */
+enum { DLSYNC__LOG_OFF = 0, DLSYNC__LOG_WARN = 1, DLSYNC__LOG_INFO = 2, DLSYNC__LOG_TRACE = 3 };
+
+/* -1 until the environment is read, then the level. */
+extern atomic_int dlsync__log_level_;
+bool dlsync__log_on_slow(int level);
+
+/* Whether lines of `level` are written: off costs one predictable branch. */
+static inline bool dlsync__log_on(int level) {
+  if (DLSYNC__LIKELY(atomic_load_explicit(&dlsync__log_level_, memory_order_relaxed) == 0))
+    return false;
+  return dlsync__log_on_slow(level);
+}
+
+/* Writes one line (no driver call, no allocation, one write(2)). */
+void dlsync__log(int level, const char *fmt, ...) DLSYNC__PRINTF(2, 3);
+
+#define DLSYNC__LOG(level, ...)                  \
+  do {                                           \
+    if (DLSYNC__UNLIKELY(dlsync__log_on(level))) \
+      dlsync__log((level), __VA_ARGS__);         \
+  } while (0)
 
 #define DLSYNC_TRY(expr)                        \
   do {                                          \
