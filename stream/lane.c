@@ -1,4 +1,5 @@
 /* Lanes: validation and the capture query made at each call. */
+#include <stdio.h>
 #include <string.h>
 
 #include "dlsync/private/internal.h"
@@ -139,4 +140,19 @@ dlsync_status dlsync_lane_query(dlsync_lane_state *out, dlsync_context *ctx,
   out->graph = now.graph;
 cleanup:
   return st;
+}
+
+void dlsync__lane_describe(char *buf, size_t size, const dlsync__lane_now *l) {
+  switch (l->kind) {
+  case DLSYNC_LANE_EAGER:
+    snprintf(buf, size, "stream %p (eager)", (void *)l->stream);
+    break;
+  case DLSYNC_LANE_CAPTURING:
+    snprintf(buf, size, "stream %p (capture %llu, graph %p)", (void *)l->stream,
+             (unsigned long long)l->capture_id, (void *)l->graph);
+    break;
+  default:
+    snprintf(buf, size, "graph %p (built, %zu deps)", (void *)l->graph, l->ndeps);
+    break;
+  }
 }

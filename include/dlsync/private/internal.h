@@ -106,6 +106,8 @@ typedef struct dlsync__lane_now {
  * `role`. */
 dlsync_status dlsync__lane_read(dlsync__lane_now *out, dlsync_context *ctx, dlsync_lane *lane,
                                 const char *role);
+/* "stream 0x.. (capture 5, graph 0x..)", for the decision log. */
+void dlsync__lane_describe(char *buf, size_t size, const dlsync__lane_now *l);
 /* Validates a lane's fields without calling the driver. */
 dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role);
 static inline dlsync_status dlsync__lane_check(const dlsync_lane *lane, const char *role) {
