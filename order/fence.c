@@ -4,6 +4,7 @@
 #include <string.h>
 
 #include "dlsync/private/internal.h"
+#include "dlsync/private/table.h"
 
 struct dlsync_fence {
   atomic_uint refs;
@@ -26,6 +27,23 @@ static dlsync_status pool_of_lane(dlsync__pool **out, dlsync_context *ctx,
   return dlsync__pool_for_current(out, ctx, "the signalling lane is a graph lane");
 }
 
+/* The decision log's line for a signal: the lane's state names what was
+ * done (eager record, or a record node in the lane's graph). */
+static DLSYNC__NOINLINE void trace_signal(const dlsync_context *ctx, const dlsync__lane_now *l,
+                                          dlsync_status st, const dlsync_fence *f) {
+  char a[96] = "?";
+  if (st == DLSYNC_SUCCESS)
+    dlsync__lane_describe(a, sizeof a, l);
+  dlsync__log(DLSYNC__LOG_TRACE,
+              "fence signal %s: context %p, signalling %s -> fence %p, nodes added %d%s%s",
+              st != DLSYNC_SUCCESS           ? "failed"
+              : l->kind == DLSYNC_LANE_EAGER ? "eager record"
+                                             : "record node",
+              (const void *)ctx, a, (const void *)f,
+              st == DLSYNC_SUCCESS && l->kind != DLSYNC_LANE_EAGER ? 1 : 0,
+              st == DLSYNC_SUCCESS ? "" : ": ", st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
+}
+
 dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsync_lane *lane) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d;
@@ -33,6 +51,7 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
   dlsync__lane_now l;
   dlsync__pool *pool = NULL;
   CUevent ev = NULL;
+  memset(&l, 0, sizeof l);
   if (out == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_signal: out is NULL");
   *out = NULL;
@@ -85,6 +104,8 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
   *out = f;
   f = NULL;
 cleanup:
+  if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
+    trace_signal(ctx, &l, st, *out);
   if (f != NULL) {
     dlsync__held_event_unref(f->he);
     dlsync__free(f);
@@ -155,69 +176,142 @@ cleanup:
   return st;
 }
 
+/* The state of the lane the fence was signalled on, as the table sees it. */
+static dlsync_lane_state_kind fence_state(const dlsync_fence *f) {
+  switch (f->kind) {
+  case DLSYNC_FENCE_EAGER:
+    return DLSYNC_LANE_EAGER;
+  case DLSYNC_FENCE_CAPTURED:
+    return DLSYNC_LANE_CAPTURING;
+  default:
+    return DLSYNC_LANE_BUILT;
+  }
+}
+
+/* Reads what the classifier needs beyond the two kinds: whether the fence's
+ * capture is still active (only asked for an eager waiter) and whether the
+ * waiter is in the fence's capture or graph. */
+static dlsync_status fence_table_in(dlsync__table_in *in, const dlsync_fence *f,
+                                    const dlsync__lane_now *l) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  memset(in, 0, sizeof *in);
+  in->op = DLSYNC__OP_FENCE_WAIT;
+  in->first = fence_state(f);
+  in->then = l->kind;
+  if (l->kind == DLSYNC_LANE_EAGER && f->kind == DLSYNC_FENCE_CAPTURED)
+    DLSYNC_TRY(capture_active(&in->first_pending, f));
+  if (l->kind == DLSYNC_LANE_CAPTURING && f->kind == DLSYNC_FENCE_CAPTURED)
+    in->same_graph = l->capture_id == f->capture_id; /* capture ids are unique */
+  if (l->kind == DLSYNC_LANE_BUILT && f->kind == DLSYNC_FENCE_BUILT)
+    DLSYNC_TRY(in_graph(&in->same_graph, f, l->graph));
+cleanup:
+  return st;
+}
+
+/* EAGER_EAGER, LAUNCHED_TO_EAGER: a plain wait for the event's last record. */
+static dlsync_status wait_eager(dlsync_fence *f, const dlsync__lane_now *l) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = f->ctx->drv;
+  DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(l->stream, f->he->event, 0),
+            "waiting stream %p on fence %p", (void *)l->stream, (void *)f);
+cleanup:
+  return st;
+}
+
+/* REFUSE_CAPTURE_TO_EAGER. */
+static dlsync_status wait_refused(const dlsync_fence *f, const dlsync__lane_now *l) {
+  return dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
+                      "the fence was signalled in capture %llu, which is still active: eager "
+                      "stream %p cannot wait for a graph that is not launched yet; wait after "
+                      "ending the capture and launching its graph, or wait from that capture",
+                      (unsigned long long)f->capture_id, (void *)l->stream);
+}
+
+/* SAME_CAPTURE: an edge from the record node, no new node. */
+static dlsync_status wait_same_capture(dlsync_fence *f, const dlsync__lane_now *l) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = f->ctx->drv;
+  DLSYNC_CU(d, cuStreamUpdateCaptureDependencies,
+            d->StreamUpdateCaptureDependencies(l->stream, &f->node, NULL, 1,
+                                               CU_STREAM_ADD_CAPTURE_DEPENDENCIES),
+            "waiting stream %p on fence %p in the same capture", (void *)l->stream, (void *)f);
+cleanup:
+  return st;
+}
+
+/* The other rows: a wait node in the waiter's graph, which holds the event
+ * (EAGER_TO_CAPTURE: an external wait; the rest: a node appended by hand). */
+static dlsync_status wait_node(dlsync_fence *f, dlsync__row row, dlsync__lane_now *l) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = f->ctx->drv;
+  if (l->kind == DLSYNC_LANE_BUILT && l->lane->capacity < 1) {
+    st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                      "the waiting graph lane has capacity 0: dlsync writes the lane's new "
+                      "frontier (the wait node) into deps");
+    goto cleanup;
+  }
+  DLSYNC_TRY(dlsync__graph_hold_event(f->ctx, f->he, &l->graph, 1));
+  if (row == DLSYNC__ROW_EAGER_TO_CAPTURE) {
+    DLSYNC_CU(d, cuStreamWaitEvent,
+              d->StreamWaitEvent(l->stream, f->he->event, CU_EVENT_WAIT_EXTERNAL),
+              "capturing stream %p waiting on eager fence %p", (void *)l->stream, (void *)f);
+  } else {
+    DLSYNC_TRY(dlsync__graph_append_event_node(f->ctx, l, f->he->event, false, NULL));
+  }
+cleanup:
+  return st;
+}
+
+static DLSYNC__NOINLINE void trace_wait(const dlsync_fence *f, dlsync__row row,
+                                        const dlsync__lane_now *l, int nodes, dlsync_status st) {
+  char b[96];
+  dlsync__lane_describe(b, sizeof b, l);
+  dlsync__log(
+      DLSYNC__LOG_TRACE,
+      "fence wait %s: fence %p (%s, capture %llu, graph %p) -> waiting %s, nodes added "
+      "%d%s%s",
+      dlsync__row_name(row), (const void *)f,
+      f->kind == DLSYNC_FENCE_EAGER      ? "eager"
+      : f->kind == DLSYNC_FENCE_CAPTURED ? "captured"
+                                         : "built",
+      (unsigned long long)f->capture_id, (void *)f->graph, b, st == DLSYNC_SUCCESS ? nodes : 0,
+      st == DLSYNC_SUCCESS ? "" : ", failed: ", st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
+}
+
 dlsync_status dlsync_fence_wait(dlsync_fence *f, dlsync_lane *lane) {
   dlsync_status st = DLSYNC_SUCCESS;
-  dlsync_context *ctx;
-  const dlsync__driver *d;
   dlsync__lane_now l;
-  bool active = false;
-  CUevent ev;
+  dlsync__table_in in;
+  dlsync__row row = DLSYNC__ROW_COUNT;
+  int nodes = 0; /* the wait node, if one is added */
   if (f == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_wait: fence is NULL");
-  ctx = f->ctx;
-  d = ctx->drv;
-  ev = f->he->event;
   DLSYNC_TRY(dlsync__lane_check(lane, "waiting"));
-  DLSYNC_TRY(dlsync__lane_read(&l, ctx, lane, "waiting"));
-
-  if (l.kind == DLSYNC_LANE_EAGER) {
-    if (f->kind == DLSYNC_FENCE_CAPTURED)
-      DLSYNC_TRY(capture_active(&active, f));
-    if (active) {
-      st = dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
-                        "the fence was signalled in capture %llu, which is still active: eager "
-                        "stream %p cannot wait for a graph that is not launched yet; wait after "
-                        "ending the capture and launching its graph, or wait from that capture",
-                        (unsigned long long)f->capture_id, (void *)l.stream);
-      goto cleanup;
-    }
-    DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(l.stream, ev, 0),
-              "waiting stream %p on fence %p", (void *)l.stream, (void *)f);
-    goto cleanup;
+  DLSYNC_TRY(dlsync__lane_read(&l, f->ctx, lane, "waiting"));
+  DLSYNC_TRY(fence_table_in(&in, f, &l));
+  row = dlsync__table_classify(&in);
+  switch (row) {
+  case DLSYNC__ROW_EAGER_EAGER:
+  case DLSYNC__ROW_LAUNCHED_TO_EAGER:
+    st = wait_eager(f, &l);
+    break;
+  case DLSYNC__ROW_REFUSE_CAPTURE_TO_EAGER:
+    st = wait_refused(f, &l);
+    break;
+  case DLSYNC__ROW_SAME_CAPTURE:
+    st = wait_same_capture(f, &l);
+    break;
+  case DLSYNC__ROW_SAME_BUILT:
+    /* The same graph: the record node joins the frontier, no new node. */
+    st = dlsync__graph_lane_add_dep(&l, f->node);
+    break;
+  default:
+    st = wait_node(f, row, &l);
+    nodes = 1;
+    break;
   }
-  if (l.kind == DLSYNC_LANE_CAPTURING && f->kind == DLSYNC_FENCE_CAPTURED &&
-      l.capture_id == f->capture_id) {
-    /* The same capture (ids are unique): an edge from the record node. */
-    DLSYNC_CU(d, cuStreamUpdateCaptureDependencies,
-              d->StreamUpdateCaptureDependencies(l.stream, &f->node, NULL, 1,
-                                                 CU_STREAM_ADD_CAPTURE_DEPENDENCIES),
-              "waiting stream %p on fence %p in the same capture", (void *)l.stream, (void *)f);
-    goto cleanup;
-  }
-  if (l.kind == DLSYNC_LANE_BUILT) {
-    bool same = false;
-    if (f->kind == DLSYNC_FENCE_BUILT)
-      DLSYNC_TRY(in_graph(&same, f, l.graph));
-    if (same) {
-      /* The same graph: the record node joins the frontier, no new node. */
-      DLSYNC_TRY(dlsync__graph_lane_add_dep(&l, f->node));
-      goto cleanup;
-    }
-    if (lane->capacity < 1) {
-      st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                        "the waiting graph lane has capacity 0: dlsync writes the lane's new "
-                        "frontier (the wait node) into deps");
-      goto cleanup;
-    }
-  }
-  /* Another graph: a wait node there, holding the event. */
-  DLSYNC_TRY(dlsync__graph_hold_event(ctx, f->he, &l.graph, 1));
-  if (f->kind == DLSYNC_FENCE_EAGER && l.kind == DLSYNC_LANE_CAPTURING) {
-    DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(l.stream, ev, CU_EVENT_WAIT_EXTERNAL),
-              "capturing stream %p waiting on eager fence %p", (void *)l.stream, (void *)f);
-  } else {
-    DLSYNC_TRY(dlsync__graph_append_event_node(ctx, &l, ev, false, NULL));
-  }
+  if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
+    trace_wait(f, row, &l, nodes, st);
 cleanup:
   return st;
 }

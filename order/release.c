@@ -336,6 +336,21 @@ static void release_from_graph(void *p) {
 
 /* ---- the API ---- */
 
+/* The decision log's line for a release: eager (an event the reclaimer
+ * waits for) or owned by the lane's graph (a user object). */
+static DLSYNC__NOINLINE void trace_release(const dlsync_context *ctx, const dlsync__lane_now *l,
+                                           dlsync_status st) {
+  char a[96] = "?";
+  if (st == DLSYNC_SUCCESS)
+    dlsync__lane_describe(a, sizeof a, l);
+  dlsync__log(DLSYNC__LOG_TRACE, "release %s: context %p, releasing %s, nodes added 0%s%s",
+              st != DLSYNC_SUCCESS           ? "failed"
+              : l->kind == DLSYNC_LANE_EAGER ? "eager (event recorded, reclaimer waits)"
+                                             : "graph-owned (user object)",
+              (const void *)ctx, a, st == DLSYNC_SUCCESS ? "" : ": ",
+              st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
+}
+
 dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_deleter deleter,
                              void *arg) {
   dlsync_status st = DLSYNC_SUCCESS;
@@ -345,6 +360,7 @@ dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_dele
   reclaimer *r = NULL;
   release_item *it = NULL;
   bool booked = false;
+  memset(&l, 0, sizeof l);
   if (ctx == NULL || deleter == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_release: %s is NULL",
                         ctx == NULL ? "ctx" : "deleter");
@@ -398,6 +414,8 @@ dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_dele
       goto cleanup;
   }
 cleanup:
+  if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
+    trace_release(ctx, &l, st);
   if (it != NULL) {
     if (it->event != NULL && it->pool == NULL)
       dlsync__pool_put(pool, it->event);
