@@ -305,7 +305,7 @@ static const char *row_label(dlsync__row row, const char *rest) {
 static void wait_events_back(void) {
   for (int i = 0; i < 2000; i++) {
     dlsync__pool_stats ps;
-    dlsync__pool_stats_get(&ps, E.ctx);
+    dlsync__pool_stats_get(&ps, &E.ctx->pools);
     if (ps.graph_owned == 0)
       return;
     struct timespec ts = {0, 500000};
@@ -555,7 +555,7 @@ int main(void) {
     row_ds[r] = time_row(timed_rows[r], true);
   }
   replay_compare(&rc_us, &rb_us, &nc, &nb);
-  CHECK(dlsync__pool_for_stream(&bench_pool, NULL, E.ctx, P, "bench") == DLSYNC_SUCCESS, "pool");
+  CHECK(dlsync__pool_for_stream(&bench_pool, NULL, &E.ctx->pools, P, "bench") == DLSYNC_SUCCESS, "pool");
   {
     struct {
       const char *name;

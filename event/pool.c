@@ -103,9 +103,9 @@ void dlsync__pool_ref(dlsync__pool *p) {
 
 /* ---- lookup ---- */
 
-dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync_context *ctx, CUcontext cuctx) {
+dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync__pools *ps, CUcontext cuctx) {
   dlsync_status st = DLSYNC_SUCCESS;
-  dlsync__pool *p = atomic_load_explicit(&ctx->pools, memory_order_acquire);
+  dlsync__pool *p = atomic_load_explicit(&ps->list, memory_order_acquire);
   bool locked = false;
   for (; p != NULL; p = p->next) {
     if (p->cuctx == cuctx) {
@@ -113,9 +113,9 @@ dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync_context *ctx, CU
       return DLSYNC_SUCCESS;
     }
   }
-  pthread_mutex_lock(&ctx->pools_lock);
+  pthread_mutex_lock(&ps->lock);
   locked = true;
-  for (p = atomic_load_explicit(&ctx->pools, memory_order_acquire); p != NULL; p = p->next) {
+  for (p = atomic_load_explicit(&ps->list, memory_order_acquire); p != NULL; p = p->next) {
     if (p->cuctx == cuctx) {
       *out = p;
       goto cleanup;
@@ -128,32 +128,32 @@ dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync_context *ctx, CU
   }
   {
     CUcontext popped = NULL;
-    CUresult r = ctx->drv->CtxPushCurrent(cuctx);
+    CUresult r = ps->drv->CtxPushCurrent(cuctx);
     if (r == CUDA_SUCCESS) {
-      r = ctx->drv->CtxGetDevice(&p->device);
-      CUresult r2 = ctx->drv->CtxPopCurrent(&popped);
+      r = ps->drv->CtxGetDevice(&p->device);
+      CUresult r2 = ps->drv->CtxPopCurrent(&popped);
       if (r == CUDA_SUCCESS)
         r = r2;
     }
     if (r != CUDA_SUCCESS) {
-      st = dlsync__fail_driver(ctx->drv, r, "cuCtxPushCurrent/cuCtxGetDevice/cuCtxPopCurrent",
+      st = dlsync__fail_driver(ps->drv, r, "cuCtxPushCurrent/cuCtxGetDevice/cuCtxPopCurrent",
                                "finding the device of CUDA context %p", (void *)cuctx);
       dlsync__free(p);
       p = NULL;
       goto cleanup;
     }
   }
-  p->drv = ctx->drv;
+  p->drv = ps->drv;
   p->cuctx = cuctx;
-  p->kept = ctx->events_kept;
+  p->kept = ps->events_kept;
   atomic_init(&p->lock, 0);
   atomic_init(&p->refs, 1);
-  p->next = atomic_load_explicit(&ctx->pools, memory_order_relaxed);
-  atomic_store_explicit(&ctx->pools, p, memory_order_release);
+  p->next = atomic_load_explicit(&ps->list, memory_order_relaxed);
+  atomic_store_explicit(&ps->list, p, memory_order_release);
   *out = p;
 cleanup:
   if (locked)
-    pthread_mutex_unlock(&ctx->pools_lock);
+    pthread_mutex_unlock(&ps->lock);
   return st;
 }
 
@@ -165,13 +165,13 @@ dlsync__thread *dlsync__thread_get(void) {
   return &hot;
 }
 
-void dlsync__pool_memo_forget(const dlsync_context *ctx, CUstream stream) {
+void dlsync__pool_memo_forget(const dlsync__pools *ps, CUstream stream) {
   for (unsigned i = 0; i < DLSYNC__MEMO_SLOTS; i++)
-    if (hot.memo[i].ctx == ctx && hot.memo[i].stream == stream)
-      hot.memo[i].ctx = NULL;
+    if (hot.memo[i].owner == ps && hot.memo[i].stream == stream)
+      hot.memo[i].owner = NULL;
 }
 
-dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsync_context *ctx,
+dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsync__pools *ps,
                                       CUstream stream, const char *role) {
   dlsync_status st = DLSYNC_SUCCESS;
   CUcontext cuctx = NULL;
@@ -181,20 +181,20 @@ dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsyn
   if (memoise) {
     for (unsigned i = 0; i < DLSYNC__MEMO_SLOTS; i++) {
       const dlsync__stream_memo *m = &hot.memo[i];
-      if (m->stream == stream && m->ctx == ctx && m->generation == ctx->generation) {
+      if (m->stream == stream && m->owner == ps && m->generation == ps->generation) {
         *out = m->pool;
         *from_memo = true;
         return DLSYNC_SUCCESS;
       }
     }
   }
-  DLSYNC_CU(ctx->drv, cuStreamGetCtx, ctx->drv->StreamGetCtx(stream, &cuctx),
+  DLSYNC_CU(ps->drv, cuStreamGetCtx, ps->drv->StreamGetCtx(stream, &cuctx),
             "%s stream %p: finding its CUDA context", role, (void *)stream);
-  DLSYNC_TRY(dlsync__pool_for_cuctx(out, ctx, cuctx));
+  DLSYNC_TRY(dlsync__pool_for_cuctx(out, ps, cuctx));
   if (memoise) {
     dlsync__stream_memo *m = &hot.memo[hot.memo_next++ % DLSYNC__MEMO_SLOTS];
-    m->ctx = ctx;
-    m->generation = ctx->generation;
+    m->owner = ps;
+    m->generation = ps->generation;
     m->stream = stream;
     m->pool = *out;
     m->scratch = NULL;
@@ -203,9 +203,9 @@ cleanup:
   return st;
 }
 
-dlsync_status dlsync__pool_for_current(dlsync__pool **out, dlsync_context *ctx, const char *what) {
+dlsync_status dlsync__pool_for_current(dlsync__pool **out, dlsync__pools *ps, const char *what) {
   dlsync_status st = DLSYNC_SUCCESS;
-  const dlsync__driver *d = ctx->drv;
+  const dlsync__driver *d = ps->drv;
   CUcontext cur = NULL;
   DLSYNC_CU(d, cuCtxGetCurrent, d->CtxGetCurrent(&cur), "%s", what);
   if (cur == NULL) {
@@ -216,7 +216,7 @@ dlsync_status dlsync__pool_for_current(dlsync__pool **out, dlsync_context *ctx, 
                       what);
     goto cleanup;
   }
-  DLSYNC_TRY(dlsync__pool_for_cuctx(out, ctx, cur));
+  DLSYNC_TRY(dlsync__pool_for_cuctx(out, ps, cur));
 cleanup:
   return st;
 }
@@ -300,13 +300,13 @@ void dlsync__pool_put(dlsync__pool *p, CUevent event) {
  * lent to another thread. */
 #define SCRATCH_MAX 256
 
-dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync_context *ctx,
+dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync__pools *ps,
                                   dlsync__pool *p) {
   dlsync_status st;
   bool registered = false;
   for (unsigned i = 0; i < DLSYNC__SCRATCH_SLOTS; i++) {
     const dlsync__scratch_slot *sl = &hot.scratch[i];
-    if (sl->pool == p && sl->ctx == ctx && sl->generation == ctx->generation) {
+    if (sl->pool == p && sl->owner == ps && sl->generation == ps->generation) {
       *out = sl->event;
       *lent = true;
       return DLSYNC_SUCCESS;
@@ -328,8 +328,8 @@ dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync_context
   spin_unlock(&p->lock);
   if (registered) {
     dlsync__scratch_slot *slot = &hot.scratch[hot.scratch_next++ % DLSYNC__SCRATCH_SLOTS];
-    slot->ctx = ctx;
-    slot->generation = ctx->generation;
+    slot->owner = ps;
+    slot->generation = ps->generation;
     slot->pool = p;
     slot->event = *out;
     *lent = true;
@@ -340,7 +340,7 @@ dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync_context
 CUevent dlsync__thread_scratch_fill(dlsync__thread *t, dlsync__stream_memo *m) {
   for (unsigned i = 0; i < DLSYNC__SCRATCH_SLOTS; i++) {
     const dlsync__scratch_slot *sl = &t->scratch[i];
-    if (sl->pool == m->pool && sl->ctx == m->ctx && sl->generation == m->generation) {
+    if (sl->pool == m->pool && sl->owner == m->owner && sl->generation == m->generation) {
       m->scratch = sl->event;
       return m->scratch;
     }
@@ -381,9 +381,9 @@ void dlsync__pool_return_from_graph(dlsync__pool *p, CUevent event) {
 
 /* ---- teardown and stats ---- */
 
-dlsync_status dlsync__pools_destroy(dlsync_context *ctx) {
+dlsync_status dlsync__pools_destroy(dlsync__pools *ps) {
   dlsync_status st = DLSYNC_SUCCESS;
-  dlsync__pool *p = atomic_exchange_explicit(&ctx->pools, NULL, memory_order_acq_rel);
+  dlsync__pool *p = atomic_exchange_explicit(&ps->list, NULL, memory_order_acq_rel);
   while (p != NULL) {
     dlsync__pool *next = p->next;
     CUevent *events;
@@ -419,9 +419,9 @@ dlsync_status dlsync__pools_destroy(dlsync_context *ctx) {
   return st;
 }
 
-void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync_context *ctx) {
+void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync__pools *ps) {
   memset(out, 0, sizeof *out);
-  for (dlsync__pool *p = atomic_load_explicit(&ctx->pools, memory_order_acquire); p != NULL;
+  for (dlsync__pool *p = atomic_load_explicit(&ps->list, memory_order_acquire); p != NULL;
        p = p->next) {
     spin_lock(&p->lock);
     out->free_events += p->nfree + p->nscratch; /* scratch events are idle between calls */

@@ -66,7 +66,7 @@ dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_context_create: out of memory");
     goto cleanup;
   }
-  if (pthread_mutex_init(&ctx->pools_lock, NULL) != 0) {
+  if (pthread_mutex_init(&ctx->pools.lock, NULL) != 0) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_context_create: no mutex");
     goto cleanup;
   }
@@ -74,22 +74,24 @@ dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
   ctx->drv = drv;
   DLSYNC_CU(drv, cuDriverGetVersion, drv->DriverGetVersion(&ctx->driver_version),
             "asking the driver (%s) for its version", drv->origin != NULL ? drv->origin : "?");
-  ctx->events_kept = (config != NULL && config->events_kept != 0) ? config->events_kept : 64;
+  ctx->pools.drv = drv;
+  ctx->pools.events_kept =
+      (config != NULL && config->events_kept != 0) ? config->events_kept : 64;
   ctx->caps = dlsync__capabilities_of(drv);
-  ctx->generation = atomic_fetch_add(&generations, 1) + 1;
-  atomic_init(&ctx->pools, NULL);
+  ctx->pools.generation = atomic_fetch_add(&generations, 1) + 1;
+  atomic_init(&ctx->pools.list, NULL);
   DLSYNC_TRY(dlsync__release_book_new(&ctx->releases));
   dlsync__orphans_collect();
   DLSYNC__LOG(DLSYNC__LOG_INFO, "context %p created (driver %s, version %d.%d, events kept %u)",
               (void *)ctx, drv->origin != NULL ? drv->origin : "?", ctx->driver_version / 1000,
-              (ctx->driver_version % 1000) / 10, (unsigned)ctx->events_kept);
+              (ctx->driver_version % 1000) / 10, (unsigned)ctx->pools.events_kept);
   *out = ctx;
   ctx = NULL;
 cleanup:
   if (ctx != NULL) {
     (void)dlsync__release_book_close(ctx->releases);
     if (lock_made)
-      pthread_mutex_destroy(&ctx->pools_lock);
+      pthread_mutex_destroy(&ctx->pools.lock);
     dlsync__free(ctx);
   }
   return st;
@@ -119,11 +121,11 @@ dlsync_status dlsync_context_destroy(dlsync_context *ctx) {
   /* Releases first: the eager ones give their events back to the pools. */
   st = dlsync__release_book_close(ctx->releases);
   {
-    dlsync_status pst = dlsync__pools_destroy(ctx);
+    dlsync_status pst = dlsync__pools_destroy(&ctx->pools);
     if (st == DLSYNC_SUCCESS)
       st = pst;
   }
-  pthread_mutex_destroy(&ctx->pools_lock);
+  pthread_mutex_destroy(&ctx->pools.lock);
   DLSYNC__LOG(DLSYNC__LOG_INFO, "context %p destroyed (%s)", (void *)ctx, dlsync_status_name(st));
   dlsync__free(ctx);
   return st;
@@ -265,6 +267,25 @@ dlsync_status dlsync_device_get_info(dlsync_device_info *info, const dlsync_cont
       "device %d multiprocessors", ordinal);
   DLSYNC_CU(d, cuDeviceTotalMem, d->DeviceTotalMem(&tmp.total_memory, dev), "device %d", ordinal);
   *info = tmp;
+cleanup:
+  return st;
+}
+
+/* ---- lanes ---- */
+
+dlsync_status dlsync_lane_query(dlsync_lane_state *out, dlsync_context *ctx,
+                                const dlsync_lane *lane) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__lane_now now;
+  if (out == NULL || ctx == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_lane_query: %s is NULL",
+                        out == NULL ? "out" : "ctx");
+  DLSYNC_TRY(dlsync__lane_check(lane, "queried"));
+  /* Reading does not modify the lane. */
+  DLSYNC_TRY(dlsync__lane_read(&now, ctx->drv, (dlsync_lane *)(uintptr_t)lane, "queried"));
+  out->kind = now.kind;
+  out->capture_id = now.capture_id;
+  out->graph = now.graph;
 cleanup:
   return st;
 }

@@ -68,13 +68,13 @@ static dlsync_status pool_for(pool_pick *pk, dlsync_context *ctx, const dlsync_l
     const dlsync_lane *l = a->kind == DLSYNC_LANE_STREAM ? a : b;
     pk->stream = l->stream;
     pk->role = l == a ? a_role : b_role;
-    return dlsync__pool_for_stream(out, &pk->from_memo, ctx, pk->stream, pk->role);
+    return dlsync__pool_for_stream(out, &pk->from_memo, &ctx->pools, pk->stream, pk->role);
   }
   if (a->graph == b->graph) {
     *out = NULL; /* same graph: edges only, no event */
     return DLSYNC_SUCCESS;
   }
-  return dlsync__pool_for_current(out, ctx, "both lanes are graph lanes");
+  return dlsync__pool_for_current(out, &ctx->pools, "both lanes are graph lanes");
 }
 
 /* then.frontier := then.frontier U first.frontier (both graph lanes, same graph). */
@@ -152,8 +152,8 @@ static dlsync_status fail_wait(dlsync_context *ctx, CUresult r, CUstream first, 
   dlsync__pool *pf = NULL, *pt = NULL;
   int df = -1, dt = -1;
   if (refusal_result(r) && !dlsync__is_special_stream(first) && !dlsync__is_special_stream(then) &&
-      dlsync__pool_for_stream(&pf, NULL, ctx, first, first_role) == DLSYNC_SUCCESS &&
-      dlsync__pool_for_stream(&pt, NULL, ctx, then, then_role) == DLSYNC_SUCCESS) {
+      dlsync__pool_for_stream(&pf, NULL, &ctx->pools, first, first_role) == DLSYNC_SUCCESS &&
+      dlsync__pool_for_stream(&pt, NULL, &ctx->pools, then, then_role) == DLSYNC_SUCCESS) {
     df = dlsync__pool_device(pf);
     dt = dlsync__pool_device(pt);
   }
@@ -180,10 +180,10 @@ static dlsync_status record_plain(dlsync_context *ctx, pool_pick *pk, CUevent *e
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
     dlsync__pool_unborrow(pk->pool, *ev, *lent);
     *ev = NULL;
-    dlsync__pool_memo_forget(ctx, pk->stream);
-    DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, ctx, pk->stream, pk->role));
+    dlsync__pool_memo_forget(&ctx->pools, pk->stream);
+    DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, &ctx->pools, pk->stream, pk->role));
     pk->from_memo = false;
-    DLSYNC_TRY(dlsync__pool_borrow(ev, lent, ctx, pk->pool));
+    DLSYNC_TRY(dlsync__pool_borrow(ev, lent, &ctx->pools, pk->pool));
     r = d->EventRecord(*ev, first->stream);
   }
   if (r != CUDA_SUCCESS)
@@ -202,12 +202,12 @@ static dlsync_status verify_pool(dlsync_context *ctx, pool_pick *pk, dlsync__lan
   dlsync_status st = DLSYNC_SUCCESS;
   if (!pk->from_memo)
     return DLSYNC_SUCCESS;
-  DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, ctx, pk->stream, pk->role));
+  DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, &ctx->pools, pk->stream, pk->role));
   pk->from_memo = false;
   if (first->kind == DLSYNC_LANE_CAPTURING)
-    DLSYNC_TRY(dlsync__lane_read(first, ctx, first->lane, first->role));
+    DLSYNC_TRY(dlsync__lane_read(first, ctx->drv, first->lane, first->role));
   if (then->kind == DLSYNC_LANE_CAPTURING)
-    DLSYNC_TRY(dlsync__lane_read(then, ctx, then->lane, then->role));
+    DLSYNC_TRY(dlsync__lane_read(then, ctx->drv, then->lane, then->role));
 cleanup:
   return st;
 }
@@ -225,7 +225,7 @@ static dlsync_status row_record_wait(dlsync_context *ctx, pool_pick *pk, dlsync_
   CUevent ev = NULL;
   bool lent = false;
   CUresult r;
-  DLSYNC_TRY(dlsync__pool_borrow(&ev, &lent, ctx, pk->pool));
+  DLSYNC_TRY(dlsync__pool_borrow(&ev, &lent, &ctx->pools, pk->pool));
   DLSYNC_TRY(record_plain(ctx, pk, &ev, &lent, first));
   r = ctx->drv->StreamWaitEvent(then->stream, ev, 0);
   if (r != CUDA_SUCCESS)
@@ -254,7 +254,7 @@ static dlsync_status row_eager_to_capture(dlsync_context *ctx, pool_pick *pk,
   const dlsync__driver *d = ctx->drv;
   CUevent ev = NULL;
   DLSYNC_TRY(graph_event(&ev, ctx, pk, first, then));
-  DLSYNC_TRY(dlsync__graph_own_event(ctx, pk->pool, ev, &then->graph, 1));
+  DLSYNC_TRY(dlsync__graph_own_event(ctx->drv, pk->pool, ev, &then->graph, 1));
   /* Record first: a pooled event may still carry the state of a record made
    * in an earlier capture, and the driver refuses an external wait on such an
    * event (CUDA_ERROR_INVALID_VALUE, seen on the H200). */
@@ -278,8 +278,8 @@ static dlsync_status row_eager_to_built(dlsync_context *ctx, pool_pick *pk, dlsy
   const dlsync__driver *d = ctx->drv;
   CUevent ev = NULL;
   DLSYNC_TRY(graph_event(&ev, ctx, pk, first, then));
-  DLSYNC_TRY(dlsync__graph_own_event(ctx, pk->pool, ev, &then->graph, 1));
-  DLSYNC_TRY(dlsync__graph_append_event(ctx, then, ev, false));
+  DLSYNC_TRY(dlsync__graph_own_event(ctx->drv, pk->pool, ev, &then->graph, 1));
+  DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, then, ev, false));
   DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p", first->role,
             (void *)first->stream);
 cleanup:
@@ -296,9 +296,9 @@ static dlsync_status row_two_graphs(dlsync_context *ctx, pool_pick *pk, dlsync__
   DLSYNC_TRY(graph_event(&ev, ctx, pk, first, then));
   graphs[0] = first->graph;
   graphs[1] = then->graph;
-  DLSYNC_TRY(dlsync__graph_own_event(ctx, pk->pool, ev, graphs, 2));
-  DLSYNC_TRY(dlsync__graph_append_event(ctx, first, ev, true));
-  DLSYNC_TRY(dlsync__graph_append_event(ctx, then, ev, false));
+  DLSYNC_TRY(dlsync__graph_own_event(ctx->drv, pk->pool, ev, graphs, 2));
+  DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, first, ev, true));
+  DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, then, ev, false));
 cleanup:
   return st;
 }
@@ -421,7 +421,7 @@ static dlsync_status order_lanes(dlsync_context *ctx, dlsync__op op, dlsync_lane
   if (first->kind == DLSYNC_LANE_STREAM && then->kind == DLSYNC_LANE_STREAM &&
       dlsync__same_stream(first->stream, then->stream)) {
     /* One stream: already ordered. One query, for its errors. */
-    DLSYNC_TRY(dlsync__lane_read(a, ctx, first, first_role));
+    DLSYNC_TRY(dlsync__lane_read(a, ctx->drv, first, first_role));
     *b = *a;
     b->role = then_role;
     *same = true;
@@ -433,12 +433,12 @@ static dlsync_status order_lanes(dlsync_context *ctx, dlsync__op op, dlsync_lane
    * blocking stream captures, the query fails without harm, but other uses
    * (cuStreamGetCtx included, seen on the H200) invalidate that capture. */
   if (is_legacy(first))
-    DLSYNC_TRY(dlsync__lane_read(a, ctx, first, first_role));
+    DLSYNC_TRY(dlsync__lane_read(a, ctx->drv, first, first_role));
   if (is_legacy(then))
-    DLSYNC_TRY(dlsync__lane_read(b, ctx, then, then_role));
+    DLSYNC_TRY(dlsync__lane_read(b, ctx->drv, then, then_role));
   DLSYNC_TRY(pool_for(pool, ctx, first, first_role, then, then_role));
-  DLSYNC_TRY(dlsync__lane_read(a, ctx, first, first_role));
-  DLSYNC_TRY(dlsync__lane_read(b, ctx, then, then_role));
+  DLSYNC_TRY(dlsync__lane_read(a, ctx->drv, first, first_role));
+  DLSYNC_TRY(dlsync__lane_read(b, ctx->drv, then, then_role));
 cleanup:
   return st;
 }
@@ -478,7 +478,7 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
    * row (it asks the driver about both lanes). */
   if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
     return false;
-  ev = dlsync__thread_scratch(t, ctx, first);
+  ev = dlsync__thread_scratch(t, &ctx->pools, first);
   if (ev == NULL)
     return false;
   if (query == FAST_QUERY_BOTH) {
@@ -500,7 +500,7 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
     if (context_mismatch(r)) {
       /* A stream handle reused in another context: the general path asks
        * the driver which pool is the stream's now. */
-      dlsync__pool_memo_forget(ctx, first);
+      dlsync__pool_memo_forget(&ctx->pools, first);
       return false;
     }
     *st = dlsync__fail_driver(

@@ -23,8 +23,8 @@ struct dlsync_fence {
 static dlsync_status pool_of_lane(dlsync__pool **out, dlsync_context *ctx,
                                   const dlsync__lane_now *l) {
   if (l->lane->kind == DLSYNC_LANE_STREAM)
-    return dlsync__pool_for_stream(out, NULL, ctx, l->stream, l->role);
-  return dlsync__pool_for_current(out, ctx, "the signalling lane is a graph lane");
+    return dlsync__pool_for_stream(out, NULL, &ctx->pools, l->stream, l->role);
+  return dlsync__pool_for_current(out, &ctx->pools, "the signalling lane is a graph lane");
 }
 
 /* The decision log's line for a signal: the lane's state names what was
@@ -66,13 +66,13 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
     goto cleanup;
   }
   if (lane->kind == DLSYNC_LANE_STREAM && dlsync__is_legacy_stream(lane->stream))
-    DLSYNC_TRY(dlsync__lane_read(&l, ctx, lane, "signalling")); /* the legacy stream: query first */
+    DLSYNC_TRY(dlsync__lane_read(&l, ctx->drv, lane, "signalling")); /* the legacy stream: query first */
   memset(&l, 0, sizeof l);
   l.lane = lane;
   l.role = "signalling";
   l.stream = lane->stream;
   DLSYNC_TRY(pool_of_lane(&pool, ctx, &l));
-  DLSYNC_TRY(dlsync__lane_read(&l, ctx, lane, "signalling"));
+  DLSYNC_TRY(dlsync__lane_read(&l, ctx->drv, lane, "signalling"));
   f = dlsync__calloc(1, sizeof *f);
   if (f == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_fence_signal: out of memory");
@@ -98,8 +98,8 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
     f->thread = pthread_self();
     f->capture_id = l.capture_id;
     f->graph = l.graph;
-    DLSYNC_TRY(dlsync__graph_hold_event(ctx, f->he, &f->graph, 1));
-    DLSYNC_TRY(dlsync__graph_append_event_node(ctx, &l, ev, true, &f->node));
+    DLSYNC_TRY(dlsync__graph_hold_event(ctx->drv, f->he, &f->graph, 1));
+    DLSYNC_TRY(dlsync__graph_append_event_node(ctx->drv, &l, ev, true, &f->node));
   }
   *out = f;
   f = NULL;
@@ -250,13 +250,13 @@ static dlsync_status wait_node(dlsync_fence *f, dlsync__row row, dlsync__lane_no
                       "frontier (the wait node) into deps");
     goto cleanup;
   }
-  DLSYNC_TRY(dlsync__graph_hold_event(f->ctx, f->he, &l->graph, 1));
+  DLSYNC_TRY(dlsync__graph_hold_event(f->ctx->drv, f->he, &l->graph, 1));
   if (row == DLSYNC__ROW_EAGER_TO_CAPTURE) {
     DLSYNC_CU(d, cuStreamWaitEvent,
               d->StreamWaitEvent(l->stream, f->he->event, CU_EVENT_WAIT_EXTERNAL),
               "capturing stream %p waiting on eager fence %p", (void *)l->stream, (void *)f);
   } else {
-    DLSYNC_TRY(dlsync__graph_append_event_node(f->ctx, l, f->he->event, false, NULL));
+    DLSYNC_TRY(dlsync__graph_append_event_node(f->ctx->drv, l, f->he->event, false, NULL));
   }
 cleanup:
   return st;
@@ -287,7 +287,7 @@ dlsync_status dlsync_fence_wait(dlsync_fence *f, dlsync_lane *lane) {
   if (f == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_wait: fence is NULL");
   DLSYNC_TRY(dlsync__lane_check(lane, "waiting"));
-  DLSYNC_TRY(dlsync__lane_read(&l, f->ctx, lane, "waiting"));
+  DLSYNC_TRY(dlsync__lane_read(&l, f->ctx->drv, lane, "waiting"));
   DLSYNC_TRY(fence_table_in(&in, f, &l));
   row = dlsync__table_classify(&in);
   switch (row) {

@@ -368,13 +368,13 @@ dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_dele
   DLSYNC_TRY(dlsync__lane_check(lane, "releasing"));
   if (lane->kind == DLSYNC_LANE_STREAM) {
     if (dlsync__is_legacy_stream(lane->stream))
-      DLSYNC_TRY(dlsync__lane_read(&l, ctx, lane, "releasing"));
-    DLSYNC_TRY(dlsync__pool_for_stream(&pool, NULL, ctx, lane->stream, "releasing"));
+      DLSYNC_TRY(dlsync__lane_read(&l, ctx->drv, lane, "releasing"));
+    DLSYNC_TRY(dlsync__pool_for_stream(&pool, NULL, &ctx->pools, lane->stream, "releasing"));
   } else {
     /* The current context's device says which GPU's reclaimer runs it. */
-    DLSYNC_TRY(dlsync__pool_for_current(&pool, ctx, "releasing on a graph lane"));
+    DLSYNC_TRY(dlsync__pool_for_current(&pool, &ctx->pools, "releasing on a graph lane"));
   }
-  DLSYNC_TRY(dlsync__lane_read(&l, ctx, lane, "releasing"));
+  DLSYNC_TRY(dlsync__lane_read(&l, ctx->drv, lane, "releasing"));
   DLSYNC_TRY(reclaimer_for(&r, d, dlsync__pool_device(pool)));
   it = dlsync__calloc(1, sizeof *it);
   if (it == NULL) {
@@ -400,7 +400,7 @@ dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_dele
     it = NULL;
   } else {
     bool taken = false;
-    st = dlsync__graph_hold(ctx, &l.graph, 1, release_from_graph, it, &taken);
+    st = dlsync__graph_hold(ctx->drv, &l.graph, 1, release_from_graph, it, &taken);
     if (taken) {
       /* From here the destructor owns the item (and its book entry). On
        * failure no graph holds it and the destructor has run or will run

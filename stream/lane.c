@@ -41,10 +41,9 @@ dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role)
   }
 }
 
-dlsync_status dlsync__lane_read(dlsync__lane_now *out, dlsync_context *ctx, dlsync_lane *lane,
+dlsync_status dlsync__lane_read(dlsync__lane_now *out, const dlsync__driver *d, dlsync_lane *lane,
                                 const char *role) {
   dlsync_status st = DLSYNC_SUCCESS;
-  const dlsync__driver *d = ctx->drv;
   CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
   cuuint64_t id = 0;
   CUgraph graph = NULL;
@@ -121,23 +120,6 @@ dlsync_status dlsync__lane_read(dlsync__lane_now *out, dlsync_context *ctx, dlsy
                       role, (void *)lane->stream);
     break;
   }
-cleanup:
-  return st;
-}
-
-dlsync_status dlsync_lane_query(dlsync_lane_state *out, dlsync_context *ctx,
-                                const dlsync_lane *lane) {
-  dlsync_status st = DLSYNC_SUCCESS;
-  dlsync__lane_now now;
-  if (out == NULL || ctx == NULL)
-    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_lane_query: %s is NULL",
-                        out == NULL ? "out" : "ctx");
-  DLSYNC_TRY(dlsync__lane_check(lane, "queried"));
-  /* Reading does not modify the lane. */
-  DLSYNC_TRY(dlsync__lane_read(&now, ctx, (dlsync_lane *)(uintptr_t)lane, "queried"));
-  out->kind = now.kind;
-  out->capture_id = now.capture_id;
-  out->graph = now.graph;
 cleanup:
   return st;
 }

@@ -410,10 +410,10 @@ static void eager_producer_capturing_consumer_gets_a_wait_node(void **state) {
   assert_true(fake_happens_before(produce, fake_event_op(ev)));
   assert_true(fake_happens_before(fake_event_op(ev), later));
   /* Owned by the graph until it is gone. */
-  dlsync__pool_stats_get(&ps, ctx);
+  dlsync__pool_stats_get(&ps, &ctx->pools);
   assert_int_equal(ps.graph_owned, 1);
   destroy_graph(g);
-  dlsync__pool_stats_get(&ps, ctx);
+  dlsync__pool_stats_get(&ps, &ctx->pools);
   assert_int_equal(ps.graph_owned, 0);
 }
 
@@ -454,7 +454,7 @@ static void two_captures_get_record_and_wait_nodes(void **state) {
   destroy_graph(g1);
   {
     dlsync__pool_stats ps;
-    dlsync__pool_stats_get(&ps, ctx);
+    dlsync__pool_stats_get(&ps, &ctx->pools);
     assert_int_equal(ps.graph_owned, 1); /* g2 still holds it */
   }
   destroy_graph(g2);

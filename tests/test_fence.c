@@ -18,13 +18,13 @@
 
 static size_t graph_owned(dlsync_context *c) {
   dlsync__pool_stats ps;
-  dlsync__pool_stats_get(&ps, c);
+  dlsync__pool_stats_get(&ps, &c->pools);
   return ps.graph_owned;
 }
 
 static size_t free_events(dlsync_context *c) {
   dlsync__pool_stats ps;
-  dlsync__pool_stats_get(&ps, c);
+  dlsync__pool_stats_get(&ps, &c->pools);
   return ps.free_events;
 }
 
@@ -654,7 +654,7 @@ static void many_waits_and_references_keep_the_event_until_the_last_holder(void 
     dlsync__pool_stats ps;
     assert_int_equal(graph_owned(ctx), 1);
     assert_int_equal(free_events(ctx), 0);
-    dlsync__pool_stats_get(&ps, ctx);
+    dlsync__pool_stats_get(&ps, &ctx->pools);
     assert_int_equal(fake_live_events(), ps.created - ps.destroyed);
     assert_int_equal(fake_live_events(), ps.free_events + ps.graph_owned);
     destroy_graph(graphs[i]);

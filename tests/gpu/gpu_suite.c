@@ -393,7 +393,7 @@ static CUresult launch_once(CUgraph g, CUstream launch, int slot, unsigned *got)
 static bool events_came_back(void) {
   for (int i = 0; i < 1000; i++) {
     dlsync__pool_stats ps;
-    dlsync__pool_stats_get(&ps, E.ctx);
+    dlsync__pool_stats_get(&ps, &E.ctx->pools);
     if (ps.graph_owned == 0)
       return true;
     struct timespec ts = {0, 1000000};
@@ -763,7 +763,7 @@ static int sc_errors(const scenario *s, CUstreamCaptureMode mode, bool use, outc
     o->broken += r != CUDA_SUCCESS;
     goto out;
   }
-  dlsync__pool_stats_get(&before, E.ctx);
+  dlsync__pool_stats_get(&before, &E.ctx->pools);
   CU(D->StreamCreate(&blocking, CU_STREAM_DEFAULT));
   CU(new_stream(&other));
   lo = dlsync_lane_stream(other);
@@ -916,7 +916,7 @@ static int sc_errors(const scenario *s, CUstreamCaptureMode mode, bool use, outc
     note(o, "graph-owned events did not come back");
     o->broken++;
   }
-  dlsync__pool_stats_get(&after, E.ctx);
+  dlsync__pool_stats_get(&after, &E.ctx->pools);
   /* Every live event is back in the pool: nothing leaked, nothing lost. */
   if (after.created - after.destroyed != after.free_events || after.graph_owned != 0) {
     note(o, "pool not intact: %zu live, %zu free, %zu graph-owned (before: %zu live, %zu free)",

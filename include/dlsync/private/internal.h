@@ -26,27 +26,40 @@ extern "C" {
  * executables are gone. */
 typedef struct dlsync__pool dlsync__pool;
 
+/* The pools of one dlsync context (one pool per CUDA context), with what they
+ * need of it: the driver table, how many free events to keep, and the
+ * context's generation (unique per context ever made: per-thread memos trust
+ * an entry only for the generation that made it). Embedded in the context;
+ * the event layer never sees the context itself. */
+typedef struct dlsync__pools {
+  const dlsync__driver *drv;
+  uint32_t events_kept;
+  uint64_t generation;
+  pthread_mutex_t lock;         /* taken only to add a pool */
+  _Atomic(dlsync__pool *) list; /* newest first */
+} dlsync__pools;
+
 /* The pool of the context `stream` belongs to (cuStreamGetCtx). With
  * from_memo non-NULL, a per-thread memo may answer without a driver call
  * (*from_memo is then true): such a pool may be wrong if the stream handle was
  * destroyed and reused in another CUDA context, which cuEventRecord reports
  * (CUDA_ERROR_INVALID_HANDLE / INVALID_CONTEXT); forget it and ask again. */
-dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsync_context *ctx,
+dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsync__pools *ps,
                                       CUstream stream, const char *role);
-void dlsync__pool_memo_forget(const dlsync_context *ctx, CUstream stream);
+void dlsync__pool_memo_forget(const dlsync__pools *ps, CUstream stream);
 /* The pool of the calling thread's current CUDA context, for graph lanes
  * (which name no stream); DLSYNC_ERROR_INVALID_ARGUMENT naming `what` ("the
  * waiting lane is a graph lane") when there is none. */
-dlsync_status dlsync__pool_for_current(dlsync__pool **out, dlsync_context *ctx, const char *what);
+dlsync_status dlsync__pool_for_current(dlsync__pool **out, dlsync__pools *ps, const char *what);
 /* The pool of a CUDA context (created on first use). */
-dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync_context *ctx, CUcontext cuctx);
+dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync__pools *ps, CUcontext cuctx);
 dlsync_status dlsync__pool_get(CUevent *out, dlsync__pool *pool);
 void dlsync__pool_put(dlsync__pool *pool, CUevent event);
 /* For a plain record followed at once by a wait: the calling thread's own
  * event of this pool (*lent true: give it back with dlsync__pool_unborrow,
  * which then does nothing), or one from the pool. Never put such an event in
  * a graph. */
-dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync_context *ctx,
+dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync__pools *ps,
                                   dlsync__pool *pool);
 void dlsync__pool_unborrow(dlsync__pool *pool, CUevent event, bool lent);
 
@@ -62,7 +75,7 @@ int dlsync__pool_device(const dlsync__pool *pool);
 void dlsync__pool_note_graph_owned(dlsync__pool *pool);
 /* Destroys every pool of a context; pools with events still owned by graphs
  * live on until those come back. */
-dlsync_status dlsync__pools_destroy(dlsync_context *ctx);
+dlsync_status dlsync__pools_destroy(dlsync__pools *ps);
 /* Destroys events whose context was destroyed while a graph held them. */
 void dlsync__orphans_collect(void);
 
@@ -86,7 +99,7 @@ typedef struct dlsync__pool_stats {
   size_t graph_owned; /* held by graphs or fences now */
 } dlsync__pool_stats;
 /* Sums over the context's pools (tests: "the pool is intact"). */
-void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync_context *ctx);
+void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync__pools *ps);
 
 /* ---- lanes (stream/lane.c) ---- */
 
@@ -104,7 +117,7 @@ typedef struct dlsync__lane_now {
 /* Reads a lane's state (one or two capture queries for a stream; none for a
  * graph lane). The lane must have passed dlsync__lane_check. Errors name
  * `role`. */
-dlsync_status dlsync__lane_read(dlsync__lane_now *out, dlsync_context *ctx, dlsync_lane *lane,
+dlsync_status dlsync__lane_read(dlsync__lane_now *out, const dlsync__driver *d, dlsync_lane *lane,
                                 const char *role);
 /* "stream 0x.. (capture 5, graph 0x..)", for the decision log. */
 void dlsync__lane_describe(char *buf, size_t size, const dlsync__lane_now *l);
@@ -135,10 +148,10 @@ static inline bool dlsync__same_stream(CUstream a, CUstream b) {
 /* Appends an event-record (record = true) or event-wait node at a lane's
  * position: after a capture's current dependencies (which then become the
  * node), or after a built lane's frontier (which then becomes the node). */
-dlsync_status dlsync__graph_append_event(dlsync_context *ctx, dlsync__lane_now *lane, CUevent event,
+dlsync_status dlsync__graph_append_event(const dlsync__driver *d, dlsync__lane_now *lane, CUevent event,
                                          bool record);
 /* The same, giving the node it added. */
-dlsync_status dlsync__graph_append_event_node(dlsync_context *ctx, dlsync__lane_now *lane,
+dlsync_status dlsync__graph_append_event_node(const dlsync__driver *d, dlsync__lane_now *lane,
                                               CUevent event, bool record, CUgraphNode *out);
 /* Adds one node to a graph lane's frontier (no node added to the graph). */
 dlsync_status dlsync__graph_lane_add_dep(dlsync__lane_now *lane, CUgraphNode node);
@@ -147,29 +160,26 @@ dlsync_status dlsync__graph_lane_add_dep(dlsync__lane_now *lane, CUgraphNode nod
  * *taken is true the destructor owns ptr and runs exactly once, when every
  * graph and executable holding it is gone (at once if none took it); while
  * false, ptr is still the caller's. */
-dlsync_status dlsync__graph_hold(dlsync_context *ctx, CUgraph *graphs, int ngraphs,
+dlsync_status dlsync__graph_hold(const dlsync__driver *d, CUgraph *graphs, int ngraphs,
                                  void (*destroy)(void *), void *ptr, bool *taken);
 /* The graphs hold a reference to `he` (taken from the caller's count of
  * one; the caller keeps its own). */
-dlsync_status dlsync__graph_hold_event(dlsync_context *ctx, dlsync__held_event *he, CUgraph *graphs,
+dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_event *he, CUgraph *graphs,
                                        int ngraphs);
 /* Gives `event` to the graphs (a user object each graph holds a reference
  * to); it returns to `pool` once all are destroyed. On failure the event is
  * back in the pool or held by the graphs that did take it. */
-dlsync_status dlsync__graph_own_event(dlsync_context *ctx, dlsync__pool *pool, CUevent event,
+dlsync_status dlsync__graph_own_event(const dlsync__driver *d, dlsync__pool *pool, CUevent event,
                                       CUgraph *graphs, int ngraphs);
 
 /* ---- context (core/context.c) ---- */
 
 struct dlsync_context {
   const dlsync__driver *drv;
-  uint32_t events_kept;
   uint32_t caps; /* dlsync_capability bits */
   int driver_version;
-  uint64_t generation; /* unique per context ever created (memo keys) */
   bool is_default;
-  pthread_mutex_t pools_lock;    /* taken only to add a pool */
-  _Atomic(dlsync__pool *) pools; /* one per CUDA context, newest first */
+  dlsync__pools pools; /* one per CUDA context */
   struct dlsync__release_book *releases;
 };
 
@@ -191,7 +201,7 @@ struct dlsync_context {
 #define DLSYNC__SCRATCH_SLOTS 2
 
 typedef struct dlsync__stream_memo {
-  const dlsync_context *ctx;
+  const dlsync__pools *owner;
   uint64_t generation;
   CUstream stream;
   dlsync__pool *pool;
@@ -199,7 +209,7 @@ typedef struct dlsync__stream_memo {
 } dlsync__stream_memo;
 
 typedef struct dlsync__scratch_slot {
-  const dlsync_context *ctx;
+  const dlsync__pools *owner;
   uint64_t generation;
   dlsync__pool *pool;
   CUevent event;
@@ -223,11 +233,11 @@ CUevent dlsync__thread_scratch_fill(dlsync__thread *t, dlsync__stream_memo *m);
 /* The thread's scratch event for `stream`, with no driver call and no lock;
  * NULL when the memo or the scratch slots do not know it yet (then take the
  * full path, which fills both). */
-static inline CUevent dlsync__thread_scratch(dlsync__thread *t, const dlsync_context *ctx,
+static inline CUevent dlsync__thread_scratch(dlsync__thread *t, const dlsync__pools *ps,
                                              CUstream stream) {
   for (unsigned i = 0; i < DLSYNC__MEMO_SLOTS; i++) {
     dlsync__stream_memo *m = &t->memo[i];
-    if (m->stream == stream && m->ctx == ctx && m->generation == ctx->generation)
+    if (m->stream == stream && m->owner == ps && m->generation == ps->generation)
       return DLSYNC__LIKELY(m->scratch != NULL) ? m->scratch : dlsync__thread_scratch_fill(t, m);
   }
   return NULL;
