@@ -555,7 +555,8 @@ int main(void) {
     row_ds[r] = time_row(timed_rows[r], true);
   }
   replay_compare(&rc_us, &rb_us, &nc, &nb);
-  CHECK(dlsync__pool_for_stream(&bench_pool, NULL, &E.ctx->pools, P, "bench") == DLSYNC_SUCCESS, "pool");
+  CHECK(dlsync__pool_for_stream(&bench_pool, NULL, &E.ctx->pools, P, "bench") == DLSYNC_SUCCESS,
+        "pool");
   {
     struct {
       const char *name;

@@ -157,18 +157,16 @@ cleanup:
   return st;
 }
 
-/* The calling thread's block (memo, scratch slots, spare handle); see
- * internal.h. */
-static _Thread_local dlsync__thread hot;
-
-dlsync__thread *dlsync__thread_get(void) {
-  return &hot;
+/* event/'s slot of the calling thread's block (memo, scratch slots). */
+static dlsync__event_thread *hot(void) {
+  return dlsync__event_thread_of(dlsync__thread_get());
 }
 
 void dlsync__pool_memo_forget(const dlsync__pools *ps, CUstream stream) {
+  dlsync__event_thread *h = hot();
   for (unsigned i = 0; i < DLSYNC__MEMO_SLOTS; i++)
-    if (hot.memo[i].owner == ps && hot.memo[i].stream == stream)
-      hot.memo[i].owner = NULL;
+    if (h->memo[i].owner == ps && h->memo[i].stream == stream)
+      h->memo[i].owner = NULL;
 }
 
 dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsync__pools *ps,
@@ -179,8 +177,9 @@ dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsyn
   if (from_memo != NULL)
     *from_memo = false;
   if (memoise) {
+    const dlsync__event_thread *h = hot();
     for (unsigned i = 0; i < DLSYNC__MEMO_SLOTS; i++) {
-      const dlsync__stream_memo *m = &hot.memo[i];
+      const dlsync__stream_memo *m = &h->memo[i];
       if (m->stream == stream && m->owner == ps && m->generation == ps->generation) {
         *out = m->pool;
         *from_memo = true;
@@ -192,7 +191,8 @@ dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsyn
             "%s stream %p: finding its CUDA context", role, (void *)stream);
   DLSYNC_TRY(dlsync__pool_for_cuctx(out, ps, cuctx));
   if (memoise) {
-    dlsync__stream_memo *m = &hot.memo[hot.memo_next++ % DLSYNC__MEMO_SLOTS];
+    dlsync__event_thread *h = hot();
+    dlsync__stream_memo *m = &h->memo[h->memo_next++ % DLSYNC__MEMO_SLOTS];
     m->owner = ps;
     m->generation = ps->generation;
     m->stream = stream;
@@ -304,8 +304,9 @@ dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync__pools 
                                   dlsync__pool *p) {
   dlsync_status st;
   bool registered = false;
+  dlsync__event_thread *h = hot();
   for (unsigned i = 0; i < DLSYNC__SCRATCH_SLOTS; i++) {
-    const dlsync__scratch_slot *sl = &hot.scratch[i];
+    const dlsync__scratch_slot *sl = &h->scratch[i];
     if (sl->pool == p && sl->owner == ps && sl->generation == ps->generation) {
       *out = sl->event;
       *lent = true;
@@ -327,7 +328,7 @@ dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync__pools 
   }
   spin_unlock(&p->lock);
   if (registered) {
-    dlsync__scratch_slot *slot = &hot.scratch[hot.scratch_next++ % DLSYNC__SCRATCH_SLOTS];
+    dlsync__scratch_slot *slot = &h->scratch[h->scratch_next++ % DLSYNC__SCRATCH_SLOTS];
     slot->owner = ps;
     slot->generation = ps->generation;
     slot->pool = p;
@@ -338,8 +339,9 @@ dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync__pools 
 }
 
 CUevent dlsync__thread_scratch_fill(dlsync__thread *t, dlsync__stream_memo *m) {
+  const dlsync__event_thread *h = dlsync__event_thread_of(t);
   for (unsigned i = 0; i < DLSYNC__SCRATCH_SLOTS; i++) {
-    const dlsync__scratch_slot *sl = &t->scratch[i];
+    const dlsync__scratch_slot *sl = &h->scratch[i];
     if (sl->pool == m->pool && sl->owner == m->owner && sl->generation == m->generation) {
       m->scratch = sl->event;
       return m->scratch;

@@ -38,8 +38,8 @@ static void held_event_destroy(void *p) {
   dlsync__held_event_unref(p);
 }
 
-dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_event *he, CUgraph *graphs,
-                                       int ngraphs) {
+dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_event *he,
+                                       CUgraph *graphs, int ngraphs) {
   dlsync_status st;
   bool taken = false;
   dlsync__held_event_ref(he);
@@ -101,8 +101,8 @@ static dlsync_status add_event_node(const dlsync__driver *d, CUgraphNode *out, C
   return st;
 }
 
-dlsync_status dlsync__graph_append_event(const dlsync__driver *d, dlsync__lane_now *l, CUevent event,
-                                         bool record) {
+dlsync_status dlsync__graph_append_event(const dlsync__driver *d, dlsync__lane_now *l,
+                                         CUevent event, bool record) {
   return dlsync__graph_append_event_node(d, l, event, record, NULL);
 }
 

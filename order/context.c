@@ -75,8 +75,7 @@ dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
   DLSYNC_CU(drv, cuDriverGetVersion, drv->DriverGetVersion(&ctx->driver_version),
             "asking the driver (%s) for its version", drv->origin != NULL ? drv->origin : "?");
   ctx->pools.drv = drv;
-  ctx->pools.events_kept =
-      (config != NULL && config->events_kept != 0) ? config->events_kept : 64;
+  ctx->pools.events_kept = (config != NULL && config->events_kept != 0) ? config->events_kept : 64;
   ctx->caps = dlsync__capabilities_of(drv);
   ctx->pools.generation = atomic_fetch_add(&generations, 1) + 1;
   atomic_init(&ctx->pools.list, NULL);

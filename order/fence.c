@@ -66,7 +66,8 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
     goto cleanup;
   }
   if (lane->kind == DLSYNC_LANE_STREAM && dlsync__is_legacy_stream(lane->stream))
-    DLSYNC_TRY(dlsync__lane_read(&l, ctx->drv, lane, "signalling")); /* the legacy stream: query first */
+    DLSYNC_TRY(
+        dlsync__lane_read(&l, ctx->drv, lane, "signalling")); /* the legacy stream: query first */
   memset(&l, 0, sizeof l);
   l.lane = lane;
   l.role = "signalling";

@@ -100,6 +100,35 @@ void dlsync__log(int level, const char *fmt, ...) DLSYNC__PRINTF(2, 3);
       dlsync__log((level), __VA_ARGS__);         \
   } while (0)
 
+/* ---- the calling thread (base/thread.c) ---- */
+
+/* Everything dlsync keeps per thread for the hot path, in one thread-local
+ * block (one access through __tls_get_addr in the shared library). The base
+ * holds each module's slot without knowing its type: event/ keeps its
+ * stream->pool memo and scratch events in `event` (dlsync__event_thread,
+ * private/event.h, which checks that it fits); order/ keeps one free
+ * exchange handle in `spare`. */
+#define DLSYNC__THREAD_EVENT_BYTES 512
+
+#if defined(__GNUC__)
+/* A type that may view another object's bytes (the slots below). */
+#define DLSYNC__MAY_ALIAS __attribute__((may_alias))
+#else
+#define DLSYNC__MAY_ALIAS
+#endif
+
+typedef struct dlsync__thread {
+  union {
+    unsigned char bytes[DLSYNC__THREAD_EVENT_BYTES];
+    void *align_p;
+    uint64_t align_u;
+  } event;          /* event/: its per-thread block */
+  void *spare;      /* order/: one free exchange handle */
+  bool spare_keyed; /* order/: the thread-exit hook that frees it is set */
+} dlsync__thread;
+
+dlsync__thread *dlsync__thread_get(void);
+
 #define DLSYNC_TRY(expr)                        \
   do {                                          \
     st = (expr);                                \

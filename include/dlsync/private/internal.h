@@ -148,8 +148,8 @@ static inline bool dlsync__same_stream(CUstream a, CUstream b) {
 /* Appends an event-record (record = true) or event-wait node at a lane's
  * position: after a capture's current dependencies (which then become the
  * node), or after a built lane's frontier (which then becomes the node). */
-dlsync_status dlsync__graph_append_event(const dlsync__driver *d, dlsync__lane_now *lane, CUevent event,
-                                         bool record);
+dlsync_status dlsync__graph_append_event(const dlsync__driver *d, dlsync__lane_now *lane,
+                                         CUevent event, bool record);
 /* The same, giving the node it added. */
 dlsync_status dlsync__graph_append_event_node(const dlsync__driver *d, dlsync__lane_now *lane,
                                               CUevent event, bool record, CUgraphNode *out);
@@ -164,8 +164,8 @@ dlsync_status dlsync__graph_hold(const dlsync__driver *d, CUgraph *graphs, int n
                                  void (*destroy)(void *), void *ptr, bool *taken);
 /* The graphs hold a reference to `he` (taken from the caller's count of
  * one; the caller keeps its own). */
-dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_event *he, CUgraph *graphs,
-                                       int ngraphs);
+dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_event *he,
+                                       CUgraph *graphs, int ngraphs);
 /* Gives `event` to the graphs (a user object each graph holds a reference
  * to); it returns to `pool` once all are destroyed. On failure the event is
  * back in the pool or held by the graphs that did take it. */
@@ -183,13 +183,12 @@ struct dlsync_context {
   struct dlsync__release_book *releases;
 };
 
-/* ---- the calling thread (event/pool.c) ---- */
-/* Everything dlsync keeps per thread for the hot path, in one thread-local
- * block (one access through __tls_get_addr in the shared library).
+/* ---- the calling thread's event slot (event/pool.c) ---- */
+/* event/'s part of the calling thread's block (dlsync__thread, base.h).
  *
  * memo: stream -> pool, so that the hot path does not ask the driver for a
  * stream's context at each call; `scratch` caches the thread's scratch event
- * of that pool once known. An entry is trusted only for the context (and its
+ * of that pool once known. An entry is trusted only for the pools (and their
  * generation) that made it. A stream handle can be reused after
  * cuStreamDestroy, possibly in another CUDA context: then cuEventRecord with
  * the pool's event fails, and the caller forgets the entry and asks again
@@ -215,16 +214,21 @@ typedef struct dlsync__scratch_slot {
   CUevent event;
 } dlsync__scratch_slot;
 
-typedef struct dlsync__thread {
+typedef struct DLSYNC__MAY_ALIAS dlsync__event_thread {
   dlsync__stream_memo memo[DLSYNC__MEMO_SLOTS];
   unsigned memo_next;
   dlsync__scratch_slot scratch[DLSYNC__SCRATCH_SLOTS];
   unsigned scratch_next;
-  void *spare;      /* core/exchange.c: one free exchange handle */
-  bool spare_keyed; /* the thread-exit hook that frees it is set */
-} dlsync__thread;
+} dlsync__event_thread;
 
-dlsync__thread *dlsync__thread_get(void);
+#ifndef __cplusplus
+_Static_assert(sizeof(dlsync__event_thread) <= DLSYNC__THREAD_EVENT_BYTES,
+               "event/'s per-thread block does not fit its slot in dlsync__thread");
+#endif
+
+static inline dlsync__event_thread *dlsync__event_thread_of(dlsync__thread *t) {
+  return (dlsync__event_thread *)(void *)t->event.bytes;
+}
 
 /* Fills m->scratch from the scratch slots; NULL when the thread has no
  * scratch event of m->pool yet. */
@@ -235,8 +239,9 @@ CUevent dlsync__thread_scratch_fill(dlsync__thread *t, dlsync__stream_memo *m);
  * full path, which fills both). */
 static inline CUevent dlsync__thread_scratch(dlsync__thread *t, const dlsync__pools *ps,
                                              CUstream stream) {
+  dlsync__event_thread *h = dlsync__event_thread_of(t);
   for (unsigned i = 0; i < DLSYNC__MEMO_SLOTS; i++) {
-    dlsync__stream_memo *m = &t->memo[i];
+    dlsync__stream_memo *m = &h->memo[i];
     if (m->stream == stream && m->owner == ps && m->generation == ps->generation)
       return DLSYNC__LIKELY(m->scratch != NULL) ? m->scratch : dlsync__thread_scratch_fill(t, m);
   }
