@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dlsync/private/internal.h"
+#include "dlsync/private/event.h"
 
 struct dlsync__pool {
   dlsync__pool *next; /* in the context's list; fixed once published */

@@ -2,7 +2,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dlsync/private/internal.h"
+#include "dlsync/private/graph.h"
 
 dlsync_status dlsync__graph_hold(const dlsync__driver *d, CUgraph *graphs, int ngraphs,
                                  void (*destroy)(void *), void *ptr, bool *taken) {

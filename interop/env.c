@@ -12,7 +12,7 @@
 
 #include "dlsync/private/dlpack_abi.h"
 #include "dlsync/private/env_hooks.h"
-#include "dlsync/private/internal.h"
+#include "dlsync/private/order.h"
 
 #define ENV_FIRST_CAPACITY 8u
 /* prev_api links followed before giving up (a cycle, or a very long chain). */

@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dlsync/private/internal.h"
+#include "dlsync/private/order.h"
 
 uint32_t dlsync__capabilities_of(const dlsync__driver *d) {
   uint32_t caps = 0;

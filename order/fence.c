@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dlsync/private/internal.h"
+#include "dlsync/private/order.h"
 #include "dlsync/private/table.h"
 
 struct dlsync_fence {

@@ -18,7 +18,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dlsync/private/internal.h"
+#include "dlsync/private/order.h"
 
 struct dlsync__release_book {
   atomic_uint refs; /* the context's + one per pending release */

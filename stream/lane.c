@@ -2,7 +2,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "dlsync/private/internal.h"
+#include "dlsync/private/stream.h"
 
 dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role) {
   if (lane == NULL)
