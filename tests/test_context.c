@@ -78,12 +78,45 @@ static void no_driver_says_what_was_tried(void **state) {
 static void old_driver_is_refused_naming_versions(void **state) {
   dlsync_context *ctx = NULL;
   (void)state;
-  /* 10.0 lacks core entries (cuEventRecordWithFlags is 11.1). */
+  /* 10.0 lacks core entries (cuThreadExchangeStreamCaptureMode is 10.1,
+   * cuGraphAddEventRecordNode 11.1). */
   fake_set_driver_version(10000);
   assert_int_equal(dlsync__context_create_with_driver(&ctx, NULL, fake_driver()),
                    DLSYNC_ERROR_DRIVER_TOO_OLD);
   assert_null(ctx);
   assert_non_null(strstr(dlsync_last_error(), "10.0"));
+}
+
+/* The library requires only what it calls: a table without the entries
+ * that only tools, tests and bench use (SUPPORT) still makes a context that
+ * orders two streams. */
+static void only_the_entries_the_library_calls_are_required(void **state) {
+  dlsync__driver t = *fake_driver();
+  dlsync_context *ctx = NULL;
+  CUstream a, b;
+  dlsync_lane la, lb;
+  size_t missing = 0;
+  (void)state;
+  for (size_t i = 0; i < DLSYNC__DRIVER_ENTRY_COUNT; i++) {
+    if (dlsync__driver_entries[i].need == DLSYNC__NEED_SUPPORT) {
+      *(void **)((char *)&t + dlsync__driver_entries[i].offset) = NULL;
+      missing++;
+    }
+  }
+  assert_true(missing >= 11 + 20); /* the 11 never called, and the tools' own */
+  assert_int_equal(dlsync__context_create_with_driver(&ctx, NULL, &t), DLSYNC_SUCCESS);
+  a = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  b = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  la = dlsync_lane_stream(a);
+  lb = dlsync_lane_stream(b);
+  assert_int_equal(dlsync_order(ctx, &la, &lb), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
+  fake_stream_destroy(a);
+  fake_stream_destroy(b);
+  /* One core entry missing: refused, naming it. */
+  t.StreamWaitEvent = NULL;
+  assert_int_equal(dlsync__context_create_with_driver(&ctx, NULL, &t), DLSYNC_ERROR_DRIVER_TOO_OLD);
+  assert_non_null(strstr(dlsync_last_error(), "cuStreamWaitEvent"));
 }
 
 static void capture_features_report_themselves_unavailable(void **state) {
@@ -232,6 +265,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(capture_features_report_themselves_unavailable, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(every_failure_while_creating_is_a_status, setup, teardown),
+      cmocka_unit_test_setup_teardown(only_the_entries_the_library_calls_are_required, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(every_allocation_failure_while_creating_is_a_status, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(devices_are_reported, setup, teardown),
