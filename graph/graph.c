@@ -124,13 +124,7 @@ dlsync_status dlsync__graph_append_event_node(const dlsync__driver *d, dlsync__l
     l->ndeps = 0;
   } else {
     dlsync_lane *lane = l->lane;
-    if (lane->capacity < 1) {
-      st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                        "the %s graph lane has capacity 0: dlsync writes the lane's new "
-                        "frontier (1 node) into deps",
-                        l->role);
-      goto cleanup;
-    }
+    DLSYNC_TRY(dlsync__lane_fit(lane, 1, l->role, record ? "the record node" : "the wait node"));
     DLSYNC_TRY(add_event_node(d, &node, l->graph, l->deps, l->ndeps, event, record, l->role));
     lane->deps[0] = node;
     lane->ndeps = 1;
@@ -145,13 +139,13 @@ cleanup:
 
 dlsync_status dlsync__graph_lane_add_dep(dlsync__lane_now *l, CUgraphNode node) {
   dlsync_lane *lane = l->lane;
+  dlsync_status st;
   for (size_t i = 0; i < lane->ndeps; i++)
     if (lane->deps[i] == node)
       return DLSYNC_SUCCESS;
-  if (lane->ndeps + 1 > lane->capacity)
-    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                        "the %s graph lane's new frontier has %zu nodes but its capacity is %zu",
-                        l->role, lane->ndeps + 1, lane->capacity);
+  st = dlsync__lane_fit(lane, lane->ndeps + 1, l->role, "its nodes and one more");
+  if (st != DLSYNC_SUCCESS)
+    return st;
   lane->deps[lane->ndeps++] = node;
   l->deps = (const CUgraphNode *)lane->deps;
   l->ndeps = lane->ndeps;

@@ -79,6 +79,7 @@ static dlsync_status pool_for(pool_pick *pk, dlsync_context *ctx, const dlsync_l
 
 /* then.frontier := then.frontier U first.frontier (both graph lanes, same graph). */
 static dlsync_status merge_frontiers(dlsync__lane_now *first, dlsync__lane_now *then) {
+  dlsync_status st;
   dlsync_lane *lane = then->lane;
   size_t n = lane->ndeps;
   size_t extra = 0;
@@ -90,11 +91,10 @@ static dlsync_status merge_frontiers(dlsync__lane_now *first, dlsync__lane_now *
       dup = first->deps[j] == first->deps[i];
     extra += dup ? 0 : 1;
   }
-  if (n + extra > lane->capacity)
-    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                        "the %s graph lane's new frontier has %zu nodes but its capacity is %zu "
-                        "(both lanes are in graph %p: the frontier is the union of theirs)",
-                        then->role, n + extra, lane->capacity, (void *)lane->graph);
+  st = dlsync__lane_fit(lane, n + extra, then->role,
+                        "both lanes are in one graph: the union of their frontiers");
+  if (st != DLSYNC_SUCCESS)
+    return st;
   for (size_t i = 0; i < first->ndeps; i++) {
     bool dup = false;
     for (size_t j = 0; j < lane->ndeps && !dup; j++)

@@ -59,12 +59,8 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_signal: ctx is NULL");
   d = ctx->drv;
   DLSYNC_TRY(dlsync__lane_check(lane, "signalling"));
-  if (lane->kind == DLSYNC_LANE_GRAPH && lane->capacity < 1) {
-    st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                      "the signalling graph lane has capacity 0: dlsync writes the lane's new "
-                      "frontier (the record node) into deps");
-    goto cleanup;
-  }
+  if (lane->kind == DLSYNC_LANE_GRAPH)
+    DLSYNC_TRY(dlsync__lane_fit(lane, 1, "signalling", "the record node"));
   if (lane->kind == DLSYNC_LANE_STREAM && dlsync__is_legacy_stream(lane->stream))
     DLSYNC_TRY(
         dlsync__lane_read(&l, ctx->drv, lane, "signalling")); /* the legacy stream: query first */
@@ -245,12 +241,8 @@ cleanup:
 static dlsync_status wait_node(dlsync_fence *f, dlsync__row row, dlsync__lane_now *l) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = f->ctx->drv;
-  if (l->kind == DLSYNC_LANE_BUILT && l->lane->capacity < 1) {
-    st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                      "the waiting graph lane has capacity 0: dlsync writes the lane's new "
-                      "frontier (the wait node) into deps");
-    goto cleanup;
-  }
+  if (l->kind == DLSYNC_LANE_BUILT)
+    DLSYNC_TRY(dlsync__lane_fit(l->lane, 1, "waiting", "the wait node"));
   DLSYNC_TRY(dlsync__graph_hold_event(f->ctx->drv, f->he, &l->graph, 1));
   if (row == DLSYNC__ROW_EAGER_TO_CAPTURE) {
     DLSYNC_CU(d, cuStreamWaitEvent,

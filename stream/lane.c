@@ -138,3 +138,13 @@ void dlsync__lane_describe(char *buf, size_t size, const dlsync__lane_now *l) {
     break;
   }
 }
+
+dlsync_status dlsync__lane_fit(const dlsync_lane *lane, size_t nodes, const char *role,
+                               const char *what) {
+  if (DLSYNC__LIKELY(nodes <= lane->capacity))
+    return DLSYNC_SUCCESS;
+  return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                      "the %s graph lane has capacity %zu, but its new frontier (%s) has %zu "
+                      "node%s: dlsync writes the new frontier into deps",
+                      role, lane->capacity, what, nodes, nodes == 1 ? "" : "s");
+}

@@ -32,6 +32,10 @@ dlsync_status dlsync__lane_read(dlsync__lane_now *out, const dlsync__driver *d, 
                                 const char *role);
 /* "stream 0x.. (capture 5, graph 0x..)", for the decision log. */
 void dlsync__lane_describe(char *buf, size_t size, const dlsync__lane_now *l);
+/* The one capacity check: a graph lane's new frontier of `nodes` nodes
+ * (`what`, for the message) fits its deps array. */
+dlsync_status dlsync__lane_fit(const dlsync_lane *lane, size_t nodes, const char *role,
+                               const char *what);
 /* Validates a lane's fields without calling the driver. */
 dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role);
 static inline dlsync_status dlsync__lane_check(const dlsync_lane *lane, const char *role) {
