@@ -272,6 +272,25 @@ cleanup:
 
 /* ---- lanes ---- */
 
+dlsync_status dlsync__lane_open(dlsync__lane_now *out, dlsync__pool **pool, dlsync_context *ctx,
+                                dlsync_lane *lane, const char *role, const char *graph_what) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  /* The legacy stream is queried before anything else touches it: while a
+   * blocking stream captures, the query fails without harm, but other uses
+   * (cuStreamGetCtx included, seen on the H200) invalidate that capture. */
+  if (lane->kind == DLSYNC_LANE_STREAM && dlsync__is_legacy_stream(lane->stream))
+    DLSYNC_TRY(dlsync__lane_read(out, ctx->drv, lane, role));
+  if (lane->kind == DLSYNC_LANE_STREAM)
+    DLSYNC_TRY(dlsync__pool_for_stream(pool, NULL, &ctx->pools, lane->stream, role));
+  else
+    DLSYNC_TRY(dlsync__pool_for_current(pool, &ctx->pools, graph_what));
+  /* Read last: a capture's dependency array is valid only until the next
+   * call on its stream. */
+  DLSYNC_TRY(dlsync__lane_read(out, ctx->drv, lane, role));
+cleanup:
+  return st;
+}
+
 dlsync_status dlsync_lane_query(dlsync_lane_state *out, dlsync_context *ctx,
                                 const dlsync_lane *lane) {
   dlsync_status st = DLSYNC_SUCCESS;

@@ -18,15 +18,6 @@ struct dlsync_fence {
   CUgraphNode node;       /* CAPTURED, BUILT: the record node */
 };
 
-/* The pool for a lane: its stream's context, or the current context for a
- * graph lane. Checked with the driver (no memo): fences are not a hot path. */
-static dlsync_status pool_of_lane(dlsync__pool **out, dlsync_context *ctx,
-                                  const dlsync__lane_now *l) {
-  if (l->lane->kind == DLSYNC_LANE_STREAM)
-    return dlsync__pool_for_stream(out, NULL, &ctx->pools, l->stream, l->role);
-  return dlsync__pool_for_current(out, &ctx->pools, "the signalling lane is a graph lane");
-}
-
 /* The decision log's line for a signal: the lane's state names what was
  * done (eager record, or a record node in the lane's graph). */
 static DLSYNC__NOINLINE void trace_signal(const dlsync_context *ctx, const dlsync__lane_now *l,
@@ -61,15 +52,8 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
   DLSYNC_TRY(dlsync__lane_check(lane, "signalling"));
   if (lane->kind == DLSYNC_LANE_GRAPH)
     DLSYNC_TRY(dlsync__lane_fit(lane, 1, "signalling", "the record node"));
-  if (lane->kind == DLSYNC_LANE_STREAM && dlsync__is_legacy_stream(lane->stream))
-    DLSYNC_TRY(
-        dlsync__lane_read(&l, ctx->drv, lane, "signalling")); /* the legacy stream: query first */
-  memset(&l, 0, sizeof l);
-  l.lane = lane;
-  l.role = "signalling";
-  l.stream = lane->stream;
-  DLSYNC_TRY(pool_of_lane(&pool, ctx, &l));
-  DLSYNC_TRY(dlsync__lane_read(&l, ctx->drv, lane, "signalling"));
+  DLSYNC_TRY(
+      dlsync__lane_open(&l, &pool, ctx, lane, "signalling", "the signalling lane is a graph lane"));
   f = dlsync__calloc(1, sizeof *f);
   if (f == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_fence_signal: out of memory");

@@ -366,15 +366,9 @@ dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_dele
                         ctx == NULL ? "ctx" : "deleter");
   d = ctx->drv;
   DLSYNC_TRY(dlsync__lane_check(lane, "releasing"));
-  if (lane->kind == DLSYNC_LANE_STREAM) {
-    if (dlsync__is_legacy_stream(lane->stream))
-      DLSYNC_TRY(dlsync__lane_read(&l, ctx->drv, lane, "releasing"));
-    DLSYNC_TRY(dlsync__pool_for_stream(&pool, NULL, &ctx->pools, lane->stream, "releasing"));
-  } else {
-    /* The current context's device says which GPU's reclaimer runs it. */
-    DLSYNC_TRY(dlsync__pool_for_current(&pool, &ctx->pools, "releasing on a graph lane"));
-  }
-  DLSYNC_TRY(dlsync__lane_read(&l, ctx->drv, lane, "releasing"));
+  /* For a graph lane, the current context's device says which GPU's
+   * reclaimer runs it. */
+  DLSYNC_TRY(dlsync__lane_open(&l, &pool, ctx, lane, "releasing", "releasing on a graph lane"));
   DLSYNC_TRY(reclaimer_for(&r, d, dlsync__pool_device(pool)));
   it = dlsync__calloc(1, sizeof *it);
   if (it == NULL) {

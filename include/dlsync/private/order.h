@@ -28,6 +28,15 @@ struct dlsync_context {
   struct dlsync__release_book *releases;
 };
 
+/* Opens a checked lane for a call that needs its pool (fence signal,
+ * release): reads the legacy stream first, finds the pool (the stream's
+ * context, asked of the driver; for a graph lane the calling thread's
+ * current context, `graph_what` saying why it is needed), then reads the
+ * lane. The exchange opens its two lanes the same way (exchange.c,
+ * order_lanes), with the per-thread memo. */
+dlsync_status dlsync__lane_open(dlsync__lane_now *out, dlsync__pool **pool, dlsync_context *ctx,
+                                dlsync_lane *lane, const char *role, const char *graph_what);
+
 /* ---- releases (order/release.c) ---- */
 
 typedef struct dlsync__release_book dlsync__release_book;
