@@ -35,6 +35,37 @@
  *
  * Test-side helpers (fake_stream_create, fake_work, ...) are not driver calls:
  * they are not logged, not counted, and fault injection never hits them.
+ *
+ * Rules. The capture rules the library's rows rest on, each tagged; the same
+ * tag marks the branch of fake_driver.c that implements it. Those checked
+ * against the real driver too (tests/rules/driver_rules.c: test_driver_rules
+ * on the fake, gpu_rules on a GPU) say "checked".
+ *
+ *   [R1 JOIN] a stream that waits (flags 0) on an event last recorded in an
+ *       active capture joins that capture (same capture id). Checked.
+ *   [R2 UNJOINED] ending a capture while a joined stream has work not joined
+ *       back fails with CUDA_ERROR_STREAM_CAPTURE_UNJOINED. Checked.
+ *   [R3 ISOLATION] a capturing stream that waits (flags 0) on an eagerly
+ *       recorded event fails with ..._ISOLATION and invalidates its capture.
+ *       Checked.
+ *   [R4 MERGE] a capturing stream that waits (flags 0) on an event recorded in
+ *       another active capture fails with ..._MERGE; both are invalidated.
+ *       Checked.
+ *   [R5 EXTERNAL-WAIT] CU_EVENT_WAIT_EXTERNAL during capture adds an
+ *       event-wait node. Checked.
+ *   [R6 EXTERNAL-RECORD] CU_EVENT_RECORD_EXTERNAL during capture adds an
+ *       event-record node. Checked.
+ *   [R7 EXTERNAL-OUTSIDE-CAPTURE] either external flag outside capture:
+ *       CUDA_ERROR_ILLEGAL_STATE. Checked.
+ *   [R8 LEGACY-QUERY] cuStreamGetCaptureInfo on the legacy stream while a
+ *       blocking stream of its context captures: ..._IMPLICIT, and the
+ *       capture goes on. Checked.
+ *   [R9 MANUAL-APPEND] a node added by hand after a capture's dependencies
+ *       and made its dependency (cuStreamUpdateCaptureDependencies, SET):
+ *       the capture continues after it and ends cleanly. Checked.
+ *   [R10 RECORD-NODE-WAIT] while the capture holding an event's record node
+ *       is active, a plain wait on that event from another stream:
+ *       CUDA_ERROR_INVALID_VALUE. Checked.
  */
 #ifndef DLSYNC_TESTS_FAKE_DRIVER_H
 #define DLSYNC_TESTS_FAKE_DRIVER_H
