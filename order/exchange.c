@@ -1,5 +1,6 @@
 /* The decision table: dlsync_order and the exchange built on it.
- * include/dlsync/exchange.h has the table; DESIGN.md section 3 the why. */
+ * include/dlsync/exchange.h has the table; docs/design.md section 3 the why; the rows are
+ * classified in table.c. */
 #include <stdlib.h>
 #include <string.h>
 

@@ -6,8 +6,8 @@
  * DAG of "ops", stream capture (join, MERGE, ISOLATION, IMPLICIT, UNJOINED,
  * UNSUPPORTED, external record/wait nodes, capture into a user's graph), graphs
  * built by hand, executables, launches, user objects and fake device memory,
- * with the rules observed on an H200 (CUDA 13.0, driver 580; DESIGN.md
- * section 4). Where the driver's behaviour was not observed, the fake picks
+ * with the rules observed on an H200 (CUDA 13.0, driver 580; docs/design.md
+ * section 6). Where the driver's behaviour was not observed, the fake picks
  * the loud answer and says so next to the function below.
  *
  * Ownership and threads: the fake is one process-global object (driver entry
@@ -329,7 +329,7 @@ unsigned fake_user_object_refs(CUuserObject o);
  * the legacy stream's last op. cuStreamDestroy of a stream in a capture:
  * CUDA_ERROR_NOT_SUPPORTED (not observed), nothing done.
  *
- * Stream capture (DESIGN.md section 4):
+ * Stream capture (docs/design.md section 6):
  *  - Begin: new capture (id, graph, origin stream, mode, calling thread).
  *    The legacy stream: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; a stream
  *    already capturing: CUDA_ERROR_ILLEGAL_STATE. BeginCaptureToGraph
