@@ -374,9 +374,13 @@ void dlsync__pool_return_from_graph(dlsync__pool *p, CUevent event) {
       orphans = o;
       atomic_store_explicit(&orphans_pending, 1, memory_order_release);
       pthread_mutex_unlock(&orphan_lock);
+    } else {
+      /* Out of memory on a driver thread: the event handle is lost (the
+       * driver frees it with its context). */
+      DLSYNC__LOG(DLSYNC__LOG_WARN,
+                  "event %p of CUDA context %p lost: out of memory while a graph gave it back",
+                  (void *)event, (void *)p->cuctx);
     }
-    /* Out of memory on a driver thread: the event handle is lost (the driver
-     * frees it with its context). */
   }
   pool_unref(p);
 }

@@ -213,7 +213,13 @@ static void run_item(release_item *it) {
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   (void)it->drv->ThreadExchangeStreamCaptureMode(&mode);
   if (it->event != NULL) {
-    sync_failed = it->drv->EventSynchronize(it->event) != CUDA_SUCCESS;
+    CUresult r = it->drv->EventSynchronize(it->event);
+    sync_failed = r != CUDA_SUCCESS;
+    if (DLSYNC__UNLIKELY(sync_failed))
+      DLSYNC__LOG(DLSYNC__LOG_WARN,
+                  "release: cuEventSynchronize failed (CUresult %d) on GPU %d; running the "
+                  "deleter anyway",
+                  (int)r, it->device);
     dlsync__pool_put(it->pool, it->event);
     dlsync__pool_unref(it->pool);
   }
