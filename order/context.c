@@ -272,21 +272,49 @@ cleanup:
 
 /* ---- lanes ---- */
 
-dlsync_status dlsync__lane_open(dlsync__lane_now *out, dlsync__pool **pool, dlsync_context *ctx,
-                                dlsync_lane *lane, const char *role, const char *graph_what) {
+/* The pool for lanes a and b (b may be NULL): the context of the first stream
+ * lane (*which is that lane), or, for graph lanes only, the calling thread's
+ * current context; none when both are lanes of one graph (edges only). */
+static dlsync_status pool_of(dlsync__pool **pool, bool *from_memo, const dlsync_lane **which,
+                             dlsync_context *ctx, const dlsync_lane *a, const char *ra,
+                             const dlsync_lane *b, const char *rb, const char *graph_what) {
+  *which = NULL;
+  if (a->kind == DLSYNC_LANE_STREAM || (b != NULL && b->kind == DLSYNC_LANE_STREAM)) {
+    const dlsync_lane *l = a->kind == DLSYNC_LANE_STREAM ? a : b;
+    *which = l;
+    return dlsync__pool_for_stream(pool, from_memo, &ctx->pools, l->stream, l == a ? ra : rb);
+  }
+  if (b != NULL && a->graph == b->graph) {
+    *pool = NULL;
+    return DLSYNC_SUCCESS;
+  }
+  return dlsync__pool_for_current(pool, &ctx->pools, graph_what);
+}
+
+dlsync_status dlsync__lanes_open(dlsync__lanes_opened *out, dlsync_context *ctx, dlsync_lane *a,
+                                 const char *ra, dlsync_lane *b, const char *rb,
+                                 const char *graph_what, bool memo) {
   dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync_lane *which = NULL;
+  memset(out, 0, sizeof *out);
   /* The legacy stream is queried before anything else touches it: while a
    * blocking stream captures, the query fails without harm, but other uses
    * (cuStreamGetCtx included, seen on the H200) invalidate that capture. */
-  if (lane->kind == DLSYNC_LANE_STREAM && dlsync__is_legacy_stream(lane->stream))
-    DLSYNC_TRY(dlsync__lane_read(out, ctx->drv, lane, role));
-  if (lane->kind == DLSYNC_LANE_STREAM)
-    DLSYNC_TRY(dlsync__pool_for_stream(pool, NULL, &ctx->pools, lane->stream, role));
-  else
-    DLSYNC_TRY(dlsync__pool_for_current(pool, &ctx->pools, graph_what));
+  if (a->kind == DLSYNC_LANE_STREAM && dlsync__is_legacy_stream(a->stream))
+    DLSYNC_TRY(dlsync__lane_read(&out->a, ctx->drv, a, ra));
+  if (b != NULL && b->kind == DLSYNC_LANE_STREAM && dlsync__is_legacy_stream(b->stream))
+    DLSYNC_TRY(dlsync__lane_read(&out->b, ctx->drv, b, rb));
+  DLSYNC_TRY(
+      pool_of(&out->pool, memo ? &out->from_memo : NULL, &which, ctx, a, ra, b, rb, graph_what));
+  if (which != NULL) {
+    out->pool_stream = which->stream;
+    out->pool_role = which == a ? ra : rb;
+  }
   /* Read last: a capture's dependency array is valid only until the next
    * call on its stream. */
-  DLSYNC_TRY(dlsync__lane_read(out, ctx->drv, lane, role));
+  DLSYNC_TRY(dlsync__lane_read(&out->a, ctx->drv, a, ra));
+  if (b != NULL)
+    DLSYNC_TRY(dlsync__lane_read(&out->b, ctx->drv, b, rb));
 cleanup:
   return st;
 }

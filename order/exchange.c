@@ -50,33 +50,15 @@ static bool same_graph_now(const dlsync__lane_now *a, const dlsync__lane_now *b)
   return same_domain(&da, &db);
 }
 
-/* The pool to take an event from: the context of the first stream lane, or
- * the calling thread's current context when both lanes are graphs. Looked up
- * before the capture queries: a capture's dependency array is valid only
- * until the next call on that stream. */
+/* The pool to take an event from, as dlsync__lanes_open found it: the
+ * context of the first stream lane, or the calling thread's current context
+ * when both lanes are graphs (none for one graph). */
 typedef struct pool_pick {
   dlsync__pool *pool;
   bool from_memo;  /* not checked against the driver yet */
   CUstream stream; /* the stream whose context it is, if any */
   const char *role;
 } pool_pick;
-
-static dlsync_status pool_for(pool_pick *pk, dlsync_context *ctx, const dlsync_lane *a,
-                              const char *a_role, const dlsync_lane *b, const char *b_role) {
-  dlsync__pool **out = &pk->pool;
-  memset(pk, 0, sizeof *pk);
-  if (a->kind == DLSYNC_LANE_STREAM || b->kind == DLSYNC_LANE_STREAM) {
-    const dlsync_lane *l = a->kind == DLSYNC_LANE_STREAM ? a : b;
-    pk->stream = l->stream;
-    pk->role = l == a ? a_role : b_role;
-    return dlsync__pool_for_stream(out, &pk->from_memo, &ctx->pools, pk->stream, pk->role);
-  }
-  if (a->graph == b->graph) {
-    *out = NULL; /* same graph: edges only, no event */
-    return DLSYNC_SUCCESS;
-  }
-  return dlsync__pool_for_current(out, &ctx->pools, "both lanes are graph lanes");
-}
 
 /* then.frontier := then.frontier U first.frontier (both graph lanes, same graph). */
 static dlsync_status merge_frontiers(dlsync__lane_now *first, dlsync__lane_now *then) {
@@ -403,10 +385,6 @@ static dlsync_status order_now(dlsync_context *ctx, dlsync__op op, pool_pick *pk
   return st;
 }
 
-static bool is_legacy(const dlsync_lane *l) {
-  return l->kind == DLSYNC_LANE_STREAM && dlsync__is_legacy_stream(l->stream);
-}
-
 /* Checks both lanes and reads their states; *same when they are one stream
  * (the table's SAME_STREAM row: nothing to do). *pool is the pool order_now
  * takes an event from. */
@@ -415,6 +393,7 @@ static dlsync_status order_lanes(dlsync_context *ctx, dlsync__op op, dlsync_lane
                                  dlsync__lane_now *a, dlsync__lane_now *b, pool_pick *pool,
                                  bool *same) {
   dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__lanes_opened opened;
   *same = false;
   memset(pool, 0, sizeof *pool);
   DLSYNC_TRY(dlsync__lane_check(first, first_role));
@@ -430,16 +409,14 @@ static dlsync_status order_lanes(dlsync_context *ctx, dlsync__op op, dlsync_lane
       trace_row(op, DLSYNC__ROW_SAME_STREAM, a, b, DLSYNC_SUCCESS);
     goto cleanup;
   }
-  /* The legacy stream is queried before anything else touches it: while a
-   * blocking stream captures, the query fails without harm, but other uses
-   * (cuStreamGetCtx included, seen on the H200) invalidate that capture. */
-  if (is_legacy(first))
-    DLSYNC_TRY(dlsync__lane_read(a, ctx->drv, first, first_role));
-  if (is_legacy(then))
-    DLSYNC_TRY(dlsync__lane_read(b, ctx->drv, then, then_role));
-  DLSYNC_TRY(pool_for(pool, ctx, first, first_role, then, then_role));
-  DLSYNC_TRY(dlsync__lane_read(a, ctx->drv, first, first_role));
-  DLSYNC_TRY(dlsync__lane_read(b, ctx->drv, then, then_role));
+  DLSYNC_TRY(dlsync__lanes_open(&opened, ctx, first, first_role, then, then_role,
+                                "both lanes are graph lanes", true));
+  *a = opened.a;
+  *b = opened.b;
+  pool->pool = opened.pool;
+  pool->from_memo = opened.from_memo;
+  pool->stream = opened.pool_stream;
+  pool->role = opened.pool_role;
 cleanup:
   return st;
 }

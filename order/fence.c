@@ -40,6 +40,7 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
   const dlsync__driver *d;
   dlsync_fence *f = NULL;
   dlsync__lane_now l;
+  dlsync__lanes_opened opened;
   dlsync__pool *pool = NULL;
   CUevent ev = NULL;
   memset(&l, 0, sizeof l);
@@ -52,8 +53,10 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
   DLSYNC_TRY(dlsync__lane_check(lane, "signalling"));
   if (lane->kind == DLSYNC_LANE_GRAPH)
     DLSYNC_TRY(dlsync__lane_fit(lane, 1, "signalling", "the record node"));
-  DLSYNC_TRY(
-      dlsync__lane_open(&l, &pool, ctx, lane, "signalling", "the signalling lane is a graph lane"));
+  DLSYNC_TRY(dlsync__lanes_open(&opened, ctx, lane, "signalling", NULL, NULL,
+                                "the signalling lane is a graph lane", false));
+  l = opened.a;
+  pool = opened.pool;
   f = dlsync__calloc(1, sizeof *f);
   if (f == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_fence_signal: out of memory");

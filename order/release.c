@@ -362,6 +362,7 @@ dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_dele
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d;
   dlsync__lane_now l;
+  dlsync__lanes_opened opened;
   dlsync__pool *pool = NULL;
   reclaimer *r = NULL;
   release_item *it = NULL;
@@ -374,7 +375,10 @@ dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_dele
   DLSYNC_TRY(dlsync__lane_check(lane, "releasing"));
   /* For a graph lane, the current context's device says which GPU's
    * reclaimer runs it. */
-  DLSYNC_TRY(dlsync__lane_open(&l, &pool, ctx, lane, "releasing", "releasing on a graph lane"));
+  DLSYNC_TRY(dlsync__lanes_open(&opened, ctx, lane, "releasing", NULL, NULL,
+                                "releasing on a graph lane", false));
+  l = opened.a;
+  pool = opened.pool;
   DLSYNC_TRY(reclaimer_for(&r, d, dlsync__pool_device(pool)));
   it = dlsync__calloc(1, sizeof *it);
   if (it == NULL) {

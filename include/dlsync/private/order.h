@@ -28,14 +28,25 @@ struct dlsync_context {
   struct dlsync__release_book *releases;
 };
 
-/* Opens a checked lane for a call that needs its pool (fence signal,
- * release): reads the legacy stream first, finds the pool (the stream's
- * context, asked of the driver; for a graph lane the calling thread's
- * current context, `graph_what` saying why it is needed), then reads the
- * lane. The exchange opens its two lanes the same way (exchange.c,
- * order_lanes), with the per-thread memo. */
-dlsync_status dlsync__lane_open(dlsync__lane_now *out, dlsync__pool **pool, dlsync_context *ctx,
-                                dlsync_lane *lane, const char *role, const char *graph_what);
+/* The one lane-open helper: opens checked lanes for a call (one lane for a
+ * fence signal or a release, two for an order or exchange): reads a legacy
+ * stream lane before anything else touches it, finds the pool (the context
+ * of the first stream lane, from the per-thread memo when `memo`, else asked
+ * of the driver; for graph lanes only, the calling thread's current context,
+ * `graph_what` saying why it is needed; none for two lanes of one graph),
+ * then reads the lanes (a capture's dependency array is valid only until the
+ * next call on its stream). */
+typedef struct dlsync__lanes_opened {
+  dlsync__lane_now a, b; /* b: when a second lane was given */
+  dlsync__pool *pool;
+  bool from_memo;       /* the pool came from the memo, not checked yet */
+  CUstream pool_stream; /* the stream whose context the pool is, if any */
+  const char *pool_role;
+} dlsync__lanes_opened;
+
+dlsync_status dlsync__lanes_open(dlsync__lanes_opened *out, dlsync_context *ctx, dlsync_lane *a,
+                                 const char *ra, dlsync_lane *b, const char *rb,
+                                 const char *graph_what, bool memo);
 
 /* ---- releases (order/release.c) ---- */
 
