@@ -3,12 +3,13 @@
  * include/dlsync/private/driver.h. This file is the only one that knows how
  * libcuda is found. */
 #include <dlfcn.h>
+#include <stdarg.h>
 #include <pthread.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
-#include "dlsync/private/internal.h"
+#include "dlsync/private/driver.h"
 
 const dlsync__driver_entry_info dlsync__driver_entries[DLSYNC__DRIVER_ENTRY_COUNT] = {
 #define DLSYNC__DRIVER_INFO(name, pfn, ver, need) \
@@ -71,11 +72,10 @@ static dlsync_status load_one(dlsync__driver *t, const char *path) {
   }
   r = t->Init(0);
   if (r != CUDA_SUCCESS) {
-    st = dlsync__fail_driver(t, r, "cuInit",
-                             "%s was loaded but could not initialise: no usable GPU, or the "
-                             "driver and kernel module disagree",
-                             path);
-    st = dlsync__retag(DLSYNC_ERROR_NO_DRIVER);
+    st = dlsync__fail_driver_as(DLSYNC_ERROR_NO_DRIVER, t, r, "cuInit",
+                                "%s was loaded but could not initialise: no usable GPU, or the "
+                                "driver and kernel module disagree",
+                                path);
     goto cleanup;
   }
   r = t->DriverGetVersion(&t->version);
@@ -103,13 +103,21 @@ dlsync_status dlsync__driver_load(const dlsync__driver **out, const char *path) 
       goto cleanup;
     }
   }
-  l = calloc(1, sizeof *l);
-  if (l == NULL || (l->path = strdup(path)) == NULL) {
+  l = dlsync__calloc(1, sizeof *l);
+  if (l == NULL || (l->path = dlsync__strdup(path)) == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "loading the CUDA driver: out of memory");
     goto cleanup;
   }
   DLSYNC_TRY(load_one(&l->table, l->path));
   l->table.origin = l->path;
+  if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_INFO))) {
+    Dl_info where;
+    memset(&where, 0, sizeof where);
+    if (dladdr(*(void **)&l->table.Init, &where) == 0 || where.dli_fname == NULL)
+      where.dli_fname = "?";
+    dlsync__log(DLSYNC__LOG_INFO, "driver loaded: %s (%s), CUDA driver version %d.%d", l->path,
+                where.dli_fname, l->table.version / 1000, (l->table.version % 1000) / 10);
+  }
   l->next = loaded;
   loaded = l;
   *out = &l->table;
@@ -117,8 +125,8 @@ dlsync_status dlsync__driver_load(const dlsync__driver **out, const char *path) 
 cleanup:
   pthread_mutex_unlock(&load_lock);
   if (l != NULL) {
-    free(l->path);
-    free(l);
+    dlsync__free(l->path);
+    dlsync__free(l);
   }
   return st;
 }
@@ -153,4 +161,51 @@ const char *dlsync__driver_error_name(const dlsync__driver *d, CUresult r) {
   default:
     return "CUDA_ERROR_UNKNOWN_CODE";
   }
+}
+
+/* ---- a driver call failed ---- */
+
+static dlsync_status status_of_result(CUresult r) {
+  switch (r) {
+  case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED:
+    return DLSYNC_ERROR_CAPTURE_INVALIDATED;
+  case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
+    return DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE;
+  case CUDA_ERROR_OUT_OF_MEMORY:
+    return DLSYNC_ERROR_OUT_OF_MEMORY;
+  default:
+    return DLSYNC_ERROR_DRIVER;
+  }
+}
+
+static dlsync_status fail_driverv(dlsync_status status, const dlsync__driver *d, CUresult result,
+                                  const char *call, const char *fmt, va_list ap)
+    DLSYNC__PRINTF(5, 0);
+static dlsync_status fail_driverv(dlsync_status status, const dlsync__driver *d, CUresult result,
+                                  const char *call, const char *fmt, va_list ap) {
+  char prefix[160];
+  bool context = fmt != NULL && fmt[0] != '\0';
+  snprintf(prefix, sizeof prefix, "%s failed: %s%s", call, dlsync__driver_error_name(d, result),
+           context ? " (" : "");
+  return dlsync__fail_with(status, (int)result, prefix, context ? ")" : NULL, fmt, ap);
+}
+
+dlsync_status dlsync__fail_driver(const dlsync__driver *d, CUresult result, const char *call,
+                                  const char *fmt, ...) {
+  dlsync_status st;
+  va_list ap;
+  va_start(ap, fmt);
+  st = fail_driverv(status_of_result(result), d, result, call, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+dlsync_status dlsync__fail_driver_as(dlsync_status status, const dlsync__driver *d, CUresult result,
+                                     const char *call, const char *fmt, ...) {
+  dlsync_status st;
+  va_list ap;
+  va_start(ap, fmt);
+  st = fail_driverv(status, d, result, call, fmt, ap);
+  va_end(ap);
+  return st;
 }

@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dlsync/private/internal.h"
+#include "dlsync/private/event.h"
 
 struct dlsync__pool {
   dlsync__pool *next; /* in the context's list; fixed once published */
@@ -71,7 +71,7 @@ void dlsync__orphans_collect(void) {
   while (list != NULL) {
     orphan *next = list->next;
     (void)list->drv->EventDestroy(list->event);
-    free(list);
+    dlsync__free(list);
     list = next;
   }
 }
@@ -79,9 +79,9 @@ void dlsync__orphans_collect(void) {
 static void pool_unref(dlsync__pool *p);
 
 static void pool_free(dlsync__pool *p) {
-  free(p->scratch);
-  free(p->free_events);
-  free(p);
+  dlsync__free(p->scratch);
+  dlsync__free(p->free_events);
+  dlsync__free(p);
 }
 
 int dlsync__pool_device(const dlsync__pool *p) {
@@ -103,9 +103,9 @@ void dlsync__pool_ref(dlsync__pool *p) {
 
 /* ---- lookup ---- */
 
-dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync_context *ctx, CUcontext cuctx) {
+dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync__pools *ps, CUcontext cuctx) {
   dlsync_status st = DLSYNC_SUCCESS;
-  dlsync__pool *p = atomic_load_explicit(&ctx->pools, memory_order_acquire);
+  dlsync__pool *p = atomic_load_explicit(&ps->list, memory_order_acquire);
   bool locked = false;
   for (; p != NULL; p = p->next) {
     if (p->cuctx == cuctx) {
@@ -113,65 +113,63 @@ dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync_context *ctx, CU
       return DLSYNC_SUCCESS;
     }
   }
-  pthread_mutex_lock(&ctx->pools_lock);
+  pthread_mutex_lock(&ps->lock);
   locked = true;
-  for (p = atomic_load_explicit(&ctx->pools, memory_order_acquire); p != NULL; p = p->next) {
+  for (p = atomic_load_explicit(&ps->list, memory_order_acquire); p != NULL; p = p->next) {
     if (p->cuctx == cuctx) {
       *out = p;
       goto cleanup;
     }
   }
-  p = calloc(1, sizeof *p);
+  p = dlsync__calloc(1, sizeof *p);
   if (p == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "creating an event pool: out of memory");
     goto cleanup;
   }
   {
     CUcontext popped = NULL;
-    CUresult r = ctx->drv->CtxPushCurrent(cuctx);
+    CUresult r = ps->drv->CtxPushCurrent(cuctx);
     if (r == CUDA_SUCCESS) {
-      r = ctx->drv->CtxGetDevice(&p->device);
-      CUresult r2 = ctx->drv->CtxPopCurrent(&popped);
+      r = ps->drv->CtxGetDevice(&p->device);
+      CUresult r2 = ps->drv->CtxPopCurrent(&popped);
       if (r == CUDA_SUCCESS)
         r = r2;
     }
     if (r != CUDA_SUCCESS) {
-      st = dlsync__fail_driver(ctx->drv, r, "cuCtxPushCurrent/cuCtxGetDevice/cuCtxPopCurrent",
+      st = dlsync__fail_driver(ps->drv, r, "cuCtxPushCurrent/cuCtxGetDevice/cuCtxPopCurrent",
                                "finding the device of CUDA context %p", (void *)cuctx);
-      free(p);
+      dlsync__free(p);
       p = NULL;
       goto cleanup;
     }
   }
-  p->drv = ctx->drv;
+  p->drv = ps->drv;
   p->cuctx = cuctx;
-  p->kept = ctx->events_kept;
+  p->kept = ps->events_kept;
   atomic_init(&p->lock, 0);
   atomic_init(&p->refs, 1);
-  p->next = atomic_load_explicit(&ctx->pools, memory_order_relaxed);
-  atomic_store_explicit(&ctx->pools, p, memory_order_release);
+  p->next = atomic_load_explicit(&ps->list, memory_order_relaxed);
+  atomic_store_explicit(&ps->list, p, memory_order_release);
   *out = p;
 cleanup:
   if (locked)
-    pthread_mutex_unlock(&ctx->pools_lock);
+    pthread_mutex_unlock(&ps->lock);
   return st;
 }
 
-/* The calling thread's block (memo, scratch slots, spare handle); see
- * internal.h. */
-static _Thread_local dlsync__thread hot;
-
-dlsync__thread *dlsync__thread_get(void) {
-  return &hot;
+/* event/'s slot of the calling thread's block (memo, scratch slots). */
+static dlsync__event_thread *hot(void) {
+  return dlsync__event_thread_of(dlsync__thread_get());
 }
 
-void dlsync__pool_memo_forget(const dlsync_context *ctx, CUstream stream) {
+void dlsync__pool_memo_forget(const dlsync__pools *ps, CUstream stream) {
+  dlsync__event_thread *h = hot();
   for (unsigned i = 0; i < DLSYNC__MEMO_SLOTS; i++)
-    if (hot.memo[i].ctx == ctx && hot.memo[i].stream == stream)
-      hot.memo[i].ctx = NULL;
+    if (h->memo[i].owner == ps && h->memo[i].stream == stream)
+      h->memo[i].owner = NULL;
 }
 
-dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsync_context *ctx,
+dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsync__pools *ps,
                                       CUstream stream, const char *role) {
   dlsync_status st = DLSYNC_SUCCESS;
   CUcontext cuctx = NULL;
@@ -179,22 +177,24 @@ dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsyn
   if (from_memo != NULL)
     *from_memo = false;
   if (memoise) {
+    const dlsync__event_thread *h = hot();
     for (unsigned i = 0; i < DLSYNC__MEMO_SLOTS; i++) {
-      const dlsync__stream_memo *m = &hot.memo[i];
-      if (m->stream == stream && m->ctx == ctx && m->generation == ctx->generation) {
+      const dlsync__stream_memo *m = &h->memo[i];
+      if (m->stream == stream && m->owner == ps && m->generation == ps->generation) {
         *out = m->pool;
         *from_memo = true;
         return DLSYNC_SUCCESS;
       }
     }
   }
-  DLSYNC_CU(ctx->drv, cuStreamGetCtx, ctx->drv->StreamGetCtx(stream, &cuctx),
+  DLSYNC_CU(ps->drv, cuStreamGetCtx, ps->drv->StreamGetCtx(stream, &cuctx),
             "%s stream %p: finding its CUDA context", role, (void *)stream);
-  DLSYNC_TRY(dlsync__pool_for_cuctx(out, ctx, cuctx));
+  DLSYNC_TRY(dlsync__pool_for_cuctx(out, ps, cuctx));
   if (memoise) {
-    dlsync__stream_memo *m = &hot.memo[hot.memo_next++ % DLSYNC__MEMO_SLOTS];
-    m->ctx = ctx;
-    m->generation = ctx->generation;
+    dlsync__event_thread *h = hot();
+    dlsync__stream_memo *m = &h->memo[h->memo_next++ % DLSYNC__MEMO_SLOTS];
+    m->owner = ps;
+    m->generation = ps->generation;
     m->stream = stream;
     m->pool = *out;
     m->scratch = NULL;
@@ -203,9 +203,9 @@ cleanup:
   return st;
 }
 
-dlsync_status dlsync__pool_for_current(dlsync__pool **out, dlsync_context *ctx, const char *what) {
+dlsync_status dlsync__pool_for_current(dlsync__pool **out, dlsync__pools *ps, const char *what) {
   dlsync_status st = DLSYNC_SUCCESS;
-  const dlsync__driver *d = ctx->drv;
+  const dlsync__driver *d = ps->drv;
   CUcontext cur = NULL;
   DLSYNC_CU(d, cuCtxGetCurrent, d->CtxGetCurrent(&cur), "%s", what);
   if (cur == NULL) {
@@ -216,7 +216,7 @@ dlsync_status dlsync__pool_for_current(dlsync__pool **out, dlsync_context *ctx, 
                       what);
     goto cleanup;
   }
-  DLSYNC_TRY(dlsync__pool_for_cuctx(out, ctx, cur));
+  DLSYNC_TRY(dlsync__pool_for_cuctx(out, ps, cur));
 cleanup:
   return st;
 }
@@ -266,7 +266,7 @@ static bool keep_locked(dlsync__pool *p, CUevent event, bool limit) {
     return false;
   if (p->nfree == p->cap) {
     size_t cap = p->cap == 0 ? 16 : p->cap * 2;
-    CUevent *grown = realloc(p->free_events, cap * sizeof *grown);
+    CUevent *grown = dlsync__realloc(p->free_events, cap * sizeof *grown);
     if (grown == NULL)
       return false;
     p->free_events = grown;
@@ -300,13 +300,14 @@ void dlsync__pool_put(dlsync__pool *p, CUevent event) {
  * lent to another thread. */
 #define SCRATCH_MAX 256
 
-dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync_context *ctx,
+dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync__pools *ps,
                                   dlsync__pool *p) {
   dlsync_status st;
   bool registered = false;
+  dlsync__event_thread *h = hot();
   for (unsigned i = 0; i < DLSYNC__SCRATCH_SLOTS; i++) {
-    const dlsync__scratch_slot *sl = &hot.scratch[i];
-    if (sl->pool == p && sl->ctx == ctx && sl->generation == ctx->generation) {
+    const dlsync__scratch_slot *sl = &h->scratch[i];
+    if (sl->pool == p && sl->owner == ps && sl->generation == ps->generation) {
       *out = sl->event;
       *lent = true;
       return DLSYNC_SUCCESS;
@@ -319,7 +320,7 @@ dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync_context
   spin_lock(&p->lock);
   if (p->nscratch < SCRATCH_MAX) {
     if (p->scratch == NULL)
-      p->scratch = calloc(SCRATCH_MAX, sizeof *p->scratch);
+      p->scratch = dlsync__calloc(SCRATCH_MAX, sizeof *p->scratch);
     if (p->scratch != NULL) {
       p->scratch[p->nscratch++] = *out;
       registered = true;
@@ -327,9 +328,9 @@ dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync_context
   }
   spin_unlock(&p->lock);
   if (registered) {
-    dlsync__scratch_slot *slot = &hot.scratch[hot.scratch_next++ % DLSYNC__SCRATCH_SLOTS];
-    slot->ctx = ctx;
-    slot->generation = ctx->generation;
+    dlsync__scratch_slot *slot = &h->scratch[h->scratch_next++ % DLSYNC__SCRATCH_SLOTS];
+    slot->owner = ps;
+    slot->generation = ps->generation;
     slot->pool = p;
     slot->event = *out;
     *lent = true;
@@ -338,9 +339,10 @@ dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync_context
 }
 
 CUevent dlsync__thread_scratch_fill(dlsync__thread *t, dlsync__stream_memo *m) {
+  const dlsync__event_thread *h = dlsync__event_thread_of(t);
   for (unsigned i = 0; i < DLSYNC__SCRATCH_SLOTS; i++) {
-    const dlsync__scratch_slot *sl = &t->scratch[i];
-    if (sl->pool == m->pool && sl->ctx == m->ctx && sl->generation == m->generation) {
+    const dlsync__scratch_slot *sl = &h->scratch[i];
+    if (sl->pool == m->pool && sl->owner == m->owner && sl->generation == m->generation) {
       m->scratch = sl->event;
       return m->scratch;
     }
@@ -363,7 +365,7 @@ void dlsync__pool_return_from_graph(dlsync__pool *p, CUevent event) {
     kept = keep_locked(p, event, false);
   spin_unlock(&p->lock);
   if (!kept) {
-    orphan *o = malloc(sizeof *o);
+    orphan *o = dlsync__malloc(sizeof *o);
     if (o != NULL) {
       o->drv = p->drv;
       o->event = event;
@@ -372,18 +374,22 @@ void dlsync__pool_return_from_graph(dlsync__pool *p, CUevent event) {
       orphans = o;
       atomic_store_explicit(&orphans_pending, 1, memory_order_release);
       pthread_mutex_unlock(&orphan_lock);
+    } else {
+      /* Out of memory on a driver thread: the event handle is lost (the
+       * driver frees it with its context). */
+      DLSYNC__LOG(DLSYNC__LOG_WARN,
+                  "event %p of CUDA context %p lost: out of memory while a graph gave it back",
+                  (void *)event, (void *)p->cuctx);
     }
-    /* Out of memory on a driver thread: the event handle is lost (the driver
-     * frees it with its context). */
   }
   pool_unref(p);
 }
 
 /* ---- teardown and stats ---- */
 
-dlsync_status dlsync__pools_destroy(dlsync_context *ctx) {
+dlsync_status dlsync__pools_destroy(dlsync__pools *ps) {
   dlsync_status st = DLSYNC_SUCCESS;
-  dlsync__pool *p = atomic_exchange_explicit(&ctx->pools, NULL, memory_order_acq_rel);
+  dlsync__pool *p = atomic_exchange_explicit(&ps->list, NULL, memory_order_acq_rel);
   while (p != NULL) {
     dlsync__pool *next = p->next;
     CUevent *events;
@@ -411,7 +417,7 @@ dlsync_status dlsync__pools_destroy(dlsync_context *ctx) {
         st = dlsync__fail_driver(p->drv, r, "cuEventDestroy",
                                  "destroying the event pool of context %p", (void *)p->cuctx);
     }
-    free(events);
+    dlsync__free(events);
     pool_unref(p);
     p = next;
   }
@@ -419,9 +425,9 @@ dlsync_status dlsync__pools_destroy(dlsync_context *ctx) {
   return st;
 }
 
-void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync_context *ctx) {
+void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync__pools *ps) {
   memset(out, 0, sizeof *out);
-  for (dlsync__pool *p = atomic_load_explicit(&ctx->pools, memory_order_acquire); p != NULL;
+  for (dlsync__pool *p = atomic_load_explicit(&ps->list, memory_order_acquire); p != NULL;
        p = p->next) {
     spin_lock(&p->lock);
     out->free_events += p->nfree + p->nscratch; /* scratch events are idle between calls */
@@ -433,7 +439,7 @@ void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync_context *ctx) {
 }
 
 dlsync__held_event *dlsync__held_event_new(dlsync__pool *p, CUevent event) {
-  dlsync__held_event *he = malloc(sizeof *he);
+  dlsync__held_event *he = dlsync__malloc(sizeof *he);
   if (he == NULL)
     return NULL;
   atomic_init(&he->refs, 1);
@@ -451,7 +457,7 @@ void dlsync__held_event_unref(dlsync__held_event *he) {
   if (he == NULL || atomic_fetch_sub_explicit(&he->refs, 1, memory_order_acq_rel) != 1)
     return;
   dlsync__pool_return_from_graph(he->pool, he->event);
-  free(he);
+  dlsync__free(he);
 }
 
 void dlsync__pool_note_graph_owned(dlsync__pool *p) {

@@ -2,12 +2,11 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dlsync/private/internal.h"
+#include "dlsync/private/graph.h"
 
-dlsync_status dlsync__graph_hold(dlsync_context *ctx, CUgraph *graphs, int ngraphs,
+dlsync_status dlsync__graph_hold(const dlsync__driver *d, CUgraph *graphs, int ngraphs,
                                  void (*destroy)(void *), void *ptr, bool *taken) {
   dlsync_status st = DLSYNC_SUCCESS;
-  const dlsync__driver *d = ctx->drv;
   CUuserObject uo = NULL;
   unsigned held = 0; /* references still held by this function */
   *taken = false;
@@ -39,18 +38,18 @@ static void held_event_destroy(void *p) {
   dlsync__held_event_unref(p);
 }
 
-dlsync_status dlsync__graph_hold_event(dlsync_context *ctx, dlsync__held_event *he, CUgraph *graphs,
-                                       int ngraphs) {
+dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_event *he,
+                                       CUgraph *graphs, int ngraphs) {
   dlsync_status st;
   bool taken = false;
   dlsync__held_event_ref(he);
-  st = dlsync__graph_hold(ctx, graphs, ngraphs, held_event_destroy, he, &taken);
+  st = dlsync__graph_hold(d, graphs, ngraphs, held_event_destroy, he, &taken);
   if (!taken)
     dlsync__held_event_unref(he);
   return st;
 }
 
-dlsync_status dlsync__graph_own_event(dlsync_context *ctx, dlsync__pool *pool, CUevent event,
+dlsync_status dlsync__graph_own_event(const dlsync__driver *d, dlsync__pool *pool, CUevent event,
                                       CUgraph *graphs, int ngraphs) {
   dlsync_status st;
   dlsync__held_event *he = dlsync__held_event_new(pool, event);
@@ -58,16 +57,15 @@ dlsync_status dlsync__graph_own_event(dlsync_context *ctx, dlsync__pool *pool, C
     dlsync__pool_put(pool, event);
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an event to a graph: out of memory");
   }
-  st = dlsync__graph_hold_event(ctx, he, graphs, ngraphs);
+  st = dlsync__graph_hold_event(d, he, graphs, ngraphs);
   dlsync__held_event_unref(he); /* the graphs' reference, if they took it, remains */
   return st;
 }
 
-static dlsync_status add_event_node(dlsync_context *ctx, CUgraphNode *out, CUgraph graph,
+static dlsync_status add_event_node(const dlsync__driver *d, CUgraphNode *out, CUgraph graph,
                                     const CUgraphNode *deps, size_t ndeps, CUevent event,
                                     bool record, const char *role) {
   dlsync_status st = DLSYNC_SUCCESS;
-  const dlsync__driver *d = ctx->drv;
   CUresult r;
   if (record)
     r = d->GraphAddEventRecordNode(out, graph, deps, ndeps, event);
@@ -83,7 +81,7 @@ static dlsync_status add_event_node(dlsync_context *ctx, CUgraphNode *out, CUgra
       bool foreign = false;
       if (d->GraphGetNodes(graph, NULL, &count) == CUDA_SUCCESS && count == 0) {
         foreign = true; /* an empty graph holds none of them */
-      } else if ((nodes = calloc(count + 1, sizeof *nodes)) != NULL &&
+      } else if ((nodes = dlsync__calloc(count + 1, sizeof *nodes)) != NULL &&
                  d->GraphGetNodes(graph, nodes, &count) == CUDA_SUCCESS) {
         for (size_t i = 0; i < ndeps && !foreign; i++) {
           bool found = false;
@@ -92,7 +90,7 @@ static dlsync_status add_event_node(dlsync_context *ctx, CUgraphNode *out, CUgra
           foreign = !found;
         }
       }
-      free(nodes);
+      dlsync__free(nodes);
       if (foreign)
         st = dlsync__fail(DLSYNC_ERROR_FOREIGN_DEPENDENCY,
                           "the %s graph lane's dependencies include a node that is not in its "
@@ -103,21 +101,20 @@ static dlsync_status add_event_node(dlsync_context *ctx, CUgraphNode *out, CUgra
   return st;
 }
 
-dlsync_status dlsync__graph_append_event(dlsync_context *ctx, dlsync__lane_now *l, CUevent event,
-                                         bool record) {
-  return dlsync__graph_append_event_node(ctx, l, event, record, NULL);
+dlsync_status dlsync__graph_append_event(const dlsync__driver *d, dlsync__lane_now *l,
+                                         CUevent event, bool record) {
+  return dlsync__graph_append_event_node(d, l, event, record, NULL);
 }
 
-dlsync_status dlsync__graph_append_event_node(dlsync_context *ctx, dlsync__lane_now *l,
+dlsync_status dlsync__graph_append_event_node(const dlsync__driver *d, dlsync__lane_now *l,
                                               CUevent event, bool record, CUgraphNode *out) {
   dlsync_status st = DLSYNC_SUCCESS;
-  const dlsync__driver *d = ctx->drv;
   CUgraphNode node = NULL;
   if (l->kind == DLSYNC_LANE_CAPTURING) {
     /* The capture's dependency array is only valid until the next call on
      * the stream; it is used right away. Edge data is not carried over: the
      * event node takes full (default) dependencies, which is never weaker. */
-    DLSYNC_TRY(add_event_node(ctx, &node, l->graph, l->deps, l->ndeps, event, record, l->role));
+    DLSYNC_TRY(add_event_node(d, &node, l->graph, l->deps, l->ndeps, event, record, l->role));
     DLSYNC_CU(d, cuStreamUpdateCaptureDependencies,
               d->StreamUpdateCaptureDependencies(l->stream, &node, NULL, 1,
                                                  CU_STREAM_SET_CAPTURE_DEPENDENCIES),
@@ -127,14 +124,8 @@ dlsync_status dlsync__graph_append_event_node(dlsync_context *ctx, dlsync__lane_
     l->ndeps = 0;
   } else {
     dlsync_lane *lane = l->lane;
-    if (lane->capacity < 1) {
-      st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                        "the %s graph lane has capacity 0: dlsync writes the lane's new "
-                        "frontier (1 node) into deps",
-                        l->role);
-      goto cleanup;
-    }
-    DLSYNC_TRY(add_event_node(ctx, &node, l->graph, l->deps, l->ndeps, event, record, l->role));
+    DLSYNC_TRY(dlsync__lane_fit(lane, 1, l->role, record ? "the record node" : "the wait node"));
+    DLSYNC_TRY(add_event_node(d, &node, l->graph, l->deps, l->ndeps, event, record, l->role));
     lane->deps[0] = node;
     lane->ndeps = 1;
     l->deps = (const CUgraphNode *)lane->deps;
@@ -148,13 +139,13 @@ cleanup:
 
 dlsync_status dlsync__graph_lane_add_dep(dlsync__lane_now *l, CUgraphNode node) {
   dlsync_lane *lane = l->lane;
+  dlsync_status st;
   for (size_t i = 0; i < lane->ndeps; i++)
     if (lane->deps[i] == node)
       return DLSYNC_SUCCESS;
-  if (lane->ndeps + 1 > lane->capacity)
-    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                        "the %s graph lane's new frontier has %zu nodes but its capacity is %zu",
-                        l->role, lane->ndeps + 1, lane->capacity);
+  st = dlsync__lane_fit(lane, lane->ndeps + 1, l->role, "its nodes and one more");
+  if (st != DLSYNC_SUCCESS)
+    return st;
   lane->deps[lane->ndeps++] = node;
   l->deps = (const CUgraphNode *)lane->deps;
   l->ndeps = lane->ndeps;

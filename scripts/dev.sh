@@ -3,6 +3,7 @@
 #
 #   bash scripts/dev.sh info   builds dlsync (Release) and runs dlsync-info
 #   bash scripts/dev.sh test   builds and runs the tests: Release, then
+#                              the module graph check (scripts/modgraph.sh),
 #                              Debug with ASan+UBSan, then ThreadSanitizer on
 #                              the concurrency tests; warnings are errors;
 #                              then scripts/install-check.sh (install, the
@@ -75,6 +76,8 @@ test)
   echo "== Release, warnings as errors"
   build "$root/build/release" -DCMAKE_BUILD_TYPE=Release -DDLSYNC_WERROR=ON
   ctest --test-dir "$root/build/release" --output-on-failure
+  echo "== module graph (no cycle, no edge going up)"
+  bash "$root/scripts/modgraph.sh" "$root/build/release"
   echo "== Debug with AddressSanitizer and UndefinedBehaviorSanitizer"
   build "$root/build/asan" -DCMAKE_BUILD_TYPE=Debug -DDLSYNC_WERROR=ON -DDLSYNC_SANITIZE=ON \
     -DDLSYNC_BUILD_BENCH=OFF

@@ -57,6 +57,10 @@ if [ -z "${SUITE_ONLY:-}" ]; then
   tail -15 "$out/ctest.txt"
 fi
 
+echo "== the fake driver's rules on this driver (tests/gpu/gpu_rules)"
+"$build"/tests/gpu/gpu_rules >"$out/rules.txt" 2>&1 || status=1
+cat "$out/rules.txt"
+
 echo "== GPU regression suite"
 "$build"/tests/gpu/gpu_suite >"$out/suite.txt" 2>&1 || status=1
 grep -v '^  ' "$out/suite.txt" | sed -n '1p'

@@ -1,7 +1,8 @@
 /* Lanes: validation and the capture query made at each call. */
+#include <stdio.h>
 #include <string.h>
 
-#include "dlsync/private/internal.h"
+#include "dlsync/private/stream.h"
 
 dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role) {
   if (lane == NULL)
@@ -40,10 +41,9 @@ dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role)
   }
 }
 
-dlsync_status dlsync__lane_read(dlsync__lane_now *out, dlsync_context *ctx, dlsync_lane *lane,
+dlsync_status dlsync__lane_read(dlsync__lane_now *out, const dlsync__driver *d, dlsync_lane *lane,
                                 const char *role) {
   dlsync_status st = DLSYNC_SUCCESS;
-  const dlsync__driver *d = ctx->drv;
   CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
   cuuint64_t id = 0;
   CUgraph graph = NULL;
@@ -124,19 +124,27 @@ cleanup:
   return st;
 }
 
-dlsync_status dlsync_lane_query(dlsync_lane_state *out, dlsync_context *ctx,
-                                const dlsync_lane *lane) {
-  dlsync_status st = DLSYNC_SUCCESS;
-  dlsync__lane_now now;
-  if (out == NULL || ctx == NULL)
-    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_lane_query: %s is NULL",
-                        out == NULL ? "out" : "ctx");
-  DLSYNC_TRY(dlsync__lane_check(lane, "queried"));
-  /* Reading does not modify the lane. */
-  DLSYNC_TRY(dlsync__lane_read(&now, ctx, (dlsync_lane *)(uintptr_t)lane, "queried"));
-  out->kind = now.kind;
-  out->capture_id = now.capture_id;
-  out->graph = now.graph;
-cleanup:
-  return st;
+void dlsync__lane_describe(char *buf, size_t size, const dlsync__lane_now *l) {
+  switch (l->kind) {
+  case DLSYNC_LANE_EAGER:
+    snprintf(buf, size, "stream %p (eager)", (void *)l->stream);
+    break;
+  case DLSYNC_LANE_CAPTURING:
+    snprintf(buf, size, "stream %p (capture %llu, graph %p)", (void *)l->stream,
+             (unsigned long long)l->capture_id, (void *)l->graph);
+    break;
+  default:
+    snprintf(buf, size, "graph %p (built, %zu deps)", (void *)l->graph, l->ndeps);
+    break;
+  }
+}
+
+dlsync_status dlsync__lane_fit(const dlsync_lane *lane, size_t nodes, const char *role,
+                               const char *what) {
+  if (DLSYNC__LIKELY(nodes <= lane->capacity))
+    return DLSYNC_SUCCESS;
+  return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                      "the %s graph lane has capacity %zu, but its new frontier (%s) has %zu "
+                      "node%s: dlsync writes the new frontier into deps",
+                      role, lane->capacity, what, nodes, nodes == 1 ? "" : "s");
 }

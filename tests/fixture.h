@@ -30,9 +30,9 @@ static inline void fixture_open(const dlsync__driver *drv) {
 static inline void assert_pools_intact(dlsync_context *c, dlsync_context *other) {
   dlsync__pool_stats ps, po = {0, 0, 0, 0};
   fake_run_destructors();
-  dlsync__pool_stats_get(&ps, c);
+  dlsync__pool_stats_get(&ps, &c->pools);
   if (other != NULL)
-    dlsync__pool_stats_get(&po, other);
+    dlsync__pool_stats_get(&po, &other->pools);
   assert_int_equal(ps.graph_owned, 0);
   assert_int_equal(po.graph_owned, 0);
   assert_int_equal(ps.created - ps.destroyed, ps.free_events);

@@ -78,12 +78,45 @@ static void no_driver_says_what_was_tried(void **state) {
 static void old_driver_is_refused_naming_versions(void **state) {
   dlsync_context *ctx = NULL;
   (void)state;
-  /* 10.0 lacks core entries (cuEventRecordWithFlags is 11.1). */
+  /* 10.0 lacks core entries (cuThreadExchangeStreamCaptureMode is 10.1,
+   * cuGraphAddEventRecordNode 11.1). */
   fake_set_driver_version(10000);
   assert_int_equal(dlsync__context_create_with_driver(&ctx, NULL, fake_driver()),
                    DLSYNC_ERROR_DRIVER_TOO_OLD);
   assert_null(ctx);
   assert_non_null(strstr(dlsync_last_error(), "10.0"));
+}
+
+/* The library requires only what it calls: a table without the entries
+ * that only tools, tests and bench use (SUPPORT) still makes a context that
+ * orders two streams. */
+static void only_the_entries_the_library_calls_are_required(void **state) {
+  dlsync__driver t = *fake_driver();
+  dlsync_context *ctx = NULL;
+  CUstream a, b;
+  dlsync_lane la, lb;
+  size_t missing = 0;
+  (void)state;
+  for (size_t i = 0; i < DLSYNC__DRIVER_ENTRY_COUNT; i++) {
+    if (dlsync__driver_entries[i].need == DLSYNC__NEED_SUPPORT) {
+      *(void **)((char *)&t + dlsync__driver_entries[i].offset) = NULL;
+      missing++;
+    }
+  }
+  assert_true(missing >= 11 + 20); /* the 11 never called, and the tools' own */
+  assert_int_equal(dlsync__context_create_with_driver(&ctx, NULL, &t), DLSYNC_SUCCESS);
+  a = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  b = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  la = dlsync_lane_stream(a);
+  lb = dlsync_lane_stream(b);
+  assert_int_equal(dlsync_order(ctx, &la, &lb), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
+  fake_stream_destroy(a);
+  fake_stream_destroy(b);
+  /* One core entry missing: refused, naming it. */
+  t.StreamWaitEvent = NULL;
+  assert_int_equal(dlsync__context_create_with_driver(&ctx, NULL, &t), DLSYNC_ERROR_DRIVER_TOO_OLD);
+  assert_non_null(strstr(dlsync_last_error(), "cuStreamWaitEvent"));
 }
 
 static void capture_features_report_themselves_unavailable(void **state) {
@@ -140,6 +173,32 @@ static void every_failure_while_creating_is_a_status(void **state) {
     assert_int_equal(dlsync_last_driver_result(), CUDA_ERROR_UNKNOWN);
   }
   assert_true(n >= 3); /* cuInit and cuDriverGetVersion were both failed */
+}
+
+static void every_allocation_failure_while_creating_is_a_status(void **state) {
+  unsigned n;
+  (void)state;
+  for (n = 1; n < 100; n++) {
+    dlsync_context *ctx = (dlsync_context *)0x1;
+    dlsync_status st;
+    fake_fail_alloc(n);
+    st = dlsync__context_create_with_driver(&ctx, NULL, fake_driver());
+    if (fake_fail_pending()) {
+      /* Creation made fewer than n allocations: done. */
+      fake_fail_clear();
+      assert_int_equal(st, DLSYNC_SUCCESS);
+      assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
+      break;
+    }
+    if (st == DLSYNC_SUCCESS) {
+      assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
+      continue;
+    }
+    assert_int_equal(st, DLSYNC_ERROR_OUT_OF_MEMORY);
+    assert_null(ctx);
+    assert_true(fake_fault_reported(FAKE_FAULT_ALLOC));
+  }
+  assert_true(n >= 2); /* the context itself, its release book */
 }
 
 static void devices_are_reported(void **state) {
@@ -206,6 +265,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(capture_features_report_themselves_unavailable, setup,
                                       teardown),
       cmocka_unit_test_setup_teardown(every_failure_while_creating_is_a_status, setup, teardown),
+      cmocka_unit_test_setup_teardown(only_the_entries_the_library_calls_are_required, setup,
+                                      teardown),
+      cmocka_unit_test_setup_teardown(every_allocation_failure_while_creating_is_a_status, setup,
+                                      teardown),
       cmocka_unit_test_setup_teardown(devices_are_reported, setup, teardown),
       cmocka_unit_test_setup_teardown(default_context_without_driver_remembers_why, setup,
                                       teardown),

@@ -410,10 +410,10 @@ static void eager_producer_capturing_consumer_gets_a_wait_node(void **state) {
   assert_true(fake_happens_before(produce, fake_event_op(ev)));
   assert_true(fake_happens_before(fake_event_op(ev), later));
   /* Owned by the graph until it is gone. */
-  dlsync__pool_stats_get(&ps, ctx);
+  dlsync__pool_stats_get(&ps, &ctx->pools);
   assert_int_equal(ps.graph_owned, 1);
   destroy_graph(g);
-  dlsync__pool_stats_get(&ps, ctx);
+  dlsync__pool_stats_get(&ps, &ctx->pools);
   assert_int_equal(ps.graph_owned, 0);
 }
 
@@ -454,7 +454,7 @@ static void two_captures_get_record_and_wait_nodes(void **state) {
   destroy_graph(g1);
   {
     dlsync__pool_stats ps;
-    dlsync__pool_stats_get(&ps, ctx);
+    dlsync__pool_stats_get(&ps, &ctx->pools);
     assert_int_equal(ps.graph_owned, 1); /* g2 still holds it */
   }
   destroy_graph(g2);
@@ -753,8 +753,11 @@ typedef enum row {
   ROW_JOIN_STABLE
 } row;
 
-/* Runs one exchange of the row with call n failing (n = 0: none). Returns
- * true when call n was reached. Cleans everything up either way. */
+/* What the sweeps fail: the nth driver call or the nth allocation. */
+static fake_fault sweep_kind = FAKE_FAULT_CALL;
+
+/* Runs one exchange of the row with call (or allocation) n failing (n = 0:
+ * none). Returns true when it was reached. Cleans everything up either way. */
 static bool run_row_with_fault(row r, unsigned n) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync_exchange *ex = NULL;
@@ -777,7 +780,7 @@ static bool run_row_with_fault(row r, unsigned n) {
   }
   fake_work(P, "produce", NULL);
   if (n > 0)
-    fake_fail_call(n, CUDA_ERROR_UNKNOWN);
+    fake_fail_fault(sweep_kind, n);
   sb = dlsync_exchange_begin_flags(
       &ex, ctx, &lp, &lc,
       r == ROW_EAGER_STABLE || r == ROW_JOIN_STABLE ? DLSYNC_EXCHANGE_CAPTURE_STABLE : 0);
@@ -793,7 +796,14 @@ static bool run_row_with_fault(row r, unsigned n) {
   }
   reached = n > 0 && !fake_fail_pending();
   fake_fail_clear();
-  if (reached) {
+  if (reached && sweep_kind == FAKE_FAULT_ALLOC) {
+    /* A failed allocation: either the library did without it, or a status
+     * saying so. */
+    bool failed =
+        sb != DLSYNC_SUCCESS || (se != DLSYNC_SUCCESS && se != DLSYNC_ERROR_CAPTURE_ORDER);
+    if (failed && !fake_fault_reported(sweep_kind))
+      fail_msg("row %d: allocation %u failed: %s", (int)r, n, dlsync_last_error());
+  } else if (reached) {
     /* The failure surfaced as a status with the driver's words. */
     bool failed =
         sb != DLSYNC_SUCCESS || (se != DLSYNC_SUCCESS && se != DLSYNC_ERROR_CAPTURE_ORDER);
@@ -843,6 +853,24 @@ static void every_driver_failure_in_begin_and_end_is_a_status(void **state) {
     assert_true(n > 2);
     assert_true(n < 200);
   }
+}
+
+static void every_allocation_failure_in_begin_and_end_is_a_status(void **state) {
+  (void)state;
+  unsigned most = 0;
+  sweep_kind = FAKE_FAULT_ALLOC;
+  for (row r = ROW_EAGER; r <= ROW_JOIN_STABLE; r++) {
+    unsigned n;
+    run_row_with_fault(r, 0);
+    for (n = 1; n < 200; n++)
+      if (!run_row_with_fault(r, n))
+        break;
+    assert_true(n < 200);
+    most = n > most ? n : most;
+  }
+  /* The rows that give an event to graphs allocate what holds it. */
+  assert_true(most > 1);
+  sweep_kind = FAKE_FAULT_CALL;
 }
 
 /* ---- threads ---- */
@@ -931,6 +959,7 @@ int main(void) {
       T(foreign_dependency_is_named),
       T(both_graph_lanes_need_a_current_context),
       T(every_driver_failure_in_begin_and_end_is_a_status),
+      T(every_allocation_failure_in_begin_and_end_is_a_status),
       T(many_threads_one_context),
   };
 #undef T

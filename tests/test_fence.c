@@ -18,13 +18,13 @@
 
 static size_t graph_owned(dlsync_context *c) {
   dlsync__pool_stats ps;
-  dlsync__pool_stats_get(&ps, c);
+  dlsync__pool_stats_get(&ps, &c->pools);
   return ps.graph_owned;
 }
 
 static size_t free_events(dlsync_context *c) {
   dlsync__pool_stats ps;
-  dlsync__pool_stats_get(&ps, c);
+  dlsync__pool_stats_get(&ps, &c->pools);
   return ps.free_events;
 }
 
@@ -654,7 +654,7 @@ static void many_waits_and_references_keep_the_event_until_the_last_holder(void 
     dlsync__pool_stats ps;
     assert_int_equal(graph_owned(ctx), 1);
     assert_int_equal(free_events(ctx), 0);
-    dlsync__pool_stats_get(&ps, ctx);
+    dlsync__pool_stats_get(&ps, &ctx->pools);
     assert_int_equal(fake_live_events(), ps.created - ps.destroyed);
     assert_int_equal(fake_live_events(), ps.free_events + ps.graph_owned);
     destroy_graph(graphs[i]);
@@ -858,6 +858,8 @@ static const fault_row fault_rows[] = {
  * own, with driver call n of the signal (in_wait false) or of the wait (in_wait
  * true) failing; n = 0: none. Everything is cleaned up, then checked against
  * nothing left alive (fake_leak_report). Returns true when call n was reached. */
+static fake_fault sweep_kind = FAKE_FAULT_CALL;
+
 static bool run_fence_row(const fault_row *row, bool in_wait, unsigned n) {
   dlsync_context *fc = NULL;
   CUstream p = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
@@ -899,7 +901,7 @@ static bool run_fence_row(const fault_row *row, bool in_wait, unsigned n) {
   }
 
   if (n > 0 && !in_wait)
-    fake_fail_call(n, CUDA_ERROR_UNKNOWN);
+    fake_fail_fault(sweep_kind, n);
   ss = dlsync_fence_signal(&f, fc, &ls);
   reached = n > 0 && !in_wait && !fake_fail_pending();
   fake_fail_clear(); /* with the signal under test, the rest runs without faults */
@@ -908,7 +910,7 @@ static bool run_fence_row(const fault_row *row, bool in_wait, unsigned n) {
     if (row->wait == W_EAGER_AFTER_END)
       gp = end_capture_ok(p);
     if (n > 0 && in_wait)
-      fake_fail_call(n, CUDA_ERROR_UNKNOWN);
+      fake_fail_fault(sweep_kind, n);
     sw = dlsync_fence_wait(f, &lw);
     if (in_wait)
       reached = n > 0 && !fake_fail_pending();
@@ -916,7 +918,11 @@ static bool run_fence_row(const fault_row *row, bool in_wait, unsigned n) {
   } else {
     assert_null(f);
   }
-  if (reached) {
+  if (reached && sweep_kind == FAKE_FAULT_ALLOC) {
+    if ((ss != DLSYNC_SUCCESS || sw != DLSYNC_SUCCESS) && !fake_fault_reported(sweep_kind))
+      fail_msg("row %d/%d, allocation %u of the %s: %s", (int)row->sig, (int)row->wait, n,
+               in_wait ? "wait" : "signal", dlsync_last_error());
+  } else if (reached) {
     if (ss == DLSYNC_SUCCESS && sw == DLSYNC_SUCCESS)
       fail_msg("row %d/%d: call %u of the %s failed but signal and wait succeeded", (int)row->sig,
                (int)row->wait, n, in_wait ? "wait" : "signal");
@@ -996,6 +1002,29 @@ static void every_driver_failure_in_signal_and_wait_is_a_status(void **state) {
         assert_true(n > 1);
     }
   }
+  P = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  C = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+}
+
+static void every_allocation_failure_in_signal_and_wait_is_a_status(void **state) {
+  unsigned most = 0;
+  (void)state;
+  fake_stream_destroy(P);
+  fake_stream_destroy(C);
+  assert_int_equal(fake_leak_report(NULL, 0), 0);
+  sweep_kind = FAKE_FAULT_ALLOC;
+  for (size_t r = 0; r < sizeof fault_rows / sizeof fault_rows[0]; r++) {
+    for (int in_wait = 0; in_wait <= 1; in_wait++) {
+      unsigned n;
+      for (n = 1; n < 100; n++)
+        if (!run_fence_row(&fault_rows[r], in_wait, n))
+          break;
+      assert_true(n < 100);
+      most = n > most ? n : most;
+    }
+  }
+  sweep_kind = FAKE_FAULT_CALL;
+  assert_true(most > 1); /* a signal allocates its fence */
   P = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
   C = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
 }
@@ -1106,6 +1135,7 @@ int main(void) {
       T(invalidated_capture_is_reported),
       T(legacy_stream_during_blocking_capture),
       T(every_driver_failure_in_signal_and_wait_is_a_status),
+      T(every_allocation_failure_in_signal_and_wait_is_a_status),
       T(threads_signal_and_wait_on_each_others_fences),
   };
 #undef T

@@ -701,6 +701,8 @@ typedef enum release_row { R_EAGER, R_CAPTURE, R_BUILT } release_row;
  * While the release is made, the reclaimer is held in the deleter of another
  * context's release, so that its own driver calls cannot take the fault.
  * Returns true when call n was reached. */
+static fake_fault sweep_kind = FAKE_FAULT_CALL;
+
 static bool run_release_row(release_row row, unsigned n) {
   dlsync_context *fc = NULL, *fb = NULL;
   CUstream s = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
@@ -731,12 +733,15 @@ static bool run_release_row(release_row row, unsigned n) {
     fake_work(s, "uses it", NULL);
 
   if (n > 0)
-    fake_fail_call(n, CUDA_ERROR_UNKNOWN);
+    fake_fail_fault(sweep_kind, n);
   st = dlsync_release(fc, &l, note_deleter, &r);
   reached = n > 0 && !fake_fail_pending();
   fake_fail_clear();
   atomic_store(&blocker.open, 1);
-  if (reached) {
+  if (reached && sweep_kind == FAKE_FAULT_ALLOC) {
+    if (st != DLSYNC_SUCCESS && !fake_fault_reported(sweep_kind))
+      fail_msg("row %d, allocation %u: %s", (int)row, n, dlsync_last_error());
+  } else if (reached) {
     if (st == DLSYNC_SUCCESS)
       fail_msg("row %d: call %u failed but the release succeeded", (int)row, n);
     if (strstr(dlsync_last_error(), "CUDA_ERROR_") == NULL)
@@ -756,7 +761,7 @@ static bool run_release_row(release_row row, unsigned n) {
   assert_int_equal(flush_within(fc), DLSYNC_SUCCESS);
   assert_int_equal(atomic_load(&blocker.gate_timed_out), 0);
   assert_int_equal(atomic_load(&blocker.calls), 1);
-  if (reached) {
+  if (st != DLSYNC_SUCCESS) {
     /* The object is still the caller's: its deleter never runs. */
     assert_not_run(&r);
     rs = stats_of(fc);
@@ -796,6 +801,27 @@ static void every_driver_failure_in_a_release_is_a_status(void **state) {
     assert_true(n > 2);
     assert_true(n < 100);
   }
+  P = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  C = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+}
+
+static void every_allocation_failure_in_a_release_is_a_status(void **state) {
+  unsigned most = 0;
+  (void)state;
+  fake_stream_destroy(P);
+  fake_stream_destroy(C);
+  assert_int_equal(fake_leak_report(NULL, 0), 0);
+  sweep_kind = FAKE_FAULT_ALLOC;
+  for (release_row row = R_EAGER; row <= R_BUILT; row++) {
+    unsigned n;
+    for (n = 1; n < 100; n++)
+      if (!run_release_row(row, n))
+        break;
+    assert_true(n < 100);
+    most = n > most ? n : most;
+  }
+  sweep_kind = FAKE_FAULT_CALL;
+  assert_true(most > 1); /* a release allocates its record */
   P = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
   C = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
 }
@@ -895,6 +921,7 @@ int main(void) {
       T(null_and_invalid_arguments),
       T(invalidated_capture_and_legacy_stream_are_refused),
       T(every_driver_failure_in_a_release_is_a_status),
+      T(every_allocation_failure_in_a_release_is_a_status),
       T(many_threads_release_at_once),
   };
 #undef T

@@ -19,6 +19,9 @@
  *   graph lane            ERROR_CAPTURE_ORDER  record node in first's graph, wait node in then's
  *                                              (same graph: edges only, no node)
  *
+ * Each case has a name (EAGER_EAGER, JOIN, TWO_CAPTURES, ...) that the decision
+ * log (DLSYNC_DEBUG=TRACE) prints for every call; docs/design.md lists them.
+ *
  * Where a record node and a wait node are placed in two different graphs, the
  * graph holding the record node must be launched before the one holding the
  * wait node, each time: a wait node waits for the event's state at launch.

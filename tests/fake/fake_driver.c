@@ -1646,9 +1646,10 @@ static CUresult event_record(CUevent he, CUstream hs, unsigned flags) {
     return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
   if (flags & CU_EVENT_RECORD_EXTERNAL) {
     if (!s->cap)
-      return CUDA_ERROR_ILLEGAL_STATE;
+      return CUDA_ERROR_ILLEGAL_STATE; /* [R7 EXTERNAL-OUTSIDE-CAPTURE] */
     if (s->cap->invalidated)
       return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
+    /* [R6 EXTERNAL-RECORD] */
     fnode *n = capture_append(s, CU_GRAPH_NODE_TYPE_EVENT_RECORD);
     n->ev = e->h;
     n->ev_serial = e->serial;
@@ -1694,19 +1695,20 @@ static CUresult stream_wait_event(CUstream hs, CUevent he, unsigned flags) {
   }
   if (flags & CU_EVENT_WAIT_EXTERNAL) {
     if (!s->cap)
-      return CUDA_ERROR_ILLEGAL_STATE;
+      return CUDA_ERROR_ILLEGAL_STATE; /* [R7 EXTERNAL-OUTSIDE-CAPTURE] */
     if (s->cap->invalidated)
       return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
     if (event_node_active(e) && e->cap_id != s->cap->id) {
       s->cap->invalidated = true;
       return CUDA_ERROR_INVALID_VALUE;
     }
+    /* [R5 EXTERNAL-WAIT] */
     fnode *n = capture_append(s, CU_GRAPH_NODE_TYPE_WAIT_EVENT);
     n->ev = e->h;
     n->ev_serial = e->serial;
     return CUDA_SUCCESS;
   }
-  if (event_node_active(e)) {
+  if (event_node_active(e)) { /* [R10 RECORD-NODE-WAIT] */
     if (s->cap)
       s->cap->invalidated = true;
     return CUDA_ERROR_INVALID_VALUE;
@@ -1717,7 +1719,7 @@ static CUresult stream_wait_event(CUstream hs, CUevent he, unsigned flags) {
       fcapture *c = cap_find(e->cap_id);
       if (c->invalidated)
         return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-      s->cap = c; /* join */
+      s->cap = c; /* join: [R1 JOIN] */
       s->ndeps = 0;
       for (size_t i = 0; i < e->nnodes; i++) {
         fnode *n = GET_NODE(e->nodes[i]);
@@ -1740,12 +1742,12 @@ static CUresult stream_wait_event(CUstream hs, CUevent he, unsigned flags) {
     }
     return CUDA_SUCCESS;
   }
-  if (event_captured_active(e)) {
+  if (event_captured_active(e)) { /* [R4 MERGE] */
     s->cap->invalidated = true;
     cap_find(e->cap_id)->invalidated = true;
     return CUDA_ERROR_STREAM_CAPTURE_MERGE;
   }
-  s->cap->invalidated = true;
+  s->cap->invalidated = true; /* [R3 ISOLATION] */
   return CUDA_ERROR_STREAM_CAPTURE_ISOLATION;
 }
 
@@ -1929,7 +1931,7 @@ static CUresult end_capture(CUstream hs, CUgraph *pg) {
       bool joined = false;
       for (size_t k = 0; k < s->ndeps && !joined; k++)
         joined = node_reaches(t->deps[j].node, s->deps[k].node);
-      if (!joined) {
+      if (!joined) { /* [R2 UNJOINED] */
         cap_end(c, false);
         return CUDA_ERROR_STREAM_CAPTURE_UNJOINED;
       }
@@ -1956,7 +1958,7 @@ static CUresult get_capture_info(CUstream hs, CUstreamCaptureStatus *status, cuu
   if (r != CUDA_SUCCESS)
     return r;
   if (s->legacy && legacy_conflict(s->ctx, false))
-    return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
+    return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT; /* [R8 LEGACY-QUERY]: no invalidation */
   if (s->cap && !s->cap->invalidated && deps && !edata) {
     for (size_t i = 0; i < s->ndeps; i++)
       if (!edge_is_default(&s->deps[i].data))
@@ -2049,7 +2051,7 @@ static CUresult update_capture_deps(CUstream hs, CUgraphNode *nodes, const CUgra
     if (!d || d->g != s->cap->graph || (data && !edge_valid(&data[i], d)))
       return CUDA_ERROR_INVALID_VALUE;
   }
-  if (flags == CU_STREAM_SET_CAPTURE_DEPENDENCIES)
+  if (flags == CU_STREAM_SET_CAPTURE_DEPENDENCIES) /* [R9 MANUAL-APPEND] */
     s->ndeps = 0;
   for (size_t i = 0; i < n; i++) {
     CUgraphEdgeData e = {0};
@@ -2692,9 +2694,32 @@ void fake_fail_call(unsigned n, CUresult r) {
   unlock();
 }
 
+void fake_fail_alloc(unsigned n) {
+  dlsync__alloc_fail_nth(n);
+}
+
+void fake_fail_fault(fake_fault kind, unsigned n) {
+  if (kind == FAKE_FAULT_ALLOC)
+    fake_fail_alloc(n);
+  else
+    fake_fail_call(n, CUDA_ERROR_UNKNOWN);
+}
+
+const char *fake_fault_name(fake_fault kind) {
+  return kind == FAKE_FAULT_ALLOC ? "allocation" : "driver call";
+}
+
+bool fake_fault_reported(fake_fault kind) {
+  if (kind == FAKE_FAULT_ALLOC)
+    return dlsync_last_status() == DLSYNC_ERROR_OUT_OF_MEMORY &&
+           strstr(dlsync_last_error(), "out of memory") != NULL;
+  return strstr(dlsync_last_error(), "CUDA_ERROR_UNKNOWN") != NULL &&
+         dlsync_last_driver_result() == CUDA_ERROR_UNKNOWN;
+}
+
 bool fake_fail_pending(void) {
   lock();
-  bool pending = S.fail_any_at != 0;
+  bool pending = S.fail_any_at != 0 || dlsync__alloc_fail_pending();
   for (int i = 0; i < DLSYNC__DRIVER_ENTRY_COUNT && !pending; i++)
     pending = S.fail_nth_at[i] != 0;
   unlock();
@@ -2702,6 +2727,7 @@ bool fake_fail_pending(void) {
 }
 
 void fake_fail_clear(void) {
+  dlsync__alloc_fail_nth(0);
   lock();
   S.fail_any_at = 0;
   memset(S.fail_nth_at, 0, sizeof S.fail_nth_at);

@@ -6,8 +6,8 @@
  * DAG of "ops", stream capture (join, MERGE, ISOLATION, IMPLICIT, UNJOINED,
  * UNSUPPORTED, external record/wait nodes, capture into a user's graph), graphs
  * built by hand, executables, launches, user objects and fake device memory,
- * with the rules observed on an H200 (CUDA 13.0, driver 580; DESIGN.md
- * section 4). Where the driver's behaviour was not observed, the fake picks
+ * with the rules observed on an H200 (CUDA 13.0, driver 580; docs/design.md
+ * section 6). Where the driver's behaviour was not observed, the fake picks
  * the loud answer and says so next to the function below.
  *
  * Ownership and threads: the fake is one process-global object (driver entry
@@ -35,6 +35,37 @@
  *
  * Test-side helpers (fake_stream_create, fake_work, ...) are not driver calls:
  * they are not logged, not counted, and fault injection never hits them.
+ *
+ * Rules. The capture rules the library's rows rest on, each tagged; the same
+ * tag marks the branch of fake_driver.c that implements it. Those checked
+ * against the real driver too (tests/rules/driver_rules.c: test_driver_rules
+ * on the fake, gpu_rules on a GPU) say "checked".
+ *
+ *   [R1 JOIN] a stream that waits (flags 0) on an event last recorded in an
+ *       active capture joins that capture (same capture id). Checked.
+ *   [R2 UNJOINED] ending a capture while a joined stream has work not joined
+ *       back fails with CUDA_ERROR_STREAM_CAPTURE_UNJOINED. Checked.
+ *   [R3 ISOLATION] a capturing stream that waits (flags 0) on an eagerly
+ *       recorded event fails with ..._ISOLATION and invalidates its capture.
+ *       Checked.
+ *   [R4 MERGE] a capturing stream that waits (flags 0) on an event recorded in
+ *       another active capture fails with ..._MERGE; both are invalidated.
+ *       Checked.
+ *   [R5 EXTERNAL-WAIT] CU_EVENT_WAIT_EXTERNAL during capture adds an
+ *       event-wait node. Checked.
+ *   [R6 EXTERNAL-RECORD] CU_EVENT_RECORD_EXTERNAL during capture adds an
+ *       event-record node. Checked.
+ *   [R7 EXTERNAL-OUTSIDE-CAPTURE] either external flag outside capture:
+ *       CUDA_ERROR_ILLEGAL_STATE. Checked.
+ *   [R8 LEGACY-QUERY] cuStreamGetCaptureInfo on the legacy stream while a
+ *       blocking stream of its context captures: ..._IMPLICIT, and the
+ *       capture goes on. Checked.
+ *   [R9 MANUAL-APPEND] a node added by hand after a capture's dependencies
+ *       and made its dependency (cuStreamUpdateCaptureDependencies, SET):
+ *       the capture continues after it and ends cleanly. Checked.
+ *   [R10 RECORD-NODE-WAIT] while the capture holding an event's record node
+ *       is active, a plain wait on that event from another stream:
+ *       CUDA_ERROR_INVALID_VALUE. Checked.
  */
 #ifndef DLSYNC_TESTS_FAKE_DRIVER_H
 #define DLSYNC_TESTS_FAKE_DRIVER_H
@@ -99,10 +130,26 @@ void fake_fail_always(const char *symbol, CUresult r);
  * and stop once it completed without reaching call n (fake_fail_pending()). */
 void fake_fail_call(unsigned n, CUresult r);
 
-/* True while a fake_fail_call or fake_fail_nth is armed and has not fired. */
+/* The nth allocation dlsync makes, counted from now (1 = the next one;
+ * dlsync__malloc and friends, any thread), returns NULL. One-shot. Sweep it
+ * like fake_fail_call. */
+void fake_fail_alloc(unsigned n);
+
+/* What a fault sweep fails: the nth driver call (with CUDA_ERROR_UNKNOWN) or
+ * the nth allocation. fake_fail_fault arms one; fake_fault_name names it for
+ * messages; fake_fault_reported says whether the thread's last error is the
+ * one such a fault must leave (the driver's CUDA_ERROR_UNKNOWN, or
+ * DLSYNC_ERROR_OUT_OF_MEMORY). */
+typedef enum fake_fault { FAKE_FAULT_CALL, FAKE_FAULT_ALLOC } fake_fault;
+void fake_fail_fault(fake_fault kind, unsigned n);
+const char *fake_fault_name(fake_fault kind);
+bool fake_fault_reported(fake_fault kind);
+
+/* True while a fake_fail_call, fake_fail_nth or fake_fail_alloc is armed and
+ * has not fired. */
 bool fake_fail_pending(void);
 
-/* Disarms every injected fault. */
+/* Disarms every injected fault (allocation faults too). */
 void fake_fail_clear(void);
 
 /* Driver calls since fake_reset or fake_log_reset, in all / of one entry
@@ -282,7 +329,7 @@ unsigned fake_user_object_refs(CUuserObject o);
  * the legacy stream's last op. cuStreamDestroy of a stream in a capture:
  * CUDA_ERROR_NOT_SUPPORTED (not observed), nothing done.
  *
- * Stream capture (DESIGN.md section 4):
+ * Stream capture (docs/design.md section 6):
  *  - Begin: new capture (id, graph, origin stream, mode, calling thread).
  *    The legacy stream: CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED; a stream
  *    already capturing: CUDA_ERROR_ILLEGAL_STATE. BeginCaptureToGraph

@@ -18,6 +18,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 
+#include "dlsync/private/table.h"
 #include "gpu_common.h"
 
 #define REPLAYS 50
@@ -52,6 +53,9 @@ typedef struct scenario {
    * consumer only) instead of the general one. */
   uint32_t flags;
   bool warm;
+  /* The row of the decision table the scenario runs (DLSYNC__ROW_COUNT: a
+   * mix, or none), printed by its name. */
+  dlsync__row table_row;
 } scenario;
 
 static void note(outcome *o, const char *fmt, ...) {
@@ -389,7 +393,7 @@ static CUresult launch_once(CUgraph g, CUstream launch, int slot, unsigned *got)
 static bool events_came_back(void) {
   for (int i = 0; i < 1000; i++) {
     dlsync__pool_stats ps;
-    dlsync__pool_stats_get(&ps, E.ctx);
+    dlsync__pool_stats_get(&ps, &E.ctx->pools);
     if (ps.graph_owned == 0)
       return true;
     struct timespec ts = {0, 1000000};
@@ -759,7 +763,7 @@ static int sc_errors(const scenario *s, CUstreamCaptureMode mode, bool use, outc
     o->broken += r != CUDA_SUCCESS;
     goto out;
   }
-  dlsync__pool_stats_get(&before, E.ctx);
+  dlsync__pool_stats_get(&before, &E.ctx->pools);
   CU(D->StreamCreate(&blocking, CU_STREAM_DEFAULT));
   CU(new_stream(&other));
   lo = dlsync_lane_stream(other);
@@ -912,7 +916,7 @@ static int sc_errors(const scenario *s, CUstreamCaptureMode mode, bool use, outc
     note(o, "graph-owned events did not come back");
     o->broken++;
   }
-  dlsync__pool_stats_get(&after, E.ctx);
+  dlsync__pool_stats_get(&after, &E.ctx->pools);
   /* Every live event is back in the pool: nothing leaked, nothing lost. */
   if (after.created - after.destroyed != after.free_events || after.graph_owned != 0) {
     note(o, "pool not intact: %zu live, %zu free, %zu graph-owned (before: %zu live, %zu free)",
@@ -1528,33 +1532,54 @@ out:
 }
 
 static const scenario scenarios[] = {
-    {"A same stream", "stream S / S", sc_same_stream, false, false, 0, false},
-    {"A eager->eager", "eager / eager", sc_eager_eager, false, true, 0, false},
+    {"A same stream", "stream S / S", sc_same_stream, false, false, 0, false,
+     DLSYNC__ROW_SAME_STREAM},
+    {"A eager->eager", "eager / eager", sc_eager_eager, false, true, 0, false,
+     DLSYNC__ROW_EAGER_EAGER},
     {"A eager stable", "eager / eager, CAPTURE_STABLE", sc_eager_eager, false, true,
-     DLSYNC_EXCHANGE_CAPTURE_STABLE, false},
-    {"C join", "capturing / eager", sc_join, true, true, 0, false},
-    {"C join warm", "capturing / eager, fast path", sc_join, true, true, 0, true},
+     DLSYNC_EXCHANGE_CAPTURE_STABLE, false, DLSYNC__ROW_EAGER_EAGER},
+    {"C join", "capturing / eager", sc_join, true, true, 0, false, DLSYNC__ROW_JOIN},
+    {"C join warm", "capturing / eager, fast path", sc_join, true, true, 0, true, DLSYNC__ROW_JOIN},
     {"C join stable", "capturing / eager, STABLE", sc_join, true, true,
-     DLSYNC_EXCHANGE_CAPTURE_STABLE, true},
-    {"C same capture", "capturing / same capture", sc_same_capture, true, true, 0, false},
-    {"C eager->capture", "eager / capturing", sc_eager_to_capture, true, true, 0, false},
-    {"C two captures", "capturing G1 / G2", sc_two_captures, true, true, 0, false},
-    {"B same graph", "built g / g", sc_built_same, false, true, 0, false},
-    {"B two graphs", "built g1 / g2", sc_built_two, false, true, 0, false},
-    {"B eager->built", "eager / built", sc_eager_to_built, false, true, 0, false},
-    {"B capture->built", "capturing / built", sc_capture_to_built, true, true, 0, false},
-    {"B built->capture", "built / capturing", sc_built_to_capture, true, true, 0, false},
-    {"errors", "invalid, legacy, bad lanes", sc_errors, true, true, 0, false},
-    {"threads", "4 eager + 1 capture", sc_threads, true, true, 0, false},
-    {"L release eager", "deleter after a 4 GiB memset", sc_release_eager, false, true, 0, false},
-    {"L release capture", "freed after 100 replays", sc_release_capture, true, true, 0, false},
-    {"L fence 2 captures", "signal G1 / wait G2", sc_fence_two_captures, true, true, 0, false},
+     DLSYNC_EXCHANGE_CAPTURE_STABLE, true, DLSYNC__ROW_JOIN},
+    {"C same capture", "capturing / same capture", sc_same_capture, true, true, 0, false,
+     DLSYNC__ROW_SAME_CAPTURE},
+    {"C eager->capture", "eager / capturing", sc_eager_to_capture, true, true, 0, false,
+     DLSYNC__ROW_EAGER_TO_CAPTURE},
+    {"C two captures", "capturing G1 / G2", sc_two_captures, true, true, 0, false,
+     DLSYNC__ROW_TWO_CAPTURES},
+    {"B same graph", "built g / g", sc_built_same, false, true, 0, false, DLSYNC__ROW_SAME_BUILT},
+    {"B two graphs", "built g1 / g2", sc_built_two, false, true, 0, false, DLSYNC__ROW_TWO_BUILT},
+    {"B eager->built", "eager / built", sc_eager_to_built, false, true, 0, false,
+     DLSYNC__ROW_EAGER_TO_BUILT},
+    {"B capture->built", "capturing / built", sc_capture_to_built, true, true, 0, false,
+     DLSYNC__ROW_CAPTURE_TO_BUILT},
+    {"B built->capture", "built / capturing", sc_built_to_capture, true, true, 0, false,
+     DLSYNC__ROW_BUILT_TO_CAPTURE},
+    {"errors", "invalid, legacy, bad lanes", sc_errors, true, true, 0, false, DLSYNC__ROW_COUNT},
+    {"threads", "4 eager + 1 capture", sc_threads, true, true, 0, false, DLSYNC__ROW_COUNT},
+    {"L release eager", "deleter after a 4 GiB memset", sc_release_eager, false, true, 0, false,
+     DLSYNC__ROW_COUNT},
+    {"L release capture", "freed after 100 replays", sc_release_capture, true, true, 0, false,
+     DLSYNC__ROW_COUNT},
+    {"L fence 2 captures", "signal G1 / wait G2", sc_fence_two_captures, true, true, 0, false,
+     DLSYNC__ROW_TWO_CAPTURES},
     {"L fence eager", "signal capture / eager wait", sc_fence_eager_after_launch, true, true, 0,
-     false},
-    {"L fence 8 threads", "signal + wait, 8 threads", sc_fence_threads, false, true, 0, false},
-    {"2 GPUs eager", "eager dev0 / eager dev1", sc_two_devices_eager, false, true, 0, false},
-    {"2 GPUs join", "capturing dev0 / eager dev1", sc_two_devices_join, true, true, 0, false},
+     false, DLSYNC__ROW_LAUNCHED_TO_EAGER},
+    {"L fence 8 threads", "signal + wait, 8 threads", sc_fence_threads, false, true, 0, false,
+     DLSYNC__ROW_COUNT},
+    {"2 GPUs eager", "eager dev0 / eager dev1", sc_two_devices_eager, false, true, 0, false,
+     DLSYNC__ROW_EAGER_EAGER},
+    {"2 GPUs join", "capturing dev0 / eager dev1", sc_two_devices_join, true, true, 0, false,
+     DLSYNC__ROW_JOIN},
 };
+
+/* The row's enum name without its prefix ("EAGER_EAGER"), "-" for none. */
+static const char *row_label(const scenario *s) {
+  if (s->table_row == DLSYNC__ROW_COUNT)
+    return "-";
+  return dlsync__row_name(s->table_row) + strlen("DLSYNC__ROW_");
+}
 
 static const char *mode_name(CUstreamCaptureMode m) {
   switch (m) {
@@ -1607,8 +1632,8 @@ int main(int argc, char **argv) {
     if (only != NULL && strstr(s->name, only) == NULL)
       continue;
     if (dev1_ctx == NULL && strncmp(s->name, "2 GPUs", 6) == 0) {
-      snprintf(lines[nlines++], sizeof lines[0], "%-18s %-26s %-12s   (skipped: one GPU)", s->name,
-               s->row, "-");
+      snprintf(lines[nlines++], sizeof lines[0], "%-18s %-26s %-30s %-12s   (skipped: one GPU)",
+               s->name, s->row, row_label(s), "-");
       continue;
     }
     for (int m = 0; m < nmodes; m++) {
@@ -1623,8 +1648,9 @@ int main(int argc, char **argv) {
       pass = pass_with && (control_failed || !s->control_can_fail);
       total++;
       failed += !pass;
-      snprintf(lines[nlines++], sizeof lines[0], "%-18s %-26s %-12s %5d %5d %5d   %5d %5d   %s%s%s",
-               s->name, s->row, s->modes ? mode_name(modes[m]) : "-", with.runs, with.wrong,
+      snprintf(lines[nlines++], sizeof lines[0],
+               "%-18s %-26s %-30s %-12s %5d %5d %5d   %5d %5d   %s%s%s", s->name, s->row,
+               row_label(s), s->modes ? mode_name(modes[m]) : "-", with.runs, with.wrong,
                with.broken, without.wrong, without.broken, pass ? "PASS" : "FAIL",
                !s->control_can_fail ? " (control n/a)" : "", "");
       if (with.note[0] != '\0')
@@ -1634,8 +1660,9 @@ int main(int argc, char **argv) {
       fflush(stdout);
     }
   }
-  printf("\n%-18s %-26s %-12s %5s %5s %5s   %5s %5s   %s\n", "scenario", "producer / consumer",
-         "capture", "runs", "wrong", "broke", "ctl-w", "ctl-b", "verdict");
+  printf("\n%-18s %-26s %-30s %-12s %5s %5s %5s   %5s %5s   %s\n", "scenario",
+         "producer / consumer", "table row", "capture", "runs", "wrong", "broke", "ctl-w", "ctl-b",
+         "verdict");
   for (int i = 0; i < nlines; i++)
     printf("%s\n", lines[i]);
   printf("\n%d passed, %d failed\n", total - failed, failed);

@@ -16,6 +16,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
+#include "dlsync/private/base.h"
 #include "dlsync/status.h"
 
 #ifdef __cplusplus
@@ -23,7 +24,9 @@ extern "C" {
 #endif
 
 /* What an entry is needed for. A context cannot be created without every
- * CORE entry. CAPTURE entries are needed by the capture-aware paths (the
+ * CORE entry: exactly the entries the library itself calls outside the
+ * capture-aware paths (tests/test_context.c checks that a table with only
+ * those makes a working context). CAPTURE entries are needed by the capture-aware paths (the
  * exchange fails with DLSYNC_ERROR_DRIVER_TOO_OLD naming the entry when one is
  * missing). OPTIONAL entries are features reported by capabilities. SUPPORT
  * entries are used only by tools, tests/gpu and bench (allocation, copies,
@@ -36,82 +39,82 @@ enum {
 };
 
 /* X(field, PFN type, pinned version, need) */
-#define DLSYNC__DRIVER_ENTRIES(X)                                                            \
-  X(Init, PFN_cuInit_v2000, 2000, DLSYNC__NEED_CORE)                                         \
-  X(DriverGetVersion, PFN_cuDriverGetVersion_v2020, 2020, DLSYNC__NEED_CORE)                 \
-  X(GetErrorName, PFN_cuGetErrorName_v6000, 6000, DLSYNC__NEED_CORE)                         \
-  X(GetErrorString, PFN_cuGetErrorString_v6000, 6000, DLSYNC__NEED_CORE)                     \
-  X(DeviceGetCount, PFN_cuDeviceGetCount_v2000, 2000, DLSYNC__NEED_CORE)                     \
-  X(DeviceGet, PFN_cuDeviceGet_v2000, 2000, DLSYNC__NEED_CORE)                               \
-  X(DeviceGetName, PFN_cuDeviceGetName_v2000, 2000, DLSYNC__NEED_CORE)                       \
-  X(DeviceGetAttribute, PFN_cuDeviceGetAttribute_v2000, 2000, DLSYNC__NEED_CORE)             \
-  X(DeviceTotalMem, PFN_cuDeviceTotalMem_v3020, 3020, DLSYNC__NEED_CORE)                     \
-  X(DeviceGetPCIBusId, PFN_cuDeviceGetPCIBusId_v4010, 4010, DLSYNC__NEED_CORE)               \
-  X(DeviceCanAccessPeer, PFN_cuDeviceCanAccessPeer_v4000, 4000, DLSYNC__NEED_CORE)           \
-  X(DevicePrimaryCtxRetain, PFN_cuDevicePrimaryCtxRetain_v7000, 7000, DLSYNC__NEED_CORE)     \
-  X(DevicePrimaryCtxRelease, PFN_cuDevicePrimaryCtxRelease_v11000, 11000, DLSYNC__NEED_CORE) \
-  X(CtxPushCurrent, PFN_cuCtxPushCurrent_v4000, 4000, DLSYNC__NEED_CORE)                     \
-  X(CtxPopCurrent, PFN_cuCtxPopCurrent_v4000, 4000, DLSYNC__NEED_CORE)                       \
-  X(CtxGetCurrent, PFN_cuCtxGetCurrent_v4000, 4000, DLSYNC__NEED_CORE)                       \
-  X(CtxGetDevice, PFN_cuCtxGetDevice_v2000, 2000, DLSYNC__NEED_CORE)                         \
-  X(CtxGetId, PFN_cuCtxGetId_v12000, 12000, DLSYNC__NEED_CORE)                               \
-  X(StreamGetCtx, PFN_cuStreamGetCtx_v9020, 9020, DLSYNC__NEED_CORE)                         \
-  X(StreamGetId, PFN_cuStreamGetId_v12000, 12000, DLSYNC__NEED_CORE)                         \
-  X(StreamGetFlags, PFN_cuStreamGetFlags_v5050, 5050, DLSYNC__NEED_CORE)                     \
-  X(StreamWaitEvent, PFN_cuStreamWaitEvent_v3020, 3020, DLSYNC__NEED_CORE)                   \
-  X(EventCreate, PFN_cuEventCreate_v2000, 2000, DLSYNC__NEED_CORE)                           \
-  X(EventDestroy, PFN_cuEventDestroy_v4000, 4000, DLSYNC__NEED_CORE)                         \
-  X(EventRecord, PFN_cuEventRecord_v2000, 2000, DLSYNC__NEED_CORE)                           \
-  X(EventRecordWithFlags, PFN_cuEventRecordWithFlags_v11010, 11010, DLSYNC__NEED_CORE)       \
-  X(EventQuery, PFN_cuEventQuery_v2000, 2000, DLSYNC__NEED_CORE)                             \
-  X(EventSynchronize, PFN_cuEventSynchronize_v2000, 2000, DLSYNC__NEED_CORE)                 \
-  X(LaunchHostFunc, PFN_cuLaunchHostFunc_v10000, 10000, DLSYNC__NEED_CORE)                   \
-  X(ThreadExchangeStreamCaptureMode, PFN_cuThreadExchangeStreamCaptureMode_v10010, 10010,    \
-    DLSYNC__NEED_CORE)                                                                       \
-  X(GraphAddEventRecordNode, PFN_cuGraphAddEventRecordNode_v11010, 11010, DLSYNC__NEED_CORE) \
-  X(GraphAddEventWaitNode, PFN_cuGraphAddEventWaitNode_v11010, 11010, DLSYNC__NEED_CORE)     \
-  X(GraphAddEmptyNode, PFN_cuGraphAddEmptyNode_v10000, 10000, DLSYNC__NEED_CORE)             \
-  X(GraphNodeGetType, PFN_cuGraphNodeGetType_v10000, 10000, DLSYNC__NEED_CORE)               \
-  X(GraphEventRecordNodeGetEvent, PFN_cuGraphEventRecordNodeGetEvent_v11010, 11010,          \
-    DLSYNC__NEED_CORE)                                                                       \
-  X(GraphGetNodes, PFN_cuGraphGetNodes_v10000, 10000, DLSYNC__NEED_CORE)                     \
-  X(UserObjectCreate, PFN_cuUserObjectCreate_v11030, 11030, DLSYNC__NEED_CORE)               \
-  X(UserObjectRelease, PFN_cuUserObjectRelease_v11030, 11030, DLSYNC__NEED_CORE)             \
-  X(GraphRetainUserObject, PFN_cuGraphRetainUserObject_v11030, 11030, DLSYNC__NEED_CORE)     \
-  X(StreamIsCapturing, PFN_cuStreamIsCapturing_v10000, 10000, DLSYNC__NEED_CORE)             \
-  X(StreamGetCaptureInfo, PFN_cuStreamGetCaptureInfo_v12030, 12030, DLSYNC__NEED_CAPTURE)    \
-  X(StreamUpdateCaptureDependencies, PFN_cuStreamUpdateCaptureDependencies_v12030, 12030,    \
-    DLSYNC__NEED_CAPTURE)                                                                    \
-  X(GraphAddNode, PFN_cuGraphAddNode_v12030, 12030, DLSYNC__NEED_CAPTURE)                    \
-  X(GraphAddDependencies, PFN_cuGraphAddDependencies_v12030, 12030, DLSYNC__NEED_CAPTURE)    \
-  X(GraphGetEdges, PFN_cuGraphGetEdges_v12030, 12030, DLSYNC__NEED_CAPTURE)                  \
-  X(StreamBeginCaptureToGraph, PFN_cuStreamBeginCaptureToGraph_v12030, 12030,                \
-    DLSYNC__NEED_OPTIONAL)                                                                   \
-  X(StreamGetDevice, PFN_cuStreamGetDevice_v12080, 12080, DLSYNC__NEED_OPTIONAL)             \
-  X(StreamCreate, PFN_cuStreamCreate_v2000, 2000, DLSYNC__NEED_SUPPORT)                      \
-  X(StreamDestroy, PFN_cuStreamDestroy_v4000, 4000, DLSYNC__NEED_SUPPORT)                    \
-  X(StreamBeginCapture, PFN_cuStreamBeginCapture_v10010, 10010, DLSYNC__NEED_SUPPORT)        \
-  X(StreamEndCapture, PFN_cuStreamEndCapture_v10000, 10000, DLSYNC__NEED_SUPPORT)            \
-  X(StreamSynchronize, PFN_cuStreamSynchronize_v2000, 2000, DLSYNC__NEED_SUPPORT)            \
-  X(StreamQuery, PFN_cuStreamQuery_v2000, 2000, DLSYNC__NEED_SUPPORT)                        \
-  X(CtxSynchronize, PFN_cuCtxSynchronize_v2000, 2000, DLSYNC__NEED_SUPPORT)                  \
-  X(MemAlloc, PFN_cuMemAlloc_v3020, 3020, DLSYNC__NEED_SUPPORT)                              \
-  X(MemFree, PFN_cuMemFree_v3020, 3020, DLSYNC__NEED_SUPPORT)                                \
-  X(MemsetD32Async, PFN_cuMemsetD32Async_v3020, 3020, DLSYNC__NEED_SUPPORT)                  \
-  X(MemcpyHtoD, PFN_cuMemcpyHtoD_v3020, 3020, DLSYNC__NEED_SUPPORT)                          \
-  X(MemcpyDtoH, PFN_cuMemcpyDtoH_v3020, 3020, DLSYNC__NEED_SUPPORT)                          \
-  X(MemcpyDtoHAsync, PFN_cuMemcpyDtoHAsync_v3020, 3020, DLSYNC__NEED_SUPPORT)                \
-  X(MemcpyDtoDAsync, PFN_cuMemcpyDtoDAsync_v3020, 3020, DLSYNC__NEED_SUPPORT)                \
-  X(EventElapsedTime, PFN_cuEventElapsedTime_v2000, 2000, DLSYNC__NEED_SUPPORT)              \
-  X(GraphCreate, PFN_cuGraphCreate_v10000, 10000, DLSYNC__NEED_SUPPORT)                      \
-  X(GraphDestroy, PFN_cuGraphDestroy_v10000, 10000, DLSYNC__NEED_SUPPORT)                    \
-  X(GraphAddMemsetNode, PFN_cuGraphAddMemsetNode_v10000, 10000, DLSYNC__NEED_SUPPORT)        \
-  X(GraphAddMemcpyNode, PFN_cuGraphAddMemcpyNode_v10000, 10000, DLSYNC__NEED_SUPPORT)        \
-  X(GraphInstantiateWithFlags, PFN_cuGraphInstantiateWithFlags_v11040, 11040,                \
-    DLSYNC__NEED_SUPPORT)                                                                    \
-  X(GraphExecDestroy, PFN_cuGraphExecDestroy_v10000, 10000, DLSYNC__NEED_SUPPORT)            \
-  X(GraphLaunch, PFN_cuGraphLaunch_v10000, 10000, DLSYNC__NEED_SUPPORT)                      \
-  X(GraphExecMemsetNodeSetParams, PFN_cuGraphExecMemsetNodeSetParams_v10020, 10020,          \
+#define DLSYNC__DRIVER_ENTRIES(X)                                                               \
+  X(Init, PFN_cuInit_v2000, 2000, DLSYNC__NEED_CORE)                                            \
+  X(DriverGetVersion, PFN_cuDriverGetVersion_v2020, 2020, DLSYNC__NEED_CORE)                    \
+  X(GetErrorName, PFN_cuGetErrorName_v6000, 6000, DLSYNC__NEED_CORE)                            \
+  X(GetErrorString, PFN_cuGetErrorString_v6000, 6000, DLSYNC__NEED_SUPPORT)                     \
+  X(DeviceGetCount, PFN_cuDeviceGetCount_v2000, 2000, DLSYNC__NEED_CORE)                        \
+  X(DeviceGet, PFN_cuDeviceGet_v2000, 2000, DLSYNC__NEED_CORE)                                  \
+  X(DeviceGetName, PFN_cuDeviceGetName_v2000, 2000, DLSYNC__NEED_CORE)                          \
+  X(DeviceGetAttribute, PFN_cuDeviceGetAttribute_v2000, 2000, DLSYNC__NEED_CORE)                \
+  X(DeviceTotalMem, PFN_cuDeviceTotalMem_v3020, 3020, DLSYNC__NEED_CORE)                        \
+  X(DeviceGetPCIBusId, PFN_cuDeviceGetPCIBusId_v4010, 4010, DLSYNC__NEED_CORE)                  \
+  X(DeviceCanAccessPeer, PFN_cuDeviceCanAccessPeer_v4000, 4000, DLSYNC__NEED_SUPPORT)           \
+  X(DevicePrimaryCtxRetain, PFN_cuDevicePrimaryCtxRetain_v7000, 7000, DLSYNC__NEED_SUPPORT)     \
+  X(DevicePrimaryCtxRelease, PFN_cuDevicePrimaryCtxRelease_v11000, 11000, DLSYNC__NEED_SUPPORT) \
+  X(CtxPushCurrent, PFN_cuCtxPushCurrent_v4000, 4000, DLSYNC__NEED_CORE)                        \
+  X(CtxPopCurrent, PFN_cuCtxPopCurrent_v4000, 4000, DLSYNC__NEED_CORE)                          \
+  X(CtxGetCurrent, PFN_cuCtxGetCurrent_v4000, 4000, DLSYNC__NEED_CORE)                          \
+  X(CtxGetDevice, PFN_cuCtxGetDevice_v2000, 2000, DLSYNC__NEED_CORE)                            \
+  X(CtxGetId, PFN_cuCtxGetId_v12000, 12000, DLSYNC__NEED_SUPPORT)                               \
+  X(StreamGetCtx, PFN_cuStreamGetCtx_v9020, 9020, DLSYNC__NEED_CORE)                            \
+  X(StreamGetId, PFN_cuStreamGetId_v12000, 12000, DLSYNC__NEED_SUPPORT)                         \
+  X(StreamGetFlags, PFN_cuStreamGetFlags_v5050, 5050, DLSYNC__NEED_SUPPORT)                     \
+  X(StreamWaitEvent, PFN_cuStreamWaitEvent_v3020, 3020, DLSYNC__NEED_CORE)                      \
+  X(EventCreate, PFN_cuEventCreate_v2000, 2000, DLSYNC__NEED_CORE)                              \
+  X(EventDestroy, PFN_cuEventDestroy_v4000, 4000, DLSYNC__NEED_CORE)                            \
+  X(EventRecord, PFN_cuEventRecord_v2000, 2000, DLSYNC__NEED_CORE)                              \
+  X(EventRecordWithFlags, PFN_cuEventRecordWithFlags_v11010, 11010, DLSYNC__NEED_SUPPORT)       \
+  X(EventQuery, PFN_cuEventQuery_v2000, 2000, DLSYNC__NEED_SUPPORT)                             \
+  X(EventSynchronize, PFN_cuEventSynchronize_v2000, 2000, DLSYNC__NEED_CORE)                    \
+  X(LaunchHostFunc, PFN_cuLaunchHostFunc_v10000, 10000, DLSYNC__NEED_SUPPORT)                   \
+  X(ThreadExchangeStreamCaptureMode, PFN_cuThreadExchangeStreamCaptureMode_v10010, 10010,       \
+    DLSYNC__NEED_CORE)                                                                          \
+  X(GraphAddEventRecordNode, PFN_cuGraphAddEventRecordNode_v11010, 11010, DLSYNC__NEED_CORE)    \
+  X(GraphAddEventWaitNode, PFN_cuGraphAddEventWaitNode_v11010, 11010, DLSYNC__NEED_CORE)        \
+  X(GraphAddEmptyNode, PFN_cuGraphAddEmptyNode_v10000, 10000, DLSYNC__NEED_SUPPORT)             \
+  X(GraphNodeGetType, PFN_cuGraphNodeGetType_v10000, 10000, DLSYNC__NEED_CORE)                  \
+  X(GraphEventRecordNodeGetEvent, PFN_cuGraphEventRecordNodeGetEvent_v11010, 11010,             \
+    DLSYNC__NEED_CORE)                                                                          \
+  X(GraphGetNodes, PFN_cuGraphGetNodes_v10000, 10000, DLSYNC__NEED_CORE)                        \
+  X(UserObjectCreate, PFN_cuUserObjectCreate_v11030, 11030, DLSYNC__NEED_CORE)                  \
+  X(UserObjectRelease, PFN_cuUserObjectRelease_v11030, 11030, DLSYNC__NEED_CORE)                \
+  X(GraphRetainUserObject, PFN_cuGraphRetainUserObject_v11030, 11030, DLSYNC__NEED_CORE)        \
+  X(StreamIsCapturing, PFN_cuStreamIsCapturing_v10000, 10000, DLSYNC__NEED_CORE)                \
+  X(StreamGetCaptureInfo, PFN_cuStreamGetCaptureInfo_v12030, 12030, DLSYNC__NEED_CAPTURE)       \
+  X(StreamUpdateCaptureDependencies, PFN_cuStreamUpdateCaptureDependencies_v12030, 12030,       \
+    DLSYNC__NEED_CAPTURE)                                                                       \
+  X(GraphAddNode, PFN_cuGraphAddNode_v12030, 12030, DLSYNC__NEED_CAPTURE)                       \
+  X(GraphAddDependencies, PFN_cuGraphAddDependencies_v12030, 12030, DLSYNC__NEED_CAPTURE)       \
+  X(GraphGetEdges, PFN_cuGraphGetEdges_v12030, 12030, DLSYNC__NEED_CAPTURE)                     \
+  X(StreamBeginCaptureToGraph, PFN_cuStreamBeginCaptureToGraph_v12030, 12030,                   \
+    DLSYNC__NEED_OPTIONAL)                                                                      \
+  X(StreamGetDevice, PFN_cuStreamGetDevice_v12080, 12080, DLSYNC__NEED_OPTIONAL)                \
+  X(StreamCreate, PFN_cuStreamCreate_v2000, 2000, DLSYNC__NEED_SUPPORT)                         \
+  X(StreamDestroy, PFN_cuStreamDestroy_v4000, 4000, DLSYNC__NEED_SUPPORT)                       \
+  X(StreamBeginCapture, PFN_cuStreamBeginCapture_v10010, 10010, DLSYNC__NEED_SUPPORT)           \
+  X(StreamEndCapture, PFN_cuStreamEndCapture_v10000, 10000, DLSYNC__NEED_SUPPORT)               \
+  X(StreamSynchronize, PFN_cuStreamSynchronize_v2000, 2000, DLSYNC__NEED_SUPPORT)               \
+  X(StreamQuery, PFN_cuStreamQuery_v2000, 2000, DLSYNC__NEED_SUPPORT)                           \
+  X(CtxSynchronize, PFN_cuCtxSynchronize_v2000, 2000, DLSYNC__NEED_SUPPORT)                     \
+  X(MemAlloc, PFN_cuMemAlloc_v3020, 3020, DLSYNC__NEED_SUPPORT)                                 \
+  X(MemFree, PFN_cuMemFree_v3020, 3020, DLSYNC__NEED_SUPPORT)                                   \
+  X(MemsetD32Async, PFN_cuMemsetD32Async_v3020, 3020, DLSYNC__NEED_SUPPORT)                     \
+  X(MemcpyHtoD, PFN_cuMemcpyHtoD_v3020, 3020, DLSYNC__NEED_SUPPORT)                             \
+  X(MemcpyDtoH, PFN_cuMemcpyDtoH_v3020, 3020, DLSYNC__NEED_SUPPORT)                             \
+  X(MemcpyDtoHAsync, PFN_cuMemcpyDtoHAsync_v3020, 3020, DLSYNC__NEED_SUPPORT)                   \
+  X(MemcpyDtoDAsync, PFN_cuMemcpyDtoDAsync_v3020, 3020, DLSYNC__NEED_SUPPORT)                   \
+  X(EventElapsedTime, PFN_cuEventElapsedTime_v2000, 2000, DLSYNC__NEED_SUPPORT)                 \
+  X(GraphCreate, PFN_cuGraphCreate_v10000, 10000, DLSYNC__NEED_SUPPORT)                         \
+  X(GraphDestroy, PFN_cuGraphDestroy_v10000, 10000, DLSYNC__NEED_SUPPORT)                       \
+  X(GraphAddMemsetNode, PFN_cuGraphAddMemsetNode_v10000, 10000, DLSYNC__NEED_SUPPORT)           \
+  X(GraphAddMemcpyNode, PFN_cuGraphAddMemcpyNode_v10000, 10000, DLSYNC__NEED_SUPPORT)           \
+  X(GraphInstantiateWithFlags, PFN_cuGraphInstantiateWithFlags_v11040, 11040,                   \
+    DLSYNC__NEED_SUPPORT)                                                                       \
+  X(GraphExecDestroy, PFN_cuGraphExecDestroy_v10000, 10000, DLSYNC__NEED_SUPPORT)               \
+  X(GraphLaunch, PFN_cuGraphLaunch_v10000, 10000, DLSYNC__NEED_SUPPORT)                         \
+  X(GraphExecMemsetNodeSetParams, PFN_cuGraphExecMemsetNodeSetParams_v10020, 10020,             \
     DLSYNC__NEED_SUPPORT)
 
 typedef struct dlsync__driver {
@@ -152,6 +155,29 @@ dlsync_status dlsync__driver_require(const dlsync__driver *d, int need, const ch
 /* Name of a CUresult ("CUDA_ERROR_INVALID_VALUE"), through the table when it
  * can, never NULL. */
 const char *dlsync__driver_error_name(const dlsync__driver *d, CUresult r);
+
+/* ---- a driver call failed (driver/driver.c) ---- */
+
+/* The message reads "<call> failed: <CUDA_ERROR_NAME> (<context>)"; the
+ * status is DLSYNC_ERROR_DRIVER unless the result maps to a more precise one
+ * (invalidated capture, legacy stream during capture, out of memory). */
+dlsync_status dlsync__fail_driver(const dlsync__driver *d, CUresult result, const char *call,
+                                  const char *fmt, ...) DLSYNC__PRINTF(4, 5);
+
+/* The same message, reported as `status` whatever the result ("this driver
+ * call failed: report it as status X"). */
+dlsync_status dlsync__fail_driver_as(dlsync_status status, const dlsync__driver *d, CUresult result,
+                                     const char *call, const char *fmt, ...) DLSYNC__PRINTF(5, 6);
+
+/* DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(s, e, 0), "fmt", args...) */
+#define DLSYNC_CU(d, name, expr, ...)                           \
+  do {                                                          \
+    CUresult cu_r_ = (expr);                                    \
+    if (DLSYNC__UNLIKELY(cu_r_ != CUDA_SUCCESS)) {              \
+      st = dlsync__fail_driver((d), cu_r_, #name, __VA_ARGS__); \
+      goto cleanup;                                             \
+    }                                                           \
+  } while (0)
 
 #ifdef __cplusplus
 }

@@ -3,7 +3,7 @@
 #include <string.h>
 
 #include "dlsync/private/dlpack_abi.h"
-#include "dlsync/private/internal.h"
+#include "dlsync/private/order.h"
 
 typedef void (*deleter_fn)(struct DLManagedTensorVersioned *self);
 

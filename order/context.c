@@ -3,7 +3,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dlsync/private/internal.h"
+#include "dlsync/private/order.h"
 
 uint32_t dlsync__capabilities_of(const dlsync__driver *d) {
   uint32_t caps = 0;
@@ -54,20 +54,19 @@ dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
   {
     CUresult r = drv->Init(0);
     if (r != CUDA_SUCCESS) {
-      dlsync__fail_driver(drv, r, "cuInit",
-                          "the driver (%s) could not initialise: no usable GPU, or the driver "
-                          "and kernel module disagree",
-                          drv->origin != NULL ? drv->origin : "?");
-      st = dlsync__retag(DLSYNC_ERROR_NO_DRIVER);
+      st = dlsync__fail_driver_as(DLSYNC_ERROR_NO_DRIVER, drv, r, "cuInit",
+                                  "the driver (%s) could not initialise: no usable GPU, or the "
+                                  "driver and kernel module disagree",
+                                  drv->origin != NULL ? drv->origin : "?");
       goto cleanup;
     }
   }
-  ctx = calloc(1, sizeof *ctx);
+  ctx = dlsync__calloc(1, sizeof *ctx);
   if (ctx == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_context_create: out of memory");
     goto cleanup;
   }
-  if (pthread_mutex_init(&ctx->pools_lock, NULL) != 0) {
+  if (pthread_mutex_init(&ctx->pools.lock, NULL) != 0) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_context_create: no mutex");
     goto cleanup;
   }
@@ -75,20 +74,24 @@ dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
   ctx->drv = drv;
   DLSYNC_CU(drv, cuDriverGetVersion, drv->DriverGetVersion(&ctx->driver_version),
             "asking the driver (%s) for its version", drv->origin != NULL ? drv->origin : "?");
-  ctx->events_kept = (config != NULL && config->events_kept != 0) ? config->events_kept : 64;
+  ctx->pools.drv = drv;
+  ctx->pools.events_kept = (config != NULL && config->events_kept != 0) ? config->events_kept : 64;
   ctx->caps = dlsync__capabilities_of(drv);
-  ctx->generation = atomic_fetch_add(&generations, 1) + 1;
-  atomic_init(&ctx->pools, NULL);
+  ctx->pools.generation = atomic_fetch_add(&generations, 1) + 1;
+  atomic_init(&ctx->pools.list, NULL);
   DLSYNC_TRY(dlsync__release_book_new(&ctx->releases));
   dlsync__orphans_collect();
+  DLSYNC__LOG(DLSYNC__LOG_INFO, "context %p created (driver %s, version %d.%d, events kept %u)",
+              (void *)ctx, drv->origin != NULL ? drv->origin : "?", ctx->driver_version / 1000,
+              (ctx->driver_version % 1000) / 10, (unsigned)ctx->pools.events_kept);
   *out = ctx;
   ctx = NULL;
 cleanup:
   if (ctx != NULL) {
     (void)dlsync__release_book_close(ctx->releases);
     if (lock_made)
-      pthread_mutex_destroy(&ctx->pools_lock);
-    free(ctx);
+      pthread_mutex_destroy(&ctx->pools.lock);
+    dlsync__free(ctx);
   }
   return st;
 }
@@ -117,12 +120,13 @@ dlsync_status dlsync_context_destroy(dlsync_context *ctx) {
   /* Releases first: the eager ones give their events back to the pools. */
   st = dlsync__release_book_close(ctx->releases);
   {
-    dlsync_status pst = dlsync__pools_destroy(ctx);
+    dlsync_status pst = dlsync__pools_destroy(&ctx->pools);
     if (st == DLSYNC_SUCCESS)
       st = pst;
   }
-  pthread_mutex_destroy(&ctx->pools_lock);
-  free(ctx);
+  pthread_mutex_destroy(&ctx->pools.lock);
+  DLSYNC__LOG(DLSYNC__LOG_INFO, "context %p destroyed (%s)", (void *)ctx, dlsync_status_name(st));
+  dlsync__free(ctx);
   return st;
 }
 
@@ -262,6 +266,72 @@ dlsync_status dlsync_device_get_info(dlsync_device_info *info, const dlsync_cont
       "device %d multiprocessors", ordinal);
   DLSYNC_CU(d, cuDeviceTotalMem, d->DeviceTotalMem(&tmp.total_memory, dev), "device %d", ordinal);
   *info = tmp;
+cleanup:
+  return st;
+}
+
+/* ---- lanes ---- */
+
+/* The pool for lanes a and b (b may be NULL): the context of the first stream
+ * lane (*which is that lane), or, for graph lanes only, the calling thread's
+ * current context; none when both are lanes of one graph (edges only). */
+static dlsync_status pool_of(dlsync__pool **pool, bool *from_memo, const dlsync_lane **which,
+                             dlsync_context *ctx, const dlsync_lane *a, const char *ra,
+                             const dlsync_lane *b, const char *rb, const char *graph_what) {
+  *which = NULL;
+  if (a->kind == DLSYNC_LANE_STREAM || (b != NULL && b->kind == DLSYNC_LANE_STREAM)) {
+    const dlsync_lane *l = a->kind == DLSYNC_LANE_STREAM ? a : b;
+    *which = l;
+    return dlsync__pool_for_stream(pool, from_memo, &ctx->pools, l->stream, l == a ? ra : rb);
+  }
+  if (b != NULL && a->graph == b->graph) {
+    *pool = NULL;
+    return DLSYNC_SUCCESS;
+  }
+  return dlsync__pool_for_current(pool, &ctx->pools, graph_what);
+}
+
+dlsync_status dlsync__lanes_open(dlsync__lanes_opened *out, dlsync_context *ctx, dlsync_lane *a,
+                                 const char *ra, dlsync_lane *b, const char *rb,
+                                 const char *graph_what, bool memo) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync_lane *which = NULL;
+  memset(out, 0, sizeof *out);
+  /* The legacy stream is queried before anything else touches it: while a
+   * blocking stream captures, the query fails without harm, but other uses
+   * (cuStreamGetCtx included, seen on the H200) invalidate that capture. */
+  if (a->kind == DLSYNC_LANE_STREAM && dlsync__is_legacy_stream(a->stream))
+    DLSYNC_TRY(dlsync__lane_read(&out->a, ctx->drv, a, ra));
+  if (b != NULL && b->kind == DLSYNC_LANE_STREAM && dlsync__is_legacy_stream(b->stream))
+    DLSYNC_TRY(dlsync__lane_read(&out->b, ctx->drv, b, rb));
+  DLSYNC_TRY(
+      pool_of(&out->pool, memo ? &out->from_memo : NULL, &which, ctx, a, ra, b, rb, graph_what));
+  if (which != NULL) {
+    out->pool_stream = which->stream;
+    out->pool_role = which == a ? ra : rb;
+  }
+  /* Read last: a capture's dependency array is valid only until the next
+   * call on its stream. */
+  DLSYNC_TRY(dlsync__lane_read(&out->a, ctx->drv, a, ra));
+  if (b != NULL)
+    DLSYNC_TRY(dlsync__lane_read(&out->b, ctx->drv, b, rb));
+cleanup:
+  return st;
+}
+
+dlsync_status dlsync_lane_query(dlsync_lane_state *out, dlsync_context *ctx,
+                                const dlsync_lane *lane) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__lane_now now;
+  if (out == NULL || ctx == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_lane_query: %s is NULL",
+                        out == NULL ? "out" : "ctx");
+  DLSYNC_TRY(dlsync__lane_check(lane, "queried"));
+  /* Reading does not modify the lane. */
+  DLSYNC_TRY(dlsync__lane_read(&now, ctx->drv, (dlsync_lane *)(uintptr_t)lane, "queried"));
+  out->kind = now.kind;
+  out->capture_id = now.capture_id;
+  out->graph = now.graph;
 cleanup:
   return st;
 }

@@ -12,7 +12,7 @@
 
 #include "dlsync/private/dlpack_abi.h"
 #include "dlsync/private/env_hooks.h"
-#include "dlsync/private/internal.h"
+#include "dlsync/private/order.h"
 
 #define ENV_FIRST_CAPACITY 8u
 /* prev_api links followed before giving up (a cycle, or a very long chain). */
@@ -33,13 +33,13 @@ static _Thread_local env_table *tls_table;
 static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 static pthread_key_t table_key;
 static atomic_bool key_ready;
-static dlsync__env_realloc_fn env_realloc = realloc;
+static dlsync__env_realloc_fn env_realloc = dlsync__realloc;
 
 static void table_free(env_table *t) {
   if (t == NULL)
     return;
-  free(t->entries);
-  free(t);
+  dlsync__free(t->entries);
+  dlsync__free(t);
 }
 
 /* Runs on the exiting thread. */
@@ -65,7 +65,7 @@ __attribute__((destructor)) static void env_unload(void) {
 #endif
 
 void dlsync__env_set_realloc(dlsync__env_realloc_fn fn) {
-  env_realloc = fn != NULL ? fn : realloc;
+  env_realloc = fn != NULL ? fn : dlsync__realloc;
 }
 
 size_t dlsync__env_capacity(void) {
@@ -118,7 +118,7 @@ static dlsync_status table_get(env_table **out) {
                       "(pthread_key_create failed, or dlsync is being unloaded)");
     goto cleanup;
   }
-  t = calloc(1, sizeof *t);
+  t = dlsync__calloc(1, sizeof *t);
   if (t == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "env streams: out of memory for the table");
     goto cleanup;
@@ -132,7 +132,7 @@ static dlsync_status table_get(env_table **out) {
   *out = t;
   t = NULL;
 cleanup:
-  free(t);
+  dlsync__free(t);
   return st;
 }
 

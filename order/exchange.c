@@ -1,15 +1,11 @@
 /* The decision table: dlsync_order and the exchange built on it.
- * include/dlsync/exchange.h has the table; DESIGN.md section 3 the why. */
+ * include/dlsync/exchange.h has the table; docs/design.md section 3 the why; the rows are
+ * classified in table.c. */
 #include <stdlib.h>
 #include <string.h>
 
-#include "dlsync/private/internal.h"
-
-/* What an order placed, for end's checks. */
-typedef struct order_result {
-  bool joined; /* `then` (an eager stream) joined first's capture */
-  bool cross;  /* record node in first's graph, wait node in then's */
-} order_result;
+#include "dlsync/private/order.h"
+#include "dlsync/private/table.h"
 
 /* The identity of a lane's graph: the capture id, or the built graph. */
 typedef struct domain {
@@ -48,10 +44,15 @@ static bool same_domain(const domain *a, const domain *b) {
   return false;
 }
 
-/* The pool to take an event from: the context of the first stream lane, or
- * the calling thread's current context when both lanes are graphs. Looked up
- * before the capture queries: a capture's dependency array is valid only
- * until the next call on that stream. */
+/* Both lanes in one capture, or both in one built graph. */
+static bool same_graph_now(const dlsync__lane_now *a, const dlsync__lane_now *b) {
+  domain da = domain_of(a), db = domain_of(b);
+  return same_domain(&da, &db);
+}
+
+/* The pool to take an event from, as dlsync__lanes_open found it: the
+ * context of the first stream lane, or the calling thread's current context
+ * when both lanes are graphs (none for one graph). */
 typedef struct pool_pick {
   dlsync__pool *pool;
   bool from_memo;  /* not checked against the driver yet */
@@ -59,25 +60,9 @@ typedef struct pool_pick {
   const char *role;
 } pool_pick;
 
-static dlsync_status pool_for(pool_pick *pk, dlsync_context *ctx, const dlsync_lane *a,
-                              const char *a_role, const dlsync_lane *b, const char *b_role) {
-  dlsync__pool **out = &pk->pool;
-  memset(pk, 0, sizeof *pk);
-  if (a->kind == DLSYNC_LANE_STREAM || b->kind == DLSYNC_LANE_STREAM) {
-    const dlsync_lane *l = a->kind == DLSYNC_LANE_STREAM ? a : b;
-    pk->stream = l->stream;
-    pk->role = l == a ? a_role : b_role;
-    return dlsync__pool_for_stream(out, &pk->from_memo, ctx, pk->stream, pk->role);
-  }
-  if (a->graph == b->graph) {
-    *out = NULL; /* same graph: edges only, no event */
-    return DLSYNC_SUCCESS;
-  }
-  return dlsync__pool_for_current(out, ctx, "both lanes are graph lanes");
-}
-
 /* then.frontier := then.frontier U first.frontier (both graph lanes, same graph). */
 static dlsync_status merge_frontiers(dlsync__lane_now *first, dlsync__lane_now *then) {
+  dlsync_status st;
   dlsync_lane *lane = then->lane;
   size_t n = lane->ndeps;
   size_t extra = 0;
@@ -89,11 +74,10 @@ static dlsync_status merge_frontiers(dlsync__lane_now *first, dlsync__lane_now *
       dup = first->deps[j] == first->deps[i];
     extra += dup ? 0 : 1;
   }
-  if (n + extra > lane->capacity)
-    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                        "the %s graph lane's new frontier has %zu nodes but its capacity is %zu "
-                        "(both lanes are in graph %p: the frontier is the union of theirs)",
-                        then->role, n + extra, lane->capacity, (void *)lane->graph);
+  st = dlsync__lane_fit(lane, n + extra, then->role,
+                        "both lanes are in one graph: the union of their frontiers");
+  if (st != DLSYNC_SUCCESS)
+    return st;
   for (size_t i = 0; i < first->ndeps; i++) {
     bool dup = false;
     for (size_t j = 0; j < lane->ndeps && !dup; j++)
@@ -151,17 +135,17 @@ static dlsync_status fail_wait(dlsync_context *ctx, CUresult r, CUstream first, 
   dlsync__pool *pf = NULL, *pt = NULL;
   int df = -1, dt = -1;
   if (refusal_result(r) && !dlsync__is_special_stream(first) && !dlsync__is_special_stream(then) &&
-      dlsync__pool_for_stream(&pf, NULL, ctx, first, first_role) == DLSYNC_SUCCESS &&
-      dlsync__pool_for_stream(&pt, NULL, ctx, then, then_role) == DLSYNC_SUCCESS) {
+      dlsync__pool_for_stream(&pf, NULL, &ctx->pools, first, first_role) == DLSYNC_SUCCESS &&
+      dlsync__pool_for_stream(&pt, NULL, &ctx->pools, then, then_role) == DLSYNC_SUCCESS) {
     df = dlsync__pool_device(pf);
     dt = dlsync__pool_device(pt);
   }
   if (df >= 0 && dt >= 0 && df != dt) {
-    dlsync__fail_driver(d, r, "cuStreamWaitEvent",
-                        "%s stream %p on device %d waiting for %s stream %p on device %d: the "
-                        "driver refused to order work across the two devices",
-                        then_role, (void *)then, dt, first_role, (void *)first, df);
-    return dlsync__retag(DLSYNC_ERROR_CROSS_DEVICE);
+    return dlsync__fail_driver_as(
+        DLSYNC_ERROR_CROSS_DEVICE, d, r, "cuStreamWaitEvent",
+        "%s stream %p on device %d waiting for %s stream %p on device %d: the driver refused to "
+        "order work across the two devices",
+        then_role, (void *)then, dt, first_role, (void *)first, df);
   }
   return dlsync__fail_driver(d, r, "cuStreamWaitEvent", "%s stream %p waiting for %s stream %p",
                              then_role, (void *)then, first_role, (void *)first);
@@ -179,10 +163,10 @@ static dlsync_status record_plain(dlsync_context *ctx, pool_pick *pk, CUevent *e
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
     dlsync__pool_unborrow(pk->pool, *ev, *lent);
     *ev = NULL;
-    dlsync__pool_memo_forget(ctx, pk->stream);
-    DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, ctx, pk->stream, pk->role));
+    dlsync__pool_memo_forget(&ctx->pools, pk->stream);
+    DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, &ctx->pools, pk->stream, pk->role));
     pk->from_memo = false;
-    DLSYNC_TRY(dlsync__pool_borrow(ev, lent, ctx, pk->pool));
+    DLSYNC_TRY(dlsync__pool_borrow(ev, lent, &ctx->pools, pk->pool));
     r = d->EventRecord(*ev, first->stream);
   }
   if (r != CUDA_SUCCESS)
@@ -201,166 +185,238 @@ static dlsync_status verify_pool(dlsync_context *ctx, pool_pick *pk, dlsync__lan
   dlsync_status st = DLSYNC_SUCCESS;
   if (!pk->from_memo)
     return DLSYNC_SUCCESS;
-  DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, ctx, pk->stream, pk->role));
+  DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, &ctx->pools, pk->stream, pk->role));
   pk->from_memo = false;
   if (first->kind == DLSYNC_LANE_CAPTURING)
-    DLSYNC_TRY(dlsync__lane_read(first, ctx, first->lane, first->role));
+    DLSYNC_TRY(dlsync__lane_read(first, ctx->drv, first->lane, first->role));
   if (then->kind == DLSYNC_LANE_CAPTURING)
-    DLSYNC_TRY(dlsync__lane_read(then, ctx, then->lane, then->role));
+    DLSYNC_TRY(dlsync__lane_read(then, ctx->drv, then->lane, then->role));
 cleanup:
   return st;
 }
 
-/* The table. `first` and `then` have been read (dlsync__lane_read). */
-static dlsync_status order_now(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
-                               dlsync__lane_now *then, order_result *res) {
+/* ---- one function per row (include/dlsync/private/table.h) ----
+ * `first` and `then` have been read (dlsync__lane_read); pk is the pool the
+ * event comes from. */
+
+/* EAGER_EAGER, SAME_CAPTURE, JOIN: a plain record and wait leave the event
+ * free at once, so the thread's own scratch event does. JOIN: `then` joins
+ * first's capture. */
+static dlsync_status row_record_wait(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
+                                     dlsync__lane_now *then) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  CUevent ev = NULL;
+  bool lent = false;
+  CUresult r;
+  DLSYNC_TRY(dlsync__pool_borrow(&ev, &lent, &ctx->pools, pk->pool));
+  DLSYNC_TRY(record_plain(ctx, pk, &ev, &lent, first));
+  r = ctx->drv->StreamWaitEvent(then->stream, ev, 0);
+  if (r != CUDA_SUCCESS)
+    st = fail_wait(ctx, r, first->stream, then->stream, first->role, then->role);
+cleanup:
+  if (ev != NULL)
+    dlsync__pool_unborrow(pk->pool, ev, lent);
+  return st;
+}
+
+/* A pool event for a graph to own, from a pool checked with the driver. */
+static dlsync_status graph_event(CUevent *ev, dlsync_context *ctx, pool_pick *pk,
+                                 dlsync__lane_now *first, dlsync__lane_now *then) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  DLSYNC_TRY(verify_pool(ctx, pk, first, then));
+  DLSYNC_TRY(dlsync__pool_get(ev, pk->pool));
+cleanup:
+  return st;
+}
+
+/* EAGER_TO_CAPTURE: an eager record, an external wait node in then's
+ * capture; the capture's graph owns the event. */
+static dlsync_status row_eager_to_capture(dlsync_context *ctx, pool_pick *pk,
+                                          dlsync__lane_now *first, dlsync__lane_now *then) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ctx->drv;
-  dlsync__pool *pool = NULL;
   CUevent ev = NULL;
-  bool plain = false; /* plain record and wait: a borrowed event */
-  bool lent = false;
-  bool put_back = false; /* ev goes back to the pool at cleanup */
-  CUgraph graphs[2];
-  CUresult r;
-  res->joined = false;
-  res->cross = false;
+  DLSYNC_TRY(graph_event(&ev, ctx, pk, first, then));
+  DLSYNC_TRY(dlsync__graph_own_event(ctx->drv, pk->pool, ev, &then->graph, 1));
+  /* Record first: a pooled event may still carry the state of a record made
+   * in an earlier capture, and the driver refuses an external wait on such an
+   * event (CUDA_ERROR_INVALID_VALUE, seen on the H200). */
+  DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p", first->role,
+            (void *)first->stream);
+  DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(then->stream, ev, CU_EVENT_WAIT_EXTERNAL),
+            "%s stream %p is capturing (capture %llu); adding an external wait for eager %s "
+            "stream %p",
+            then->role, (void *)then->stream, (unsigned long long)then->capture_id, first->role,
+            (void *)first->stream);
+cleanup:
+  return st;
+}
 
-  if (first->kind == DLSYNC_LANE_BUILT && then->kind == DLSYNC_LANE_EAGER) {
-    st = dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
+/* EAGER_TO_BUILT: a wait node in the built graph, then the eager record. The
+ * node reads the event when the graph is launched: added first, so that a
+ * failure leaves nothing queued. */
+static dlsync_status row_eager_to_built(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
+                                        dlsync__lane_now *then) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = ctx->drv;
+  CUevent ev = NULL;
+  DLSYNC_TRY(graph_event(&ev, ctx, pk, first, then));
+  DLSYNC_TRY(dlsync__graph_own_event(ctx->drv, pk->pool, ev, &then->graph, 1));
+  DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, then, ev, false));
+  DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p", first->role,
+            (void *)first->stream);
+cleanup:
+  return st;
+}
+
+/* TWO_CAPTURES, CAPTURE_TO_BUILT, BUILT_TO_CAPTURE, TWO_BUILT: a record node
+ * in first's graph, a wait node in then's, both owning the event. */
+static dlsync_status row_two_graphs(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
+                                    dlsync__lane_now *then) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  CUevent ev = NULL;
+  CUgraph graphs[2];
+  DLSYNC_TRY(graph_event(&ev, ctx, pk, first, then));
+  graphs[0] = first->graph;
+  graphs[1] = then->graph;
+  DLSYNC_TRY(dlsync__graph_own_event(ctx->drv, pk->pool, ev, graphs, 2));
+  DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, first, ev, true));
+  DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, then, ev, false));
+cleanup:
+  return st;
+}
+
+/* REFUSE_BUILT_TO_EAGER. */
+static dlsync_status row_refuse_built_to_eager(const dlsync__lane_now *first,
+                                               const dlsync__lane_now *then) {
+  return dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
                       "the %s lane is graph %p (built by hand, not launched yet) and the %s lane "
                       "is eager stream %p: an eager wait now would order nothing; wait for the "
                       "graph after launching it",
                       first->role, (void *)first->graph, then->role, (void *)then->stream);
-    goto cleanup;
-  }
-  if (first->kind == DLSYNC_LANE_BUILT && then->kind == DLSYNC_LANE_BUILT &&
-      first->graph == then->graph) {
-    /* Same graph: edges only. */
-    DLSYNC_TRY(merge_frontiers(first, then));
-    goto cleanup;
-  }
+}
 
-  /* Plain record and wait (eager, or within one capture) leave the event free
-   * at once: the thread's own scratch event does. Everything else puts the
-   * event into a graph: a pool event, from a pool checked with the driver. */
-  plain = (first->kind == DLSYNC_LANE_EAGER && then->kind == DLSYNC_LANE_EAGER) ||
-          (first->kind == DLSYNC_LANE_CAPTURING &&
-           (then->kind == DLSYNC_LANE_EAGER ||
-            (then->kind == DLSYNC_LANE_CAPTURING && then->capture_id == first->capture_id)));
-  if (plain) {
-    DLSYNC_TRY(dlsync__pool_borrow(&ev, &lent, ctx, pk->pool));
-  } else {
-    DLSYNC_TRY(verify_pool(ctx, pk, first, then));
-    DLSYNC_TRY(dlsync__pool_get(&ev, pk->pool));
-  }
-  pool = pk->pool;
-  put_back = true;
+/* REFUSE_END_TO_EAGER: first is the consumer, then the producer. */
+static dlsync_status row_refuse_end_to_eager(const dlsync__lane_now *c, const dlsync__lane_now *p) {
+  return dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
+                      "the producer is eager stream %p and the consumer is %s (%p): the "
+                      "producer's later work cannot wait now for a graph that is not launched "
+                      "yet; nothing was queued. Order the producer after launching the graph, "
+                      "or capture the producer too",
+                      (void *)p->stream, kind_words(c->kind),
+                      c->kind == DLSYNC_LANE_BUILT ? (void *)c->graph : (void *)c->stream);
+}
 
-  if (first->kind == DLSYNC_LANE_EAGER) {
-    if (then->kind == DLSYNC_LANE_EAGER) {
-      DLSYNC_TRY(record_plain(ctx, pk, &ev, &lent, first));
-      pool = pk->pool;
-      r = d->StreamWaitEvent(then->stream, ev, 0);
-      if (r != CUDA_SUCCESS)
-        st = fail_wait(ctx, r, first->stream, then->stream, first->role, then->role);
-      goto cleanup;
-    }
-    /* then is in a graph: an external wait node; the graph owns the event. */
-    graphs[0] = then->graph;
-    put_back = false;
-    DLSYNC_TRY(dlsync__graph_own_event(ctx, pool, ev, graphs, 1));
-    if (then->kind == DLSYNC_LANE_CAPTURING) {
-      /* Record first: a pooled event may still carry the state of a record
-       * made in an earlier capture, and the driver refuses an external wait
-       * on such an event (CUDA_ERROR_INVALID_VALUE, seen on the H200). */
-      DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p", first->role,
-                (void *)first->stream);
-      DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(then->stream, ev, CU_EVENT_WAIT_EXTERNAL),
-                "%s stream %p is capturing (capture %llu); adding an external wait for eager %s "
-                "stream %p",
-                then->role, (void *)then->stream, (unsigned long long)then->capture_id, first->role,
-                (void *)first->stream);
-    } else {
-      /* A built graph's wait node reads the event when the graph is
-       * launched: add it first, so that a failure leaves nothing queued. */
-      DLSYNC_TRY(dlsync__graph_append_event(ctx, then, ev, false));
-      DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p", first->role,
-                (void *)first->stream);
-    }
-    goto cleanup;
-  }
+/* REFUSE_END_CROSS. */
+static dlsync_status row_refuse_end_cross(void) {
+  return dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
+                      "begin placed a record node in the producer's graph and a wait node in "
+                      "the consumer's (another graph), so the producer's graph must be "
+                      "launched first; its later work cannot also wait for the consumer's "
+                      "graph. Nothing was queued; order the producer's next graph instead");
+}
 
-  if (first->kind == DLSYNC_LANE_CAPTURING &&
-      (then->kind == DLSYNC_LANE_EAGER ||
-       (then->kind == DLSYNC_LANE_CAPTURING && then->capture_id == first->capture_id))) {
-    /* Same capture: edges only. Eager `then`: it joins the capture. */
-    DLSYNC_TRY(record_plain(ctx, pk, &ev, &lent, first));
-    pool = pk->pool;
-    r = d->StreamWaitEvent(then->stream, ev, 0);
-    if (r != CUDA_SUCCESS) {
-      st = fail_wait(ctx, r, first->stream, then->stream, first->role, then->role);
-      goto cleanup;
-    }
-    res->joined = then->kind == DLSYNC_LANE_EAGER;
-    goto cleanup;
-  }
+/* One line of the decision log for a decision. */
+static DLSYNC__NOINLINE void trace_row(dlsync__op op, dlsync__row row,
+                                       const dlsync__lane_now *first, const dlsync__lane_now *then,
+                                       dlsync_status st) {
+  char a[96], b[96];
+  dlsync__lane_describe(a, sizeof a, first);
+  dlsync__lane_describe(b, sizeof b, then);
+  dlsync__log(
+      DLSYNC__LOG_TRACE, "%s %s: %s %s -> %s %s, nodes added %d%s%s", dlsync__op_name(op),
+      dlsync__row_name(row), first->role, a, then->role, b,
+      st == DLSYNC_SUCCESS ? dlsync__row_nodes(row) : 0,
+      st == DLSYNC_SUCCESS ? "" : ", failed: ", st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
+}
 
-  /* Two different graphs (captures or built): a record node in first's, a
-   * wait node in then's, both owning the event. */
-  graphs[0] = first->graph;
-  graphs[1] = then->graph;
-  put_back = false;
-  DLSYNC_TRY(dlsync__graph_own_event(ctx, pool, ev, graphs, 2));
-  DLSYNC_TRY(dlsync__graph_append_event(ctx, first, ev, true));
-  DLSYNC_TRY(dlsync__graph_append_event(ctx, then, ev, false));
-  res->cross = true;
-
-cleanup:
-  if (put_back && ev != NULL) {
-    if (plain)
-      dlsync__pool_unborrow(pool, ev, lent);
-    else
-      dlsync__pool_put(pool, ev);
+/* The table: classify, then carry out the row. */
+static dlsync_status order_now(dlsync_context *ctx, dlsync__op op, pool_pick *pk,
+                               dlsync__lane_now *first, dlsync__lane_now *then, bool first_pending,
+                               dlsync__row *row_out) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__table_in in;
+  dlsync__row row;
+  in.op = op;
+  in.first = first->kind;
+  in.then = then->kind;
+  in.same_stream = false; /* handled by order_lanes */
+  in.same_graph = same_graph_now(first, then);
+  in.first_pending = first_pending;
+  row = dlsync__table_classify(&in);
+  *row_out = row;
+  switch (row) {
+  case DLSYNC__ROW_EAGER_EAGER:
+  case DLSYNC__ROW_SAME_CAPTURE:
+  case DLSYNC__ROW_JOIN:
+    st = row_record_wait(ctx, pk, first, then);
+    break;
+  case DLSYNC__ROW_EAGER_TO_CAPTURE:
+    st = row_eager_to_capture(ctx, pk, first, then);
+    break;
+  case DLSYNC__ROW_EAGER_TO_BUILT:
+    st = row_eager_to_built(ctx, pk, first, then);
+    break;
+  case DLSYNC__ROW_TWO_CAPTURES:
+  case DLSYNC__ROW_CAPTURE_TO_BUILT:
+  case DLSYNC__ROW_BUILT_TO_CAPTURE:
+  case DLSYNC__ROW_TWO_BUILT:
+    st = row_two_graphs(ctx, pk, first, then);
+    break;
+  case DLSYNC__ROW_SAME_BUILT:
+    st = merge_frontiers(first, then);
+    break;
+  case DLSYNC__ROW_REFUSE_BUILT_TO_EAGER:
+    st = row_refuse_built_to_eager(first, then);
+    break;
+  case DLSYNC__ROW_REFUSE_END_TO_EAGER:
+    st = row_refuse_end_to_eager(first, then);
+    break;
+  case DLSYNC__ROW_REFUSE_END_CROSS:
+    st = row_refuse_end_cross();
+    break;
+  default: /* SAME_STREAM (order_lanes), and the fence's rows: not here */
+    st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "internal: row %s in %s",
+                      dlsync__row_name(row), dlsync__op_name(op));
+    break;
   }
+  if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
+    trace_row(op, row, first, then, st);
   return st;
 }
 
-static bool is_legacy(const dlsync_lane *l) {
-  return l->kind == DLSYNC_LANE_STREAM && dlsync__is_legacy_stream(l->stream);
-}
-
 /* Checks both lanes and reads their states; *same when they are one stream
- * (nothing to do). *pool is the pool order_now takes an event from. */
-static dlsync_status order_lanes(dlsync_context *ctx, dlsync_lane *first, const char *first_role,
-                                 dlsync_lane *then, const char *then_role, dlsync__lane_now *a,
-                                 dlsync__lane_now *b, pool_pick *pool, order_result *res,
+ * (the table's SAME_STREAM row: nothing to do). *pool is the pool order_now
+ * takes an event from. */
+static dlsync_status order_lanes(dlsync_context *ctx, dlsync__op op, dlsync_lane *first,
+                                 const char *first_role, dlsync_lane *then, const char *then_role,
+                                 dlsync__lane_now *a, dlsync__lane_now *b, pool_pick *pool,
                                  bool *same) {
   dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__lanes_opened opened;
   *same = false;
   memset(pool, 0, sizeof *pool);
-  res->joined = false;
-  res->cross = false;
   DLSYNC_TRY(dlsync__lane_check(first, first_role));
   DLSYNC_TRY(dlsync__lane_check(then, then_role));
   if (first->kind == DLSYNC_LANE_STREAM && then->kind == DLSYNC_LANE_STREAM &&
       dlsync__same_stream(first->stream, then->stream)) {
     /* One stream: already ordered. One query, for its errors. */
-    DLSYNC_TRY(dlsync__lane_read(a, ctx, first, first_role));
+    DLSYNC_TRY(dlsync__lane_read(a, ctx->drv, first, first_role));
     *b = *a;
+    b->role = then_role;
     *same = true;
+    if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
+      trace_row(op, DLSYNC__ROW_SAME_STREAM, a, b, DLSYNC_SUCCESS);
     goto cleanup;
   }
-  /* The legacy stream is queried before anything else touches it: while a
-   * blocking stream captures, the query fails without harm, but other uses
-   * (cuStreamGetCtx included, seen on the H200) invalidate that capture. */
-  if (is_legacy(first))
-    DLSYNC_TRY(dlsync__lane_read(a, ctx, first, first_role));
-  if (is_legacy(then))
-    DLSYNC_TRY(dlsync__lane_read(b, ctx, then, then_role));
-  DLSYNC_TRY(pool_for(pool, ctx, first, first_role, then, then_role));
-  DLSYNC_TRY(dlsync__lane_read(a, ctx, first, first_role));
-  DLSYNC_TRY(dlsync__lane_read(b, ctx, then, then_role));
+  DLSYNC_TRY(dlsync__lanes_open(&opened, ctx, first, first_role, then, then_role,
+                                "both lanes are graph lanes", true));
+  *a = opened.a;
+  *b = opened.b;
+  pool->pool = opened.pool;
+  pool->from_memo = opened.from_memo;
+  pool->stream = opened.pool_stream;
+  pool->role = opened.pool_role;
 cleanup:
   return st;
 }
@@ -369,13 +425,15 @@ cleanup:
  * Shared and never freed. */
 static dlsync_exchange same_stream_exchange;
 
-/* The common case without the general machinery: a plain record on `first`
- * and a wait on `then`, with the thread's scratch event of first's context and
- * no lock. Asking the driver about `then` is enough when it is eager: if
- * `first` is eager the two calls order the streams, and if `first` is
- * capturing the wait joins `then` to that capture, which is the table's row
- * for it (a capture of `first` that is invalidated fails the record, which
- * says so). `query` says which streams to ask about: FAST_QUERY_THEN, both
+/* The fast path: a plain row of the table (dlsync__row_is_plain: EAGER_EAGER,
+ * JOIN, SAME_CAPTURE) and a warm thread. It is row_record_wait without the
+ * general machinery: a plain record on `first` and a wait on `then`, with the
+ * thread's scratch event of first's context and no lock. Asking the driver
+ * about `then` is enough when it is eager: whether `first` is eager
+ * (EAGER_EAGER) or capturing (JOIN), the row is plain, and the same two calls
+ * carry it out (a capture of `first` that is invalidated fails the record,
+ * which says so); tests/test_decision_table.c checks that both rows are
+ * plain. `query` says which streams to ask about: FAST_QUERY_THEN, both
  * (FAST_QUERY_BOTH: each must be eager) or none (FAST_QUERY_NONE: the caller
  * knows they are eager or share a capture).
  *
@@ -394,7 +452,11 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
   CUresult r;
   if (dlsync__is_special_stream(first) || dlsync__is_special_stream(then) || first == then)
     return false;
-  ev = dlsync__thread_scratch(t, ctx, first);
+  /* With the decision log at TRACE, the general path runs, which names each
+   * row (it asks the driver about both lanes). */
+  if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
+    return false;
+  ev = dlsync__thread_scratch(t, &ctx->pools, first);
   if (ev == NULL)
     return false;
   if (query == FAST_QUERY_BOTH) {
@@ -416,7 +478,7 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
     if (context_mismatch(r)) {
       /* A stream handle reused in another context: the general path asks
        * the driver which pool is the stream's now. */
-      dlsync__pool_memo_forget(ctx, first);
+      dlsync__pool_memo_forget(&ctx->pools, first);
       return false;
     }
     *st = dlsync__fail_driver(
@@ -444,7 +506,7 @@ static bool spare_key_ok;
 
 static void spare_free(void *p) {
   dlsync__thread *t = p;
-  free(t->spare);
+  dlsync__free(t->spare);
   t->spare = NULL;
   t->spare_keyed = false;
 }
@@ -459,7 +521,7 @@ static dlsync_exchange *exchange_alloc(dlsync__thread *t) {
     t->spare = NULL;
     return ex;
   }
-  return malloc(sizeof(dlsync_exchange));
+  return dlsync__malloc(sizeof(dlsync_exchange));
 }
 
 static void exchange_free(dlsync__thread *t, dlsync_exchange *ex) {
@@ -477,7 +539,7 @@ static void exchange_free(dlsync__thread *t, dlsync_exchange *ex) {
       return;
     }
   }
-  free(ex);
+  dlsync__free(ex);
 }
 
 static bool plain_stream_lane(const dlsync_lane *l) {
@@ -487,7 +549,7 @@ static bool plain_stream_lane(const dlsync_lane *l) {
 dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane *then) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__lane_now a, b;
-  order_result res;
+  dlsync__row row;
   pool_pick pool;
   bool same = false;
   if (ctx == NULL)
@@ -496,9 +558,10 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
       order_fast(dlsync__thread_get(), ctx, first->stream, then->stream, FAST_QUERY_THEN, "first",
                  "then", &st))
     return st;
-  DLSYNC_TRY(order_lanes(ctx, first, "first", then, "then", &a, &b, &pool, &res, &same));
+  DLSYNC_TRY(
+      order_lanes(ctx, DLSYNC__OP_ORDER, first, "first", then, "then", &a, &b, &pool, &same));
   if (!same)
-    DLSYNC_TRY(order_now(ctx, &pool, &a, &b, &res));
+    DLSYNC_TRY(order_now(ctx, DLSYNC__OP_ORDER, &pool, &a, &b, false, &row));
 cleanup:
   return st;
 }
@@ -512,7 +575,7 @@ static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsyn
   dlsync_exchange *ex = NULL;
   dlsync__thread *t;
   dlsync__lane_now p, c;
-  order_result res;
+  dlsync__row row = DLSYNC__ROW_SAME_STREAM;
   pool_pick pool;
   bool same = false;
   bool stable = (flags & DLSYNC_EXCHANGE_CAPTURE_STABLE) != 0;
@@ -528,16 +591,8 @@ static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsyn
                         (unsigned)(flags & ~(uint32_t)DLSYNC_EXCHANGE_CAPTURE_STABLE),
                         (unsigned)DLSYNC_EXCHANGE_CAPTURE_STABLE);
   t = dlsync__thread_get();
-  if (plain_stream_lane(producer) && plain_stream_lane(consumer)) {
-    if (dlsync__same_stream(producer->stream, consumer->stream)) {
-      /* One stream: already ordered. One query, for its errors. */
-      DLSYNC_TRY(dlsync__lane_read(&p, ctx, producer, "producer"));
-      *out = &same_stream_exchange;
-      return DLSYNC_SUCCESS;
-    }
-  }
-  DLSYNC_TRY(
-      order_lanes(ctx, producer, "producer", consumer, "consumer", &p, &c, &pool, &res, &same));
+  DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_BEGIN, producer, "producer", consumer, "consumer", &p, &c,
+                         &pool, &same));
   if (same) {
     *out = &same_stream_exchange;
     goto cleanup;
@@ -547,19 +602,18 @@ static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsyn
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_exchange_begin: out of memory");
     goto cleanup;
   }
-  DLSYNC_TRY(order_now(ctx, &pool, &p, &c, &res));
+  DLSYNC_TRY(order_now(ctx, DLSYNC__OP_BEGIN, &pool, &p, &c, false, &row));
   ex->ctx = ctx;
   ex->producer_stream = producer->stream;
   ex->consumer_stream = consumer->stream;
   ex->producer_ref = producer->kind == DLSYNC_LANE_GRAPH ? producer : NULL;
   ex->consumer_ref = consumer->kind == DLSYNC_LANE_GRAPH ? consumer : NULL;
-  ex->cross = res.cross;
+  ex->cross = dlsync__row_nodes(row) == 2; /* a record node and a wait node */
   ex->producer_domain = domain_of(&p);
   ex->consumer_domain = domain_of(&c);
   /* What end may trust: two eager streams, or a consumer that joined the
    * producer's capture; either way end's plain record and wait are right. */
-  ex->stable =
-      stable && ((p.kind == DLSYNC_LANE_EAGER && c.kind == DLSYNC_LANE_EAGER) || res.joined);
+  ex->stable = stable && (row == DLSYNC__ROW_EAGER_EAGER || row == DLSYNC__ROW_JOIN);
   *out = ex;
   ex = NULL;
 cleanup:
@@ -609,40 +663,24 @@ dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
 static DLSYNC__NOINLINE dlsync_status end_general(dlsync__thread *t, dlsync_exchange *ex) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__lane_now c, p;
-  order_result res;
+  dlsync__row row;
   pool_pick pool;
   bool same = false;
+  bool cross_holds = false;
   dlsync_lane *producer, *consumer, lp, lc;
   lp = dlsync_lane_stream(ex->producer_stream);
   lc = dlsync_lane_stream(ex->consumer_stream);
   producer = ex->producer_ref != NULL ? ex->producer_ref : &lp;
   consumer = ex->consumer_ref != NULL ? ex->consumer_ref : &lc;
-  DLSYNC_TRY(
-      order_lanes(ex->ctx, consumer, "consumer", producer, "producer", &c, &p, &pool, &res, &same));
+  DLSYNC_TRY(order_lanes(ex->ctx, DLSYNC__OP_END, consumer, "consumer", producer, "producer", &c,
+                         &p, &pool, &same));
   if (same)
     goto cleanup;
-  if (c.kind != DLSYNC_LANE_EAGER && p.kind == DLSYNC_LANE_EAGER) {
-    st = dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
-                      "the producer is eager stream %p and the consumer is %s (%p): the "
-                      "producer's later work cannot wait now for a graph that is not launched "
-                      "yet; nothing was queued. Order the producer after launching the graph, "
-                      "or capture the producer too",
-                      (void *)p.stream, kind_words(c.kind),
-                      c.kind == DLSYNC_LANE_BUILT ? (void *)c.graph : (void *)c.stream);
-    goto cleanup;
-  }
   if (ex->cross) {
     domain pd = domain_of(&p), cd = domain_of(&c);
-    if (same_domain(&pd, &ex->producer_domain) && same_domain(&cd, &ex->consumer_domain)) {
-      st = dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
-                        "begin placed a record node in the producer's graph and a wait node in "
-                        "the consumer's (another graph), so the producer's graph must be "
-                        "launched first; its later work cannot also wait for the consumer's "
-                        "graph. Nothing was queued; order the producer's next graph instead");
-      goto cleanup;
-    }
+    cross_holds = same_domain(&pd, &ex->producer_domain) && same_domain(&cd, &ex->consumer_domain);
   }
-  DLSYNC_TRY(order_now(ex->ctx, &pool, &c, &p, &res));
+  DLSYNC_TRY(order_now(ex->ctx, DLSYNC__OP_END, &pool, &c, &p, cross_holds, &row));
 cleanup:
   exchange_free(t, ex);
   return st;

@@ -18,7 +18,7 @@
 #include <string.h>
 
 #include "dlsync/private/hwloc.h"
-#include "dlsync/private/internal.h"
+#include "dlsync/private/order.h"
 
 struct dlsync__release_book {
   atomic_uint refs; /* the context's + one per pending release */
@@ -50,21 +50,21 @@ static void book_unref(dlsync__release_book *b) {
     return;
   pthread_cond_destroy(&b->cond);
   pthread_mutex_destroy(&b->lock);
-  free(b);
+  dlsync__free(b);
 }
 
 dlsync_status dlsync__release_book_new(dlsync__release_book **out) {
-  dlsync__release_book *b = calloc(1, sizeof *b);
+  dlsync__release_book *b = dlsync__calloc(1, sizeof *b);
   *out = NULL;
   if (b == NULL)
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "creating a context: out of memory");
   if (pthread_mutex_init(&b->lock, NULL) != 0) {
-    free(b);
+    dlsync__free(b);
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "creating a context: no mutex");
   }
   if (pthread_cond_init(&b->cond, NULL) != 0) {
     pthread_mutex_destroy(&b->lock);
-    free(b);
+    dlsync__free(b);
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "creating a context: no condition variable");
   }
   atomic_init(&b->refs, 1);
@@ -170,13 +170,19 @@ static void run_item(release_item *it) {
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   (void)it->drv->ThreadExchangeStreamCaptureMode(&mode);
   if (it->event != NULL) {
-    sync_failed = it->drv->EventSynchronize(it->event) != CUDA_SUCCESS;
+    CUresult r = it->drv->EventSynchronize(it->event);
+    sync_failed = r != CUDA_SUCCESS;
+    if (DLSYNC__UNLIKELY(sync_failed))
+      DLSYNC__LOG(DLSYNC__LOG_WARN,
+                  "release: cuEventSynchronize failed (CUresult %d) on GPU %d; running the "
+                  "deleter anyway",
+                  (int)r, it->device);
     dlsync__pool_put(it->pool, it->event);
     dlsync__pool_unref(it->pool);
   }
   it->fn(it->arg);
   book_done(it->book, it->from_graph, sync_failed);
-  free(it);
+  dlsync__free(it);
 }
 
 static void *reclaimer_main(void *p) {
@@ -214,7 +220,7 @@ static dlsync_status reclaimer_for(reclaimer **out, const dlsync__driver *drv, i
     goto cleanup;
   }
   if (device >= nreclaimers) {
-    reclaimer **grown = realloc(reclaimers, (size_t)(device + 1) * sizeof *grown);
+    reclaimer **grown = dlsync__realloc(reclaimers, (size_t)(device + 1) * sizeof *grown);
     if (grown == NULL) {
       st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting a reclaimer: out of memory");
       goto cleanup;
@@ -224,16 +230,16 @@ static dlsync_status reclaimer_for(reclaimer **out, const dlsync__driver *drv, i
     reclaimers = grown;
     nreclaimers = device + 1;
   }
-  r = calloc(1, sizeof *r);
+  r = dlsync__calloc(1, sizeof *r);
   if (r == NULL || pthread_mutex_init(&r->lock, NULL) != 0) {
-    free(r);
+    dlsync__free(r);
     r = NULL;
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting a reclaimer: out of memory");
     goto cleanup;
   }
   if (pthread_cond_init(&r->cond, NULL) != 0) {
     pthread_mutex_destroy(&r->lock);
-    free(r);
+    dlsync__free(r);
     r = NULL;
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting a reclaimer: no condition variable");
     goto cleanup;
@@ -246,7 +252,7 @@ static dlsync_status reclaimer_for(reclaimer **out, const dlsync__driver *drv, i
   if (pthread_create(&r->thread, attr_made ? &attr : NULL, reclaimer_main, r) != 0) {
     pthread_cond_destroy(&r->cond);
     pthread_mutex_destroy(&r->lock);
-    free(r);
+    dlsync__free(r);
     r = NULL;
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting the reclaimer thread of device %d",
                       device);
@@ -282,7 +288,7 @@ static void release_from_graph(void *p) {
   if (!atomic_load(&it->armed)) {
     /* The hand-over to the graph failed: the release never happened. */
     book_cancel(it->book, true);
-    free(it);
+    dlsync__free(it);
     return;
   }
   pthread_mutex_lock(&reclaimers_lock);
@@ -293,31 +299,45 @@ static void release_from_graph(void *p) {
 
 /* ---- the API ---- */
 
+/* The decision log's line for a release: eager (an event the reclaimer
+ * waits for) or owned by the lane's graph (a user object). */
+static DLSYNC__NOINLINE void trace_release(const dlsync_context *ctx, const dlsync__lane_now *l,
+                                           dlsync_status st) {
+  char a[96] = "?";
+  if (st == DLSYNC_SUCCESS)
+    dlsync__lane_describe(a, sizeof a, l);
+  dlsync__log(DLSYNC__LOG_TRACE, "release %s: context %p, releasing %s, nodes added 0%s%s",
+              st != DLSYNC_SUCCESS           ? "failed"
+              : l->kind == DLSYNC_LANE_EAGER ? "eager (event recorded, reclaimer waits)"
+                                             : "graph-owned (user object)",
+              (const void *)ctx, a, st == DLSYNC_SUCCESS ? "" : ": ",
+              st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
+}
+
 dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_deleter deleter,
                              void *arg) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d;
   dlsync__lane_now l;
+  dlsync__lanes_opened opened;
   dlsync__pool *pool = NULL;
   reclaimer *r = NULL;
   release_item *it = NULL;
   bool booked = false;
+  memset(&l, 0, sizeof l);
   if (ctx == NULL || deleter == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_release: %s is NULL",
                         ctx == NULL ? "ctx" : "deleter");
   d = ctx->drv;
   DLSYNC_TRY(dlsync__lane_check(lane, "releasing"));
-  if (lane->kind == DLSYNC_LANE_STREAM) {
-    if (dlsync__is_legacy_stream(lane->stream))
-      DLSYNC_TRY(dlsync__lane_read(&l, ctx, lane, "releasing"));
-    DLSYNC_TRY(dlsync__pool_for_stream(&pool, NULL, ctx, lane->stream, "releasing"));
-  } else {
-    /* The current context's device says which GPU's reclaimer runs it. */
-    DLSYNC_TRY(dlsync__pool_for_current(&pool, ctx, "releasing on a graph lane"));
-  }
-  DLSYNC_TRY(dlsync__lane_read(&l, ctx, lane, "releasing"));
+  /* For a graph lane, the current context's device says which GPU's
+   * reclaimer runs it. */
+  DLSYNC_TRY(dlsync__lanes_open(&opened, ctx, lane, "releasing", NULL, NULL,
+                                "releasing on a graph lane", false));
+  l = opened.a;
+  pool = opened.pool;
   DLSYNC_TRY(reclaimer_for(&r, d, dlsync__pool_device(pool)));
-  it = calloc(1, sizeof *it);
+  it = dlsync__calloc(1, sizeof *it);
   if (it == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_release: out of memory");
     goto cleanup;
@@ -341,7 +361,7 @@ dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_dele
     it = NULL;
   } else {
     bool taken = false;
-    st = dlsync__graph_hold(ctx, &l.graph, 1, release_from_graph, it, &taken);
+    st = dlsync__graph_hold(ctx->drv, &l.graph, 1, release_from_graph, it, &taken);
     if (taken) {
       /* From here the destructor owns the item (and its book entry). On
        * failure no graph holds it and the destructor has run or will run
@@ -355,12 +375,14 @@ dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_dele
       goto cleanup;
   }
 cleanup:
+  if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
+    trace_release(ctx, &l, st);
   if (it != NULL) {
     if (it->event != NULL && it->pool == NULL)
       dlsync__pool_put(pool, it->event);
     if (booked)
       book_cancel(it->book, it->from_graph);
-    free(it);
+    dlsync__free(it);
   }
   return st;
 }

@@ -1,9 +1,11 @@
-/* Status names and the per-thread last error. */
+/* Status names and the per-thread last error (the bottom of the library:
+ * it uses nothing of dlsync). */
 #include <stdarg.h>
 #include <stdio.h>
 #include <string.h>
 
-#include "dlsync/private/internal.h"
+#include "dlsync/private/base.h"
+#include "dlsync/version.h"
 
 #define DLSYNC__MESSAGE_MAX 512
 
@@ -69,47 +71,29 @@ static void set_message(dlsync_status status, int driver_result, const char *pre
     vsnprintf(last_error.message + used, sizeof last_error.message - used, fmt, ap);
 }
 
+/* Each error is an INFO line of the decision log. */
+static void log_error(void) {
+  DLSYNC__LOG(DLSYNC__LOG_INFO, "error %s: %s", dlsync_status_name(last_error.status),
+              last_error.message);
+}
+
 dlsync_status dlsync__fail(dlsync_status status, const char *fmt, ...) {
   va_list ap;
   va_start(ap, fmt);
   set_message(status, 0, NULL, fmt, ap);
   va_end(ap);
+  log_error();
   return status;
 }
 
-static dlsync_status status_of_result(CUresult r) {
-  switch (r) {
-  case CUDA_ERROR_STREAM_CAPTURE_INVALIDATED:
-    return DLSYNC_ERROR_CAPTURE_INVALIDATED;
-  case CUDA_ERROR_STREAM_CAPTURE_IMPLICIT:
-    return DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE;
-  case CUDA_ERROR_OUT_OF_MEMORY:
-    return DLSYNC_ERROR_OUT_OF_MEMORY;
-  default:
-    return DLSYNC_ERROR_DRIVER;
-  }
-}
-
-dlsync_status dlsync__fail_driver(const dlsync__driver *d, CUresult result, const char *call,
-                                  const char *fmt, ...) {
-  char prefix[160];
-  dlsync_status status = status_of_result(result);
-  va_list ap;
-  const char *name = dlsync__driver_error_name(d, result);
-  if (fmt != NULL && fmt[0] != '\0')
-    snprintf(prefix, sizeof prefix, "%s failed: %s (", call, name);
-  else
-    snprintf(prefix, sizeof prefix, "%s failed: %s", call, name);
-  va_start(ap, fmt);
-  set_message(status, (int)result, prefix, fmt, ap);
-  va_end(ap);
-  if (fmt != NULL && fmt[0] != '\0') {
+dlsync_status dlsync__fail_with(dlsync_status status, int driver_result, const char *prefix,
+                                const char *suffix, const char *fmt, va_list ap) {
+  set_message(status, driver_result, prefix, fmt, ap);
+  if (suffix != NULL) {
     size_t len = strlen(last_error.message);
-    if (len + 1 < sizeof last_error.message) {
-      last_error.message[len] = ')';
-      last_error.message[len + 1] = '\0';
-    }
+    snprintf(last_error.message + len, sizeof last_error.message - len, "%s", suffix);
   }
+  log_error();
   return status;
 }
 

@@ -1,0 +1,9 @@
+/* The calling thread's block (private/base.h): one thread-local object whose
+ * slots belong to the modules above. */
+#include "dlsync/private/base.h"
+
+static _Thread_local dlsync__thread hot;
+
+dlsync__thread *dlsync__thread_get(void) {
+  return &hot;
+}

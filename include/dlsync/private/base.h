@@ -1,0 +1,145 @@
+/* dlsync private: the base layer (base/). Never installed.
+ *
+ * The bottom of the library: status and the per-thread last error, the one
+ * allocation function, the decision log, and the per-thread block. It uses no
+ * other part of dlsync and knows nothing of CUDA.
+ *
+ * Habits: internal non-static names start with dlsync__; one cleanup label per
+ * function; failures go through dlsync__fail* which set the thread's message
+ * and return the status, so `st = dlsync__fail(...); goto cleanup;` is the
+ * only way out of a function that failed (DLSYNC_TRY and driver.h's DLSYNC_CU
+ * do that).
+ */
+#ifndef DLSYNC_PRIVATE_BASE_H
+#define DLSYNC_PRIVATE_BASE_H
+
+#include <stdarg.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dlsync/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+#if defined(__GNUC__)
+#define DLSYNC__PRINTF(fmt, args) __attribute__((format(printf, fmt, args)))
+#define DLSYNC__LIKELY(x) __builtin_expect(!!(x), 1)
+#define DLSYNC__UNLIKELY(x) __builtin_expect(!!(x), 0)
+#define DLSYNC__INLINE inline __attribute__((always_inline))
+#define DLSYNC__NOINLINE __attribute__((noinline))
+#else
+#define DLSYNC__INLINE inline
+#define DLSYNC__NOINLINE
+#define DLSYNC__PRINTF(fmt, args)
+#define DLSYNC__LIKELY(x) (x)
+#define DLSYNC__UNLIKELY(x) (x)
+#endif
+
+/* ---- errors (base/status.c) ---- */
+
+/* Sets the thread's last error (status, message, no driver result) and
+ * returns status. */
+dlsync_status dlsync__fail(dlsync_status status, const char *fmt, ...) DLSYNC__PRINTF(2, 3);
+
+/* The general form: the message is prefix (may be NULL), then fmt, then
+ * suffix (may be NULL); driver_result is what dlsync_last_driver_result
+ * reports. The driver layer builds its messages with it. */
+dlsync_status dlsync__fail_with(dlsync_status status, int driver_result, const char *prefix,
+                                const char *suffix, const char *fmt, va_list ap)
+    DLSYNC__PRINTF(5, 0);
+
+/* Changes the status of the thread's last error, keeping its message. */
+dlsync_status dlsync__retag(dlsync_status status);
+
+/* ---- allocation (base/alloc.c) ---- */
+
+/* Every allocation of the library goes through these (malloc, calloc,
+ * realloc, strdup semantics; dlsync__free(NULL) is a no-op). */
+void *dlsync__malloc(size_t size);
+void *dlsync__calloc(size_t count, size_t size);
+void *dlsync__realloc(void *ptr, size_t size);
+char *dlsync__strdup(const char *s);
+void dlsync__free(void *ptr);
+
+/* Test hook: the nth allocation from now (1: the next one) returns NULL, once;
+ * 0 disarms. Any thread's allocation counts. */
+void dlsync__alloc_fail_nth(unsigned n);
+/* True while an armed allocation fault has not fired. */
+bool dlsync__alloc_fail_pending(void);
+
+/* ---- the decision log (base/log.c) ---- */
+
+/* DLSYNC_DEBUG=WARN|INFO|TRACE, DLSYNC_DEBUG_FILE=path (%p: pid); see
+ * docs/design.md. INFO: the driver loaded, contexts created and destroyed,
+ * every error set through dlsync__fail*. TRACE: one line per decision (order,
+ * exchange begin and end, fence signal and wait, release) naming the row of
+ * the decision table, the streams, capture ids and nodes added. */
+enum { DLSYNC__LOG_OFF = 0, DLSYNC__LOG_WARN = 1, DLSYNC__LOG_INFO = 2, DLSYNC__LOG_TRACE = 3 };
+
+#ifndef __cplusplus /* C11 atomics; the C++ tests include this header but never log */
+/* -1 until the environment is read, then the level. */
+extern atomic_int dlsync__log_level_;
+bool dlsync__log_on_slow(int level);
+
+/* Whether lines of `level` are written: off costs one predictable branch. */
+static inline bool dlsync__log_on(int level) {
+  if (DLSYNC__LIKELY(atomic_load_explicit(&dlsync__log_level_, memory_order_relaxed) == 0))
+    return false;
+  return dlsync__log_on_slow(level);
+}
+
+/* Writes one line (no driver call, no allocation, one write(2)). */
+void dlsync__log(int level, const char *fmt, ...) DLSYNC__PRINTF(2, 3);
+
+#define DLSYNC__LOG(level, ...)                  \
+  do {                                           \
+    if (DLSYNC__UNLIKELY(dlsync__log_on(level))) \
+      dlsync__log((level), __VA_ARGS__);         \
+  } while (0)
+#endif
+
+/* ---- the calling thread (base/thread.c) ---- */
+
+/* Everything dlsync keeps per thread for the hot path, in one thread-local
+ * block (one access through __tls_get_addr in the shared library). The base
+ * holds each module's slot without knowing its type: event/ keeps its
+ * stream->pool memo and scratch events in `event` (dlsync__event_thread,
+ * private/event.h, which checks that it fits); order/ keeps one free
+ * exchange handle in `spare`. */
+#define DLSYNC__THREAD_EVENT_BYTES 512
+
+#if defined(__GNUC__)
+/* A type that may view another object's bytes (the slots below). */
+#define DLSYNC__MAY_ALIAS __attribute__((may_alias))
+#else
+#define DLSYNC__MAY_ALIAS
+#endif
+
+typedef struct dlsync__thread {
+  union {
+    unsigned char bytes[DLSYNC__THREAD_EVENT_BYTES];
+    void *align_p;
+    uint64_t align_u;
+  } event;          /* event/: its per-thread block */
+  void *spare;      /* order/: one free exchange handle */
+  bool spare_keyed; /* order/: the thread-exit hook that frees it is set */
+} dlsync__thread;
+
+dlsync__thread *dlsync__thread_get(void);
+
+#define DLSYNC_TRY(expr)                        \
+  do {                                          \
+    st = (expr);                                \
+    if (DLSYNC__UNLIKELY(st != DLSYNC_SUCCESS)) \
+      goto cleanup;                             \
+  } while (0)
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

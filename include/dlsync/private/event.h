@@ -1,0 +1,172 @@
+/* dlsync private: event pools, held events and event/'s per-thread slot
+ * (event/). Never installed. Uses base/, driver/ and stream/'s stream
+ * predicates. */
+#ifndef DLSYNC_PRIVATE_EVENT_H
+#define DLSYNC_PRIVATE_EVENT_H
+
+#include <pthread.h>
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dlsync/private/base.h"
+#include "dlsync/private/driver.h"
+#include "dlsync/private/stream.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Events of one CUDA context. Taking and giving back an event is a short
+ * spin-locked push/pop; events are created (cuEventCreate, allowed during
+ * capture) only when the pool is empty. An event placed in a graph is owned by
+ * that graph (graph/graph.c) and comes back when the graph and its
+ * executables are gone. */
+typedef struct dlsync__pool dlsync__pool;
+
+/* The pools of one dlsync context (one pool per CUDA context), with what they
+ * need of it: the driver table, how many free events to keep, and the
+ * context's generation (unique per context ever made: per-thread memos trust
+ * an entry only for the generation that made it). Embedded in the context;
+ * the event layer never sees the context itself. */
+typedef struct dlsync__pools {
+  const dlsync__driver *drv;
+  uint32_t events_kept;
+  uint64_t generation;
+  pthread_mutex_t lock;         /* taken only to add a pool */
+  _Atomic(dlsync__pool *) list; /* newest first */
+} dlsync__pools;
+
+/* The pool of the context `stream` belongs to (cuStreamGetCtx). With
+ * from_memo non-NULL, a per-thread memo may answer without a driver call
+ * (*from_memo is then true): such a pool may be wrong if the stream handle was
+ * destroyed and reused in another CUDA context, which cuEventRecord reports
+ * (CUDA_ERROR_INVALID_HANDLE / INVALID_CONTEXT); forget it and ask again. */
+dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsync__pools *ps,
+                                      CUstream stream, const char *role);
+void dlsync__pool_memo_forget(const dlsync__pools *ps, CUstream stream);
+/* The pool of the calling thread's current CUDA context, for graph lanes
+ * (which name no stream); DLSYNC_ERROR_INVALID_ARGUMENT naming `what` ("the
+ * waiting lane is a graph lane") when there is none. */
+dlsync_status dlsync__pool_for_current(dlsync__pool **out, dlsync__pools *ps, const char *what);
+/* The pool of a CUDA context (created on first use). */
+dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync__pools *ps, CUcontext cuctx);
+dlsync_status dlsync__pool_get(CUevent *out, dlsync__pool *pool);
+void dlsync__pool_put(dlsync__pool *pool, CUevent event);
+/* For a plain record followed at once by a wait: the calling thread's own
+ * event of this pool (*lent true: give it back with dlsync__pool_unborrow,
+ * which then does nothing), or one from the pool. Never put such an event in
+ * a graph. */
+dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync__pools *ps,
+                                  dlsync__pool *pool);
+void dlsync__pool_unborrow(dlsync__pool *pool, CUevent event, bool lent);
+
+/* Called from a user object's destructor (a driver thread: no CUDA calls):
+ * hands an event back to its pool, or to the orphan list if the context is
+ * gone. Drops the pool reference the graph held. */
+void dlsync__pool_return_from_graph(dlsync__pool *pool, CUevent event);
+void dlsync__pool_ref(dlsync__pool *pool);
+void dlsync__pool_unref(dlsync__pool *pool);
+/* The device ordinal of the pool's CUDA context. */
+int dlsync__pool_device(const dlsync__pool *pool);
+/* Counts an event as held by a graph and takes a pool reference for it. */
+void dlsync__pool_note_graph_owned(dlsync__pool *pool);
+/* Destroys every pool of a context; pools with events still owned by graphs
+ * live on until those come back. */
+dlsync_status dlsync__pools_destroy(dlsync__pools *ps);
+/* Destroys events whose context was destroyed while a graph held them. */
+void dlsync__orphans_collect(void);
+
+/* An event held outside the pool, by graphs (user objects) and fences,
+ * counted; back to the pool (no CUDA call: any thread, a driver thread too)
+ * when the last holder lets go. */
+typedef struct dlsync__held_event {
+  atomic_uint refs;
+  dlsync__pool *pool;
+  CUevent event;
+} dlsync__held_event;
+/* refs = 1; counts in the pool's graph_owned and holds a pool reference. */
+dlsync__held_event *dlsync__held_event_new(dlsync__pool *pool, CUevent event);
+void dlsync__held_event_ref(dlsync__held_event *he);
+void dlsync__held_event_unref(dlsync__held_event *he); /* NULL: no-op */
+
+typedef struct dlsync__pool_stats {
+  size_t free_events; /* in the pool now */
+  size_t created;     /* cuEventCreate calls made */
+  size_t destroyed;   /* cuEventDestroy calls made */
+  size_t graph_owned; /* held by graphs or fences now */
+} dlsync__pool_stats;
+/* Sums over the context's pools (tests: "the pool is intact"). */
+void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync__pools *ps);
+
+/* ---- the calling thread's event slot (event/pool.c) ---- */
+/* event/'s part of the calling thread's block (dlsync__thread, base.h).
+ *
+ * memo: stream -> pool, so that the hot path does not ask the driver for a
+ * stream's context at each call; `scratch` caches the thread's scratch event
+ * of that pool once known. An entry is trusted only for the pools (and their
+ * generation) that made it. A stream handle can be reused after
+ * cuStreamDestroy, possibly in another CUDA context: then cuEventRecord with
+ * the pool's event fails, and the caller forgets the entry and asks again
+ * (dlsync__pool_memo_forget). The special handles are never memoised.
+ *
+ * scratch: a plain record followed by a wait leaves the event free again at
+ * once, so the thread keeps one event per pool it uses (see pool.c). */
+#define DLSYNC__MEMO_SLOTS 8
+#define DLSYNC__SCRATCH_SLOTS 2
+
+typedef struct dlsync__stream_memo {
+  const dlsync__pools *owner;
+  uint64_t generation;
+  CUstream stream;
+  dlsync__pool *pool;
+  CUevent scratch; /* the thread's scratch event of pool, NULL until known */
+} dlsync__stream_memo;
+
+typedef struct dlsync__scratch_slot {
+  const dlsync__pools *owner;
+  uint64_t generation;
+  dlsync__pool *pool;
+  CUevent event;
+} dlsync__scratch_slot;
+
+typedef struct DLSYNC__MAY_ALIAS dlsync__event_thread {
+  dlsync__stream_memo memo[DLSYNC__MEMO_SLOTS];
+  unsigned memo_next;
+  dlsync__scratch_slot scratch[DLSYNC__SCRATCH_SLOTS];
+  unsigned scratch_next;
+} dlsync__event_thread;
+
+#ifndef __cplusplus
+_Static_assert(sizeof(dlsync__event_thread) <= DLSYNC__THREAD_EVENT_BYTES,
+               "event/'s per-thread block does not fit its slot in dlsync__thread");
+#endif
+
+static inline dlsync__event_thread *dlsync__event_thread_of(dlsync__thread *t) {
+  return (dlsync__event_thread *)(void *)t->event.bytes;
+}
+
+/* Fills m->scratch from the scratch slots; NULL when the thread has no
+ * scratch event of m->pool yet. */
+CUevent dlsync__thread_scratch_fill(dlsync__thread *t, dlsync__stream_memo *m);
+
+/* The thread's scratch event for `stream`, with no driver call and no lock;
+ * NULL when the memo or the scratch slots do not know it yet (then take the
+ * full path, which fills both). */
+static inline CUevent dlsync__thread_scratch(dlsync__thread *t, const dlsync__pools *ps,
+                                             CUstream stream) {
+  dlsync__event_thread *h = dlsync__event_thread_of(t);
+  for (unsigned i = 0; i < DLSYNC__MEMO_SLOTS; i++) {
+    dlsync__stream_memo *m = &h->memo[i];
+    if (m->stream == stream && m->owner == ps && m->generation == ps->generation)
+      return DLSYNC__LIKELY(m->scratch != NULL) ? m->scratch : dlsync__thread_scratch_fill(t, m);
+  }
+  return NULL;
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

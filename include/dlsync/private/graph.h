@@ -1,0 +1,47 @@
+/* dlsync private: nodes appended to captures and built graphs, objects
+ * owned by graphs (graph/). Never installed. Uses the layers below. */
+#ifndef DLSYNC_PRIVATE_GRAPH_H
+#define DLSYNC_PRIVATE_GRAPH_H
+
+#include <stdbool.h>
+
+#include "dlsync/private/driver.h"
+#include "dlsync/private/event.h"
+#include "dlsync/private/stream.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* Appends an event-record (record = true) or event-wait node at a lane's
+ * position: after a capture's current dependencies (which then become the
+ * node), or after a built lane's frontier (which then becomes the node). */
+dlsync_status dlsync__graph_append_event(const dlsync__driver *d, dlsync__lane_now *lane,
+                                         CUevent event, bool record);
+/* The same, giving the node it added. */
+dlsync_status dlsync__graph_append_event_node(const dlsync__driver *d, dlsync__lane_now *lane,
+                                              CUevent event, bool record, CUgraphNode *out);
+/* Adds one node to a graph lane's frontier (no node added to the graph). */
+dlsync_status dlsync__graph_lane_add_dep(dlsync__lane_now *lane, CUgraphNode node);
+/* Gives `ptr` to the graphs: one user object (destructor `destroy`, run on a
+ * driver thread, no CUDA calls) that each graph holds a reference to. Once
+ * *taken is true the destructor owns ptr and runs exactly once, when every
+ * graph and executable holding it is gone (at once if none took it); while
+ * false, ptr is still the caller's. */
+dlsync_status dlsync__graph_hold(const dlsync__driver *d, CUgraph *graphs, int ngraphs,
+                                 void (*destroy)(void *), void *ptr, bool *taken);
+/* The graphs hold a reference to `he` (taken from the caller's count of
+ * one; the caller keeps its own). */
+dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_event *he,
+                                       CUgraph *graphs, int ngraphs);
+/* Gives `event` to the graphs (a user object each graph holds a reference
+ * to); it returns to `pool` once all are destroyed. On failure the event is
+ * back in the pool or held by the graphs that did take it. */
+dlsync_status dlsync__graph_own_event(const dlsync__driver *d, dlsync__pool *pool, CUevent event,
+                                      CUgraph *graphs, int ngraphs);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

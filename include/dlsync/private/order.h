@@ -1,0 +1,71 @@
+/* dlsync private: the ordering layer (order/): the context, whose struct only
+ * this layer and the one above see, and the release book. Never installed. */
+#ifndef DLSYNC_PRIVATE_ORDER_H
+#define DLSYNC_PRIVATE_ORDER_H
+
+#include <pthread.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dlsync/dlsync.h"
+#include "dlsync/private/event.h"
+#include "dlsync/private/graph.h"
+#include "dlsync/private/stream.h"
+#include "dlsync/private/table.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+/* ---- context (order/context.c) ---- */
+
+struct dlsync_context {
+  const dlsync__driver *drv;
+  uint32_t caps; /* dlsync_capability bits */
+  int driver_version;
+  bool is_default;
+  dlsync__pools pools; /* one per CUDA context */
+  struct dlsync__release_book *releases;
+};
+
+/* The one lane-open helper: opens checked lanes for a call (one lane for a
+ * fence signal or a release, two for an order or exchange): reads a legacy
+ * stream lane before anything else touches it, finds the pool (the context
+ * of the first stream lane, from the per-thread memo when `memo`, else asked
+ * of the driver; for graph lanes only, the calling thread's current context,
+ * `graph_what` saying why it is needed; none for two lanes of one graph),
+ * then reads the lanes (a capture's dependency array is valid only until the
+ * next call on its stream). */
+typedef struct dlsync__lanes_opened {
+  dlsync__lane_now a, b; /* b: when a second lane was given */
+  dlsync__pool *pool;
+  bool from_memo;       /* the pool came from the memo, not checked yet */
+  CUstream pool_stream; /* the stream whose context the pool is, if any */
+  const char *pool_role;
+} dlsync__lanes_opened;
+
+dlsync_status dlsync__lanes_open(dlsync__lanes_opened *out, dlsync_context *ctx, dlsync_lane *a,
+                                 const char *ra, dlsync_lane *b, const char *rb,
+                                 const char *graph_what, bool memo);
+
+/* ---- releases (order/release.c) ---- */
+
+typedef struct dlsync__release_book dlsync__release_book;
+dlsync_status dlsync__release_book_new(dlsync__release_book **out);
+/* Waits for the eager releases; DLSYNC_ERROR_BUSY (with a message) when
+ * graphs still own some. Drops the context's reference either way. */
+dlsync_status dlsync__release_book_close(dlsync__release_book *book);
+
+/* Test hook: a context over a driver table the caller owns (the fake). The
+ * table must outlive the context. */
+dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
+                                                 const dlsync_context_config *config,
+                                                 const dlsync__driver *drv);
+
+uint32_t dlsync__capabilities_of(const dlsync__driver *d);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,65 @@
+/* dlsync private: lanes (stream/). Never installed. Uses base/ and driver/. */
+#ifndef DLSYNC_PRIVATE_STREAM_H
+#define DLSYNC_PRIVATE_STREAM_H
+
+#include <stdbool.h>
+#include <stddef.h>
+#include <stdint.h>
+
+#include "dlsync/lane.h"
+#include "dlsync/private/base.h"
+#include "dlsync/private/driver.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+typedef struct dlsync__lane_now {
+  dlsync_lane_state_kind kind;
+  CUstream stream;         /* stream lanes */
+  uint64_t capture_id;     /* CAPTURING */
+  CUgraph graph;           /* CAPTURING: capture graph; BUILT: the lane's graph */
+  const CUgraphNode *deps; /* CAPTURING: valid until the next query of that stream */
+  size_t ndeps;
+  dlsync_lane *lane; /* the caller's lane */
+  const char *role;  /* "producer", "consumer", ... for messages */
+} dlsync__lane_now;
+
+/* Reads a lane's state (one or two capture queries for a stream; none for a
+ * graph lane). The lane must have passed dlsync__lane_check. Errors name
+ * `role`. */
+dlsync_status dlsync__lane_read(dlsync__lane_now *out, const dlsync__driver *d, dlsync_lane *lane,
+                                const char *role);
+/* "stream 0x.. (capture 5, graph 0x..)", for the decision log. */
+void dlsync__lane_describe(char *buf, size_t size, const dlsync__lane_now *l);
+/* The one capacity check: a graph lane's new frontier of `nodes` nodes
+ * (`what`, for the message) fits its deps array. */
+dlsync_status dlsync__lane_fit(const dlsync_lane *lane, size_t nodes, const char *role,
+                               const char *what);
+/* Validates a lane's fields without calling the driver. */
+dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role);
+static inline dlsync_status dlsync__lane_check(const dlsync_lane *lane, const char *role) {
+  if (DLSYNC__LIKELY(lane != NULL && lane->kind == DLSYNC_LANE_STREAM && lane->graph == NULL))
+    return DLSYNC_SUCCESS;
+  return dlsync__lane_check_slow(lane, role);
+}
+
+/* NULL and CU_STREAM_LEGACY both name the legacy default stream (dlsync
+ * resolves driver entry points without per-thread default stream semantics). */
+static inline bool dlsync__is_legacy_stream(CUstream s) {
+  return s == NULL || s == CU_STREAM_LEGACY;
+}
+/* The handles that follow the calling thread (legacy, per-thread default):
+ * never memoised, never on the fast path. */
+static inline bool dlsync__is_special_stream(CUstream s) {
+  return dlsync__is_legacy_stream(s) || s == CU_STREAM_PER_THREAD;
+}
+static inline bool dlsync__same_stream(CUstream a, CUstream b) {
+  return a == b || (dlsync__is_legacy_stream(a) && dlsync__is_legacy_stream(b));
+}
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,318 @@
+/* Fences: an event recorded on a lane, waited on from any lane later.
+ * include/dlsync/fence.h has the contract. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "dlsync/private/order.h"
+#include "dlsync/private/table.h"
+
+struct dlsync_fence {
+  atomic_uint refs;
+  dlsync_context *ctx;
+  dlsync_fence_kind kind;
+  dlsync__held_event *he; /* the event, held while the fence lives */
+  CUstream stream;        /* CAPTURED: the stream it was signalled on */
+  pthread_t thread;       /* CAPTURED: the signalling thread (per-thread stream) */
+  uint64_t capture_id;    /* CAPTURED */
+  CUgraph graph;          /* CAPTURED, BUILT: the graph holding the record node */
+  CUgraphNode node;       /* CAPTURED, BUILT: the record node */
+};
+
+/* The decision log's line for a signal: the lane's state names what was
+ * done (eager record, or a record node in the lane's graph). */
+static DLSYNC__NOINLINE void trace_signal(const dlsync_context *ctx, const dlsync__lane_now *l,
+                                          dlsync_status st, const dlsync_fence *f) {
+  char a[96] = "?";
+  if (st == DLSYNC_SUCCESS)
+    dlsync__lane_describe(a, sizeof a, l);
+  dlsync__log(DLSYNC__LOG_TRACE,
+              "fence signal %s: context %p, signalling %s -> fence %p, nodes added %d%s%s",
+              st != DLSYNC_SUCCESS           ? "failed"
+              : l->kind == DLSYNC_LANE_EAGER ? "eager record"
+                                             : "record node",
+              (const void *)ctx, a, (const void *)f,
+              st == DLSYNC_SUCCESS && l->kind != DLSYNC_LANE_EAGER ? 1 : 0,
+              st == DLSYNC_SUCCESS ? "" : ": ", st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
+}
+
+dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsync_lane *lane) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d;
+  dlsync_fence *f = NULL;
+  dlsync__lane_now l;
+  dlsync__lanes_opened opened;
+  dlsync__pool *pool = NULL;
+  CUevent ev = NULL;
+  memset(&l, 0, sizeof l);
+  if (out == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_signal: out is NULL");
+  *out = NULL;
+  if (ctx == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_signal: ctx is NULL");
+  d = ctx->drv;
+  DLSYNC_TRY(dlsync__lane_check(lane, "signalling"));
+  if (lane->kind == DLSYNC_LANE_GRAPH)
+    DLSYNC_TRY(dlsync__lane_fit(lane, 1, "signalling", "the record node"));
+  DLSYNC_TRY(dlsync__lanes_open(&opened, ctx, lane, "signalling", NULL, NULL,
+                                "the signalling lane is a graph lane", false));
+  l = opened.a;
+  pool = opened.pool;
+  f = dlsync__calloc(1, sizeof *f);
+  if (f == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_fence_signal: out of memory");
+    goto cleanup;
+  }
+  atomic_init(&f->refs, 1);
+  f->ctx = ctx;
+  DLSYNC_TRY(dlsync__pool_get(&ev, pool));
+  f->he = dlsync__held_event_new(pool, ev);
+  if (f->he == NULL) {
+    dlsync__pool_put(pool, ev);
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_fence_signal: out of memory");
+    goto cleanup;
+  }
+  if (l.kind == DLSYNC_LANE_EAGER) {
+    f->kind = DLSYNC_FENCE_EAGER;
+    DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, l.stream), "signalling stream %p",
+              (void *)l.stream);
+  } else {
+    /* A record node in the lane's graph, which holds the event too. */
+    f->kind = l.kind == DLSYNC_LANE_CAPTURING ? DLSYNC_FENCE_CAPTURED : DLSYNC_FENCE_BUILT;
+    f->stream = l.stream;
+    f->thread = pthread_self();
+    f->capture_id = l.capture_id;
+    f->graph = l.graph;
+    DLSYNC_TRY(dlsync__graph_hold_event(ctx->drv, f->he, &f->graph, 1));
+    DLSYNC_TRY(dlsync__graph_append_event_node(ctx->drv, &l, ev, true, &f->node));
+  }
+  *out = f;
+  f = NULL;
+cleanup:
+  if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
+    trace_signal(ctx, &l, st, *out);
+  if (f != NULL) {
+    dlsync__held_event_unref(f->he);
+    dlsync__free(f);
+  }
+  return st;
+}
+
+/* Is the capture the fence was signalled in still going on? Asked of the
+ * stream it was signalled on (which must still exist). */
+static dlsync_status capture_active(bool *active, const dlsync_fence *f) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = f->ctx->drv;
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  *active = false;
+  if (f->stream == CU_STREAM_PER_THREAD && !pthread_equal(f->thread, pthread_self())) {
+    /* That handle names this thread's own stream here, not the one that
+     * captured: the capture's state cannot be read from this thread. */
+    st = dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
+                      "the fence was signalled in a capture of another thread's per-thread "
+                      "default stream, whose state cannot be read from this thread; wait from "
+                      "that thread, or signal on an explicit stream");
+    goto cleanup;
+  }
+  DLSYNC_CU(d, cuStreamGetCaptureInfo,
+            d->StreamGetCaptureInfo(f->stream, &cs, &id, NULL, NULL, NULL, NULL),
+            "stream %p, on which fence %p was signalled", (void *)f->stream, (const void *)f);
+  *active = cs != CU_STREAM_CAPTURE_STATUS_NONE && id == f->capture_id;
+cleanup:
+  return st;
+}
+
+/* Is the fence's record node a node of the lane's graph? Graph and node
+ * handles are reused after destroy, so equal graph handles are not enough:
+ * the node must be found among the graph's nodes and record this fence's
+ * event (no other node records it). */
+static dlsync_status in_graph(bool *found, const dlsync_fence *f, CUgraph g) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = f->ctx->drv;
+  CUgraphNode *nodes = NULL;
+  size_t n = 0;
+  *found = false;
+  if (g != f->graph)
+    return DLSYNC_SUCCESS;
+  DLSYNC_CU(d, cuGraphGetNodes, d->GraphGetNodes(g, NULL, &n), "graph %p", (void *)g);
+  if (n == 0)
+    goto cleanup;
+  nodes = dlsync__malloc(n * sizeof *nodes);
+  if (nodes == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_fence_wait: out of memory");
+    goto cleanup;
+  }
+  DLSYNC_CU(d, cuGraphGetNodes, d->GraphGetNodes(g, nodes, &n), "graph %p", (void *)g);
+  for (size_t i = 0; i < n && !*found; i++) {
+    CUgraphNodeType type;
+    CUevent ev = NULL;
+    if (nodes[i] != f->node)
+      continue;
+    DLSYNC_CU(d, cuGraphNodeGetType, d->GraphNodeGetType(nodes[i], &type), "graph %p", (void *)g);
+    if (type != CU_GRAPH_NODE_TYPE_EVENT_RECORD)
+      break;
+    DLSYNC_CU(d, cuGraphEventRecordNodeGetEvent, d->GraphEventRecordNodeGetEvent(nodes[i], &ev),
+              "graph %p", (void *)g);
+    *found = ev == f->he->event;
+  }
+cleanup:
+  dlsync__free(nodes);
+  return st;
+}
+
+/* The state of the lane the fence was signalled on, as the table sees it. */
+static dlsync_lane_state_kind fence_state(const dlsync_fence *f) {
+  switch (f->kind) {
+  case DLSYNC_FENCE_EAGER:
+    return DLSYNC_LANE_EAGER;
+  case DLSYNC_FENCE_CAPTURED:
+    return DLSYNC_LANE_CAPTURING;
+  default:
+    return DLSYNC_LANE_BUILT;
+  }
+}
+
+/* Reads what the classifier needs beyond the two kinds: whether the fence's
+ * capture is still active (only asked for an eager waiter) and whether the
+ * waiter is in the fence's capture or graph. */
+static dlsync_status fence_table_in(dlsync__table_in *in, const dlsync_fence *f,
+                                    const dlsync__lane_now *l) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  memset(in, 0, sizeof *in);
+  in->op = DLSYNC__OP_FENCE_WAIT;
+  in->first = fence_state(f);
+  in->then = l->kind;
+  if (l->kind == DLSYNC_LANE_EAGER && f->kind == DLSYNC_FENCE_CAPTURED)
+    DLSYNC_TRY(capture_active(&in->first_pending, f));
+  if (l->kind == DLSYNC_LANE_CAPTURING && f->kind == DLSYNC_FENCE_CAPTURED)
+    in->same_graph = l->capture_id == f->capture_id; /* capture ids are unique */
+  if (l->kind == DLSYNC_LANE_BUILT && f->kind == DLSYNC_FENCE_BUILT)
+    DLSYNC_TRY(in_graph(&in->same_graph, f, l->graph));
+cleanup:
+  return st;
+}
+
+/* EAGER_EAGER, LAUNCHED_TO_EAGER: a plain wait for the event's last record. */
+static dlsync_status wait_eager(dlsync_fence *f, const dlsync__lane_now *l) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = f->ctx->drv;
+  DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(l->stream, f->he->event, 0),
+            "waiting stream %p on fence %p", (void *)l->stream, (void *)f);
+cleanup:
+  return st;
+}
+
+/* REFUSE_CAPTURE_TO_EAGER. */
+static dlsync_status wait_refused(const dlsync_fence *f, const dlsync__lane_now *l) {
+  return dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
+                      "the fence was signalled in capture %llu, which is still active: eager "
+                      "stream %p cannot wait for a graph that is not launched yet; wait after "
+                      "ending the capture and launching its graph, or wait from that capture",
+                      (unsigned long long)f->capture_id, (void *)l->stream);
+}
+
+/* SAME_CAPTURE: an edge from the record node, no new node. */
+static dlsync_status wait_same_capture(dlsync_fence *f, const dlsync__lane_now *l) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = f->ctx->drv;
+  DLSYNC_CU(d, cuStreamUpdateCaptureDependencies,
+            d->StreamUpdateCaptureDependencies(l->stream, &f->node, NULL, 1,
+                                               CU_STREAM_ADD_CAPTURE_DEPENDENCIES),
+            "waiting stream %p on fence %p in the same capture", (void *)l->stream, (void *)f);
+cleanup:
+  return st;
+}
+
+/* The other rows: a wait node in the waiter's graph, which holds the event
+ * (EAGER_TO_CAPTURE: an external wait; the rest: a node appended by hand). */
+static dlsync_status wait_node(dlsync_fence *f, dlsync__row row, dlsync__lane_now *l) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = f->ctx->drv;
+  if (l->kind == DLSYNC_LANE_BUILT)
+    DLSYNC_TRY(dlsync__lane_fit(l->lane, 1, "waiting", "the wait node"));
+  DLSYNC_TRY(dlsync__graph_hold_event(f->ctx->drv, f->he, &l->graph, 1));
+  if (row == DLSYNC__ROW_EAGER_TO_CAPTURE) {
+    DLSYNC_CU(d, cuStreamWaitEvent,
+              d->StreamWaitEvent(l->stream, f->he->event, CU_EVENT_WAIT_EXTERNAL),
+              "capturing stream %p waiting on eager fence %p", (void *)l->stream, (void *)f);
+  } else {
+    DLSYNC_TRY(dlsync__graph_append_event_node(f->ctx->drv, l, f->he->event, false, NULL));
+  }
+cleanup:
+  return st;
+}
+
+static DLSYNC__NOINLINE void trace_wait(const dlsync_fence *f, dlsync__row row,
+                                        const dlsync__lane_now *l, int nodes, dlsync_status st) {
+  char b[96];
+  dlsync__lane_describe(b, sizeof b, l);
+  dlsync__log(
+      DLSYNC__LOG_TRACE,
+      "fence wait %s: fence %p (%s, capture %llu, graph %p) -> waiting %s, nodes added "
+      "%d%s%s",
+      dlsync__row_name(row), (const void *)f,
+      f->kind == DLSYNC_FENCE_EAGER      ? "eager"
+      : f->kind == DLSYNC_FENCE_CAPTURED ? "captured"
+                                         : "built",
+      (unsigned long long)f->capture_id, (void *)f->graph, b, st == DLSYNC_SUCCESS ? nodes : 0,
+      st == DLSYNC_SUCCESS ? "" : ", failed: ", st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
+}
+
+dlsync_status dlsync_fence_wait(dlsync_fence *f, dlsync_lane *lane) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__lane_now l;
+  dlsync__table_in in;
+  dlsync__row row = DLSYNC__ROW_COUNT;
+  int nodes = 0; /* the wait node, if one is added */
+  if (f == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_wait: fence is NULL");
+  DLSYNC_TRY(dlsync__lane_check(lane, "waiting"));
+  DLSYNC_TRY(dlsync__lane_read(&l, f->ctx->drv, lane, "waiting"));
+  DLSYNC_TRY(fence_table_in(&in, f, &l));
+  row = dlsync__table_classify(&in);
+  switch (row) {
+  case DLSYNC__ROW_EAGER_EAGER:
+  case DLSYNC__ROW_LAUNCHED_TO_EAGER:
+    st = wait_eager(f, &l);
+    break;
+  case DLSYNC__ROW_REFUSE_CAPTURE_TO_EAGER:
+    st = wait_refused(f, &l);
+    break;
+  case DLSYNC__ROW_SAME_CAPTURE:
+    st = wait_same_capture(f, &l);
+    break;
+  case DLSYNC__ROW_SAME_BUILT:
+    /* The same graph: the record node joins the frontier, no new node. */
+    st = dlsync__graph_lane_add_dep(&l, f->node);
+    break;
+  default:
+    st = wait_node(f, row, &l);
+    nodes = 1;
+    break;
+  }
+  if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
+    trace_wait(f, row, &l, nodes, st);
+cleanup:
+  return st;
+}
+
+dlsync_fence *dlsync_fence_retain(dlsync_fence *f) {
+  if (f != NULL)
+    atomic_fetch_add_explicit(&f->refs, 1, memory_order_relaxed);
+  return f;
+}
+
+void dlsync_fence_release(dlsync_fence *f) {
+  if (f == NULL || atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) != 1)
+    return;
+  dlsync__held_event_unref(f->he);
+  dlsync__free(f);
+}
+
+dlsync_status dlsync_fence_get_kind(dlsync_fence_kind *out, const dlsync_fence *f) {
+  if (out == NULL || f == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_get_kind: %s is NULL",
+                        out == NULL ? "out" : "fence");
+  *out = f->kind;
+  return DLSYNC_SUCCESS;
+}

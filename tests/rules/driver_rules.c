@@ -1,0 +1,382 @@
+/* The rule checks (driver_rules.h). Driver calls only: no fake helper. */
+#include "driver_rules.h"
+
+#include <stdio.h>
+#include <string.h>
+
+/* Streams, events and graphs a check made, destroyed at the end whatever
+ * happened (captures still going are ended first). */
+typedef struct scope {
+  const dlsync__driver *d;
+  CUstream s[3];
+  CUevent e[2];
+  CUgraph g[4];
+  int ng;
+} scope;
+
+static CUresult scope_open(scope *sc, const dlsync__driver *d) {
+  CUresult r = CUDA_SUCCESS;
+  memset(sc, 0, sizeof *sc);
+  sc->d = d;
+  for (int i = 0; i < 3 && r == CUDA_SUCCESS; i++)
+    r = d->StreamCreate(&sc->s[i], CU_STREAM_NON_BLOCKING);
+  for (int i = 0; i < 2 && r == CUDA_SUCCESS; i++)
+    r = d->EventCreate(&sc->e[i], CU_EVENT_DISABLE_TIMING);
+  return r;
+}
+
+static void scope_keep(scope *sc, CUgraph g) {
+  if (g != NULL && sc->ng < 4)
+    sc->g[sc->ng++] = g;
+}
+
+static void scope_close(scope *sc) {
+  const dlsync__driver *d = sc->d;
+  for (int i = 0; i < 3; i++) {
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    if (sc->s[i] != NULL && d->StreamIsCapturing(sc->s[i], &cs) == CUDA_SUCCESS &&
+        cs != CU_STREAM_CAPTURE_STATUS_NONE) {
+      CUgraph g = NULL;
+      (void)d->StreamEndCapture(sc->s[i], &g);
+      scope_keep(sc, g);
+    }
+  }
+  for (int i = 0; i < sc->ng; i++)
+    (void)d->GraphDestroy(sc->g[i]);
+  for (int i = 0; i < 2; i++)
+    if (sc->e[i] != NULL)
+      (void)d->EventDestroy(sc->e[i]);
+  for (int i = 0; i < 3; i++)
+    if (sc->s[i] != NULL)
+      (void)d->StreamDestroy(sc->s[i]);
+}
+
+static const char *said(char *why, size_t n, const dlsync__driver *d, const char *call, CUresult r,
+                        const char *wanted) {
+  snprintf(why, n, "%s returned %s, the rule says %s", call, dlsync__driver_error_name(d, r),
+           wanted);
+  return why;
+}
+
+#define BEGIN(s) d->StreamBeginCapture((s), CU_STREAM_CAPTURE_MODE_RELAXED)
+
+static CUstreamCaptureStatus capture_status(const dlsync__driver *d, CUstream s) {
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  (void)d->StreamIsCapturing(s, &cs);
+  return cs;
+}
+
+static uint64_t capture_id(const dlsync__driver *d, CUstream s) {
+  CUstreamCaptureStatus cs;
+  cuuint64_t id = 0;
+  if (d->StreamGetCaptureInfo(s, &cs, &id, NULL, NULL, NULL, NULL) != CUDA_SUCCESS)
+    return 0;
+  return cs == CU_STREAM_CAPTURE_STATUS_ACTIVE ? id : 0;
+}
+
+/* Does graph g hold a node of `type`? */
+static int has_node(const dlsync__driver *d, CUgraph g, CUgraphNodeType type) {
+  CUgraphNode nodes[64];
+  size_t n = 64;
+  if (d->GraphGetNodes(g, nodes, &n) != CUDA_SUCCESS)
+    return 0;
+  for (size_t i = 0; i < n && i < 64; i++) {
+    CUgraphNodeType t;
+    if (d->GraphNodeGetType(nodes[i], &t) == CUDA_SUCCESS && t == type)
+      return 1;
+  }
+  return 0;
+}
+
+static const char *join_rule(const dlsync__driver *d, CUdeviceptr buf, char *why, size_t n) {
+  scope sc;
+  const char *res = "setup failed";
+  CUresult r;
+  CUgraph g = NULL;
+  if (scope_open(&sc, d) != CUDA_SUCCESS || BEGIN(sc.s[0]) != CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 1, 1, sc.s[0]) != CUDA_SUCCESS ||
+      d->EventRecord(sc.e[0], sc.s[0]) != CUDA_SUCCESS)
+    goto done;
+  r = d->StreamWaitEvent(sc.s[1], sc.e[0], 0);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "cuStreamWaitEvent", r, "CUDA_SUCCESS (a join)");
+    goto done;
+  }
+  if (capture_id(d, sc.s[1]) == 0 || capture_id(d, sc.s[1]) != capture_id(d, sc.s[0])) {
+    res = "the waiting stream is not in the producer's capture";
+    goto done;
+  }
+  /* Joined back: the capture ends cleanly. */
+  if (d->MemsetD32Async(buf, 2, 1, sc.s[1]) != CUDA_SUCCESS ||
+      d->EventRecord(sc.e[1], sc.s[1]) != CUDA_SUCCESS ||
+      d->StreamWaitEvent(sc.s[0], sc.e[1], 0) != CUDA_SUCCESS)
+    goto done;
+  r = d->StreamEndCapture(sc.s[0], &g);
+  scope_keep(&sc, g);
+  res = r == CUDA_SUCCESS ? NULL : said(why, n, d, "cuStreamEndCapture", r, "CUDA_SUCCESS");
+done:
+  scope_close(&sc);
+  return res;
+}
+
+static const char *unjoined_rule(const dlsync__driver *d, CUdeviceptr buf, char *why, size_t n) {
+  scope sc;
+  const char *res = "setup failed";
+  CUresult r;
+  CUgraph g = NULL;
+  if (scope_open(&sc, d) != CUDA_SUCCESS || BEGIN(sc.s[0]) != CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 1, 1, sc.s[0]) != CUDA_SUCCESS ||
+      d->EventRecord(sc.e[0], sc.s[0]) != CUDA_SUCCESS ||
+      d->StreamWaitEvent(sc.s[1], sc.e[0], 0) != CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 2, 1, sc.s[1]) != CUDA_SUCCESS)
+    goto done;
+  r = d->StreamEndCapture(sc.s[0], &g);
+  scope_keep(&sc, g);
+  res = r == CUDA_ERROR_STREAM_CAPTURE_UNJOINED
+            ? NULL
+            : said(why, n, d, "cuStreamEndCapture", r, "CUDA_ERROR_STREAM_CAPTURE_UNJOINED");
+done:
+  scope_close(&sc);
+  return res;
+}
+
+static const char *isolation_rule(const dlsync__driver *d, CUdeviceptr buf, char *why, size_t n) {
+  scope sc;
+  const char *res = "setup failed";
+  CUresult r;
+  if (scope_open(&sc, d) != CUDA_SUCCESS || d->EventRecord(sc.e[0], sc.s[0]) != CUDA_SUCCESS ||
+      BEGIN(sc.s[1]) != CUDA_SUCCESS || d->MemsetD32Async(buf, 1, 1, sc.s[1]) != CUDA_SUCCESS)
+    goto done;
+  r = d->StreamWaitEvent(sc.s[1], sc.e[0], 0);
+  if (r != CUDA_ERROR_STREAM_CAPTURE_ISOLATION)
+    res = said(why, n, d, "cuStreamWaitEvent", r, "CUDA_ERROR_STREAM_CAPTURE_ISOLATION");
+  else if (capture_status(d, sc.s[1]) != CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+    res = "the capture was not invalidated";
+  else
+    res = NULL;
+done:
+  scope_close(&sc);
+  return res;
+}
+
+static const char *merge_rule(const dlsync__driver *d, CUdeviceptr buf, char *why, size_t n) {
+  scope sc;
+  const char *res = "setup failed";
+  CUresult r;
+  if (scope_open(&sc, d) != CUDA_SUCCESS || BEGIN(sc.s[0]) != CUDA_SUCCESS ||
+      BEGIN(sc.s[1]) != CUDA_SUCCESS || d->MemsetD32Async(buf, 1, 1, sc.s[0]) != CUDA_SUCCESS ||
+      d->EventRecord(sc.e[0], sc.s[0]) != CUDA_SUCCESS)
+    goto done;
+  r = d->StreamWaitEvent(sc.s[1], sc.e[0], 0);
+  if (r != CUDA_ERROR_STREAM_CAPTURE_MERGE)
+    res = said(why, n, d, "cuStreamWaitEvent", r, "CUDA_ERROR_STREAM_CAPTURE_MERGE");
+  else if (capture_status(d, sc.s[0]) != CU_STREAM_CAPTURE_STATUS_INVALIDATED ||
+           capture_status(d, sc.s[1]) != CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+    res = "the two captures were not both invalidated";
+  else
+    res = NULL;
+done:
+  scope_close(&sc);
+  return res;
+}
+
+static const char *external_wait_rule(const dlsync__driver *d, CUdeviceptr buf, char *why,
+                                      size_t n) {
+  scope sc;
+  const char *res = "setup failed";
+  CUresult r;
+  CUgraph g = NULL;
+  if (scope_open(&sc, d) != CUDA_SUCCESS || d->EventRecord(sc.e[0], sc.s[0]) != CUDA_SUCCESS ||
+      BEGIN(sc.s[1]) != CUDA_SUCCESS || d->MemsetD32Async(buf, 1, 1, sc.s[1]) != CUDA_SUCCESS)
+    goto done;
+  r = d->StreamWaitEvent(sc.s[1], sc.e[0], CU_EVENT_WAIT_EXTERNAL);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "cuStreamWaitEvent(EXTERNAL)", r, "CUDA_SUCCESS");
+    goto done;
+  }
+  r = d->StreamEndCapture(sc.s[1], &g);
+  scope_keep(&sc, g);
+  if (r != CUDA_SUCCESS)
+    res = said(why, n, d, "cuStreamEndCapture", r, "CUDA_SUCCESS");
+  else
+    res = has_node(d, g, CU_GRAPH_NODE_TYPE_WAIT_EVENT) ? NULL : "no event-wait node in the graph";
+done:
+  scope_close(&sc);
+  return res;
+}
+
+static const char *external_record_rule(const dlsync__driver *d, CUdeviceptr buf, char *why,
+                                        size_t n) {
+  scope sc;
+  const char *res = "setup failed";
+  CUresult r;
+  CUgraph g = NULL;
+  if (scope_open(&sc, d) != CUDA_SUCCESS || BEGIN(sc.s[0]) != CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 1, 1, sc.s[0]) != CUDA_SUCCESS)
+    goto done;
+  r = d->EventRecordWithFlags(sc.e[0], sc.s[0], CU_EVENT_RECORD_EXTERNAL);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "cuEventRecordWithFlags(EXTERNAL)", r, "CUDA_SUCCESS");
+    goto done;
+  }
+  r = d->StreamEndCapture(sc.s[0], &g);
+  scope_keep(&sc, g);
+  if (r != CUDA_SUCCESS)
+    res = said(why, n, d, "cuStreamEndCapture", r, "CUDA_SUCCESS");
+  else
+    res = has_node(d, g, CU_GRAPH_NODE_TYPE_EVENT_RECORD) ? NULL
+                                                          : "no event-record node in the graph";
+done:
+  scope_close(&sc);
+  return res;
+}
+
+static const char *external_outside_rule(const dlsync__driver *d, CUdeviceptr buf, char *why,
+                                         size_t n) {
+  scope sc;
+  const char *res = "setup failed";
+  CUresult r;
+  (void)buf;
+  if (scope_open(&sc, d) != CUDA_SUCCESS)
+    goto done;
+  r = d->EventRecordWithFlags(sc.e[0], sc.s[0], CU_EVENT_RECORD_EXTERNAL);
+  if (r != CUDA_ERROR_ILLEGAL_STATE) {
+    res = said(why, n, d, "cuEventRecordWithFlags(EXTERNAL) outside capture", r,
+               "CUDA_ERROR_ILLEGAL_STATE");
+    goto done;
+  }
+  if (d->EventRecord(sc.e[0], sc.s[0]) != CUDA_SUCCESS)
+    goto done;
+  r = d->StreamWaitEvent(sc.s[1], sc.e[0], CU_EVENT_WAIT_EXTERNAL);
+  res = r == CUDA_ERROR_ILLEGAL_STATE
+            ? NULL
+            : said(why, n, d, "cuStreamWaitEvent(EXTERNAL) outside capture", r,
+                   "CUDA_ERROR_ILLEGAL_STATE");
+done:
+  scope_close(&sc);
+  return res;
+}
+
+static const char *legacy_query_rule(const dlsync__driver *d, CUdeviceptr buf, char *why,
+                                     size_t n) {
+  scope sc;
+  const char *res = "setup failed";
+  CUresult r;
+  CUstream blocking = NULL;
+  CUstreamCaptureStatus cs;
+  cuuint64_t id;
+  CUgraph g = NULL;
+  if (scope_open(&sc, d) != CUDA_SUCCESS || d->StreamCreate(&blocking, 0) != CUDA_SUCCESS ||
+      d->StreamBeginCapture(blocking, CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 1, 1, blocking) != CUDA_SUCCESS)
+    goto done;
+  r = d->StreamGetCaptureInfo(CU_STREAM_LEGACY, &cs, &id, NULL, NULL, NULL, NULL);
+  if (r != CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
+    res =
+        said(why, n, d, "cuStreamGetCaptureInfo(legacy)", r, "CUDA_ERROR_STREAM_CAPTURE_IMPLICIT");
+    goto done;
+  }
+  r = d->StreamEndCapture(blocking, &g);
+  scope_keep(&sc, g);
+  res = r == CUDA_SUCCESS ? NULL
+                          : said(why, n, d, "cuStreamEndCapture after the query", r,
+                                 "CUDA_SUCCESS (the capture goes on)");
+done:
+  if (blocking != NULL) {
+    if (capture_status(d, blocking) != CU_STREAM_CAPTURE_STATUS_NONE) {
+      (void)d->StreamEndCapture(blocking, &g);
+      scope_keep(&sc, g);
+    }
+    (void)d->StreamDestroy(blocking);
+  }
+  scope_close(&sc);
+  return res;
+}
+
+static const char *manual_append_rule(const dlsync__driver *d, CUdeviceptr buf, char *why,
+                                      size_t n) {
+  scope sc;
+  const char *res = "setup failed";
+  CUresult r;
+  CUstreamCaptureStatus cs;
+  cuuint64_t id;
+  CUgraph cg = NULL, g = NULL;
+  const CUgraphNode *deps = NULL;
+  const CUgraphEdgeData *edges = NULL;
+  size_t nd = 0;
+  CUgraphNode node = NULL, copy[8];
+  if (scope_open(&sc, d) != CUDA_SUCCESS || BEGIN(sc.s[0]) != CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 1, 1, sc.s[0]) != CUDA_SUCCESS)
+    goto done;
+  r = d->StreamGetCaptureInfo(sc.s[0], &cs, &id, &cg, &deps, &edges, &nd);
+  if (r != CUDA_SUCCESS || nd > 8) {
+    res = said(why, n, d, "cuStreamGetCaptureInfo", r, "CUDA_SUCCESS");
+    goto done;
+  }
+  memcpy(copy, deps, nd * sizeof *copy);
+  r = d->GraphAddEventRecordNode(&node, cg, copy, nd, sc.e[0]);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "cuGraphAddEventRecordNode", r, "CUDA_SUCCESS");
+    goto done;
+  }
+  r = d->StreamUpdateCaptureDependencies(sc.s[0], &node, NULL, 1,
+                                         CU_STREAM_SET_CAPTURE_DEPENDENCIES);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "cuStreamUpdateCaptureDependencies(SET)", r, "CUDA_SUCCESS");
+    goto done;
+  }
+  if (d->MemsetD32Async(buf, 2, 1, sc.s[0]) != CUDA_SUCCESS)
+    goto done;
+  r = d->StreamEndCapture(sc.s[0], &g);
+  scope_keep(&sc, g);
+  if (r != CUDA_SUCCESS)
+    res = said(why, n, d, "cuStreamEndCapture", r, "CUDA_SUCCESS");
+  else
+    res = has_node(d, g, CU_GRAPH_NODE_TYPE_EVENT_RECORD) ? NULL : "the appended node is gone";
+done:
+  scope_close(&sc);
+  return res;
+}
+
+static const char *record_node_wait_rule(const dlsync__driver *d, CUdeviceptr buf, char *why,
+                                         size_t n) {
+  scope sc;
+  const char *res = "setup failed";
+  CUresult r;
+  if (scope_open(&sc, d) != CUDA_SUCCESS || BEGIN(sc.s[0]) != CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 1, 1, sc.s[0]) != CUDA_SUCCESS ||
+      d->EventRecordWithFlags(sc.e[0], sc.s[0], CU_EVENT_RECORD_EXTERNAL) != CUDA_SUCCESS)
+    goto done;
+  r = d->StreamWaitEvent(sc.s[1], sc.e[0], 0);
+  res = r == CUDA_ERROR_INVALID_VALUE
+            ? NULL
+            : said(why, n, d, "cuStreamWaitEvent on an active record node's event", r,
+                   "CUDA_ERROR_INVALID_VALUE");
+done:
+  scope_close(&sc);
+  return res;
+}
+
+const driver_rule driver_rules[] = {
+    {"R1 JOIN", "a plain wait on an event of an active capture joins it", join_rule},
+    {"R2 UNJOINED", "ending with a joined stream's work not joined back: UNJOINED", unjoined_rule},
+    {"R3 ISOLATION", "a capture's plain wait on an eager event: ISOLATION, invalidated",
+     isolation_rule},
+    {"R4 MERGE", "a capture's plain wait on another capture's event: MERGE, both invalidated",
+     merge_rule},
+    {"R5 EXTERNAL-WAIT", "an external wait during capture: an event-wait node", external_wait_rule},
+    {"R6 EXTERNAL-RECORD", "an external record during capture: an event-record node",
+     external_record_rule},
+    {"R7 EXTERNAL-OUTSIDE-CAPTURE", "external flags outside capture: ILLEGAL_STATE",
+     external_outside_rule},
+    {"R8 LEGACY-QUERY",
+     "capture query of the legacy stream while a blocking stream captures: "
+     "IMPLICIT, capture intact",
+     legacy_query_rule},
+    {"R9 MANUAL-APPEND", "a node appended by hand and made the capture's dependency",
+     manual_append_rule},
+    {"R10 RECORD-NODE-WAIT", "a plain wait on an active record node's event: INVALID_VALUE",
+     record_node_wait_rule},
+};
+
+const size_t driver_rule_count = sizeof driver_rules / sizeof driver_rules[0];
