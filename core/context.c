@@ -194,7 +194,19 @@ dlsync_status dlsync_context_require(const dlsync_context *ctx, dlsync_capabilit
   if (ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_context_require: ctx is NULL");
   d = ctx->drv;
-  if (ctx->caps & (uint32_t)cap)
+  if (cap != 0 && ((uint32_t)cap & ((uint32_t)cap - 1)) != 0) {
+    /* Several bits: every one must be there; the first missing one is named. */
+    for (uint32_t bit = 1; bit != 0; bit <<= 1) {
+      dlsync_status st;
+      if (((uint32_t)cap & bit) == 0)
+        continue;
+      st = dlsync_context_require(ctx, (dlsync_capability)bit);
+      if (st != DLSYNC_SUCCESS)
+        return st;
+    }
+    return DLSYNC_SUCCESS;
+  }
+  if (cap != 0 && (ctx->caps & (uint32_t)cap) == (uint32_t)cap)
     return DLSYNC_SUCCESS;
   switch (cap) {
   case DLSYNC_CAP_CAPTURE_EDGE_DATA:

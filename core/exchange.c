@@ -211,6 +211,17 @@ cleanup:
   return st;
 }
 
+/* A graph lane that is about to get a new node must have room for it in
+ * deps: checked before anything is given to a graph. */
+static dlsync_status check_room(const dlsync__lane_now *l) {
+  if (l->kind != DLSYNC_LANE_BUILT || l->lane->capacity >= 1)
+    return DLSYNC_SUCCESS;
+  return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                      "the %s graph lane has capacity 0: dlsync writes the lane's new frontier "
+                      "(1 node) into deps",
+                      l->role);
+}
+
 /* The table. `first` and `then` have been read (dlsync__lane_read). */
 static dlsync_status order_now(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
                                dlsync__lane_now *then, order_result *res) {
@@ -240,6 +251,9 @@ static dlsync_status order_now(dlsync_context *ctx, pool_pick *pk, dlsync__lane_
     DLSYNC_TRY(merge_frontiers(first, then));
     goto cleanup;
   }
+
+  DLSYNC_TRY(check_room(first));
+  DLSYNC_TRY(check_room(then));
 
   /* Plain record and wait (eager, or within one capture) leave the event free
    * at once: the thread's own scratch event does. Everything else puts the
@@ -399,8 +413,11 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
     return false;
   if (query == FAST_QUERY_BOTH) {
     r = d->StreamIsCapturing(first, &cs);
-    if (r != CUDA_SUCCESS)
-      goto query_failed;
+    if (r != CUDA_SUCCESS) {
+      *st = dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s stream %p", first_role,
+                                (void *)first);
+      return true;
+    }
     if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
       return false;
   }
@@ -429,8 +446,7 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
                                           : fail_wait(ctx, r, first, then, first_role, then_role);
   return true;
 query_failed:
-  *st = dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s or %s stream (%p, %p)", first_role,
-                            then_role, (void *)first, (void *)then);
+  *st = dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s stream %p", then_role, (void *)then);
   return true;
 }
 
