@@ -79,6 +79,9 @@ dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
   ctx->caps = dlsync__capabilities_of(drv);
   ctx->generation = atomic_fetch_add(&generations, 1) + 1;
   atomic_init(&ctx->pools, NULL);
+  atomic_init(&ctx->refs, 1);
+  atomic_init(&ctx->live_fences, 0);
+  atomic_init(&ctx->destroyed, false);
   DLSYNC_TRY(dlsync__release_book_new(&ctx->releases));
   dlsync__orphans_collect();
   *out = ctx;
@@ -106,14 +109,32 @@ cleanup:
   return st;
 }
 
+void dlsync__context_ref(dlsync_context *ctx) {
+  atomic_fetch_add_explicit(&ctx->refs, 1, memory_order_relaxed);
+}
+
+void dlsync__context_unref(dlsync_context *ctx) {
+  if (atomic_fetch_sub_explicit(&ctx->refs, 1, memory_order_acq_rel) != 1)
+    return;
+  pthread_mutex_destroy(&ctx->pools_lock);
+  free(ctx);
+  dlsync__orphans_collect(); /* the last fence's event, back in a dead pool */
+}
+
 dlsync_status dlsync_context_destroy(dlsync_context *ctx) {
   dlsync_status st;
+  size_t abandoned, fences;
   if (ctx == NULL)
     return DLSYNC_SUCCESS;
   if (ctx->is_default)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
                         "dlsync_context_destroy: the default context belongs to the library and "
                         "lives until the process ends");
+  atomic_store(&ctx->destroyed, true);
+  /* Exchanges still begun: ended here, ordering nothing (their handles are
+   * invalid from now on). */
+  abandoned = dlsync__exchanges_abandon(ctx);
+  fences = atomic_load(&ctx->live_fences);
   /* Releases first: the eager ones give their events back to the pools. */
   st = dlsync__release_book_close(ctx->releases);
   {
@@ -121,8 +142,14 @@ dlsync_status dlsync_context_destroy(dlsync_context *ctx) {
     if (st == DLSYNC_SUCCESS)
       st = pst;
   }
-  pthread_mutex_destroy(&ctx->pools_lock);
-  free(ctx);
+  if (st == DLSYNC_SUCCESS && (abandoned > 0 || fences > 0))
+    st = dlsync__fail(DLSYNC_ERROR_BUSY,
+                      "the context was destroyed with %zu exchange(s) begun and not ended (they "
+                      "are abandoned: their end is DLSYNC_ERROR_INVALID_ARGUMENT and orders "
+                      "nothing) and %zu fence(s) not released (they still work; the context's "
+                      "memory and their events go with their last release)",
+                      abandoned, fences);
+  dlsync__context_unref(ctx);
   return st;
 }
 

@@ -82,6 +82,8 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
     DLSYNC_TRY(dlsync__graph_hold_event(ctx, f->he, &f->graph, 1));
     DLSYNC_TRY(dlsync__graph_append_event_node(ctx, &l, ev, true, &f->node));
   }
+  dlsync__context_ref(ctx);
+  atomic_fetch_add_explicit(&ctx->live_fences, 1, memory_order_relaxed);
   *out = f;
   f = NULL;
 cleanup:
@@ -229,10 +231,14 @@ dlsync_fence *dlsync_fence_retain(dlsync_fence *f) {
 }
 
 void dlsync_fence_release(dlsync_fence *f) {
+  dlsync_context *ctx;
   if (f == NULL || atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) != 1)
     return;
+  ctx = f->ctx;
   dlsync__held_event_unref(f->he);
   free(f);
+  atomic_fetch_sub_explicit(&ctx->live_fences, 1, memory_order_relaxed);
+  dlsync__context_unref(ctx);
 }
 
 dlsync_status dlsync_fence_get_kind(dlsync_fence_kind *out, const dlsync_fence *f) {

@@ -220,7 +220,15 @@ struct dlsync_context {
   pthread_mutex_t pools_lock;    /* taken only to add a pool */
   _Atomic(dlsync__pool *) pools; /* one per CUDA context, newest first */
   struct dlsync__release_book *releases;
+  atomic_uint refs;          /* the caller's (until destroy) + one per live fence */
+  atomic_size_t live_fences; /* fences signalled on it and not released yet */
+  atomic_bool destroyed;     /* dlsync_context_destroy has run */
 };
+
+/* A fence keeps its context's memory (and driver table) alive past
+ * dlsync_context_destroy; the last unref frees it. */
+void dlsync__context_ref(dlsync_context *ctx);
+void dlsync__context_unref(dlsync_context *ctx);
 
 /* ---- the calling thread (event/pool.c) ---- */
 /* Everything dlsync keeps per thread for the hot path, in one thread-local
@@ -259,8 +267,8 @@ typedef struct dlsync__thread {
   unsigned memo_next;
   dlsync__scratch_slot scratch[DLSYNC__SCRATCH_SLOTS];
   unsigned scratch_next;
-  void *spare;      /* core/exchange.c: one free exchange handle */
-  bool spare_keyed; /* the thread-exit hook that frees it is set */
+  void *spare;      /* core/exchange.c: one free exchange record */
+  bool spare_keyed; /* the thread-exit hook that gives it back is set */
 } dlsync__thread;
 
 dlsync__thread *dlsync__thread_get(void);
@@ -281,6 +289,12 @@ static inline CUevent dlsync__thread_scratch(dlsync__thread *t, const dlsync_con
   }
   return NULL;
 }
+
+/* ---- exchanges (core/exchange.c) ---- */
+
+/* Ends, ordering nothing, the exchanges of ctx still begun (their handles
+ * become invalid); returns how many. For dlsync_context_destroy. */
+size_t dlsync__exchanges_abandon(const dlsync_context *ctx);
 
 /* ---- releases (event/release.c) ---- */
 
