@@ -23,11 +23,11 @@ typedef struct domain {
  * so a handle used after its end is recognised, never a touch of freed
  * memory and never the end of another exchange. */
 struct dlsync_exchange {
-  atomic_uint_fast64_t gen;   /* odd while begun, even while free */
+  atomic_uint_fast64_t gen;      /* odd while begun, even while free */
   _Atomic(dlsync_context *) ctx; /* atomic: read by the scan at context destroy */
   uint32_t index;
   struct dlsync_exchange *next_free;
-  bool same; /* one stream: nothing to do at end */
+  bool same;                /* one stream: nothing to do at end */
   CUstream producer_stream; /* stream lanes */
   CUstream consumer_stream;
   dlsync_lane *producer_ref; /* graph lanes: the caller's */
@@ -469,7 +469,8 @@ query_failed:
 #define EX_CHUNKS ((1u << EX_INDEX_BITS) / EX_CHUNK)
 #define EX_GEN_MASK ((UINT64_C(1) << (64 - EX_INDEX_BITS - 1)) - 1)
 
-_Static_assert(sizeof(uintptr_t) == 8, "exchange handles pack an index and a generation in 64 bits");
+_Static_assert(sizeof(uintptr_t) == 8,
+               "exchange handles pack an index and a generation in 64 bits");
 
 static _Atomic(dlsync_exchange *) ex_chunks[EX_CHUNKS];
 static atomic_uint ex_made; /* records made so far */
@@ -579,8 +580,7 @@ static DLSYNC__INLINE dlsync_exchange *exchange_claim(dlsync_exchange *handle, d
     *st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_end: exchange is NULL");
     return NULL;
   }
-  if (DLSYNC__UNLIKELY(idx >= atomic_load_explicit(&ex_made, memory_order_acquire) ||
-                       (g & 1) == 0))
+  if (DLSYNC__UNLIKELY(idx >= atomic_load_explicit(&ex_made, memory_order_acquire) || (g & 1) == 0))
     goto invalid;
   chunk = atomic_load_explicit(&ex_chunks[idx / EX_CHUNK], memory_order_acquire);
   ex = &chunk[idx % EX_CHUNK];

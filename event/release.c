@@ -28,9 +28,9 @@ struct dlsync__release_book {
   size_t pending_eager;
   size_t pending_graph;
   size_t done;
-  size_t sync_failures; /* events whose synchronisation failed (deleter ran anyway) */
-  size_t mode_failures; /* releases whose reclaimer could not enter RELAXED mode */
-  size_t blocked;       /* eager releases waiting now for RELAXED mode */
+  size_t sync_failures;        /* events whose synchronisation failed (deleter ran anyway) */
+  size_t mode_failures;        /* releases whose reclaimer could not enter RELAXED mode */
+  size_t blocked;              /* eager releases waiting now for RELAXED mode */
   dlsync_status first_failure; /* since the last flush; DLSYNC_SUCCESS when none */
   char first_message[256];
 };
