@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
@@ -364,13 +365,23 @@ static void test_destroy_from_a_deleter_destroys_the_queued_release_event(void *
 /* ---- 8. two faults in a row ---- */
 
 static void test_pop_then_destroy_fault_counts_no_phantom_destroy(void **state) {
-  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C), lg;
   dlsync__pool_stats ps;
+  CUgraph g = NULL;
+  CUgraphNode deps[2];
   (void)state;
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS); /* the pool exists */
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  deps[0] = fake_graph_add_work(g, NULL, 0, "work");
+  lg = dlsync_lane_graph(g, deps, 1, 2);
+  /* The pool grows (push, create, pop): the pop fails, then the destroy. */
   fake_fail_nth("cuCtxPopCurrent", 1, CUDA_ERROR_UNKNOWN);
   fake_fail_nth("cuEventDestroy", 1, CUDA_ERROR_UNKNOWN);
-  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_ERROR_DRIVER);
+  assert_int_equal(dlsync_order(ctx, &lp, &lg), DLSYNC_ERROR_DRIVER);
+  assert_message_has("cuCtxPopCurrent");
   fake_fail_clear();
+  destroy_graph(g);
   pop_all_contexts();
   dlsync__pool_stats_get(&ps, ctx);
   /* What the pool counts as alive is what the driver has. */
@@ -583,7 +594,10 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_lane_query_and_destroy_faults_surface, fixture_setup,
                                       fixture_teardown),
   };
-  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  int rc;
+  if (getenv("DLSYNC_TEST_FILTER") != NULL) /* one test by name (a glob) */
+    cmocka_set_test_filter(getenv("DLSYNC_TEST_FILTER"));
+  rc = cmocka_run_group_tests(tests, NULL, NULL);
   fake_shutdown();
   return rc;
 }
