@@ -76,7 +76,7 @@ test)
   build "$root/build/tsan" -DCMAKE_BUILD_TYPE=Debug -DDLSYNC_WERROR=ON -DDLSYNC_TSAN=ON \
     -DDLSYNC_BUILD_BENCH=OFF -DDLSYNC_BUILD_TOOLS=OFF -DDLSYNC_BUILD_GPU_TESTS=OFF
   TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1} ctest --test-dir "$root/build/tsan" --output-on-failure \
-    -R '^test_(exchange|status|fake|env|dlpack|fence|release)$'
+    -R '^test_(exchange|status|fake|env|dlpack|fence|release|hardening)$'
   ;;
 *)
   echo "usage: bash scripts/dev.sh info|test" >&2
