@@ -4,7 +4,9 @@
 #   bash scripts/dev.sh info   builds dlsync (Release) and runs dlsync-info
 #   bash scripts/dev.sh test   builds and runs the tests: Release, then
 #                              Debug with ASan+UBSan, then ThreadSanitizer on
-#                              the concurrency tests; warnings are errors
+#                              the concurrency tests; warnings are errors;
+#                              then the libFuzzer harness (fuzz/, clang) for
+#                              60 s on fuzz/corpus (any finding fails)
 #
 # Missing build dependencies (cmake, pkg-config, cmocka, hwloc) are installed
 # with apt-get when running as root, otherwise the command to do so is printed.
@@ -21,6 +23,15 @@ ensure_deps() {
   command -v pkg-config >/dev/null || missing+=(pkg-config)
   command -v cc >/dev/null || missing+=(gcc)
   command -v c++ >/dev/null || missing+=(g++)
+  if [ "$mode" = test ]; then
+    # libFuzzer: clang and its runtime (Debian: libclang-rt-<version>-dev).
+    if ! command -v clang >/dev/null; then
+      missing+=(clang)
+    elif ! echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' |
+      clang -x c - -fsanitize=fuzzer -o /dev/null >/dev/null 2>&1; then
+      missing+=("libclang-rt-$(clang --version | sed -n 's/.*clang version \([0-9]*\).*/\1/p' | head -1)-dev")
+    fi
+  fi
   if command -v pkg-config >/dev/null; then
     pkg-config --exists cmocka || missing+=(libcmocka-dev)
     pkg-config --exists 'hwloc >= 2.1' || missing+=(libhwloc-dev)
@@ -77,6 +88,16 @@ test)
     -DDLSYNC_BUILD_BENCH=OFF -DDLSYNC_BUILD_TOOLS=OFF -DDLSYNC_BUILD_GPU_TESTS=OFF
   TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1} ctest --test-dir "$root/build/tsan" --output-on-failure \
     -R '^test_(exchange|status|fake|env|dlpack|fence|release|hardening)$'
+  echo "== libFuzzer (fuzz/fuzz_dlsync, ${DLSYNC_FUZZ_SECONDS:-60} s, ASan+UBSan)"
+  CC=clang CXX=clang++ build "$root/build/fuzz" -DCMAKE_BUILD_TYPE=Debug -DDLSYNC_BUILD_FUZZ=ON \
+    -DDLSYNC_SANITIZE=ON -DDLSYNC_BUILD_TESTS=OFF -DDLSYNC_BUILD_GPU_TESTS=OFF \
+    -DDLSYNC_BUILD_TOOLS=OFF -DDLSYNC_BUILD_BENCH=OFF
+  # New inputs go to build/fuzz/corpus; the seeds in fuzz/corpus are only read.
+  mkdir -p "$root/build/fuzz/corpus" "$root/build/fuzz/artifacts"
+  "$root/build/fuzz/fuzz/fuzz_dlsync" -max_total_time="${DLSYNC_FUZZ_SECONDS:-60}" -timeout=30 \
+    -artifact_prefix="$root/build/fuzz/artifacts/" -print_final_stats=1 \
+    "$root/build/fuzz/corpus" "$root/fuzz/corpus" 2>&1 | tail -n 25
+  [ "${PIPESTATUS[0]}" = 0 ] || { echo "the fuzzer found a crash: build/fuzz/artifacts/" >&2; exit 1; }
   ;;
 *)
   echo "usage: bash scripts/dev.sh info|test" >&2
