@@ -94,10 +94,14 @@ test)
     -DDLSYNC_BUILD_TOOLS=OFF -DDLSYNC_BUILD_BENCH=OFF
   # New inputs go to build/fuzz/corpus; the seeds in fuzz/corpus are only read.
   mkdir -p "$root/build/fuzz/corpus" "$root/build/fuzz/artifacts"
-  "$root/build/fuzz/fuzz/fuzz_dlsync" -max_total_time="${DLSYNC_FUZZ_SECONDS:-60}" -timeout=30 \
+  if ! "$root/build/fuzz/fuzz/fuzz_dlsync" -max_total_time="${DLSYNC_FUZZ_SECONDS:-60}" -timeout=30 \
     -artifact_prefix="$root/build/fuzz/artifacts/" -print_final_stats=1 \
-    "$root/build/fuzz/corpus" "$root/fuzz/corpus" 2>&1 | tail -n 25
-  [ "${PIPESTATUS[0]}" = 0 ] || { echo "the fuzzer found a crash: build/fuzz/artifacts/" >&2; exit 1; }
+    "$root/build/fuzz/corpus" "$root/fuzz/corpus" >"$root/build/fuzz.log" 2>&1; then
+    tail -n 60 "$root/build/fuzz.log"
+    echo "the fuzzer found a crash: input in build/fuzz/artifacts/, log in build/fuzz.log" >&2
+    exit 1
+  fi
+  grep -E '^Done|stat::number_of_executed_units' "$root/build/fuzz.log" || true
   ;;
 *)
   echo "usage: bash scripts/dev.sh info|test" >&2
