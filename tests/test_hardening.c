@@ -326,6 +326,24 @@ static void test_context_destroy_abandons_exchanges_not_ended(void **state) {
   assert_int_equal(fake_live_events(), 0);
 }
 
+static void test_fence_used_after_its_last_release_is_invalid_argument(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_fence *f = NULL;
+  dlsync_fence_kind kind;
+  (void)state;
+  assert_int_equal(dlsync_fence_signal(&f, ctx, &lp), DLSYNC_SUCCESS);
+  assert_ptr_equal(dlsync_fence_retain(f), f);
+  dlsync_fence_release(f);
+  dlsync_fence_release(f); /* the last one */
+  assert_int_equal(dlsync_fence_wait(f, &lc), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_message_has("was released");
+  assert_int_equal(dlsync_fence_get_kind(&kind, f), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_null(dlsync_fence_retain(f));
+  dlsync_fence_release(f); /* one too many: ignored, with a message */
+  assert_message_has("dlsync_fence_release");
+  assert_int_equal(fake_live_events(), 1); /* its event is back in the pool */
+}
+
 /* ---- 7. destroy from a deleter while another release is queued ---- */
 
 typedef struct destroyer {
@@ -573,6 +591,8 @@ int main(void) {
                                       fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(test_fence_outliving_its_context_still_works, fixture_setup,
                                       fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_fence_used_after_its_last_release_is_invalid_argument,
+                                      fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(test_context_destroy_abandons_exchanges_not_ended,
                                       fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(test_destroy_from_a_deleter_destroys_the_queued_release_event,
