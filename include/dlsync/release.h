@@ -23,8 +23,16 @@
  *
  * Shutdown: dlsync_context_destroy waits for the context's pending eager
  * releases, and returns DLSYNC_ERROR_BUSY, naming how many, when graphs still
- * own releases; those still run when their graphs are destroyed. None is
- * ever dropped. dlsync_release_flush waits for the eager ones on demand.
+ * own releases (or eager ones are blocked, see dlsync_release_flush); those
+ * still run when their graphs are destroyed. None is ever dropped.
+ * dlsync_release_flush waits for the eager ones on demand.
+ *
+ * Faults: a failure of the driver on the reclaimer thread is counted
+ * (dlsync_release_get_stats) and returned by the next dlsync_release_flush.
+ * If cuUserObjectRelease fails while a release is being handed to a graph
+ * that did not take it, the release is cancelled here (dlsync_release
+ * returns the error, the object is still the caller's); the driver keeps
+ * the user object it would not release.
  *
  * Capture safety: releasing on a capturing stream makes no call that is
  * illegal during capture.
