@@ -567,6 +567,61 @@ static void test_lane_query_and_destroy_faults_surface(void **state) {
   }
 }
 
+/* ---- the allocation sweep ----
+ *
+ * Switched on after the merge of the layering work, whose single allocation
+ * function (dlsync__malloc and friends) can be made to fail: build with
+ * -DDLSYNC_TEST_ALLOC_FAULTS and map these two macros to its hooks. Until
+ * then allocation faults are not swept (the driver-call sweeps above are). */
+#ifdef DLSYNC_TEST_ALLOC_FAULTS
+#ifndef ALLOC_FAIL_NTH
+#error "map ALLOC_FAIL_NTH(n) and ALLOC_FAIL_PENDING() to the allocation hooks"
+#endif
+
+static dlsync_status alloc_op(int op) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  dlsync_fence *f = NULL;
+  dlsync_status st;
+  switch (op) {
+  case 0:
+    return dlsync_order(ctx, &lp, &lc);
+  case 1:
+    st = dlsync_exchange_begin(&ex, ctx, &lp, &lc);
+    return st != DLSYNC_SUCCESS ? st : dlsync_exchange_end(ex);
+  case 2:
+    st = dlsync_fence_signal(&f, ctx, &lp);
+    if (st == DLSYNC_SUCCESS)
+      st = dlsync_fence_wait(f, &lc);
+    dlsync_fence_release(f);
+    return st;
+  default:
+    st = dlsync_release(ctx, &lp, count_deleter, NULL);
+    return st != DLSYNC_SUCCESS ? st : dlsync_release_flush(ctx);
+  }
+}
+
+static void test_every_allocation_fault_surfaces(void **state) {
+  (void)state;
+  for (int op = 0; op < 4; op++) {
+    for (unsigned n = 1;; n++) {
+      dlsync_status st;
+      bool reached;
+      ALLOC_FAIL_NTH(n);
+      st = alloc_op(op);
+      reached = !ALLOC_FAIL_PENDING();
+      ALLOC_FAIL_NTH(0);
+      if (reached && st != DLSYNC_ERROR_OUT_OF_MEMORY)
+        fail_msg("op %d: allocation %u failed but the status is %s", op, n, dlsync_status_name(st));
+      assert_int_equal(fake_illegal_calls(), 0);
+      assert_pool_intact();
+      if (!reached)
+        break;
+    }
+  }
+}
+#endif
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(test_graph_lane_null_deps_is_not_a_crash, fixture_setup,
@@ -613,6 +668,10 @@ int main(void) {
                                       fixture_teardown),
       cmocka_unit_test_setup_teardown(test_lane_query_and_destroy_faults_surface, fixture_setup,
                                       fixture_teardown),
+#ifdef DLSYNC_TEST_ALLOC_FAULTS
+      cmocka_unit_test_setup_teardown(test_every_allocation_fault_surfaces, fixture_setup,
+                                      fixture_teardown),
+#endif
   };
   int rc;
   if (getenv("DLSYNC_TEST_FILTER") != NULL) /* one test by name (a glob) */
