@@ -89,9 +89,13 @@ test)
   TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1} ctest --test-dir "$root/build/tsan" --output-on-failure \
     -R '^test_(exchange|status|fake|env|dlpack|fence|release|hardening)$'
   echo "== libFuzzer (fuzz/fuzz_dlsync, ${DLSYNC_FUZZ_SECONDS:-60} s, ASan+UBSan)"
-  CC=clang CXX=clang++ build "$root/build/fuzz" -DCMAKE_BUILD_TYPE=Debug -DDLSYNC_BUILD_FUZZ=ON \
-    -DDLSYNC_SANITIZE=ON -DDLSYNC_BUILD_TESTS=OFF -DDLSYNC_BUILD_GPU_TESTS=OFF \
-    -DDLSYNC_BUILD_TOOLS=OFF -DDLSYNC_BUILD_BENCH=OFF
+  # Only the harness (with the static library): clang does not put the
+  # sanitizer runtimes into a shared library, which links with --no-undefined.
+  CC=clang CXX=clang++ cmake -S "$root" -B "$root/build/fuzz" -DCMAKE_BUILD_TYPE=Debug \
+    -DDLSYNC_BUILD_FUZZ=ON -DDLSYNC_SANITIZE=ON -DDLSYNC_BUILD_TESTS=OFF \
+    -DDLSYNC_BUILD_GPU_TESTS=OFF -DDLSYNC_BUILD_TOOLS=OFF -DDLSYNC_BUILD_BENCH=OFF \
+    >"$root/build/fuzz.configure.log" 2>&1 || { cat "$root/build/fuzz.configure.log"; exit 1; }
+  cmake --build "$root/build/fuzz" -j"$jobs" --target fuzz_dlsync
   # New inputs go to build/fuzz/corpus; the seeds in fuzz/corpus are only read.
   mkdir -p "$root/build/fuzz/corpus" "$root/build/fuzz/artifacts"
   if ! "$root/build/fuzz/fuzz/fuzz_dlsync" -max_total_time="${DLSYNC_FUZZ_SECONDS:-60}" -timeout=30 \
