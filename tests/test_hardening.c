@@ -191,6 +191,46 @@ static void test_exchange_handles_ended_on_another_thread_still_work(void **stat
   pthread_mutex_destroy(&h.lock);
 }
 
+typedef struct racer {
+  dlsync_exchange *ex;
+  atomic_int *go;
+  dlsync_status st;
+} racer;
+
+static void *race_end(void *p) {
+  racer *r = p;
+  while (atomic_load(r->go) == 0) {
+  }
+  r->st = dlsync_exchange_end(r->ex);
+  return NULL;
+}
+
+static void test_racing_ends_of_one_exchange_end_it_once(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  (void)state;
+  for (int i = 0; i < 200; i++) {
+    dlsync_exchange *ex = NULL;
+    atomic_int go;
+    racer r[2];
+    pthread_t th[2];
+    int ok = 0;
+    atomic_init(&go, 0);
+    assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+    for (int k = 0; k < 2; k++) {
+      r[k].ex = ex;
+      r[k].go = &go;
+      assert_int_equal(pthread_create(&th[k], NULL, race_end, &r[k]), 0);
+    }
+    atomic_store(&go, 1);
+    for (int k = 0; k < 2; k++) {
+      pthread_join(th[k], NULL);
+      ok += r[k].st == DLSYNC_SUCCESS ? 1 : 0;
+      assert_true(r[k].st == DLSYNC_SUCCESS || r[k].st == DLSYNC_ERROR_INVALID_ARGUMENT);
+    }
+    assert_int_equal(ok, 1);
+  }
+}
+
 /* ---- 3. a reclaimer that cannot enter RELAXED mode ---- */
 
 static void test_reclaimer_without_relaxed_mode_makes_no_illegal_call(void **state) {
@@ -526,6 +566,27 @@ static void test_order_fault_on_every_driver_call_surfaces(void **state) {
   }
 }
 
+static void test_dlpack_stream_fault_on_every_driver_call_surfaces(void **state) {
+  (void)state;
+  for (unsigned n = 1;; n++) {
+    dlsync_lane producer = dlsync_lane_stream(P), out;
+    bool ordered = true;
+    dlsync_status st;
+    bool reached;
+    fake_fail_call(n, CUDA_ERROR_UNKNOWN);
+    st = dlsync_dlpack_stream(&out, &ordered, ctx, 1, &producer);
+    reached = !fake_fail_pending();
+    fake_fail_clear();
+    if (!reached) {
+      assert_int_equal(st, DLSYNC_SUCCESS);
+      break;
+    }
+    assert_int_equal(st, DLSYNC_ERROR_DRIVER);
+    assert_false(ordered);
+    assert_message_has("CUDA_ERROR_UNKNOWN");
+  }
+}
+
 static void test_lane_query_and_destroy_faults_surface(void **state) {
   (void)state;
   for (unsigned n = 1;; n++) {
@@ -636,6 +697,8 @@ int main(void) {
                                       fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(test_exchange_handles_ended_on_another_thread_still_work,
                                       fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_racing_ends_of_one_exchange_end_it_once, fixture_setup,
+                                      fixture_teardown),
       cmocka_unit_test_setup_teardown(test_reclaimer_without_relaxed_mode_makes_no_illegal_call,
                                       fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(test_failed_reclaimer_sync_is_counted_and_returned_by_flush,
@@ -666,6 +729,8 @@ int main(void) {
                                       fixture_teardown),
       cmocka_unit_test_setup_teardown(test_order_fault_on_every_driver_call_surfaces, fixture_setup,
                                       fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_dlpack_stream_fault_on_every_driver_call_surfaces,
+                                      fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(test_lane_query_and_destroy_faults_surface, fixture_setup,
                                       fixture_teardown),
 #ifdef DLSYNC_TEST_ALLOC_FAULTS
