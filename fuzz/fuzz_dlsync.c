@@ -195,7 +195,8 @@ static void step(world *w, input *in) {
   case 6:
   case 7: {
     dlsync_lane *a = lane_of(w, in), *b = lane_of(w, in);
-    uint32_t flags = (take(in) & 3) == 0 ? 2u : (uint32_t)(take(in) & 1);
+    unsigned fb = take(in);
+    uint32_t flags = (fb & 4) ? 2u : (uint32_t)(fb & 1); /* 2: an unknown flag */
     if (w->ex[s] == NULL) {
       dlsync_exchange *ex = NULL;
       dlsync_status st = dlsync_exchange_begin_flags(&ex, w->ctx, a, b, flags);
