@@ -125,7 +125,7 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsy
  * value that was never a handle is DLSYNC_ERROR_INVALID_ARGUMENT with a
  * message; it reads no freed memory and never ends another exchange. A
  * handle may be ended on any thread. Not detected: a generation that wrapped
- * (2^39 begins on one record between the two ends). */
+ * (2^38 begin/end pairs on one record between the two ends). */
 DLSYNC_API dlsync_status dlsync_exchange_end(dlsync_exchange *exchange);
 
 #ifdef __cplusplus
