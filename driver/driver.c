@@ -96,6 +96,9 @@ dlsync_status dlsync__driver_load(const dlsync__driver **out, const char *path) 
   *out = NULL;
   if (path == NULL)
     path = "libcuda.so.1";
+  if (path[0] == '\0')
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "driver_path is \"\": give a path to libcuda, or NULL for libcuda.so.1");
   pthread_mutex_lock(&load_lock);
   for (loaded_driver *it = loaded; it != NULL; it = it->next) {
     if (strcmp(it->path, path) == 0) {

@@ -251,8 +251,9 @@ cleanup:
     CUresult r = d->CtxPopCurrent(&popped);
     if (r != CUDA_SUCCESS && st == DLSYNC_SUCCESS) {
       st = dlsync__fail_driver(d, r, "cuCtxPopCurrent", "restoring the caller's context");
-      (void)d->EventDestroy(*out);
-      atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
+      /* Counted as destroyed only when it was (a second fault leaks it). */
+      if (d->EventDestroy(*out) == CUDA_SUCCESS)
+        atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
       *out = NULL;
     }
   }
@@ -279,12 +280,12 @@ static bool keep_locked(dlsync__pool *p, CUevent event, bool limit) {
 void dlsync__pool_put(dlsync__pool *p, CUevent event) {
   bool kept;
   spin_lock(&p->lock);
-  kept = keep_locked(p, event, true);
+  /* A dead pool (its context destroyed, e.g. from a deleter while releases
+   * were queued) keeps nothing: the event is destroyed here. */
+  kept = !p->dead && keep_locked(p, event, true);
   spin_unlock(&p->lock);
-  if (!kept) {
-    (void)p->drv->EventDestroy(event);
+  if (!kept && p->drv->EventDestroy(event) == CUDA_SUCCESS)
     atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
-  }
 }
 
 /* ---- scratch events ----
@@ -404,7 +405,8 @@ dlsync_status dlsync__pools_destroy(dlsync__pools *ps) {
     spin_unlock(&p->lock);
     for (size_t i = 0; i < p->nscratch; i++) {
       CUresult r = p->drv->EventDestroy(p->scratch[i]);
-      atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
+      if (r == CUDA_SUCCESS)
+        atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
       if (r != CUDA_SUCCESS && st == DLSYNC_SUCCESS)
         st = dlsync__fail_driver(p->drv, r, "cuEventDestroy",
                                  "destroying the scratch events of context %p", (void *)p->cuctx);
@@ -412,7 +414,8 @@ dlsync_status dlsync__pools_destroy(dlsync__pools *ps) {
     p->nscratch = 0;
     for (size_t i = 0; i < n; i++) {
       CUresult r = p->drv->EventDestroy(events[i]);
-      atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
+      if (r == CUDA_SUCCESS)
+        atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
       if (r != CUDA_SUCCESS && st == DLSYNC_SUCCESS)
         st = dlsync__fail_driver(p->drv, r, "cuEventDestroy",
                                  "destroying the event pool of context %p", (void *)p->cuctx);

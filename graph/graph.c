@@ -1,18 +1,54 @@
 /* Nodes dlsync appends to graphs, and events owned by graphs. */
+#include <pthread.h>
+#include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
 
 #include "dlsync/private/graph.h"
+
+/* What a user object owns: the caller's destructor and pointer, run once.
+ * When cuUserObjectRelease fails on an error path (so no graph, and no
+ * reference of ours, will ever let the object go), the destructor is run
+ * here instead; the box then stays on a list, never freed, in case the driver
+ * still calls it (it then does nothing). */
+typedef struct hold_box {
+  void (*destroy)(void *);
+  void *ptr;
+  atomic_flag ran;
+  struct hold_box *next;
+} hold_box;
+
+static pthread_mutex_t abandoned_lock = PTHREAD_MUTEX_INITIALIZER;
+static hold_box *abandoned;
+
+static void box_run(void *p) {
+  hold_box *b = p;
+  if (atomic_flag_test_and_set(&b->ran))
+    return; /* run already, by graph_hold: the box is on the abandoned list */
+  b->destroy(b->ptr);
+  dlsync__free(b);
+}
 
 dlsync_status dlsync__graph_hold(const dlsync__driver *d, CUgraph *graphs, int ngraphs,
                                  void (*destroy)(void *), void *ptr, bool *taken) {
   dlsync_status st = DLSYNC_SUCCESS;
   CUuserObject uo = NULL;
   unsigned held = 0; /* references still held by this function */
+  hold_box *box = NULL;
   *taken = false;
+  box = dlsync__malloc(sizeof *box);
+  if (box == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an object to graph %p: out of memory",
+                      (void *)graphs[0]);
+    goto cleanup;
+  }
+  box->destroy = destroy;
+  box->ptr = ptr;
+  atomic_flag_clear(&box->ran);
+  box->next = NULL;
   DLSYNC_CU(
       d, cuUserObjectCreate,
-      d->UserObjectCreate(&uo, ptr, destroy, (unsigned)ngraphs, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
+      d->UserObjectCreate(&uo, box, box_run, (unsigned)ngraphs, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
       "making an object owned by graph %p", (void *)graphs[0]);
   /* From here the destructor owns `ptr`: it runs once the references below
    * are all gone, whatever happens next. */
@@ -24,13 +60,29 @@ dlsync_status dlsync__graph_hold(const dlsync__driver *d, CUgraph *graphs, int n
               "giving an object to graph %p", (void *)graphs[i]);
     held--;
   }
+  box = NULL;
 cleanup:
   if (held > 0) {
     /* Graphs that took a reference keep the object until they are
      * destroyed; dropping ours runs the destructor (on a driver thread) if
      * none did. */
-    (void)d->UserObjectRelease(uo, held);
+    bool none_took = held == (unsigned)ngraphs;
+    if (d->UserObjectRelease(uo, held) != CUDA_SUCCESS && none_took) {
+      /* Nothing will ever drop the object: run its destructor now, once. */
+      if (!atomic_flag_test_and_set(&box->ran)) {
+        pthread_mutex_lock(&abandoned_lock);
+        box->next = abandoned;
+        abandoned = box;
+        pthread_mutex_unlock(&abandoned_lock);
+        destroy(ptr);
+      }
+    }
+    /* If some graphs took it and the release failed, the object lives until
+     * the driver frees it with its context: that cannot be helped here. */
+    box = NULL;
   }
+  if (!*taken)
+    dlsync__free(box);
   return st;
 }
 

@@ -79,6 +79,9 @@ dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
   ctx->caps = dlsync__capabilities_of(drv);
   ctx->pools.generation = atomic_fetch_add(&generations, 1) + 1;
   atomic_init(&ctx->pools.list, NULL);
+  atomic_init(&ctx->refs, 1);
+  atomic_init(&ctx->live_fences, 0);
+  atomic_init(&ctx->destroyed, false);
   DLSYNC_TRY(dlsync__release_book_new(&ctx->releases));
   dlsync__orphans_collect();
   DLSYNC__LOG(DLSYNC__LOG_INFO, "context %p created (driver %s, version %d.%d, events kept %u)",
@@ -109,14 +112,32 @@ cleanup:
   return st;
 }
 
+void dlsync__context_ref(dlsync_context *ctx) {
+  atomic_fetch_add_explicit(&ctx->refs, 1, memory_order_relaxed);
+}
+
+void dlsync__context_unref(dlsync_context *ctx) {
+  if (atomic_fetch_sub_explicit(&ctx->refs, 1, memory_order_acq_rel) != 1)
+    return;
+  pthread_mutex_destroy(&ctx->pools.lock);
+  dlsync__free(ctx);
+  dlsync__orphans_collect(); /* the last fence's event, back in a dead pool */
+}
+
 dlsync_status dlsync_context_destroy(dlsync_context *ctx) {
   dlsync_status st;
+  size_t abandoned, fences;
   if (ctx == NULL)
     return DLSYNC_SUCCESS;
   if (ctx->is_default)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
                         "dlsync_context_destroy: the default context belongs to the library and "
                         "lives until the process ends");
+  atomic_store(&ctx->destroyed, true);
+  /* Exchanges still begun: ended here, ordering nothing (their handles are
+   * invalid from now on). */
+  abandoned = dlsync__exchanges_abandon(ctx);
+  fences = atomic_load(&ctx->live_fences);
   /* Releases first: the eager ones give their events back to the pools. */
   st = dlsync__release_book_close(ctx->releases);
   {
@@ -124,9 +145,15 @@ dlsync_status dlsync_context_destroy(dlsync_context *ctx) {
     if (st == DLSYNC_SUCCESS)
       st = pst;
   }
-  pthread_mutex_destroy(&ctx->pools.lock);
+  if (st == DLSYNC_SUCCESS && (abandoned > 0 || fences > 0))
+    st = dlsync__fail(DLSYNC_ERROR_BUSY,
+                      "the context was destroyed with %zu exchange(s) begun and not ended (they "
+                      "are abandoned: their end is DLSYNC_ERROR_INVALID_ARGUMENT and orders "
+                      "nothing) and %zu fence(s) not released (they still work; the context's "
+                      "memory and their events go with their last release)",
+                      abandoned, fences);
   DLSYNC__LOG(DLSYNC__LOG_INFO, "context %p destroyed (%s)", (void *)ctx, dlsync_status_name(st));
-  dlsync__free(ctx);
+  dlsync__context_unref(ctx);
   return st;
 }
 
@@ -198,7 +225,19 @@ dlsync_status dlsync_context_require(const dlsync_context *ctx, dlsync_capabilit
   if (ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_context_require: ctx is NULL");
   d = ctx->drv;
-  if (ctx->caps & (uint32_t)cap)
+  if (cap != 0 && ((uint32_t)cap & ((uint32_t)cap - 1)) != 0) {
+    /* Several bits: every one must be there; the first missing one is named. */
+    for (uint32_t bit = 1; bit != 0; bit <<= 1) {
+      dlsync_status st;
+      if (((uint32_t)cap & bit) == 0)
+        continue;
+      st = dlsync_context_require(ctx, (dlsync_capability)bit);
+      if (st != DLSYNC_SUCCESS)
+        return st;
+    }
+    return DLSYNC_SUCCESS;
+  }
+  if (cap != 0 && (ctx->caps & (uint32_t)cap) == (uint32_t)cap)
     return DLSYNC_SUCCESS;
   switch (cap) {
   case DLSYNC_CAP_CAPTURE_EDGE_DATA:

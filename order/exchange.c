@@ -14,8 +14,16 @@ typedef struct domain {
   CUgraph graph;
 } domain;
 
+/* An exchange record. Records are never freed: they are recycled, and the
+ * handle given out names a record and its generation (see "Handles" below),
+ * so a handle used after its end is recognised, never a touch of freed
+ * memory and never the end of another exchange. */
 struct dlsync_exchange {
-  dlsync_context *ctx;
+  atomic_uint_fast64_t gen;      /* odd while begun, even while free */
+  _Atomic(dlsync_context *) ctx; /* atomic: read by the scan at context destroy */
+  uint32_t index;
+  struct dlsync_exchange *next_free;
+  bool same;                /* one stream: nothing to do at end */
   CUstream producer_stream; /* stream lanes */
   CUstream consumer_stream;
   dlsync_lane *producer_ref; /* graph lanes: the caller's */
@@ -345,6 +353,14 @@ static dlsync_status order_now(dlsync_context *ctx, dlsync__op op, pool_pick *pk
   in.first_pending = first_pending;
   row = dlsync__table_classify(&in);
   *row_out = row;
+  if (dlsync__row_nodes(row) > 0) {
+    /* A built lane that gets a node must have room for its new frontier:
+     * checked before anything is given to a graph. */
+    if (first->kind == DLSYNC_LANE_BUILT)
+      DLSYNC_TRY(dlsync__lane_fit(first->lane, 1, first->role, "the record node"));
+    if (then->kind == DLSYNC_LANE_BUILT)
+      DLSYNC_TRY(dlsync__lane_fit(then->lane, 1, then->role, "the wait node"));
+  }
   switch (row) {
   case DLSYNC__ROW_EAGER_EAGER:
   case DLSYNC__ROW_SAME_CAPTURE:
@@ -380,6 +396,7 @@ static dlsync_status order_now(dlsync_context *ctx, dlsync__op op, pool_pick *pk
                       dlsync__row_name(row), dlsync__op_name(op));
     break;
   }
+cleanup:
   if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
     trace_row(op, row, first, then, st);
   return st;
@@ -421,10 +438,6 @@ cleanup:
   return st;
 }
 
-/* The handle of an exchange between one stream and itself: nothing to end.
- * Shared and never freed. */
-static dlsync_exchange same_stream_exchange;
-
 /* The fast path: a plain row of the table (dlsync__row_is_plain: EAGER_EAGER,
  * JOIN, SAME_CAPTURE) and a warm thread. It is row_record_wait without the
  * general machinery: a plain record on `first` and a wait on `then`, with the
@@ -461,8 +474,11 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
     return false;
   if (query == FAST_QUERY_BOTH) {
     r = d->StreamIsCapturing(first, &cs);
-    if (r != CUDA_SUCCESS)
-      goto query_failed;
+    if (r != CUDA_SUCCESS) {
+      *st = dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s stream %p", first_role,
+                                (void *)first);
+      return true;
+    }
     if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
       return false;
   }
@@ -491,28 +507,85 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
                                           : fail_wait(ctx, r, first, then, first_role, then_role);
   return true;
 query_failed:
-  *st = dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s or %s stream (%p, %p)", first_role,
-                            then_role, (void *)first, (void *)then);
+  *st = dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s stream %p", then_role, (void *)then);
   return true;
 }
 
-/* Each thread keeps one free exchange handle, so that the usual begin/end
- * pair allocates nothing. The slot is the thread's own (a handle ended on
- * another thread goes to that thread's slot, or is freed); a pthread key
- * frees what it holds when the thread exits. */
+/* ---- Handles ----
+ *
+ * Exchange records live in chunks that are never freed (recycled, for the
+ * life of the process), found by index. A handle is the record's index and
+ * the low bits of its generation, packed into the pointer value; end checks
+ * the generation with one compare-and-swap, so a second end, or an end after
+ * the record was reused by a later begin, is DLSYNC_ERROR_INVALID_ARGUMENT.
+ * Each thread keeps one free record (no lock on the usual begin/end pair); an
+ * end on another thread gives the record to that thread, or to the shared
+ * free list; a thread's record goes back to the list when the thread exits. */
+#define EX_INDEX_BITS 24
+#define EX_CHUNK 1024u
+#define EX_CHUNKS ((1u << EX_INDEX_BITS) / EX_CHUNK)
+#define EX_GEN_MASK ((UINT64_C(1) << (64 - EX_INDEX_BITS - 1)) - 1)
+
+_Static_assert(sizeof(uintptr_t) == 8,
+               "exchange handles pack an index and a generation in 64 bits");
+
+static _Atomic(dlsync_exchange *) ex_chunks[EX_CHUNKS];
+static atomic_uint ex_made; /* records made so far */
+static pthread_mutex_t ex_lock = PTHREAD_MUTEX_INITIALIZER;
+static dlsync_exchange *ex_free; /* shared free list, under ex_lock */
+
 static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
 static pthread_key_t spare_key;
 static bool spare_key_ok;
 
-static void spare_free(void *p) {
+static void shared_put(dlsync_exchange *ex) {
+  pthread_mutex_lock(&ex_lock);
+  ex->next_free = ex_free;
+  ex_free = ex;
+  pthread_mutex_unlock(&ex_lock);
+}
+
+static void spare_release(void *p) {
   dlsync__thread *t = p;
-  dlsync__free(t->spare);
+  if (t->spare != NULL)
+    shared_put(t->spare);
   t->spare = NULL;
   t->spare_keyed = false;
 }
 
 static void spare_key_init(void) {
-  spare_key_ok = pthread_key_create(&spare_key, spare_free) == 0;
+  spare_key_ok = pthread_key_create(&spare_key, spare_release) == 0;
+}
+
+static dlsync_exchange *record_make(void) {
+  dlsync_exchange *ex = NULL, *chunk;
+  unsigned i;
+  pthread_mutex_lock(&ex_lock);
+  if (ex_free != NULL) {
+    ex = ex_free;
+    ex_free = ex->next_free;
+    goto cleanup;
+  }
+  i = atomic_load_explicit(&ex_made, memory_order_relaxed);
+  if (i >= EX_CHUNK * EX_CHUNKS)
+    goto cleanup;
+  chunk = atomic_load_explicit(&ex_chunks[i / EX_CHUNK], memory_order_relaxed);
+  if (chunk == NULL) {
+    chunk = dlsync__calloc(EX_CHUNK, sizeof *chunk);
+    if (chunk == NULL)
+      goto cleanup;
+    for (unsigned j = 0; j < EX_CHUNK; j++) {
+      atomic_init(&chunk[j].gen, 0);
+      atomic_init(&chunk[j].ctx, NULL);
+      chunk[j].index = i + j;
+    }
+    atomic_store_explicit(&ex_chunks[i / EX_CHUNK], chunk, memory_order_release);
+  }
+  ex = &chunk[i % EX_CHUNK];
+  atomic_store_explicit(&ex_made, i + 1, memory_order_release);
+cleanup:
+  pthread_mutex_unlock(&ex_lock);
+  return ex;
 }
 
 static dlsync_exchange *exchange_alloc(dlsync__thread *t) {
@@ -521,11 +594,12 @@ static dlsync_exchange *exchange_alloc(dlsync__thread *t) {
     t->spare = NULL;
     return ex;
   }
-  return dlsync__malloc(sizeof(dlsync_exchange));
+  return record_make();
 }
 
+/* Back to the thread's slot or the shared list; ex's generation is even. */
 static void exchange_free(dlsync__thread *t, dlsync_exchange *ex) {
-  if (ex == NULL || ex == &same_stream_exchange)
+  if (ex == NULL)
     return;
   if (DLSYNC__LIKELY(t->spare == NULL && t->spare_keyed)) {
     t->spare = ex;
@@ -539,7 +613,70 @@ static void exchange_free(dlsync__thread *t, dlsync_exchange *ex) {
       return;
     }
   }
-  dlsync__free(ex);
+  shared_put(ex);
+}
+
+/* A begun record: fields set, then the generation made odd; the handle. */
+static DLSYNC__INLINE dlsync_exchange *exchange_publish(dlsync_exchange *ex, dlsync_context *ctx) {
+  uint64_t g = atomic_load_explicit(&ex->gen, memory_order_relaxed) + 1;
+  atomic_store_explicit(&ex->ctx, ctx, memory_order_relaxed);
+  atomic_store_explicit(&ex->gen, g, memory_order_release);
+  return (dlsync_exchange *)(uintptr_t)(((g & EX_GEN_MASK) << (EX_INDEX_BITS + 1)) |
+                                        ((uint64_t)ex->index + 1));
+}
+
+/* The record a handle names, ended (its generation made even) by this call;
+ * NULL with DLSYNC_ERROR_INVALID_ARGUMENT when it is not a begun exchange. */
+static DLSYNC__INLINE dlsync_exchange *exchange_claim(dlsync_exchange *handle, dlsync_status *st) {
+  uint64_t h = (uint64_t)(uintptr_t)handle;
+  uint64_t idx = (h & ((UINT64_C(1) << (EX_INDEX_BITS + 1)) - 1)) - 1;
+  uint64_t g = h >> (EX_INDEX_BITS + 1);
+  dlsync_exchange *chunk, *ex;
+  uint64_t now;
+  if (DLSYNC__UNLIKELY(handle == NULL)) {
+    *st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_end: exchange is NULL");
+    return NULL;
+  }
+  if (DLSYNC__UNLIKELY(idx >= atomic_load_explicit(&ex_made, memory_order_acquire) || (g & 1) == 0))
+    goto invalid;
+  chunk = atomic_load_explicit(&ex_chunks[idx / EX_CHUNK], memory_order_acquire);
+  ex = &chunk[idx % EX_CHUNK];
+  now = atomic_load_explicit(&ex->gen, memory_order_acquire);
+  if (DLSYNC__UNLIKELY((now & EX_GEN_MASK) != g || (now & 1) == 0))
+    goto invalid;
+  if (DLSYNC__UNLIKELY(!atomic_compare_exchange_strong_explicit(
+          &ex->gen, &now, now + 1, memory_order_acq_rel, memory_order_acquire)))
+    goto invalid;
+  *st = DLSYNC_SUCCESS;
+  return ex;
+invalid:
+  *st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                     "dlsync_exchange_end: %p is not an exchange that is begun: it was ended "
+                     "already (each begin is ended once), its context was destroyed, or it was "
+                     "never a handle from dlsync_exchange_begin",
+                     (void *)handle);
+  return NULL;
+}
+
+/* Context destroy: ends (without ordering anything) the exchanges of ctx
+ * that are still begun; returns how many. Must not race with begin or end on
+ * ctx (context.h). */
+size_t dlsync__exchanges_abandon(const dlsync_context *ctx) {
+  size_t n = 0;
+  unsigned made = atomic_load_explicit(&ex_made, memory_order_acquire);
+  for (unsigned i = 0; i < made; i++) {
+    dlsync_exchange *chunk = atomic_load_explicit(&ex_chunks[i / EX_CHUNK], memory_order_acquire);
+    dlsync_exchange *ex = &chunk[i % EX_CHUNK];
+    uint64_t now = atomic_load_explicit(&ex->gen, memory_order_acquire);
+    if ((now & 1) == 0 || atomic_load_explicit(&ex->ctx, memory_order_relaxed) != ctx)
+      continue;
+    if (atomic_compare_exchange_strong_explicit(&ex->gen, &now, now + 1, memory_order_acq_rel,
+                                                memory_order_acquire)) {
+      shared_put(ex);
+      n++;
+    }
+  }
+  return n;
 }
 
 static bool plain_stream_lane(const dlsync_lane *l) {
@@ -591,19 +728,21 @@ static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsyn
                         (unsigned)(flags & ~(uint32_t)DLSYNC_EXCHANGE_CAPTURE_STABLE),
                         (unsigned)DLSYNC_EXCHANGE_CAPTURE_STABLE);
   t = dlsync__thread_get();
-  DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_BEGIN, producer, "producer", consumer, "consumer", &p, &c,
-                         &pool, &same));
-  if (same) {
-    *out = &same_stream_exchange;
-    goto cleanup;
-  }
   ex = exchange_alloc(t);
   if (ex == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_exchange_begin: out of memory");
     goto cleanup;
   }
+  ex->same = false;
+  DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_BEGIN, producer, "producer", consumer, "consumer", &p, &c,
+                         &pool, &same));
+  if (same) {
+    ex->same = true; /* its end has nothing to do */
+    *out = exchange_publish(ex, ctx);
+    ex = NULL;
+    goto cleanup;
+  }
   DLSYNC_TRY(order_now(ctx, DLSYNC__OP_BEGIN, &pool, &p, &c, false, &row));
-  ex->ctx = ctx;
   ex->producer_stream = producer->stream;
   ex->consumer_stream = consumer->stream;
   ex->producer_ref = producer->kind == DLSYNC_LANE_GRAPH ? producer : NULL;
@@ -614,7 +753,7 @@ static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsyn
   /* What end may trust: two eager streams, or a consumer that joined the
    * producer's capture; either way end's plain record and wait are right. */
   ex->stable = stable && (row == DLSYNC__ROW_EAGER_EAGER || row == DLSYNC__ROW_JOIN);
-  *out = ex;
+  *out = exchange_publish(ex, ctx);
   ex = NULL;
 cleanup:
   exchange_free(t, ex);
@@ -644,14 +783,14 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
   if (DLSYNC__UNLIKELY(st != DLSYNC_SUCCESS))
     return st;
   t->spare = NULL;
-  ex->ctx = ctx;
+  ex->same = false;
   ex->producer_stream = producer->stream;
   ex->consumer_stream = consumer->stream;
   ex->producer_ref = NULL;
   ex->consumer_ref = NULL;
   ex->cross = false;
   ex->stable = (flags & DLSYNC_EXCHANGE_CAPTURE_STABLE) != 0;
-  *out = ex;
+  *out = exchange_publish(ex, ctx);
   return DLSYNC_SUCCESS;
 }
 
@@ -660,7 +799,8 @@ dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
   return dlsync_exchange_begin_flags(out, ctx, producer, consumer, 0);
 }
 
-static DLSYNC__NOINLINE dlsync_status end_general(dlsync__thread *t, dlsync_exchange *ex) {
+static DLSYNC__NOINLINE dlsync_status end_general(dlsync__thread *t, dlsync_exchange *ex,
+                                                  dlsync_context *ctx) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__lane_now c, p;
   dlsync__row row;
@@ -672,36 +812,41 @@ static DLSYNC__NOINLINE dlsync_status end_general(dlsync__thread *t, dlsync_exch
   lc = dlsync_lane_stream(ex->consumer_stream);
   producer = ex->producer_ref != NULL ? ex->producer_ref : &lp;
   consumer = ex->consumer_ref != NULL ? ex->consumer_ref : &lc;
-  DLSYNC_TRY(order_lanes(ex->ctx, DLSYNC__OP_END, consumer, "consumer", producer, "producer", &c,
-                         &p, &pool, &same));
+  DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_END, consumer, "consumer", producer, "producer", &c, &p,
+                         &pool, &same));
   if (same)
     goto cleanup;
   if (ex->cross) {
     domain pd = domain_of(&p), cd = domain_of(&c);
     cross_holds = same_domain(&pd, &ex->producer_domain) && same_domain(&cd, &ex->consumer_domain);
   }
-  DLSYNC_TRY(order_now(ex->ctx, DLSYNC__OP_END, &pool, &c, &p, cross_holds, &row));
+  DLSYNC_TRY(order_now(ctx, DLSYNC__OP_END, &pool, &c, &p, cross_holds, &row));
 cleanup:
   exchange_free(t, ex);
   return st;
 }
 
-dlsync_status dlsync_exchange_end(dlsync_exchange *ex) {
+dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
   dlsync_status st;
   dlsync__thread *t;
+  dlsync_context *ctx;
+  dlsync_exchange *ex = exchange_claim(handle, &st);
   if (DLSYNC__UNLIKELY(ex == NULL))
-    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_end: exchange is NULL");
-  if (ex == &same_stream_exchange)
-    return DLSYNC_SUCCESS; /* one stream: its own order is enough */
+    return st;
   t = dlsync__thread_get();
+  if (ex->same) {
+    exchange_free(t, ex);
+    return DLSYNC_SUCCESS; /* one stream: its own order is enough */
+  }
+  ctx = atomic_load_explicit(&ex->ctx, memory_order_relaxed);
   /* Stream lanes: both eager now (two queries), or, when begin may be
    * trusted (DLSYNC_EXCHANGE_CAPTURE_STABLE), eager or one capture as begin
    * found them (no query). */
   if (ex->producer_ref == NULL && ex->consumer_ref == NULL &&
-      order_fast(t, ex->ctx, ex->consumer_stream, ex->producer_stream,
+      order_fast(t, ctx, ex->consumer_stream, ex->producer_stream,
                  ex->stable ? FAST_QUERY_NONE : FAST_QUERY_BOTH, "consumer", "producer", &st)) {
     exchange_free(t, ex);
     return st;
   }
-  return end_general(t, ex);
+  return end_general(t, ex, ctx);
 }

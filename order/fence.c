@@ -7,7 +7,8 @@
 #include "dlsync/private/table.h"
 
 struct dlsync_fence {
-  atomic_uint refs;
+  atomic_uint refs; /* 0: released (the memory waits in the free list) */
+  struct dlsync_fence *next_free;
   dlsync_context *ctx;
   dlsync_fence_kind kind;
   dlsync__held_event *he; /* the event, held while the fence lives */
@@ -35,6 +36,61 @@ static DLSYNC__NOINLINE void trace_signal(const dlsync_context *ctx, const dlsyn
               st == DLSYNC_SUCCESS ? "" : ": ", st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
 }
 
+/* ---- fence memory: recycled, never freed ----
+ *
+ * A released fence goes to the back of a FIFO and is reused only once
+ * FENCE_QUARANTINE others have been released after it, so a fence used after
+ * its last release is found released (refs 0: DLSYNC_ERROR_INVALID_ARGUMENT)
+ * rather than read from freed memory, unless that many fences were released
+ * since; then it is another fence (fence.h says so). */
+#define FENCE_QUARANTINE 64
+
+static pthread_mutex_t fence_lock = PTHREAD_MUTEX_INITIALIZER;
+static dlsync_fence *fence_head, *fence_tail;
+static size_t fence_nfree;
+
+static dlsync_fence *fence_alloc(void) {
+  dlsync_fence *f = NULL;
+  pthread_mutex_lock(&fence_lock);
+  if (fence_nfree > FENCE_QUARANTINE) {
+    f = fence_head;
+    fence_head = f->next_free;
+    if (fence_head == NULL)
+      fence_tail = NULL;
+    fence_nfree--;
+  }
+  pthread_mutex_unlock(&fence_lock);
+  if (f == NULL) {
+    f = dlsync__calloc(1, sizeof *f);
+    if (f == NULL)
+      return NULL;
+  } else {
+    memset((char *)f + sizeof f->refs, 0, sizeof *f - sizeof f->refs);
+  }
+  atomic_store_explicit(&f->refs, 1, memory_order_relaxed);
+  return f;
+}
+
+static void fence_recycle(dlsync_fence *f) {
+  atomic_store_explicit(&f->refs, 0, memory_order_release);
+  f->next_free = NULL;
+  pthread_mutex_lock(&fence_lock);
+  if (fence_tail != NULL)
+    fence_tail->next_free = f;
+  else
+    fence_head = f;
+  fence_tail = f;
+  fence_nfree++;
+  pthread_mutex_unlock(&fence_lock);
+}
+
+static dlsync_status fence_released(const dlsync_fence *f, const char *fn) {
+  return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                      "%s: fence %p was released (its last reference is gone); retain a fence "
+                      "for as long as it is used",
+                      fn, (const void *)f);
+}
+
 dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsync_lane *lane) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d;
@@ -57,12 +113,11 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
                                 "the signalling lane is a graph lane", false));
   l = opened.a;
   pool = opened.pool;
-  f = dlsync__calloc(1, sizeof *f);
+  f = fence_alloc();
   if (f == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_fence_signal: out of memory");
     goto cleanup;
   }
-  atomic_init(&f->refs, 1);
   f->ctx = ctx;
   DLSYNC_TRY(dlsync__pool_get(&ev, pool));
   f->he = dlsync__held_event_new(pool, ev);
@@ -85,6 +140,8 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
     DLSYNC_TRY(dlsync__graph_hold_event(ctx->drv, f->he, &f->graph, 1));
     DLSYNC_TRY(dlsync__graph_append_event_node(ctx->drv, &l, ev, true, &f->node));
   }
+  dlsync__context_ref(ctx);
+  atomic_fetch_add_explicit(&ctx->live_fences, 1, memory_order_relaxed);
   *out = f;
   f = NULL;
 cleanup:
@@ -92,7 +149,7 @@ cleanup:
     trace_signal(ctx, &l, st, *out);
   if (f != NULL) {
     dlsync__held_event_unref(f->he);
-    dlsync__free(f);
+    fence_recycle(f);
   }
   return st;
 }
@@ -266,6 +323,8 @@ dlsync_status dlsync_fence_wait(dlsync_fence *f, dlsync_lane *lane) {
   int nodes = 0; /* the wait node, if one is added */
   if (f == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_wait: fence is NULL");
+  if (atomic_load_explicit(&f->refs, memory_order_acquire) == 0)
+    return fence_released(f, "dlsync_fence_wait");
   DLSYNC_TRY(dlsync__lane_check(lane, "waiting"));
   DLSYNC_TRY(dlsync__lane_read(&l, f->ctx->drv, lane, "waiting"));
   DLSYNC_TRY(fence_table_in(&in, f, &l));
@@ -297,22 +356,48 @@ cleanup:
 }
 
 dlsync_fence *dlsync_fence_retain(dlsync_fence *f) {
-  if (f != NULL)
-    atomic_fetch_add_explicit(&f->refs, 1, memory_order_relaxed);
+  unsigned refs;
+  if (f == NULL)
+    return NULL;
+  refs = atomic_load_explicit(&f->refs, memory_order_relaxed);
+  do {
+    if (refs == 0) {
+      (void)fence_released(f, "dlsync_fence_retain");
+      return NULL;
+    }
+  } while (!atomic_compare_exchange_weak_explicit(&f->refs, &refs, refs + 1, memory_order_relaxed,
+                                                  memory_order_relaxed));
   return f;
 }
 
 void dlsync_fence_release(dlsync_fence *f) {
-  if (f == NULL || atomic_fetch_sub_explicit(&f->refs, 1, memory_order_acq_rel) != 1)
+  dlsync_context *ctx;
+  unsigned refs;
+  if (f == NULL)
     return;
+  refs = atomic_load_explicit(&f->refs, memory_order_relaxed);
+  do {
+    if (refs == 0) {
+      (void)fence_released(f, "dlsync_fence_release"); /* a release too many: ignored */
+      return;
+    }
+  } while (!atomic_compare_exchange_weak_explicit(&f->refs, &refs, refs - 1, memory_order_acq_rel,
+                                                  memory_order_relaxed));
+  if (refs != 1)
+    return;
+  ctx = f->ctx;
   dlsync__held_event_unref(f->he);
-  dlsync__free(f);
+  fence_recycle(f);
+  atomic_fetch_sub_explicit(&ctx->live_fences, 1, memory_order_relaxed);
+  dlsync__context_unref(ctx);
 }
 
 dlsync_status dlsync_fence_get_kind(dlsync_fence_kind *out, const dlsync_fence *f) {
   if (out == NULL || f == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_get_kind: %s is NULL",
                         out == NULL ? "out" : "fence");
+  if (atomic_load_explicit(&f->refs, memory_order_acquire) == 0)
+    return fence_released(f, "dlsync_fence_get_kind");
   *out = f->kind;
   return DLSYNC_SUCCESS;
 }

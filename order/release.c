@@ -16,6 +16,7 @@
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
+#include <unistd.h>
 
 #include "dlsync/private/hwloc.h"
 #include "dlsync/private/order.h"
@@ -27,7 +28,11 @@ struct dlsync__release_book {
   size_t pending_eager;
   size_t pending_graph;
   size_t done;
-  size_t sync_errors; /* events whose synchronisation failed (deleter ran anyway) */
+  size_t sync_failures;        /* events whose synchronisation failed (deleter ran anyway) */
+  size_t mode_failures;        /* releases whose reclaimer could not enter RELAXED mode */
+  size_t blocked;              /* eager releases waiting now for RELAXED mode */
+  dlsync_status first_failure; /* since the last flush; DLSYNC_SUCCESS when none */
+  char first_message[256];
 };
 
 typedef struct release_item {
@@ -94,14 +99,27 @@ static void book_cancel(dlsync__release_book *b, bool from_graph) {
   book_unref(b);
 }
 
-static void book_done(dlsync__release_book *b, bool from_graph, bool sync_failed) {
+/* A failure on the reclaimer thread, kept for flush and the stats (the
+ * message of the first one since the last flush). Called with b->lock. */
+static void book_note_failure_locked(dlsync__release_book *b, const char *message) {
+  if (b->first_failure == DLSYNC_SUCCESS) {
+    b->first_failure = DLSYNC_ERROR_DRIVER;
+    snprintf(b->first_message, sizeof b->first_message, "%s", message);
+  }
+}
+
+static void book_done(dlsync__release_book *b, bool from_graph, bool sync_failed,
+                      const char *message) {
   pthread_mutex_lock(&b->lock);
   if (from_graph)
     b->pending_graph--;
   else
     b->pending_eager--;
   b->done++;
-  b->sync_errors += sync_failed ? 1 : 0;
+  if (sync_failed) {
+    b->sync_failures++;
+    book_note_failure_locked(b, message);
+  }
   pthread_cond_broadcast(&b->cond);
   pthread_mutex_unlock(&b->lock);
   book_unref(b);
@@ -109,16 +127,34 @@ static void book_done(dlsync__release_book *b, bool from_graph, bool sync_failed
 
 static _Thread_local bool on_reclaimer;
 
-static void book_wait_eager(dlsync__release_book *b) {
+/* Waits until every eager release has run or is blocked (its reclaimer
+ * cannot enter RELAXED mode), then returns the first failure since the last
+ * flush (and forgets it). */
+static dlsync_status book_flush(dlsync__release_book *b) {
+  dlsync_status st;
+  char message[sizeof b->first_message];
+  size_t blocked;
   pthread_mutex_lock(&b->lock);
-  while (b->pending_eager > 0)
+  while (b->pending_eager > b->blocked)
     pthread_cond_wait(&b->cond, &b->lock);
+  st = b->first_failure;
+  blocked = b->blocked;
+  snprintf(message, sizeof message, "%s", b->first_message);
+  b->first_failure = DLSYNC_SUCCESS;
+  b->first_message[0] = '\0';
   pthread_mutex_unlock(&b->lock);
+  if (st != DLSYNC_SUCCESS)
+    return dlsync__fail(st, "dlsync_release_flush: a release failed on the reclaimer thread: %s%s",
+                        message,
+                        blocked > 0 ? " (its deleter has not run: it runs once the reclaimer "
+                                      "can enter RELAXED capture mode)"
+                                    : "");
+  return DLSYNC_SUCCESS;
 }
 
 dlsync_status dlsync__release_book_close(dlsync__release_book *b) {
   dlsync_status st = DLSYNC_SUCCESS;
-  size_t graph_owned;
+  size_t graph_owned, blocked;
   if (b == NULL)
     return DLSYNC_SUCCESS;
   if (on_reclaimer) {
@@ -135,11 +171,18 @@ dlsync_status dlsync__release_book_close(dlsync__release_book *b) {
                         "(the one running included); they still run",
                         pending);
   }
-  book_wait_eager(b);
   pthread_mutex_lock(&b->lock);
+  while (b->pending_eager > b->blocked)
+    pthread_cond_wait(&b->cond, &b->lock);
   graph_owned = b->pending_graph;
+  blocked = b->blocked;
   pthread_mutex_unlock(&b->lock);
-  if (graph_owned > 0)
+  if (blocked > 0)
+    st = dlsync__fail(DLSYNC_ERROR_BUSY,
+                      "the context was destroyed with %zu eager release(s) blocked: the "
+                      "reclaimer cannot enter RELAXED capture mode; they run once it can",
+                      blocked);
+  else if (graph_owned > 0)
     st = dlsync__fail(DLSYNC_ERROR_BUSY,
                       "the context was destroyed with %zu release(s) still owned by graphs; "
                       "their deleters run when those graphs and their executables are destroyed",
@@ -163,25 +206,64 @@ static pthread_mutex_t reclaimers_lock = PTHREAD_MUTEX_INITIALIZER;
 static reclaimer **reclaimers;
 static int nreclaimers;
 
+/* RELAXED each time, for graph-owned releases too (their deleters may call
+ * CUDA): nothing this thread does may break a capture. When the driver
+ * refuses, the thread's mode is unknown, and cuEventSynchronize (or any
+ * query) in GLOBAL mode would invalidate another thread's GLOBAL capture: the
+ * item stays here, the failure is counted and reported (flush returns it),
+ * and entering RELAXED mode is tried again, from 1 ms to 100 ms apart. The
+ * deleter runs once that succeeds. */
+static void enter_relaxed(release_item *it) {
+  bool failed = false;
+  unsigned delay_us = 1000;
+  for (;;) {
+    CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+    CUresult r = it->drv->ThreadExchangeStreamCaptureMode(&mode);
+    if (r == CUDA_SUCCESS)
+      break;
+    if (!failed) {
+      char message[200];
+      snprintf(message, sizeof message,
+               "cuThreadExchangeStreamCaptureMode failed on the reclaimer of device %d: %s",
+               it->device, dlsync__driver_error_name(it->drv, r));
+      failed = true;
+      pthread_mutex_lock(&it->book->lock);
+      it->book->mode_failures++;
+      it->book->blocked += it->from_graph ? 0 : 1;
+      book_note_failure_locked(it->book, message);
+      pthread_cond_broadcast(&it->book->cond);
+      pthread_mutex_unlock(&it->book->lock);
+    }
+    usleep(delay_us);
+    delay_us = delay_us < 100000 ? delay_us * 2 : 100000;
+  }
+  if (failed) {
+    pthread_mutex_lock(&it->book->lock);
+    it->book->blocked -= it->from_graph ? 0 : 1;
+    pthread_mutex_unlock(&it->book->lock);
+  }
+}
+
 static void run_item(release_item *it) {
   bool sync_failed = false;
-  /* RELAXED each time, for graph-owned releases too (their deleters may call
-   * CUDA): nothing this thread does may break a capture. */
-  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  (void)it->drv->ThreadExchangeStreamCaptureMode(&mode);
+  char message[200] = {0};
+  enter_relaxed(it);
   if (it->event != NULL) {
     CUresult r = it->drv->EventSynchronize(it->event);
-    sync_failed = r != CUDA_SUCCESS;
-    if (DLSYNC__UNLIKELY(sync_failed))
-      DLSYNC__LOG(DLSYNC__LOG_WARN,
-                  "release: cuEventSynchronize failed (CUresult %d) on GPU %d; running the "
-                  "deleter anyway",
-                  (int)r, it->device);
+    if (r != CUDA_SUCCESS) {
+      /* The deleter runs anyway (the stream will not get better by waiting);
+       * the failure is counted and returned by the next flush. */
+      sync_failed = true;
+      snprintf(message, sizeof message,
+               "cuEventSynchronize failed on the reclaimer of device %d: %s (the deleter ran "
+               "anyway)",
+               it->device, dlsync__driver_error_name(it->drv, r));
+    }
     dlsync__pool_put(it->pool, it->event);
     dlsync__pool_unref(it->pool);
   }
   it->fn(it->arg);
-  book_done(it->book, it->from_graph, sync_failed);
+  book_done(it->book, it->from_graph, sync_failed, message);
   dlsync__free(it);
 }
 
@@ -393,8 +475,7 @@ dlsync_status dlsync_release_flush(dlsync_context *ctx) {
   if (on_reclaimer)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
                         "dlsync_release_flush called from a deleter: it would wait for itself");
-  book_wait_eager(ctx->releases);
-  return DLSYNC_SUCCESS;
+  return book_flush(ctx->releases);
 }
 
 dlsync_status dlsync_release_get_stats(dlsync_release_stats *out, const dlsync_context *ctx) {
@@ -402,11 +483,22 @@ dlsync_status dlsync_release_get_stats(dlsync_release_stats *out, const dlsync_c
   if (out == NULL || ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_release_get_stats: %s is NULL",
                         out == NULL ? "out" : "ctx");
+  if (out->size < offsetof(dlsync_release_stats, done) + sizeof out->done || out->version == 0 ||
+      out->version > DLSYNC_RELEASE_STATS_VERSION)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_release_stats has size %zu version %u; initialise it with "
+                        "DLSYNC_RELEASE_STATS_INIT",
+                        out->size, out->version);
   b = ctx->releases;
   pthread_mutex_lock(&b->lock);
   out->pending_eager = b->pending_eager;
   out->pending_graph = b->pending_graph;
   out->done = b->done;
+  if (out->size >= offsetof(dlsync_release_stats, blocked) + sizeof out->blocked) {
+    out->sync_failures = b->sync_failures;
+    out->mode_failures = b->mode_failures;
+    out->blocked = b->blocked;
+  }
   pthread_mutex_unlock(&b->lock);
   return DLSYNC_SUCCESS;
 }

@@ -9,6 +9,8 @@
 #                              then scripts/install-check.sh (install, the
 #                              consumers, the wheel; pip reaches PyPI for
 #                              scikit-build-core)
+#                              then the libFuzzer harness (fuzz/, clang) for
+#                              60 s on fuzz/corpus (any finding fails)
 #
 # Missing build dependencies (cmake, pkg-config, cmocka, hwloc) are installed
 # with apt-get when running as root, otherwise the command to do so is printed.
@@ -29,6 +31,15 @@ ensure_deps() {
   command -v python3 >/dev/null || missing+=(python3)
   python3 -c 'import venv, ensurepip' 2>/dev/null || missing+=(python3-venv)
   python3 -m pip --version >/dev/null 2>&1 || missing+=(python3-pip)
+  if [ "$mode" = test ]; then
+    # libFuzzer: clang and its runtime (Debian: libclang-rt-<version>-dev).
+    if ! command -v clang >/dev/null; then
+      missing+=(clang)
+    elif ! echo 'int LLVMFuzzerTestOneInput(const char *d, unsigned long n) { return 0; }' |
+      clang -x c - -fsanitize=fuzzer -o /dev/null >/dev/null 2>&1; then
+      missing+=("libclang-rt-$(clang --version | sed -n 's/.*clang version \([0-9]*\).*/\1/p' | head -1)-dev")
+    fi
+  fi
   if command -v pkg-config >/dev/null; then
     pkg-config --exists cmocka || missing+=(libcmocka-dev)
     pkg-config --exists 'hwloc >= 2.1' || missing+=(libhwloc-dev)
@@ -86,9 +97,27 @@ test)
   build "$root/build/tsan" -DCMAKE_BUILD_TYPE=Debug -DDLSYNC_WERROR=ON -DDLSYNC_TSAN=ON \
     -DDLSYNC_BUILD_BENCH=OFF -DDLSYNC_BUILD_TOOLS=OFF -DDLSYNC_BUILD_GPU_TESTS=OFF
   TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1} ctest --test-dir "$root/build/tsan" --output-on-failure \
-    -R '^test_(exchange|status|fake|env|dlpack|fence|release|hwloc)$'
+    -R '^test_(exchange|status|fake|env|dlpack|fence|release|hwloc|hardening)$'
   echo "== Install check: CMake package, pkg-config, FetchContent, wheel in a fresh venv"
   bash "$root/scripts/install-check.sh" "$root/build/install-check"
+  echo "== libFuzzer (fuzz/fuzz_dlsync, ${DLSYNC_FUZZ_SECONDS:-60} s, ASan+UBSan)"
+  # Only the harness (with the static library): clang does not put the
+  # sanitizer runtimes into a shared library, which links with --no-undefined.
+  CC=clang CXX=clang++ cmake -S "$root" -B "$root/build/fuzz" -DCMAKE_BUILD_TYPE=Debug \
+    -DDLSYNC_BUILD_FUZZ=ON -DDLSYNC_SANITIZE=ON -DDLSYNC_WERROR=ON -DDLSYNC_BUILD_TESTS=OFF \
+    -DDLSYNC_BUILD_GPU_TESTS=OFF -DDLSYNC_BUILD_TOOLS=OFF -DDLSYNC_BUILD_BENCH=OFF \
+    >"$root/build/fuzz.configure.log" 2>&1 || { cat "$root/build/fuzz.configure.log"; exit 1; }
+  cmake --build "$root/build/fuzz" -j"$jobs" --target fuzz_dlsync
+  # New inputs go to build/fuzz/corpus; the seeds in fuzz/corpus are only read.
+  mkdir -p "$root/build/fuzz/corpus" "$root/build/fuzz/artifacts"
+  if ! "$root/build/fuzz/fuzz/fuzz_dlsync" -max_total_time="${DLSYNC_FUZZ_SECONDS:-60}" -timeout=30 \
+    -artifact_prefix="$root/build/fuzz/artifacts/" -print_final_stats=1 \
+    "$root/build/fuzz/corpus" "$root/fuzz/corpus" >"$root/build/fuzz.log" 2>&1; then
+    tail -n 60 "$root/build/fuzz.log"
+    echo "the fuzzer found a crash: input in build/fuzz/artifacts/, log in build/fuzz.log" >&2
+    exit 1
+  fi
+  grep -E '^Done|stat::number_of_executed_units' "$root/build/fuzz.log" || true
   ;;
 *)
   echo "usage: bash scripts/dev.sh info|test" >&2

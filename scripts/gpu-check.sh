@@ -6,6 +6,8 @@
 #
 #   bash scripts/gpu-check.sh            # everything
 #   SUITE_ONLY=1 bash scripts/gpu-check.sh
+#   SANITIZER=1 bash scripts/gpu-check.sh  # also: the GPU suite under
+#                                          # compute-sanitizer memcheck and synccheck
 #
 # A wheel in .whl-dlsync/ (built elsewhere: python3 -m pip wheel . --no-deps
 # -w .whl-dlsync) is installed with pip --no-index into /tmp/dlsyncpkg and the
@@ -64,6 +66,26 @@ cat "$out/rules.txt"
 echo "== GPU regression suite"
 "$build"/tests/gpu/gpu_suite >"$out/suite.txt" 2>&1 || status=1
 grep -v '^  ' "$out/suite.txt" | sed -n '1p'
+
+# The GPU suite under compute-sanitizer (SANITIZER=1): memcheck, then
+# synccheck; one clean / NOT CLEAN line each, logs in $out/sanitizer-*.txt.
+if [ -n "${SANITIZER:-}" ]; then
+  cs=$(command -v compute-sanitizer || echo "${CUDA_HOME:-/usr/local/cuda}/bin/compute-sanitizer")
+  for tool in memcheck synccheck; do
+    log="$out/sanitizer-$tool.txt"
+    "$cs" --tool "$tool" --error-exitcode 99 --target-processes all \
+      "$build"/tests/gpu/gpu_suite >"$log" 2>&1
+    rc=$?
+    summary=$(grep -E 'ERROR SUMMARY' "$log" | tail -1)
+    if [ $rc -eq 0 ] && grep -q 'ERROR SUMMARY: 0 errors' "$log"; then
+      echo "== compute-sanitizer $tool: clean ($summary)"
+    else
+      echo "== compute-sanitizer $tool: NOT CLEAN (rc $rc; ${summary:-no summary})"
+      grep -E '^========= (Invalid|Program hit|Race|Barrier|Error|  )' "$log" | head -20
+      status=1
+    fi
+  done
+fi
 
 py_rc=0
 if [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then

@@ -31,6 +31,18 @@ dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role)
       return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
                           "the %s graph lane has ndeps = %zu > capacity = %zu", role, lane->ndeps,
                           lane->capacity);
+    if (lane->capacity > 0 && lane->deps == NULL)
+      return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                          "the %s graph lane has capacity = %zu but deps is NULL: dlsync writes "
+                          "the lane's new frontier into deps (give it an array of capacity nodes)",
+                          role, lane->capacity);
+    for (size_t i = 0; i < lane->ndeps; i++)
+      for (size_t j = 0; j < i; j++)
+        if (lane->deps[i] == lane->deps[j])
+          return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                              "the %s graph lane's deps name node %p twice (deps[%zu] and "
+                              "deps[%zu]); a frontier lists each node once",
+                              role, (void *)lane->deps[i], j, i);
     return DLSYNC_SUCCESS;
   case DLSYNC_LANE_NONE:
   default:

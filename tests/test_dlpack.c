@@ -415,7 +415,7 @@ static void no_sync_lane_is_refused_by_order(void **state) {
 static void release_runs_the_deleter_once(void **state) {
   test_tensor a;
   dlsync_lane lc = dlsync_lane_stream(C);
-  dlsync_release_stats rs;
+  dlsync_release_stats rs = DLSYNC_RELEASE_STATS_INIT;
   (void)state;
   tensor_init(&a, 1, 3);
   fake_work(C, "consume", NULL);

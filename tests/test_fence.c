@@ -35,7 +35,7 @@ static int setup(void **state) {
 }
 
 static int teardown(void **state) {
-  dlsync_release_stats rs;
+  dlsync_release_stats rs = DLSYNC_RELEASE_STATS_INIT;
   (void)state;
   pop_all_contexts();
   assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
@@ -1083,7 +1083,7 @@ static void *fence_loop(void *arg) {
 static void threads_signal_and_wait_on_each_others_fences(void **state) {
   pthread_t th[FT];
   fthread td[FT];
-  dlsync_release_stats rs;
+  dlsync_release_stats rs = DLSYNC_RELEASE_STATS_INIT;
   (void)state;
   assert_int_equal(pthread_barrier_init(&barrier, NULL, FT), 0);
   for (int i = 0; i < FT; i++) {

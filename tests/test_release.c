@@ -149,7 +149,7 @@ static bool wait_for(atomic_int *v, int at_least) {
 }
 
 static dlsync_release_stats stats_of(dlsync_context *c) {
-  dlsync_release_stats s;
+  dlsync_release_stats s = DLSYNC_RELEASE_STATS_INIT;
   assert_int_equal(dlsync_release_get_stats(&s, c), DLSYNC_SUCCESS);
   return s;
 }
@@ -235,7 +235,7 @@ static int setup(void **state) {
 }
 
 static int teardown(void **state) {
-  dlsync_release_stats rs;
+  dlsync_release_stats rs = DLSYNC_RELEASE_STATS_INIT;
   (void)state;
   pop_all_contexts();
   fake_run_destructors();
@@ -259,7 +259,7 @@ static void assert_not_run(rec *r) {
 static void eager_release_runs_on_the_reclaimer_after_the_work_once(void **state) {
   dlsync_lane lp = dlsync_lane_stream(P);
   rec r;
-  dlsync_release_stats rs;
+  dlsync_release_stats rs = DLSYNC_RELEASE_STATS_INIT;
   uint64_t produce, recorded;
   (void)state;
   rec_init(&r);
@@ -288,7 +288,7 @@ static void releasing_never_blocks_and_flush_waits(void **state) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   rec a, b;
   blocking_call flush;
-  dlsync_release_stats rs;
+  dlsync_release_stats rs = DLSYNC_RELEASE_STATS_INIT;
   long long t0;
   (void)state;
   rec_init(&a);
@@ -349,7 +349,7 @@ static void capture_release_runs_after_the_graph_and_its_executable(void **state
   CUgraph g;
   CUgraphExec x;
   pthread_t dtor_thread;
-  dlsync_release_stats rs;
+  dlsync_release_stats rs = DLSYNC_RELEASE_STATS_INIT;
   rec r;
   (void)state;
   rec_init(&r);
@@ -603,7 +603,7 @@ static void graph_deleter_may_call_the_driver_during_a_global_capture(void **sta
 
 static void null_and_invalid_arguments(void **state) {
   dlsync_lane lp = dlsync_lane_stream(P), none, both = dlsync_lane_stream(P), bad;
-  dlsync_release_stats rs;
+  dlsync_release_stats rs = DLSYNC_RELEASE_STATS_INIT;
   CUgraph g;
   CUgraphNode deps[1];
   rec r;
@@ -651,7 +651,7 @@ static void invalidated_capture_and_legacy_stream_are_refused(void **state) {
   dlsync_lane legacy = dlsync_lane_stream(DLSYNC_STREAM_LEGACY), nul = dlsync_lane_stream(NULL);
   CUstream blocking = fake_stream_create(0, CU_STREAM_DEFAULT);
   CUevent e = fake_event_create(0, 0);
-  dlsync_release_stats rs;
+  dlsync_release_stats rs = DLSYNC_RELEASE_STATS_INIT;
   CUgraph g = NULL;
   rec r;
   (void)state;
@@ -711,7 +711,7 @@ static bool run_release_row(release_row row, unsigned n) {
   CUgraph g = NULL;
   CUgraphNode deps[2];
   rec blocker, r;
-  dlsync_release_stats rs;
+  dlsync_release_stats rs = DLSYNC_RELEASE_STATS_INIT;
   dlsync_status st;
   char leaks[256] = {0};
   bool reached;

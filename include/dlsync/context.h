@@ -15,6 +15,19 @@
  * Ownership: a context is destroyed once with dlsync_context_destroy. The
  * default context (dlsync_context_default) belongs to the library and lives
  * until the process ends; never destroy it.
+ *
+ * Lifetime of what was made with a context: dlsync_context_destroy always
+ * destroys it (the handle is gone when it returns, whatever the status) and
+ * returns DLSYNC_ERROR_BUSY, naming them, when some things outlive it:
+ *  - fences not released: they keep working (wait, retain, release); the
+ *    context's memory and driver table, and each fence's event, stay until the
+ *    last of them is released;
+ *  - exchanges begun and not ended: abandoned (nothing is ordered for them);
+ *    their dlsync_exchange_end is DLSYNC_ERROR_INVALID_ARGUMENT;
+ *  - releases still owned by graphs: they run when the graphs go
+ *    (release.h); eager releases are waited for first, except those blocked
+ *    because the reclaimer cannot enter RELAXED capture mode (they run once
+ *    it can).
  */
 #ifndef DLSYNC_CONTEXT_H
 #define DLSYNC_CONTEXT_H
@@ -58,8 +71,10 @@ DLSYNC_API dlsync_status dlsync_context_create(dlsync_context **out,
 /* Destroys a context and its pools. NULL is a no-op. Events still owned by
  * graphs (see exchange.h) are handed to the library and destroyed once those
  * graphs are gone; nothing is leaked and no graph loses an event. Returns
- * DLSYNC_SUCCESS, or the first driver error met while destroying events (the
- * context is freed regardless). */
+ * DLSYNC_SUCCESS; DLSYNC_ERROR_BUSY, with a message naming them, when fences,
+ * exchanges or releases outlive it (see "Lifetime" above); or the first
+ * driver error met while destroying events. The context is destroyed
+ * regardless. */
 DLSYNC_API dlsync_status dlsync_context_destroy(dlsync_context *ctx);
 
 /* The process-wide default context, created on first use (thread-safe) with

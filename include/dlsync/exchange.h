@@ -120,7 +120,15 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsy
  * producer's graph and a wait node in the consumer's (another graph): the
  * producer's graph must be launched first, so it cannot also wait for the
  * consumer's. Nothing is queued then; order the producer after the launch
- * instead. */
+ * instead.
+ *
+ * Misuse is caught: a handle is a record's index and generation, and records
+ * are recycled, never freed. Ending a handle a second time, a handle whose
+ * record a later begin reused, a handle whose context was destroyed, or a
+ * value that was never a handle is DLSYNC_ERROR_INVALID_ARGUMENT with a
+ * message; it reads no freed memory and never ends another exchange. A
+ * handle may be ended on any thread. Not detected: a generation that wrapped
+ * (2^38 begin/end pairs on one record between the two ends). */
 DLSYNC_API dlsync_status dlsync_exchange_end(dlsync_exchange *exchange);
 
 #ifdef __cplusplus

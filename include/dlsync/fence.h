@@ -32,6 +32,19 @@
  * user objects, so releasing the fence while graphs still use it is fine.
  * Threads: signal, wait, retain and release may run concurrently on any
  * fences; a fence's last release must not race with a wait on it.
+ *
+ * Context: a fence may outlive its context. dlsync_context_destroy then
+ * returns DLSYNC_ERROR_BUSY naming the fences; they still work, and keep the
+ * context's memory and their event until their last release (context.h).
+ *
+ * Misuse: fence memory is recycled, never freed, and a released fence is
+ * reused only after 64 more have been released. Until then a wait,
+ * get_kind, retain or release of a fence whose last reference is gone is
+ * DLSYNC_ERROR_INVALID_ARGUMENT (retain returns NULL; release, which returns
+ * nothing, ignores it and sets the message). Not detected: a use after the
+ * memory was reused by a later signal (it is then that other fence), and a
+ * release from a holder that never retained (it drops someone else's
+ * reference).
  */
 #ifndef DLSYNC_FENCE_H
 #define DLSYNC_FENCE_H

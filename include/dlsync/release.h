@@ -23,8 +23,16 @@
  *
  * Shutdown: dlsync_context_destroy waits for the context's pending eager
  * releases, and returns DLSYNC_ERROR_BUSY, naming how many, when graphs still
- * own releases; those still run when their graphs are destroyed. None is
- * ever dropped. dlsync_release_flush waits for the eager ones on demand.
+ * own releases (or eager ones are blocked, see dlsync_release_flush); those
+ * still run when their graphs are destroyed. None is ever dropped.
+ * dlsync_release_flush waits for the eager ones on demand.
+ *
+ * Faults: a failure of the driver on the reclaimer thread is counted
+ * (dlsync_release_get_stats) and returned by the next dlsync_release_flush.
+ * If cuUserObjectRelease fails while a release is being handed to a graph
+ * that did not take it, the release is cancelled here (dlsync_release
+ * returns the error, the object is still the caller's); the driver keeps
+ * the user object it would not release.
  *
  * Capture safety: releasing on a capturing stream makes no call that is
  * illegal during capture.
@@ -33,6 +41,7 @@
 #define DLSYNC_RELEASE_H
 
 #include <stddef.h>
+#include <stdint.h>
 
 #include "dlsync/context.h"
 #include "dlsync/export.h"
@@ -52,14 +61,36 @@ DLSYNC_API dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane,
                                         dlsync_deleter deleter, void *arg);
 
 /* Waits until every eager release made so far on this context has run its
- * deleter. Do not call it from a deleter. */
+ * deleter, or is blocked (below). Do not call it from a deleter.
+ *
+ * Faults surface here: returns the first failure on the reclaimer thread
+ * since the previous flush (DLSYNC_ERROR_DRIVER, the message names the call),
+ * and forgets it; dlsync_release_get_stats counts them all.
+ *  - cuEventSynchronize failed: the deleter ran anyway (the stream's work
+ *    cannot be waited for any more; keeping the object would only leak it).
+ *  - the reclaimer could not enter RELAXED capture mode: it then makes no
+ *    event query or synchronisation (in GLOBAL mode they would invalidate
+ *    another thread's GLOBAL capture); the release stays queued, counted in
+ *    `blocked`, and the reclaimer tries again (1 to 100 ms apart); its
+ *    deleter, and those queued behind it on that GPU, run once that works. */
 DLSYNC_API dlsync_status dlsync_release_flush(dlsync_context *ctx);
 
+#define DLSYNC_RELEASE_STATS_VERSION 1u
+
+/* Append-only; initialise with DLSYNC_RELEASE_STATS_INIT. */
 typedef struct dlsync_release_stats {
+  size_t size;          /* sizeof(dlsync_release_stats) */
+  uint32_t version;     /* DLSYNC_RELEASE_STATS_VERSION */
   size_t pending_eager; /* waiting for their stream */
   size_t pending_graph; /* owned by graphs still alive */
   size_t done;          /* deleters run */
+  size_t sync_failures; /* cuEventSynchronize failed on the reclaimer (deleter ran anyway) */
+  size_t mode_failures; /* the reclaimer could not enter RELAXED capture mode for a release */
+  size_t blocked;       /* eager releases waiting now for the reclaimer to enter RELAXED mode */
 } dlsync_release_stats;
+
+#define DLSYNC_RELEASE_STATS_INIT \
+  { sizeof(dlsync_release_stats), DLSYNC_RELEASE_STATS_VERSION, 0, 0, 0, 0, 0, 0 }
 
 DLSYNC_API dlsync_status dlsync_release_get_stats(dlsync_release_stats *out,
                                                   const dlsync_context *ctx);

@@ -141,6 +141,10 @@ _lane_query = _fn("dlsync_lane_query", ctypes.c_int, _P(_LaneState), _vp, _P(_La
 _fence_signal = _fn("dlsync_fence_signal", ctypes.c_int, _P(_vp), _vp, _P(_Lane))
 _fence_wait = _fn("dlsync_fence_wait", ctypes.c_int, _vp, _P(_Lane))
 _fence_release = _fn("dlsync_fence_release", None, _vp)
+_dlpack_stream = _fn(
+    "dlsync_dlpack_stream", ctypes.c_int, _P(_Lane), _P(ctypes.c_bool), _vp, ctypes.c_int64,
+    _P(_Lane)
+)
 
 
 def _check(status: int) -> None:
@@ -188,21 +192,79 @@ def stream_handle(stream: Any) -> int:
     default stream."""
     if stream is None:
         return LEGACY
-    if isinstance(stream, bool):
-        raise TypeError("a stream, not a bool")
     if isinstance(stream, int):
-        return stream
+        return _checked_handle(stream, "the stream")
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
         value = proto() if callable(proto) else proto
         if isinstance(value, tuple):
-            return int(value[1])
-        return int(value)
+            value = value[1] if len(value) == 2 else None
+        return _checked_handle(value, f"{type(stream).__name__}.__cuda_stream__()")
     for attr in ("cuda_stream", "ptr", "handle"):
         value = getattr(stream, attr, None)
         if value is not None:
-            return int(value)
+            return _checked_handle(value, f"{type(stream).__name__}.{attr}")
     raise TypeError(f"cannot find a CUDA stream handle in {type(stream).__name__}")
+
+
+_HANDLE_LIMIT = 1 << (8 * ctypes.sizeof(ctypes.c_void_p))
+
+
+def _checked_handle(value: Any, what: str) -> int:
+    """A stream handle as ctypes will pass it: an int (not a bool, not a
+    float: ctypes would truncate those), 0 <= value < 2**64 (an unsigned
+    pointer; ctypes would wrap the rest). TypeError or ValueError naming
+    the value otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"{what} must be an int stream handle (CUstream / cudaStream_t), "
+            f"not {type(value).__name__} {value!r}"
+        )
+    if not 0 <= value < _HANDLE_LIMIT:
+        raise ValueError(
+            f"{what} is {value}: a stream handle is an unsigned pointer, "
+            f"0 <= handle < 2**{8 * ctypes.sizeof(ctypes.c_void_p)} (0 and 1: the legacy "
+            "default stream, 2: the per-thread default stream)"
+        )
+    return value
+
+
+def _dlpack_value(stream: Any) -> int:
+    """The int a ``__dlpack__(stream=...)`` value stands for (None: 1, the
+    legacy default stream, as DLPack says for CUDA); TypeError / ValueError
+    before ctypes sees it. The DLPack rules (-1, 0, 1, 2) are the library's:
+    see :func:`_dlpack_lane`."""
+    if stream is None:
+        return LEGACY
+    if isinstance(stream, bool) or not isinstance(stream, int):
+        raise TypeError(
+            f"__dlpack__(stream=...) takes an int (-1, 1, 2 or a stream handle), "
+            f"not {type(stream).__name__} {stream!r}"
+        )
+    if not -(1 << 63) <= stream < (1 << 63):
+        raise ValueError(
+            f"__dlpack__(stream={stream}): out of range (a DLPack stream value is -1, 1, 2 or a "
+            "CUDA stream handle below 2**63)"
+        )
+    return stream
+
+
+def _dlpack_lane(value: int, producer: Optional[int]) -> Optional[int]:
+    """dlsync_dlpack_stream: the consumer's stream handle for a DLPack value,
+    or None for -1 (no ordering). With producer None only the value is checked
+    (no driver call); with a producer handle the library also applies its rule
+    for 1 (the legacy stream cannot wait for a capturing producer)."""
+    out = _Lane()
+    ordered = ctypes.c_bool(False)
+    if producer is None:
+        _check(_dlpack_stream(ctypes.byref(out), ctypes.byref(ordered), None, value, None))
+    else:
+        p = _lane(producer)
+        _check(_dlpack_stream(ctypes.byref(out), ctypes.byref(ordered), _context(), value,
+                              ctypes.byref(p)))
+    if not ordered.value:
+        return None
+    return out.stream or 0
 
 
 def _lane(stream: Any) -> _Lane:
@@ -321,12 +383,6 @@ def scope() -> Iterator[None]:
             raise first
 
 
-def _current_stream_of(obj: Any, device_id: int) -> Optional[int]:
-    """The producer's current stream for ``obj``'s device; None when it
-    exposes none (dlsync/_producers.py says how it is found)."""
-    return _producers.find(obj, _KDLCUDA, device_id).stream
-
-
 @contextlib.contextmanager
 def _on_device(obj: Any, device_id: int) -> Iterator[None]:
     """Makes the producer's device current while it exports: PyTorch refuses
@@ -364,20 +420,14 @@ class _Wrapped:
             kwargs["copy"] = copy
         if int(device_type) != _KDLCUDA:
             return self._obj.__dlpack__(stream=stream, **kwargs)
-        if stream is None:
-            stream = LEGACY  # the DLPack meaning of None for CUDA
-        consumer = stream_handle(stream)
-        if consumer == -1:
+        # The DLPack value rules are the library's (dlsync_dlpack_stream):
+        # checked first without the driver, then against the producer.
+        value = _dlpack_value(stream)
+        if _dlpack_lane(value, None) is None:
             return self._obj.__dlpack__(stream=-1, **kwargs)
-        if consumer == 0:
-            raise Error(
-                "DLSYNC_ERROR_INVALID_ARGUMENT",
-                "stream=0 is not allowed for CUDA by the DLPack specification: "
-                "pass 1 (legacy default stream), 2 (per-thread) or a stream handle",
-            )
         found = _producers.find(self._obj, _KDLCUDA, int(device_id), self._producer)
         if not found.no_sync_export:
-            return self._export_to(consumer, found.stream, kwargs)
+            return self._export_to(_dlpack_lane(value, None), found.stream, kwargs)
         producer = found.stream
         stack = _scopes()
         if not stack and capture_state(producer) == "capturing":
@@ -387,13 +437,10 @@ class _Wrapped:
                 "`with dlsync.scope():` so that the consumer is joined back "
                 "into the capture before it ends",
             )
-        if consumer in (LEGACY, PER_THREAD) and capture_state(producer) == "capturing":
-            raise Error(
-                "DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE",
-                "the consumer asked for the default stream while the producer is "
-                "capturing: run the consumer on a stream of its own (e.g. `with "
-                "cupy.cuda.Stream():`) so that it can join the capture",
-            )
+        # With the producer, the library's rule for 1 (the legacy stream cannot
+        # wait for a capturing producer); any other value reads the same
+        # without it (checked above, no driver call).
+        consumer = _dlpack_lane(value, producer if value == LEGACY else None)
         if stack and self._covered(stack[-1], producer, consumer):
             pass  # an exchange begun after this wrap was made already orders its work
         elif stack:

@@ -125,8 +125,8 @@ typedef struct dlsync__thread {
     void *align_p;
     uint64_t align_u;
   } event;          /* event/: its per-thread block */
-  void *spare;      /* order/: one free exchange handle */
-  bool spare_keyed; /* order/: the thread-exit hook that frees it is set */
+  void *spare;      /* order/: one free exchange record */
+  bool spare_keyed; /* order/: the thread-exit hook that gives it back is set */
 } dlsync__thread;
 
 dlsync__thread *dlsync__thread_get(void);

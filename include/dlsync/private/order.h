@@ -26,7 +26,19 @@ struct dlsync_context {
   bool is_default;
   dlsync__pools pools; /* one per CUDA context */
   struct dlsync__release_book *releases;
+  atomic_uint refs;          /* the caller's (until destroy) + one per live fence */
+  atomic_size_t live_fences; /* fences signalled on it and not released yet */
+  atomic_bool destroyed;     /* dlsync_context_destroy has run */
 };
+
+/* A fence keeps its context's memory (and driver table) alive past
+ * dlsync_context_destroy; the last unref frees it. */
+void dlsync__context_ref(dlsync_context *ctx);
+void dlsync__context_unref(dlsync_context *ctx);
+
+/* Ends, ordering nothing, the exchanges of ctx still begun (their handles
+ * become invalid); returns how many. For dlsync_context_destroy. */
+size_t dlsync__exchanges_abandon(const dlsync_context *ctx);
 
 /* The one lane-open helper: opens checked lanes for a call (one lane for a
  * fence signal or a release, two for an order or exchange): reads a legacy

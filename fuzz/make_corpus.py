@@ -1,0 +1,62 @@
+"""Writes the seed corpus of fuzz_dlsync (fuzz/corpus/). Each seed is a short
+program in the harness's byte code (see step() and lane_of() in
+fuzz_dlsync.c): an operation byte, a slot byte, then the operation's
+arguments; a lane is (slot, what[, graph, ndeps, capacity])."""
+import os
+
+S0, S1, SB = (0, 0), (1, 1), (2, 2)  # lanes: stream 0, stream 1 (non-blocking), stream 2 (blocking)
+LEGACY = (3, 11)  # what = 3 | 8: the legacy stream
+
+
+def graph_lane(slot, g, nd, cap, null_deps=False, dup=False):
+    return (slot, 4 | (32 if null_deps else 0) | (16 if dup else 0), g, nd, cap)
+
+
+def fault(n, kind=0): return (0, 0, n - 1, kind)
+def begin_capture(k, mode=2): return (1, 0, k, mode)  # mode 0 GLOBAL, 1 THREAD_LOCAL, 2 RELAXED
+def end_capture(k, launch=False, on=0): return (2, 0, k, 1 if launch else 0) + ((on,) if launch else ())
+def graph(g): return (3, 0, g)  # create (or destroy) graph g
+def order(a, b): return (4, 0) + a + b
+def begin(slot, a, b, flags=0): return (6, slot) + a + b + (flags,)
+def end(slot, again=False): return (8, slot, 1 if again else 0)
+def signal(slot, lane): return (9, slot) + lane
+def wait(slot, lane): return (10, slot) + lane
+def fence_release(slot): return (11, slot)
+def release(lane): return (12, 0) + lane
+def work(k): return (13, 0, k)
+def push(): return (14, 0, 1)
+def flush(): return (15, 0)
+
+
+seeds = {
+    "order_eager": order(S0, S1),
+    "exchange_begin_end": begin(0, S0, S1) + end(0),
+    "exchange_stable": begin(0, S0, S1, 1) + work(1) + end(0),
+    "exchange_unknown_flag": begin(0, S0, S1, 4),
+    "end_twice": begin(0, S0, S1) + end(0, again=True),
+    "exchange_capture_join": begin_capture(0) + begin(1, S0, S1) + work(1) + end(1) + end_capture(0, True, 1),
+    "exchange_two_captures": begin_capture(0) + begin_capture(1, 0) + begin(0, S0, S1) + end(0)
+    + end_capture(1) + end_capture(0),
+    "graph_lane_null_deps": graph(0) + push() + order(S0, graph_lane(1, 0, 0, 1, null_deps=True)),
+    "graph_lane_dup_deps": graph(0) + push() + order(S0, graph_lane(1, 0, 2, 2, dup=True)),
+    "graph_lane_capacity_0": graph(0) + push() + order(S0, graph_lane(1, 0, 0, 0)),
+    "built_graphs_cross": graph(0) + graph(1) + push()
+    + begin(0, graph_lane(2, 0, 1, 2), graph_lane(3, 1, 1, 2)) + end(0),
+    "fence_eager": signal(0, S0) + wait(0, S1) + fence_release(0),
+    "fence_capture": begin_capture(0) + signal(2, S0) + wait(2, S1) + end_capture(0, True, 1)
+    + wait(2, S1) + fence_release(2),
+    "fence_released_twice": signal(0, S0) + fence_release(0) + fence_release(0),
+    "release_eager": release(S1) + flush(),
+    "release_capture": begin_capture(0) + release(S0) + end_capture(0, True, 1) + flush(),
+    "release_built": graph(0) + push() + release(graph_lane(4, 0, 1, 2)),
+    "fault_order": fault(3) + order(S0, S1),
+    "fault_release": fault(2, 5) + release(S0) + flush(),
+    "fault_cross_graph": graph(0) + push() + fault(4) + order(S0, graph_lane(1, 0, 1, 2)),
+    "legacy_blocking_capture": begin_capture(2, 0) + order(LEGACY, S1) + end_capture(2),
+}
+
+here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")
+os.makedirs(here, exist_ok=True)
+for name, prog in seeds.items():
+    with open(os.path.join(here, name), "wb") as f:
+        f.write(bytes(prog))
