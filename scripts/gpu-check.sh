@@ -21,6 +21,7 @@ out=${OUT:-$(mktemp -d)}
 build=${BUILD_DIR:-/tmp/dlsync-gpu-build}
 jobs=$(nproc 2>/dev/null || echo 4)
 status=0
+stamp() { echo "$SECONDS s: $*" >>"$out/times.txt"; }
 
 if ! pkg-config --exists cmocka 2>/dev/null && [ -d "$root/.deps/cmocka/usr" ]; then
   deps="$root/.deps/cmocka/usr"
@@ -42,6 +43,7 @@ if [ $? -ne 0 ]; then
 fi
 echo "== readelf: $(readelf -d "$build"/libdlsync.so | grep -c 'NEEDED.*libcuda') libcuda, $(readelf -d "$build"/libdlsync.so | grep -c 'NEEDED.*hwloc') libhwloc NEEDED entries"
 
+stamp "dlsync-info"
 echo "== dlsync-info"
 "$build"/tools/dlsync-info | tee "$out/info.txt" || status=1
 "$build"/tools/dlsync-info --json >"$out/info.json" || status=1
@@ -54,15 +56,18 @@ selftest_rc=0
 # ---- end packaging ----
 
 if [ -z "${SUITE_ONLY:-}" ]; then
+stamp "ctest"
   echo "== ctest (unit tests on the fake driver, GPU smoke)"
   (cd "$build" && ctest -E '^gpu_suite$' --output-on-failure -j4) >"$out/ctest.txt" 2>&1 || status=1
   tail -15 "$out/ctest.txt"
 fi
 
+stamp "rules"
 echo "== the fake driver's rules on this driver (tests/gpu/gpu_rules)"
 "$build"/tests/gpu/gpu_rules >"$out/rules.txt" 2>&1 || status=1
 cat "$out/rules.txt"
 
+stamp "gpu suite"
 echo "== GPU regression suite"
 "$build"/tests/gpu/gpu_suite >"$out/suite.txt" 2>&1 || status=1
 grep -v '^  ' "$out/suite.txt" | sed -n '1p'
@@ -87,11 +92,13 @@ if [ -n "${SANITIZER:-}" ]; then
   done
 fi
 
+stamp "python suite"
 py_rc=0
 if [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
   bash "$root/python/run_gpu_suite.sh" "$build" >"$out/python.txt" 2>&1 || py_rc=$?
 fi
 
+stamp "caller"
 # ---- packaging: the example kernel library's Python caller ----
 caller_rc=skipped
 if [ -f "$build/libkernel_lib.so" ]; then
@@ -102,6 +109,7 @@ fi
 # ---- packaging: the wheel from .whl-dlsync/, installed, framework suite ----
 wheel=$(ls "$root"/.whl-dlsync/dlsync-*.whl 2>/dev/null | head -n 1)
 wheel_rc=skipped
+stamp wheel
 if [ -n "$wheel" ] && [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
   wheel_rc=0
   pkg=/tmp/dlsyncpkg
@@ -117,7 +125,7 @@ if [ -n "$wheel" ] && [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
         'import dlsync, sys; print("dlsync", dlsync.__version__, dlsync.__file__, dlsync.library_path()); sys.exit(not dlsync.library_path().startswith("/tmp/dlsyncpkg/"))' &&
       env -u DLSYNC_LIBRARY PYTHONPATH="$pkg" DLSYNC_EXPECT_BUNDLED=1 python3 -m unittest -q \
         test_binding test_package &&
-      env -u DLSYNC_LIBRARY PYTHONPATH="$pkg" KERNEL_LIB="$build/libkernel_lib.so" \
+      env -u DLSYNC_LIBRARY PYTHONPATH="$pkg" DLSYNC_SOURCE_ROOT="$root" KERNEL_LIB="$build/libkernel_lib.so" \
         PYTHONUNBUFFERED=1 python3 -m pytest -q -p no:cacheprovider gpu
   } >"$out/wheel.txt" 2>&1 || wheel_rc=$?
   cd "$root" || exit 1
@@ -125,11 +133,13 @@ if [ -n "$wheel" ] && [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
 fi
 # ---- end packaging ----
 
+stamp "bench"
 bench_rc=0
 if [ -z "${SUITE_ONLY:-}" ]; then
   "$build"/bench/bench_exchange >"$out/bench.txt" 2>&1 || bench_rc=$?
 fi
 
+stamp "report"
 echo
 echo "== notes from the suite"
 grep '^  ' "$out/suite.txt" | head -40
@@ -163,4 +173,6 @@ if [ -z "${SUITE_ONLY:-}" ]; then
   grep -v '^FAIL' "$out/bench.txt"
   [ "$bench_rc" -eq 0 ] || { tail -5 "$out/bench.txt"; status=1; }
 fi
+stamp end
+echo "== times"; cat "$out/times.txt"
 exit $status

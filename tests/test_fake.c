@@ -611,8 +611,12 @@ static void test_external_record_node(void **state) {
   assert_int_equal(fake_node_type(rec), CU_GRAPH_NODE_TYPE_EVENT_RECORD);
   assert_ptr_equal(fake_node_event(rec), e);
   assert_int_equal(fake_event_get_state(e), FAKE_EVENT_NODE);
-  /* While the capture is active, a plain wait on the event from another stream. */
-  CU_IS(D->StreamWaitEvent(s2, e, 0), CUDA_ERROR_INVALID_VALUE);
+  /* While the capture is active, a plain wait on the event from an eager
+   * stream: an ordinary eager wait (R10), no join, nothing ordered. */
+  uint64_t w0 = fake_work(s2, "w0", NULL);
+  CU_OK(D->StreamWaitEvent(s2, e, 0));
+  uint64_t w1 = fake_work(s2, "w1", NULL);
+  assert_true(fake_happens_before(w0, w1));
   assert_int_equal(fake_capture_status(s2), CU_STREAM_CAPTURE_STATUS_NONE);
   assert_int_equal(fake_capture_status(s1), CU_STREAM_CAPTURE_STATUS_ACTIVE);
   CU_OK(D->StreamEndCapture(s1, &g));

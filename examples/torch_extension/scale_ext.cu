@@ -6,6 +6,7 @@
 // stream joins torch's capture and is joined back by the guard's end) and
 // from torch.compile(mode="reduce-overhead") (CUDA graphs again).
 // use_dlsync=false is the negative control: the same launch, not ordered.
+#include <ATen/ATen.h>
 #include <ATen/cuda/CUDAContext.h>
 #include <c10/cuda/CUDAException.h>
 #include <c10/cuda/CUDAGuard.h>

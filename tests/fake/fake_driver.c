@@ -1708,13 +1708,16 @@ static CUresult stream_wait_event(CUstream hs, CUevent he, unsigned flags) {
     n->ev_serial = e->serial;
     return CUDA_SUCCESS;
   }
-  if (event_node_active(e)) { /* [R10 RECORD-NODE-WAIT] */
-    if (s->cap)
-      s->cap->invalidated = true;
+  if (event_node_active(e) && s->cap) { /* a capture's plain wait on another's record node */
+    s->cap->invalidated = true;
     return CUDA_ERROR_INVALID_VALUE;
   }
   static const CUgraphEdgeData no_data;
   if (!s->cap) {
+    if (event_node_active(e)) { /* [R10 RECORD-NODE-WAIT] an ordinary eager wait */
+      op_new(s, NULL, 0);
+      return CUDA_SUCCESS;
+    }
     if (event_captured_active(e)) {
       fcapture *c = cap_find(e->cap_id);
       if (c->invalidated)

@@ -64,8 +64,12 @@
  *       and made its dependency (cuStreamUpdateCaptureDependencies, SET):
  *       the capture continues after it and ends cleanly. Checked.
  *   [R10 RECORD-NODE-WAIT] while the capture holding an event's record node
- *       is active, a plain wait on that event from another stream:
- *       CUDA_ERROR_INVALID_VALUE. Checked.
+ *       is active, a plain wait on that event from an eager stream succeeds
+ *       and is an ordinary eager wait: the waiter does not join the capture
+ *       (the record node is not an eager record). Checked (2026-12-01, H200:
+ *       the INVALID_VALUE written here before was not what the driver does).
+ *       A plain wait from another capture on such an event: INVALID_VALUE
+ *       and that capture invalidated (not checked).
  */
 #ifndef DLSYNC_TESTS_FAKE_DRIVER_H
 #define DLSYNC_TESTS_FAKE_DRIVER_H

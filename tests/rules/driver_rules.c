@@ -348,10 +348,25 @@ static const char *record_node_wait_rule(const dlsync__driver *d, CUdeviceptr bu
       d->EventRecordWithFlags(sc.e[0], sc.s[0], CU_EVENT_RECORD_EXTERNAL) != CUDA_SUCCESS)
     goto done;
   r = d->StreamWaitEvent(sc.s[1], sc.e[0], 0);
-  res = r == CUDA_ERROR_INVALID_VALUE
-            ? NULL
-            : said(why, n, d, "cuStreamWaitEvent on an active record node's event", r,
-                   "CUDA_ERROR_INVALID_VALUE");
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "cuStreamWaitEvent on an active record node's event", r,
+               "CUDA_SUCCESS (an ordinary eager wait)");
+    goto done;
+  }
+  if (capture_status(d, sc.s[1]) != CU_STREAM_CAPTURE_STATUS_NONE) {
+    snprintf(why, n, "the eager waiter joined capture %llu (the producer's is %llu)",
+             (unsigned long long)capture_id(d, sc.s[1]),
+             (unsigned long long)capture_id(d, sc.s[0]));
+    res = why;
+    goto done;
+  }
+  /* The producer's capture is unharmed: it ends cleanly. */
+  {
+    CUgraph g = NULL;
+    r = d->StreamEndCapture(sc.s[0], &g);
+    scope_keep(&sc, g);
+    res = r == CUDA_SUCCESS ? NULL : said(why, n, d, "cuStreamEndCapture", r, "CUDA_SUCCESS");
+  }
 done:
   scope_close(&sc);
   return res;
@@ -375,7 +390,8 @@ const driver_rule driver_rules[] = {
      legacy_query_rule},
     {"R9 MANUAL-APPEND", "a node appended by hand and made the capture's dependency",
      manual_append_rule},
-    {"R10 RECORD-NODE-WAIT", "a plain wait on an active record node's event: INVALID_VALUE",
+    {"R10 RECORD-NODE-WAIT",
+     "an eager plain wait on an active record node's event: an eager wait, no join",
      record_node_wait_rule},
 };
 

@@ -14,7 +14,9 @@
 #define DLSYNC_PRIVATE_BASE_H
 
 #include <stdarg.h>
+#ifndef __cplusplus /* C++ tests include this header; gcc 13's C header refuses C++ */
 #include <stdatomic.h>
+#endif
 #include <stdbool.h>
 #include <stddef.h>
 #include <stdint.h>

@@ -19,7 +19,9 @@ import traceback
 import pytest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
-ROOT = os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
+# The source tree (examples/); DLSYNC_SOURCE_ROOT when the tests were copied out
+# of it to run against an installed package.
+ROOT = os.environ.get("DLSYNC_SOURCE_ROOT") or os.path.dirname(os.path.dirname(os.path.dirname(HERE)))
 sys.path.insert(0, os.path.join(HERE, "..", ".."))
 import dlsync  # noqa: E402
 from dlsync import _producers  # noqa: E402
@@ -213,8 +215,7 @@ _ext_loaded = False
 def _ext():
     global _ext_error, _ext_loaded
     if not _ext_loaded and _ext_error is None:
-        lib = os.environ.get("DLSYNC_LIBRARY") or os.path.join(ROOT, "build", "release",
-                                                              "libdlsync.so")
+        lib = os.environ.get("DLSYNC_LIBRARY") or dlsync.library_path()  # the one imported
         try:  # by path: "build" is also the name of a PyPI package
             spec = importlib.util.spec_from_file_location(
                 "dlsync_torch_example_build",
@@ -511,7 +512,7 @@ def _nccl(setting, use):
     with tempfile.TemporaryDirectory() as tmp:
         env = dict(os.environ, NCCL_NVLS_ENABLE="0", MASTER_ADDR="127.0.0.1",
                    MASTER_PORT=str(_free_port()), WORLD_SIZE="2",
-                   PYTHONPATH=os.path.join(ROOT, "python"))
+                   PYTHONPATH=os.path.dirname(os.path.dirname(dlsync.__file__)))
         procs = []
         for rank in range(2):
             out = os.path.join(tmp, f"rank{rank}.json")
