@@ -139,6 +139,15 @@ if [ -z "${SUITE_ONLY:-}" ]; then
   "$build"/bench/bench_exchange >"$out/bench.txt" 2>&1 || bench_rc=$?
 fi
 
+# The Python bench (python/bench/bench_python.py): dlsync's Python rows against
+# torch's own calls in the same run.
+pybench_rc=skipped
+if [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ] && [ -f "$root/python/bench/bench_python.py" ]; then
+  stamp "python bench"
+  pybench_rc=0
+  (cd "$root/python" && DLSYNC_LIBRARY="$build/libdlsync.so" PYTHONUNBUFFERED=1 \
+    python3 bench/bench_python.py) >"$out/pybench.txt" 2>&1 || pybench_rc=$?
+fi
 stamp "report"
 echo
 echo "== notes from the suite"
@@ -172,6 +181,11 @@ if [ -z "${SUITE_ONLY:-}" ]; then
   echo "== bench (rc $bench_rc)"
   grep -v '^FAIL' "$out/bench.txt"
   [ "$bench_rc" -eq 0 ] || { tail -5 "$out/bench.txt"; status=1; }
+fi
+if [ "$pybench_rc" != skipped ]; then
+  echo "== python bench (rc $pybench_rc)"
+  cat "$out/pybench.txt"
+  [ "$pybench_rc" = 0 ] || status=1
 fi
 stamp end
 echo "== times"; cat "$out/times.txt"
