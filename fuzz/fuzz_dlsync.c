@@ -1,7 +1,7 @@
 /* libFuzzer harness over the fake driver (issue 13).
  *
  * Each input is a little program: bytes pick operations (dlsync_order,
- * exchange begin/end, fence signal/wait/release, dlsync_release, flush),
+ * exchange begin (one producer or many)/end, fence signal/wait/release, dlsync_release, flush),
  * their lanes (streams of both kinds, the special handles, captures begun and
  * ended, graphs built by hand with fuzzed deps and capacity, bad lanes) and
  * their flags, plus a fault of the fake driver armed on any later call.
@@ -199,7 +199,15 @@ static void step(world *w, input *in) {
     uint32_t flags = (fb & 4) ? 2u : (uint32_t)(fb & 1); /* 2: an unknown flag */
     if (w->ex[s] == NULL) {
       dlsync_exchange *ex = NULL;
-      dlsync_status st = dlsync_exchange_begin_flags(&ex, w->ctx, a, b, flags);
+      dlsync_status st;
+      if (fb & 8) { /* many producers: a run of lanes from a (0 to 3 of them) */
+        size_t first = (size_t)(a - w->lanes), n = (fb >> 4) % 4;
+        if (n > NLANES - first)
+          n = NLANES - first;
+        st = dlsync_exchange_begin_many(&ex, w->ctx, a, n, b, flags);
+      } else {
+        st = dlsync_exchange_begin_flags(&ex, w->ctx, a, b, flags);
+      }
       check((st == DLSYNC_SUCCESS) == (ex != NULL), "begin: *out set iff success");
       w->ex[s] = ex;
     }

@@ -34,6 +34,10 @@ seeds = {
     "exchange_stable": begin(0, S0, S1, 1) + work(1) + end(0),
     "exchange_unknown_flag": begin(0, S0, S1, 4),
     "end_twice": begin(0, S0, S1) + end(0, again=True),
+    # begin_many: lanes 0 and 1 set by the order, then producers lanes[0..2) -> stream 2
+    "exchange_many": order(S0, S1) + begin(0, S0, SB, 8 | (2 << 4)) + work(2) + end(0),
+    "exchange_many_capture": begin_capture(0) + order(S0, S1) + begin(0, S0, SB, 8 | (2 << 4))
+    + work(2) + end(0) + end_capture(0, True, 2),
     "exchange_capture_join": begin_capture(0) + begin(1, S0, S1) + work(1) + end(1) + end_capture(0, True, 1),
     "exchange_two_captures": begin_capture(0) + begin_capture(1, 0) + begin(0, S0, S1) + end(0)
     + end_capture(1) + end_capture(0),

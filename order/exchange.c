@@ -1,6 +1,7 @@
 /* The decision table: dlsync_order and the exchange built on it.
  * include/dlsync/exchange.h has the table; docs/design.md section 3 the why; the rows are
  * classified in table.c. */
+#include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 
@@ -32,6 +33,10 @@ struct dlsync_exchange {
   bool stable; /* end may trust what begin found (DLSYNC_EXCHANGE_CAPTURE_STABLE) */
   domain producer_domain;
   domain consumer_domain;
+  /* dlsync_exchange_begin_many: the exchanges of the distinct producers, in
+   * begin order (NULL for a one-producer exchange). */
+  dlsync_exchange **many;
+  size_t nmany;
 };
 
 static domain domain_of(const dlsync__lane_now *l) {
@@ -672,6 +677,9 @@ size_t dlsync__exchanges_abandon(const dlsync_context *ctx) {
       continue;
     if (atomic_compare_exchange_strong_explicit(&ex->gen, &now, now + 1, memory_order_acq_rel,
                                                 memory_order_acquire)) {
+      dlsync__free(ex->many); /* its parts are records of ctx too: abandoned by this scan */
+      ex->many = NULL;
+      ex->nmany = 0;
       shared_put(ex);
       n++;
     }
@@ -734,6 +742,7 @@ static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsyn
     goto cleanup;
   }
   ex->same = false;
+  ex->many = NULL;
   DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_BEGIN, producer, "producer", consumer, "consumer", &p, &c,
                          &pool, &same));
   if (same) {
@@ -774,8 +783,14 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
     return begin_general(out, ctx, producer, consumer, flags);
   t = dlsync__thread_get();
   ex = t->spare;
-  if (DLSYNC__UNLIKELY(ex == NULL))
-    return begin_general(out, ctx, producer, consumer, flags);
+  if (DLSYNC__UNLIKELY(ex == NULL)) {
+    /* The thread's record is in use (dlsync_exchange_begin_many, or an
+     * exchange not ended yet): one from the shared list, same fast path. */
+    exchange_free(t, record_make()); /* the thread's spare from now on */
+    ex = t->spare;
+    if (ex == NULL)
+      return begin_general(out, ctx, producer, consumer, flags);
+  }
   if (!order_fast(t, ctx, producer->stream, consumer->stream, FAST_QUERY_THEN, "producer",
                   "consumer", &st))
     return begin_general(out, ctx, producer, consumer, flags);
@@ -784,6 +799,7 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
     return st;
   t->spare = NULL;
   ex->same = false;
+  ex->many = NULL;
   ex->producer_stream = producer->stream;
   ex->consumer_stream = consumer->stream;
   ex->producer_ref = NULL;
@@ -797,6 +813,119 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
 dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
                                     dlsync_lane *producer, dlsync_lane *consumer) {
   return dlsync_exchange_begin_flags(out, ctx, producer, consumer, 0);
+}
+
+/* ---- many producers ---- */
+
+static bool same_producer(const dlsync_lane *a, const dlsync_lane *b) {
+  if (a->kind == DLSYNC_LANE_STREAM && b->kind == DLSYNC_LANE_STREAM)
+    return dlsync__same_stream(a->stream, b->stream);
+  return a == b;
+}
+
+/* Ends parts[0..n) newest first; the first failure's status (and message). */
+static dlsync_status end_parts(dlsync_exchange **parts, size_t n) {
+  dlsync_status first = DLSYNC_SUCCESS;
+  char msg[512] = "";
+  for (size_t i = n; i-- > 0;) {
+    dlsync_status st = dlsync_exchange_end(parts[i]);
+    if (st != DLSYNC_SUCCESS && first == DLSYNC_SUCCESS) {
+      first = st;
+      snprintf(msg, sizeof msg, "%s", dlsync_last_error());
+    }
+  }
+  if (first != DLSYNC_SUCCESS)
+    dlsync__fail(first, "%s", msg);
+  return first;
+}
+
+dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsync_context *ctx,
+                                         dlsync_lane *producers, size_t n, dlsync_lane *consumer,
+                                         uint32_t flags) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__thread *t;
+  dlsync_exchange *ex = NULL;
+  dlsync_exchange **parts = NULL;
+  size_t nparts = 0;
+  char role[40];
+  if (out == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_begin_many: out is NULL");
+  *out = NULL;
+  if (ctx == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_begin_many: ctx is NULL");
+  if (n == 0 || n > DLSYNC_EXCHANGE_MANY_MAX)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_exchange_begin_many: %zu producers (1 to %d)", n,
+                        DLSYNC_EXCHANGE_MANY_MAX);
+  if (producers == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_exchange_begin_many: producers is NULL (n = %zu)", n);
+  if (n == 1)
+    return dlsync_exchange_begin_flags(out, ctx, &producers[0], consumer, flags);
+  if ((flags & ~(uint32_t)DLSYNC_EXCHANGE_CAPTURE_STABLE) != 0)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_exchange_begin_many: unknown flags 0x%x (known: "
+                        "DLSYNC_EXCHANGE_CAPTURE_STABLE = 0x%x)",
+                        (unsigned)(flags & ~(uint32_t)DLSYNC_EXCHANGE_CAPTURE_STABLE),
+                        (unsigned)DLSYNC_EXCHANGE_CAPTURE_STABLE);
+  /* Every lane checked before anything is queued. */
+  DLSYNC_TRY(dlsync__lane_check(consumer, "consumer"));
+  for (size_t i = 0; i < n; i++) {
+    snprintf(role, sizeof role, "producer %zu", i);
+    DLSYNC_TRY(dlsync__lane_check(&producers[i], role));
+  }
+  parts = dlsync__malloc(n * sizeof *parts);
+  if (parts == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_exchange_begin_many: out of memory");
+    goto cleanup;
+  }
+  for (size_t i = 0; i < n; i++) {
+    bool seen = false;
+    for (size_t j = 0; j < i && !seen; j++)
+      seen = same_producer(&producers[j], &producers[i]);
+    if (seen)
+      continue;
+    DLSYNC_TRY(dlsync_exchange_begin_flags(&parts[nparts], ctx, &producers[i], consumer, flags));
+    nparts++;
+  }
+  t = dlsync__thread_get();
+  ex = exchange_alloc(t);
+  if (ex == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_exchange_begin_many: out of memory");
+    goto cleanup;
+  }
+  ex->same = false;
+  ex->producer_ref = ex->consumer_ref = NULL;
+  ex->cross = ex->stable = false;
+  ex->many = parts;
+  ex->nmany = nparts;
+  if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
+    dlsync__log(DLSYNC__LOG_TRACE, "begin_many: %zu producers, %zu distinct", n, nparts);
+  *out = exchange_publish(ex, ctx);
+  parts = NULL;
+  nparts = 0;
+cleanup:
+  if (nparts > 0) {
+    /* Order back what was ordered; the status stays the first failure's. */
+    char msg[512];
+    snprintf(msg, sizeof msg, "%s", dlsync_last_error());
+    (void)end_parts(parts, nparts);
+    dlsync__fail(st, "%s", msg);
+  }
+  dlsync__free(parts);
+  return st;
+}
+
+static DLSYNC__NOINLINE dlsync_status end_many(dlsync__thread *t, dlsync_exchange *ex) {
+  dlsync_exchange **parts = ex->many;
+  size_t n = ex->nmany;
+  dlsync_status st;
+  ex->many = NULL;
+  ex->nmany = 0;
+  exchange_free(t, ex);
+  st = end_parts(parts, n);
+  dlsync__free(parts);
+  return st;
 }
 
 static DLSYNC__NOINLINE dlsync_status end_general(dlsync__thread *t, dlsync_exchange *ex,
@@ -834,6 +963,8 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
   if (DLSYNC__UNLIKELY(ex == NULL))
     return st;
   t = dlsync__thread_get();
+  if (DLSYNC__UNLIKELY(ex->many != NULL))
+    return end_many(t, ex);
   if (ex->same) {
     exchange_free(t, ex);
     return DLSYNC_SUCCESS; /* one stream: its own order is enough */

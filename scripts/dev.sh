@@ -97,7 +97,7 @@ test)
   build "$root/build/tsan" -DCMAKE_BUILD_TYPE=Debug -DDLSYNC_WERROR=ON -DDLSYNC_TSAN=ON \
     -DDLSYNC_BUILD_BENCH=OFF -DDLSYNC_BUILD_TOOLS=OFF -DDLSYNC_BUILD_GPU_TESTS=OFF
   TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1} ctest --test-dir "$root/build/tsan" --output-on-failure \
-    -R '^test_(exchange|status|fake|env|dlpack|fence|release|hwloc|hardening)$'
+    -R '^test_(exchange|exchange_many|status|fake|env|dlpack|fence|release|hwloc|hardening)$'
   echo "== Install check: CMake package, pkg-config, FetchContent, wheel in a fresh venv"
   bash "$root/scripts/install-check.sh" "$root/build/install-check"
   echo "== libFuzzer (fuzz/fuzz_dlsync, ${DLSYNC_FUZZ_SECONDS:-60} s, ASan+UBSan)"

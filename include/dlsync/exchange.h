@@ -110,6 +110,29 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsy
                                                      dlsync_lane *producer, dlsync_lane *consumer,
                                                      uint32_t flags);
 
+/* Many producers, one consumer: a kernel that reads several tensors. Orders
+ * the consumer after each distinct producer lane of `producers[0..n)` (stream
+ * lanes are the same when they name the same stream; graph lanes when they
+ * are the same dlsync_lane), as dlsync_exchange_begin_flags would one by one,
+ * in array order, each pair by the table above with the consumer's state as
+ * it is then. So a producer stream given twice costs one record and one wait;
+ * several producers in one capture cost one join (the first joins an eager
+ * consumer to the capture, the others find it there: edges only); a producer
+ * that already shares the consumer's capture adds edges only. The matching
+ * dlsync_exchange_end orders each distinct producer after the consumer's
+ * work, newest first, and reports the first failure (it still ends all).
+ *
+ * n == 1 is dlsync_exchange_begin_flags. n == 0, producers == NULL with
+ * n > 0, or n > DLSYNC_EXCHANGE_MANY_MAX: DLSYNC_ERROR_INVALID_ARGUMENT. Every
+ * lane is checked before anything is queued; when a later producer fails
+ * after earlier ones were ordered, those are ordered back (as end would, so
+ * no capture is left with unjoined work) and *out is NULL. Graph lanes are
+ * kept by pointer until end, as in dlsync_exchange_begin. */
+#define DLSYNC_EXCHANGE_MANY_MAX 1024
+DLSYNC_API dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsync_context *ctx,
+                                                    dlsync_lane *producers, size_t n,
+                                                    dlsync_lane *consumer, uint32_t flags);
+
 /* Orders the producer's later work after the consumer's work since begin
  * (dlsync_order(ctx, consumer, producer)) and frees the handle, whatever the
  * result. NULL is DLSYNC_ERROR_INVALID_ARGUMENT.

@@ -273,6 +273,109 @@ out:
   return 0;
 }
 
+/* ---- many producers, one consumer (dlsync_exchange_begin_many) ---- */
+
+#define HALF_WORDS (BIG_WORDS / 2)
+
+/* Two eager producers, each writing one half of the buffer (2 GiB each), and
+ * a consumer that reads the last word of both halves: ordered after each. */
+static int sc_many_eager(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, q = NULL, c = NULL;
+  unsigned want[TRIALS];
+  dlsync_lane lps[3], lc;
+  (void)s;
+  (void)mode;
+  CU(new_stream(&p));
+  CU(new_stream(&q));
+  CU(new_stream(&c));
+  CU(settle(p));
+  lps[0] = dlsync_lane_stream(p);
+  lps[1] = dlsync_lane_stream(q);
+  lps[2] = dlsync_lane_stream(p); /* given twice: ordered once */
+  lc = dlsync_lane_stream(c);
+  for (int t = 0; t < TRIALS / 2; t++) {
+    dlsync_exchange *ex = NULL;
+    want[t] = ++value_base;
+    CU(produce(p, big_buf, HALF_WORDS, want[t]));
+    CU(produce(q, big_buf + HALF_WORDS * 4, HALF_WORDS, want[t]));
+    if (use)
+      DS(dlsync_exchange_begin_many(&ex, E.ctx, lps, 3, &lc, 0));
+    CU(consume(c, big_buf, HALF_WORDS, 2 * t));
+    CU(consume(c, big_buf + HALF_WORDS * 4, HALF_WORDS, 2 * t + 1));
+    if (use)
+      DS(dlsync_exchange_end(ex));
+  }
+  CU(D->CtxSynchronize());
+  for (int t = 0; t < TRIALS / 2; t++) {
+    unsigned a = 0, b = 0;
+    CU(read_slot(&a, 2 * t));
+    CU(read_slot(&b, 2 * t + 1));
+    o->runs++;
+    o->wrong += a != want[t] || b != want[t];
+  }
+out:
+  D->CtxSynchronize();
+  drop_stream(p);
+  drop_stream(q);
+  drop_stream(c);
+  return 0;
+}
+
+/* Two producers in one capture (q forked from p), an eager consumer: one
+ * join for both, no event node, a clean end of capture, right replays. */
+static int sc_many_join(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, q = NULL, c = NULL, launch = NULL;
+  CUevent fork = NULL, join = NULL;
+  CUgraph g = NULL;
+  CUgraphExec x = NULL;
+  dlsync_lane lps[2], lc;
+  dlsync_exchange *ex = NULL;
+  (void)s;
+  CU(new_stream(&p));
+  CU(new_stream(&q));
+  CU(new_stream(&c));
+  CU(new_stream(&launch));
+  CU(D->EventCreate(&fork, CU_EVENT_DISABLE_TIMING));
+  CU(D->EventCreate(&join, CU_EVENT_DISABLE_TIMING));
+  CU(settle(p));
+  lps[0] = dlsync_lane_stream(p);
+  lps[1] = dlsync_lane_stream(q);
+  lc = dlsync_lane_stream(c);
+  CU(D->StreamBeginCapture(p, mode));
+  CU(D->EventRecord(fork, p));
+  CU(D->StreamWaitEvent(q, fork, 0));
+  CU(produce(p, big_buf, BIG_WORDS, 7));
+  CU(produce(q, big_buf, BIG_WORDS, 7));
+  if (use)
+    DS(dlsync_exchange_begin_many(&ex, E.ctx, lps, 2, &lc, 0));
+  CU(consume(c, big_buf, BIG_WORDS, 0));
+  if (use)
+    DS(dlsync_exchange_end(ex));
+  CU(D->EventRecord(join, q));
+  CU(D->StreamWaitEvent(p, join, 0));
+  END_CAPTURE(p, &g);
+  if (use && (count_nodes(g, CU_GRAPH_NODE_TYPE_EVENT_RECORD) != 0 ||
+              count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT) != 0)) {
+    note(o, "begin_many in one capture added event nodes");
+    o->broken++;
+  }
+  CU(D->GraphInstantiateWithFlags(&x, g, 0));
+  CU(D->CtxSynchronize());
+  replay(o, g, x, launch, NULL, launch, 0);
+out:
+  D->CtxSynchronize();
+  drop_graph(g, x);
+  drop_stream(p);
+  drop_stream(q);
+  drop_stream(c);
+  drop_stream(launch);
+  if (fork)
+    D->EventDestroy(fork);
+  if (join)
+    D->EventDestroy(join);
+  return 0;
+}
+
 /* ---- C: stream capture ---- */
 
 /* Producer capturing, consumer an eager stream: the consumer joins. */
@@ -1538,6 +1641,9 @@ static const scenario scenarios[] = {
      DLSYNC__ROW_EAGER_EAGER},
     {"A eager stable", "eager / eager, CAPTURE_STABLE", sc_eager_eager, false, true,
      DLSYNC_EXCHANGE_CAPTURE_STABLE, false, DLSYNC__ROW_EAGER_EAGER},
+    {"A many eager", "eager p, q, p / eager", sc_many_eager, false, true, 0, false,
+     DLSYNC__ROW_EAGER_EAGER},
+    {"C many join", "capturing p, q / eager", sc_many_join, true, true, 0, false, DLSYNC__ROW_JOIN},
     {"C join", "capturing / eager", sc_join, true, true, 0, false, DLSYNC__ROW_JOIN},
     {"C join warm", "capturing / eager, fast path", sc_join, true, true, 0, true, DLSYNC__ROW_JOIN},
     {"C join stable", "capturing / eager, STABLE", sc_join, true, true,
