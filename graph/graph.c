@@ -101,16 +101,176 @@ dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_eve
   return st;
 }
 
-dlsync_status dlsync__graph_own_event(const dlsync__driver *d, dlsync__pool *pool, CUevent event,
-                                      CUgraph *graphs, int ngraphs) {
-  dlsync_status st;
+/* ---- one holder per capture ----
+ *
+ * Every event dlsync puts into a capture must live as long as the captured
+ * graph. Instead of a user object per event (two driver calls each time), a
+ * capture gets one holder, a user object its graph retains (two calls, once
+ * per capture); later events of that capture are added to the holder's list
+ * with no driver call. Holders are found by capture id, which the driver
+ * makes unique for the life of the process, so an id never names another
+ * capture. When the graph (and its executables) are gone the driver runs
+ * holder_destroy, which hands every event back.
+ *
+ * Holder memory is recycled, never freed: a thread that found a holder in the
+ * table checks, under the lock, that it is still the same live holder (its
+ * generation) before adding to it. */
+typedef struct capture_holder {
+  uint64_t gen;        /* changes each time the holder is reused */
+  uint64_t capture_id; /* 0: free */
+  bool dead;           /* its graph is gone: add nothing */
+  dlsync__held_event **events;
+  size_t n, cap;
+  struct capture_holder *next_free;
+} capture_holder;
+
+#define HOLDER_SLOTS 16
+
+static pthread_mutex_t holders_lock = PTHREAD_MUTEX_INITIALIZER;
+static struct {
+  uint64_t capture_id;
+  capture_holder *h;
+  uint64_t gen;
+} holder_table[HOLDER_SLOTS];
+static unsigned holder_next;
+static capture_holder *holders_free;
+static uint64_t holder_gens;
+
+/* Adds `he` (one reference taken) to h's list; false when out of memory.
+ * holders_lock held. */
+static bool holder_add_locked(capture_holder *h, dlsync__held_event *he) {
+  if (h->n == h->cap) {
+    size_t cap = h->cap != 0 ? h->cap * 2 : 8;
+    dlsync__held_event **grown = dlsync__realloc(h->events, cap * sizeof *grown);
+    if (grown == NULL)
+      return false;
+    h->events = grown;
+    h->cap = cap;
+  }
+  dlsync__held_event_ref(he);
+  h->events[h->n++] = he;
+  return true;
+}
+
+/* The user object's destructor (a driver thread: no CUDA calls). */
+static void holder_destroy(void *p) {
+  capture_holder *h = p;
+  dlsync__held_event **events;
+  size_t n;
+  pthread_mutex_lock(&holders_lock);
+  h->dead = true;
+  for (unsigned i = 0; i < HOLDER_SLOTS; i++)
+    if (holder_table[i].h == h)
+      holder_table[i].h = NULL;
+  events = h->events;
+  n = h->n;
+  h->events = NULL;
+  h->n = h->cap = 0;
+  h->capture_id = 0;
+  h->next_free = holders_free;
+  holders_free = h;
+  pthread_mutex_unlock(&holders_lock);
+  for (size_t i = 0; i < n; i++)
+    dlsync__held_event_unref(events[i]);
+  dlsync__free(events);
+}
+
+/* The capture `capture_id` (graph `graph`) holds a reference to `he`. */
+static dlsync_status capture_hold(const dlsync__driver *d, uint64_t capture_id, CUgraph graph,
+                                  dlsync__held_event *he) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  capture_holder *h = NULL;
+  uint64_t gen = 0;
+  bool taken = false;
+  pthread_mutex_lock(&holders_lock);
+  for (unsigned i = 0; i < HOLDER_SLOTS; i++) {
+    capture_holder *t = holder_table[i].h;
+    if (t != NULL && holder_table[i].capture_id == capture_id && t->gen == holder_table[i].gen &&
+        !t->dead) {
+      bool added = holder_add_locked(t, he);
+      pthread_mutex_unlock(&holders_lock);
+      return added ? DLSYNC_SUCCESS
+                   : dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
+                                  "giving an event to capture %llu: out of memory",
+                                  (unsigned long long)capture_id);
+    }
+  }
+  /* A new holder, with the event in it already: once the graph has it, its
+   * destructor hands the event back, whatever happens next. */
+  h = holders_free;
+  if (h != NULL)
+    holders_free = h->next_free;
+  gen = ++holder_gens;
+  pthread_mutex_unlock(&holders_lock);
+  if (h == NULL) {
+    h = dlsync__calloc(1, sizeof *h);
+    if (h == NULL)
+      return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
+                          "giving an event to capture %llu: out of memory",
+                          (unsigned long long)capture_id);
+  }
+  h->gen = gen;
+  h->capture_id = capture_id;
+  h->dead = false;
+  h->n = 0;
+  h->next_free = NULL;
+  if (!holder_add_locked(h, he)) { /* h is not shared yet */
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an event to capture %llu: out of memory",
+                      (unsigned long long)capture_id);
+    goto cleanup;
+  }
+  st = dlsync__graph_hold(d, &graph, 1, holder_destroy, h, &taken);
+  if (!taken) {
+    dlsync__held_event_unref(he);
+    h->n = 0;
+    goto cleanup;
+  }
+  if (st == DLSYNC_SUCCESS) {
+    /* Published only if its graph has not let it go already. */
+    pthread_mutex_lock(&holders_lock);
+    if (h->gen == gen && !h->dead) {
+      unsigned i = holder_next++ % HOLDER_SLOTS;
+      holder_table[i].capture_id = capture_id;
+      holder_table[i].h = h;
+      holder_table[i].gen = gen;
+    }
+    pthread_mutex_unlock(&holders_lock);
+  }
+  h = NULL; /* the graph's */
+cleanup:
+  if (h != NULL) {
+    dlsync__free(h->events);
+    h->events = NULL;
+    h->cap = 0;
+    pthread_mutex_lock(&holders_lock);
+    h->next_free = holders_free;
+    holders_free = h;
+    pthread_mutex_unlock(&holders_lock);
+  }
+  return st;
+}
+
+dlsync_status dlsync__graph_own_event_lanes(const dlsync__driver *d, dlsync__pool *pool,
+                                            CUevent event, dlsync__lane_now *const *lanes,
+                                            int nlanes) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  CUgraph built[2];
+  int nbuilt = 0;
   dlsync__held_event *he = dlsync__held_event_new(pool, event);
   if (he == NULL) {
     dlsync__pool_put(pool, event);
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an event to a graph: out of memory");
   }
-  st = dlsync__graph_hold_event(d, he, graphs, ngraphs);
-  dlsync__held_event_unref(he); /* the graphs' reference, if they took it, remains */
+  for (int i = 0; i < nlanes && i < 2; i++) {
+    if (lanes[i]->kind == DLSYNC_LANE_CAPTURING)
+      DLSYNC_TRY(capture_hold(d, lanes[i]->capture_id, lanes[i]->graph, he));
+    else
+      built[nbuilt++] = lanes[i]->graph;
+  }
+  if (nbuilt > 0)
+    DLSYNC_TRY(dlsync__graph_hold_event(d, he, built, nbuilt));
+cleanup:
+  dlsync__held_event_unref(he); /* the graphs' references, where they took one, remain */
   return st;
 }
 
@@ -166,14 +326,18 @@ dlsync_status dlsync__graph_append_event_node(const dlsync__driver *d, dlsync__l
     /* The capture's dependency array is only valid until the next call on
      * the stream; it is used right away. Edge data is not carried over: the
      * event node takes full (default) dependencies, which is never weaker. */
-    DLSYNC_TRY(add_event_node(d, &node, l->graph, l->deps, l->ndeps, event, record, l->role));
+    DLSYNC_TRY(
+        add_event_node(d, &node, l->graph, dlsync__lane_deps(l), l->ndeps, event, record, l->role));
     DLSYNC_CU(d, cuStreamUpdateCaptureDependencies,
               d->StreamUpdateCaptureDependencies(l->stream, &node, NULL, 1,
                                                  CU_STREAM_SET_CAPTURE_DEPENDENCIES),
               "%s stream %p: putting the event node at the end of its capture", l->role,
               (void *)l->stream);
-    l->deps = NULL;
-    l->ndeps = 0;
+    /* The capture's dependencies are now the node alone. */
+    l->dep_buf[0] = node;
+    l->deps = l->dep_buf;
+    l->deps_inline = true;
+    l->ndeps = 1;
   } else {
     dlsync_lane *lane = l->lane;
     DLSYNC_TRY(dlsync__lane_fit(lane, 1, l->role, record ? "the record node" : "the wait node"));

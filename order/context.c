@@ -336,24 +336,29 @@ dlsync_status dlsync__lanes_open(dlsync__lanes_opened *out, dlsync_context *ctx,
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync_lane *which = NULL;
   memset(out, 0, sizeof *out);
-  /* The legacy stream is queried before anything else touches it: while a
-   * blocking stream captures, the query fails without harm, but other uses
-   * (cuStreamGetCtx included, seen on the H200) invalidate that capture. */
-  if (a->kind == DLSYNC_LANE_STREAM && dlsync__is_legacy_stream(a->stream))
-    DLSYNC_TRY(dlsync__lane_read(&out->a, ctx->drv, a, ra));
-  if (b != NULL && b->kind == DLSYNC_LANE_STREAM && dlsync__is_legacy_stream(b->stream))
-    DLSYNC_TRY(dlsync__lane_read(&out->b, ctx->drv, b, rb));
+  /* The lanes are read first: the legacy stream must be queried before
+   * anything else touches it (while a blocking stream captures, the query
+   * fails without harm, but other uses, cuStreamGetCtx included, seen on the
+   * H200, invalidate that capture). A capture's dependencies are copied by the
+   * read (up to DLSYNC__DEPS_INLINE); a longer array is valid only until the
+   * next call on its stream, so such a lane is read again after the pool is
+   * found. With `memo` (the exchange's general path, which a capture sends
+   * there) one full capture query per stream. */
+  DLSYNC_TRY(memo ? dlsync__lane_read_full(&out->a, ctx->drv, a, ra)
+                  : dlsync__lane_read(&out->a, ctx->drv, a, ra));
+  if (b != NULL)
+    DLSYNC_TRY(memo ? dlsync__lane_read_full(&out->b, ctx->drv, b, rb)
+                    : dlsync__lane_read(&out->b, ctx->drv, b, rb));
   DLSYNC_TRY(
       pool_of(&out->pool, memo ? &out->from_memo : NULL, &which, ctx, a, ra, b, rb, graph_what));
   if (which != NULL) {
     out->pool_stream = which->stream;
     out->pool_role = which == a ? ra : rb;
   }
-  /* Read last: a capture's dependency array is valid only until the next
-   * call on its stream. */
-  DLSYNC_TRY(dlsync__lane_read(&out->a, ctx->drv, a, ra));
-  if (b != NULL)
-    DLSYNC_TRY(dlsync__lane_read(&out->b, ctx->drv, b, rb));
+  if (out->a.kind == DLSYNC_LANE_CAPTURING && !out->a.deps_inline)
+    DLSYNC_TRY(dlsync__lane_read_full(&out->a, ctx->drv, a, ra));
+  if (b != NULL && out->b.kind == DLSYNC_LANE_CAPTURING && !out->b.deps_inline)
+    DLSYNC_TRY(dlsync__lane_read_full(&out->b, ctx->drv, b, rb));
 cleanup:
   return st;
 }

@@ -189,10 +189,10 @@ cleanup:
   return st;
 }
 
-/* Before an event goes into a graph, make sure the pool is the one of the
- * stream's context (a memo answer is checked with cuStreamGetCtx), then read
- * the capturing lanes again: a capture's dependency array is only valid until
- * the next call on its stream. */
+/* Before an event goes into a graph node, make sure the pool is the one of the
+ * stream's context (a memo answer is checked with cuStreamGetCtx); a
+ * capturing lane whose dependencies were too many to copy is read again (the
+ * driver's array is only valid until the next call on its stream). */
 static dlsync_status verify_pool(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
                                  dlsync__lane_now *then) {
   dlsync_status st = DLSYNC_SUCCESS;
@@ -200,10 +200,10 @@ static dlsync_status verify_pool(dlsync_context *ctx, pool_pick *pk, dlsync__lan
     return DLSYNC_SUCCESS;
   DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, &ctx->pools, pk->stream, pk->role));
   pk->from_memo = false;
-  if (first->kind == DLSYNC_LANE_CAPTURING)
-    DLSYNC_TRY(dlsync__lane_read(first, ctx->drv, first->lane, first->role));
-  if (then->kind == DLSYNC_LANE_CAPTURING)
-    DLSYNC_TRY(dlsync__lane_read(then, ctx->drv, then->lane, then->role));
+  if (first->kind == DLSYNC_LANE_CAPTURING && !first->deps_inline)
+    DLSYNC_TRY(dlsync__lane_read_full(first, ctx->drv, first->lane, first->role));
+  if (then->kind == DLSYNC_LANE_CAPTURING && !then->deps_inline)
+    DLSYNC_TRY(dlsync__lane_read_full(then, ctx->drv, then->lane, then->role));
 cleanup:
   return st;
 }
@@ -242,20 +242,52 @@ cleanup:
   return st;
 }
 
-/* EAGER_TO_CAPTURE: an eager record, an external wait node in then's
- * capture; the capture's graph owns the event. */
+/* A pool event recorded eagerly on `first`, for a graph to own. The pool may
+ * come from the memo unchecked: the record itself says whether the event is
+ * of the stream's context (a stream handle reused in another context fails
+ * it with INVALID_HANDLE / INVALID_CONTEXT); then the memo is forgotten and
+ * an event of the right pool recorded. A record alone orders nothing, so
+ * recording before the graph takes the event leaves nothing wrong behind if
+ * a later step fails. On failure *ev is NULL (back in its pool). */
+static dlsync_status record_for_graph(CUevent *ev, dlsync_context *ctx, pool_pick *pk,
+                                      dlsync__lane_now *first) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = ctx->drv;
+  CUresult r;
+  *ev = NULL;
+  DLSYNC_TRY(dlsync__pool_get(ev, pk->pool));
+  r = d->EventRecord(*ev, first->stream);
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
+    dlsync__pool_put(pk->pool, *ev);
+    *ev = NULL;
+    dlsync__pool_memo_forget(&ctx->pools, pk->stream);
+    DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, &ctx->pools, pk->stream, pk->role));
+    pk->from_memo = false;
+    DLSYNC_TRY(dlsync__pool_get(ev, pk->pool));
+    r = d->EventRecord(*ev, first->stream);
+  }
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+    dlsync__pool_put(pk->pool, *ev);
+    *ev = NULL;
+    st = dlsync__fail_driver(d, r, "cuEventRecord", "%s stream %p", first->role,
+                             (void *)first->stream);
+  }
+cleanup:
+  return st;
+}
+
+/* EAGER_TO_CAPTURE: an eager record, then an external wait node in then's
+ * capture, whose graph owns the event (through the capture's holder). The
+ * record comes first also because the driver refuses an external wait on a
+ * pooled event whose last record was made in an earlier capture
+ * (CUDA_ERROR_INVALID_VALUE, seen on the H200). */
 static dlsync_status row_eager_to_capture(dlsync_context *ctx, pool_pick *pk,
                                           dlsync__lane_now *first, dlsync__lane_now *then) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ctx->drv;
   CUevent ev = NULL;
-  DLSYNC_TRY(graph_event(&ev, ctx, pk, first, then));
-  DLSYNC_TRY(dlsync__graph_own_event(ctx->drv, pk->pool, ev, &then->graph, 1));
-  /* Record first: a pooled event may still carry the state of a record made
-   * in an earlier capture, and the driver refuses an external wait on such an
-   * event (CUDA_ERROR_INVALID_VALUE, seen on the H200). */
-  DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p", first->role,
-            (void *)first->stream);
+  DLSYNC_TRY(record_for_graph(&ev, ctx, pk, first));
+  DLSYNC_TRY(dlsync__graph_own_event_lanes(ctx->drv, pk->pool, ev, &then, 1));
   DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(then->stream, ev, CU_EVENT_WAIT_EXTERNAL),
             "%s stream %p is capturing (capture %llu); adding an external wait for eager %s "
             "stream %p",
@@ -265,19 +297,15 @@ cleanup:
   return st;
 }
 
-/* EAGER_TO_BUILT: a wait node in the built graph, then the eager record. The
- * node reads the event when the graph is launched: added first, so that a
- * failure leaves nothing queued. */
+/* EAGER_TO_BUILT: the eager record, then a wait node in the built graph
+ * (which reads the event when the graph is launched), owning the event. */
 static dlsync_status row_eager_to_built(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
                                         dlsync__lane_now *then) {
   dlsync_status st = DLSYNC_SUCCESS;
-  const dlsync__driver *d = ctx->drv;
   CUevent ev = NULL;
-  DLSYNC_TRY(graph_event(&ev, ctx, pk, first, then));
-  DLSYNC_TRY(dlsync__graph_own_event(ctx->drv, pk->pool, ev, &then->graph, 1));
+  DLSYNC_TRY(record_for_graph(&ev, ctx, pk, first));
+  DLSYNC_TRY(dlsync__graph_own_event_lanes(ctx->drv, pk->pool, ev, &then, 1));
   DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, then, ev, false));
-  DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, first->stream), "%s stream %p", first->role,
-            (void *)first->stream);
 cleanup:
   return st;
 }
@@ -288,11 +316,11 @@ static dlsync_status row_two_graphs(dlsync_context *ctx, pool_pick *pk, dlsync__
                                     dlsync__lane_now *then) {
   dlsync_status st = DLSYNC_SUCCESS;
   CUevent ev = NULL;
-  CUgraph graphs[2];
+  dlsync__lane_now *lanes[2];
   DLSYNC_TRY(graph_event(&ev, ctx, pk, first, then));
-  graphs[0] = first->graph;
-  graphs[1] = then->graph;
-  DLSYNC_TRY(dlsync__graph_own_event(ctx->drv, pk->pool, ev, graphs, 2));
+  lanes[0] = first;
+  lanes[1] = then;
+  DLSYNC_TRY(dlsync__graph_own_event_lanes(ctx->drv, pk->pool, ev, lanes, 2));
   DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, first, ev, true));
   DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, then, ev, false));
 cleanup:
@@ -452,8 +480,10 @@ cleanup:
  * carry it out (a capture of `first` that is invalidated fails the record,
  * which says so); tests/test_decision_table.c checks that both rows are
  * plain. `query` says which streams to ask about: FAST_QUERY_THEN, both
- * (FAST_QUERY_BOTH: each must be eager) or none (FAST_QUERY_NONE: the caller
- * knows they are eager or share a capture).
+ * (FAST_QUERY_BOTH: both eager, or both in one capture, SAME_CAPTURE, as at
+ * the end of a join: first's full query, then then's status or full query)
+ * or none (FAST_QUERY_NONE: the caller knows they are eager or share a
+ * capture).
  *
  * Returns true when it handled the order (*st says how it went), false when
  * the general path must (a stream that is capturing when it must not be, a
@@ -478,14 +508,29 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
   if (ev == NULL)
     return false;
   if (query == FAST_QUERY_BOTH) {
-    r = d->StreamIsCapturing(first, &cs);
+    /* The full query for `first`: when it captures, its id tells whether
+     * `then` is in the same capture (SAME_CAPTURE, the end of a join: plain
+     * too), for one more query of `then`. */
+    cuuint64_t id_first = 0, id_then = 0;
+    r = d->StreamGetCaptureInfo(first, &cs, &id_first, NULL, NULL, NULL, NULL);
     if (r != CUDA_SUCCESS) {
-      *st = dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s stream %p", first_role,
+      *st = dlsync__fail_driver(d, r, "cuStreamGetCaptureInfo", "%s stream %p", first_role,
                                 (void *)first);
       return true;
     }
-    if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
-      return false;
+    if (cs == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+      r = d->StreamGetCaptureInfo(then, &cs, &id_then, NULL, NULL, NULL, NULL);
+      if (r != CUDA_SUCCESS) {
+        *st = dlsync__fail_driver(d, r, "cuStreamGetCaptureInfo", "%s stream %p", then_role,
+                                  (void *)then);
+        return true;
+      }
+      if (cs != CU_STREAM_CAPTURE_STATUS_ACTIVE || id_then != id_first)
+        return false;
+      query = FAST_QUERY_NONE; /* one capture: record and wait */
+    } else if (cs != CU_STREAM_CAPTURE_STATUS_NONE) {
+      return false; /* invalidated: the general path says so */
+    }
   }
   if (query != FAST_QUERY_NONE) {
     r = d->StreamIsCapturing(then, &cs);

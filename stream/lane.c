@@ -53,8 +53,8 @@ dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role)
   }
 }
 
-dlsync_status dlsync__lane_read(dlsync__lane_now *out, const dlsync__driver *d, dlsync_lane *lane,
-                                const char *role) {
+static dlsync_status lane_read(dlsync__lane_now *out, const dlsync__driver *d, dlsync_lane *lane,
+                               const char *role, bool full) {
   dlsync_status st = DLSYNC_SUCCESS;
   CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
   cuuint64_t id = 0;
@@ -86,7 +86,7 @@ dlsync_status dlsync__lane_read(dlsync__lane_now *out, const dlsync__driver *d, 
    * straight to the full query, whose answer for the legacy stream during a
    * blocking capture (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) is known to leave
    * the capture intact. */
-  if (!dlsync__is_special_stream(lane->stream)) {
+  if (!full && !dlsync__is_special_stream(lane->stream)) {
     r = d->StreamIsCapturing(lane->stream, &cs);
     if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
       st = dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s stream %p", role,
@@ -123,6 +123,11 @@ dlsync_status dlsync__lane_read(dlsync__lane_now *out, const dlsync__driver *d, 
     out->graph = graph;
     out->deps = deps;
     out->ndeps = n;
+    if (n <= DLSYNC__DEPS_INLINE) {
+      out->deps_inline = true;
+      for (size_t i = 0; i < n; i++)
+        out->dep_buf[i] = deps[i];
+    }
     break;
   case CU_STREAM_CAPTURE_STATUS_INVALIDATED:
   default:
@@ -134,6 +139,16 @@ dlsync_status dlsync__lane_read(dlsync__lane_now *out, const dlsync__driver *d, 
   }
 cleanup:
   return st;
+}
+
+dlsync_status dlsync__lane_read(dlsync__lane_now *out, const dlsync__driver *d, dlsync_lane *lane,
+                                const char *role) {
+  return lane_read(out, d, lane, role, false);
+}
+
+dlsync_status dlsync__lane_read_full(dlsync__lane_now *out, const dlsync__driver *d,
+                                     dlsync_lane *lane, const char *role) {
+  return lane_read(out, d, lane, role, true);
 }
 
 void dlsync__lane_describe(char *buf, size_t size, const dlsync__lane_now *l) {

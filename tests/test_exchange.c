@@ -88,10 +88,59 @@ static void warm_pool_makes_exactly_the_needed_calls(void **state) {
   assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
   assert_string_equal(fake_call_log(), "cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent");
   fake_log_reset();
-  /* End asks about both: either may have begun capturing since. */
+  /* End asks about both: either may have begun capturing since. The
+   * consumer with the full query: were it capturing, its capture id would
+   * tell whether the producer shares it (the end of a join). */
   assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
   assert_string_equal(fake_call_log(),
-                      "cuStreamIsCapturing,cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent");
+                      "cuStreamGetCaptureInfo,cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent");
+}
+
+/* A warm join: begin asks about the consumer only; end finds both streams in
+ * one capture with two full queries and joins back with a plain record and
+ * wait (no general path, no cuStreamGetCtx). */
+static void warm_join_is_three_queries(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  CUgraphNode n1, n2, n3;
+  (void)state;
+  warm_pair(&lp, &lc, 0);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(P, "produce", &n1);
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_string_equal(fake_call_log(), "cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent");
+  fake_work(C, "consume", &n2);
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  assert_string_equal(
+      fake_call_log(),
+      "cuStreamGetCaptureInfo,cuStreamGetCaptureInfo,cuEventRecord,cuStreamWaitEvent");
+  fake_work(P, "mutate", &n3);
+  end_join_checked(n1, n2, n3);
+}
+
+/* The consumer captures in another capture than the producer's: end's fast
+ * path leaves it to the general path, which refuses (the producer would join
+ * the consumer's capture). */
+static void warm_end_in_two_captures_takes_the_general_path(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  CUgraph g;
+  (void)state;
+  warm_pair(&lp, &lc, 0);
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(C, "consume", NULL);
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  /* Two captures: a record node in C's, a wait node in P's. */
+  g = end_capture_ok(P);
+  assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 1);
+  destroy_graph(g);
+  g = end_capture_ok(C);
+  assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 1);
+  destroy_graph(g);
 }
 
 static void warm_order_asks_about_then_only(void **state) {
@@ -711,7 +760,9 @@ static void foreign_dependency_is_named(void **state) {
   fake_log_reset();
   assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lg), DLSYNC_ERROR_FOREIGN_DEPENDENCY);
   assert_non_null(strstr(dlsync_last_error(), "not in its graph"));
-  assert_int_equal(fake_call_count("cuEventRecord"), 0); /* nothing queued */
+  /* The producer's eager record (made first: it tells whether the memo's
+   * pool is right) orders nothing by itself; no wait was queued anywhere. */
+  assert_int_equal(fake_call_count("cuStreamWaitEvent"), 0);
   assert_int_equal(lg.ndeps, 1);
   assert_ptr_equal(lg.deps[0], deps[0]);
   destroy_graph(g);
@@ -932,6 +983,8 @@ int main(void) {
       T(eager_eager_without_dlsync_is_unordered),
       T(warm_pool_makes_exactly_the_needed_calls),
       T(warm_order_asks_about_then_only),
+      T(warm_join_is_three_queries),
+      T(warm_end_in_two_captures_takes_the_general_path),
       T(stable_end_asks_nothing),
       T(stable_join_is_joined_back_without_queries),
       T(stable_cold_begin_still_trusted),

@@ -514,8 +514,9 @@ static void test_warm_path_query_failure_names_the_stream(void **state) {
     assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
   }
   assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
-  /* end asks about the consumer, then the producer: fail the second. */
-  fake_fail_nth("cuStreamIsCapturing", 2, CUDA_ERROR_INVALID_HANDLE);
+  /* end asks about the consumer (the full query), then the producer (a
+   * status query): fail the second. */
+  fake_fail_nth("cuStreamIsCapturing", 1, CUDA_ERROR_INVALID_HANDLE);
   assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_DRIVER);
   snprintf(want, sizeof want, "producer stream %p", (void *)P);
   assert_message_has(want);

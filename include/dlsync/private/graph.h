@@ -34,11 +34,15 @@ dlsync_status dlsync__graph_hold(const dlsync__driver *d, CUgraph *graphs, int n
  * one; the caller keeps its own). */
 dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_event *he,
                                        CUgraph *graphs, int ngraphs);
-/* Gives `event` to the graphs (a user object each graph holds a reference
- * to); it returns to `pool` once all are destroyed. On failure the event is
- * back in the pool or held by the graphs that did take it. */
-dlsync_status dlsync__graph_own_event(const dlsync__driver *d, dlsync__pool *pool, CUevent event,
-                                      CUgraph *graphs, int ngraphs);
+/* Gives `event` to the graphs of 1 or 2 lanes (it returns to `pool` once all
+ * are destroyed; on failure it is back in the pool or held by the graphs that
+ * did take it): a capturing lane's
+ * capture holds it through one holder per capture (created, as a user object
+ * its graph retains, by the first event of that capture; later events cost
+ * no driver call); built lanes' graphs through a user object of their own. */
+dlsync_status dlsync__graph_own_event_lanes(const dlsync__driver *d, dlsync__pool *pool,
+                                            CUevent event, dlsync__lane_now *const *lanes,
+                                            int nlanes);
 
 #ifdef __cplusplus
 }

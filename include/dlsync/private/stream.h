@@ -23,13 +23,30 @@ typedef struct dlsync__lane_now {
   size_t ndeps;
   dlsync_lane *lane; /* the caller's lane */
   const char *role;  /* "producer", "consumer", ... for messages */
+  /* CAPTURING with ndeps <= DLSYNC__DEPS_INLINE: a copy of deps, which stays
+   * valid after other calls on the stream (dlsync__lane_deps reads it). */
+  bool deps_inline;
+  CUgraphNode dep_buf[4];
 } dlsync__lane_now;
+#define DLSYNC__DEPS_INLINE 4
+
+/* A capturing lane's dependencies: the copy when there is one (valid as long
+ * as the struct), else the driver's array (valid until the next call on the
+ * stream). Built lanes: the caller's frontier. */
+static inline const CUgraphNode *dlsync__lane_deps(const dlsync__lane_now *l) {
+  return l->deps_inline ? l->dep_buf : l->deps;
+}
 
 /* Reads a lane's state (one or two capture queries for a stream; none for a
  * graph lane). The lane must have passed dlsync__lane_check. Errors name
  * `role`. */
 dlsync_status dlsync__lane_read(dlsync__lane_now *out, const dlsync__driver *d, dlsync_lane *lane,
                                 const char *role);
+/* The same with one cuStreamGetCaptureInfo and no cuStreamIsCapturing first:
+ * for callers that expect a capture (the general path, after the fast path
+ * found one). */
+dlsync_status dlsync__lane_read_full(dlsync__lane_now *out, const dlsync__driver *d,
+                                     dlsync_lane *lane, const char *role);
 /* "stream 0x.. (capture 5, graph 0x..)", for the decision log. */
 void dlsync__lane_describe(char *buf, size_t size, const dlsync__lane_now *l);
 /* The one capacity check: a graph lane's new frontier of `nodes` nodes
