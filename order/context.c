@@ -332,10 +332,16 @@ static dlsync_status pool_of(dlsync__pool **pool, bool *from_memo, const dlsync_
 
 dlsync_status dlsync__lanes_open(dlsync__lanes_opened *out, dlsync_context *ctx, dlsync_lane *a,
                                  const char *ra, dlsync_lane *b, const char *rb,
-                                 const char *graph_what, bool memo) {
+                                 const char *graph_what, bool memo, const dlsync__lane_now *pre) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync_lane *which = NULL;
   memset(out, 0, sizeof *out);
+  if (pre != NULL) { /* read already (stream lanes, neither the legacy stream) */
+    out->a = pre[0];
+    if (b != NULL)
+      out->b = pre[1];
+    goto pool;
+  }
   /* The lanes are read first: the legacy stream must be queried before
    * anything else touches it (while a blocking stream captures, the query
    * fails without harm, but other uses, cuStreamGetCtx included, seen on the
@@ -349,6 +355,7 @@ dlsync_status dlsync__lanes_open(dlsync__lanes_opened *out, dlsync_context *ctx,
   if (b != NULL)
     DLSYNC_TRY(memo ? dlsync__lane_read_full(&out->b, ctx->drv, b, rb)
                     : dlsync__lane_read(&out->b, ctx->drv, b, rb));
+pool:
   DLSYNC_TRY(
       pool_of(&out->pool, memo ? &out->from_memo : NULL, &which, ctx, a, ra, b, rb, graph_what));
   if (which != NULL) {

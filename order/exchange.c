@@ -437,11 +437,12 @@ cleanup:
 
 /* Checks both lanes and reads their states; *same when they are one stream
  * (the table's SAME_STREAM row: nothing to do). *pool is the pool order_now
- * takes an event from. */
+ * takes an event from. `pre`: NULL, or both lanes as the fast path read them
+ * (not read again). */
 static dlsync_status order_lanes(dlsync_context *ctx, dlsync__op op, dlsync_lane *first,
                                  const char *first_role, dlsync_lane *then, const char *then_role,
-                                 dlsync__lane_now *a, dlsync__lane_now *b, pool_pick *pool,
-                                 bool *same) {
+                                 const dlsync__lane_now *pre, dlsync__lane_now *a,
+                                 dlsync__lane_now *b, pool_pick *pool, bool *same) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__lanes_opened opened;
   *same = false;
@@ -460,7 +461,7 @@ static dlsync_status order_lanes(dlsync_context *ctx, dlsync__op op, dlsync_lane
     goto cleanup;
   }
   DLSYNC_TRY(dlsync__lanes_open(&opened, ctx, first, first_role, then, then_role,
-                                "both lanes are graph lanes", true));
+                                "both lanes are graph lanes", true, pre));
   *a = opened.a;
   *b = opened.b;
   pool->pool = opened.pool;
@@ -491,9 +492,34 @@ cleanup:
  * context); nothing is queued then. */
 typedef enum fast_query { FAST_QUERY_NONE, FAST_QUERY_THEN, FAST_QUERY_BOTH } fast_query;
 
+/* What FAST_QUERY_THEN read when `then` was capturing: both lanes in full
+ * (have), handed to the general path, which then reads neither again. */
+typedef struct fast_pre {
+  dlsync_lane *first, *then;
+  bool have;
+  dlsync__lane_now now[2];
+} fast_pre;
+
+/* `then` captures: both lanes read in full. One capture: true (plain). Else
+ * false, the reads kept in pre for the general path; a failed read is
+ * reported (*st) and true. */
+static DLSYNC__NOINLINE bool fast_then_captures(dlsync_context *ctx, fast_pre *pre,
+                                                const char *first_role, const char *then_role,
+                                                dlsync_status *st) {
+  *st = dlsync__lane_read_full(&pre->now[1], ctx->drv, pre->then, then_role);
+  if (*st == DLSYNC_SUCCESS)
+    *st = dlsync__lane_read_full(&pre->now[0], ctx->drv, pre->first, first_role);
+  if (*st != DLSYNC_SUCCESS)
+    return true;
+  if (pre->now[0].kind == DLSYNC_LANE_CAPTURING && pre->now[0].capture_id == pre->now[1].capture_id)
+    return true;
+  pre->have = true;
+  return false;
+}
+
 static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CUstream first,
                                       CUstream then, fast_query query, const char *first_role,
-                                      const char *then_role, dlsync_status *st) {
+                                      const char *then_role, dlsync_status *st, fast_pre *pre) {
   const dlsync__driver *d = ctx->drv;
   CUstreamCaptureStatus cs;
   CUevent ev;
@@ -536,8 +562,15 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
     r = d->StreamIsCapturing(then, &cs);
     if (r != CUDA_SUCCESS)
       goto query_failed;
-    if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
-      return false;
+    if (cs != CU_STREAM_CAPTURE_STATUS_NONE) {
+      /* Both in one capture (SAME_CAPTURE, as every exchange after the
+       * first inside a capture) is plain too. */
+      if (pre == NULL || cs != CU_STREAM_CAPTURE_STATUS_ACTIVE ||
+          !fast_then_captures(ctx, pre, first_role, then_role, st))
+        return false;
+      if (*st != DLSYNC_SUCCESS)
+        return true;
+    }
   }
   r = d->EventRecord(ev, first);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
@@ -744,12 +777,16 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
   bool same = false;
   if (ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_order: ctx is NULL");
+  fast_pre pre;
+  pre.first = first;
+  pre.then = then;
+  pre.have = false;
   if (plain_stream_lane(first) && plain_stream_lane(then) &&
       order_fast(dlsync__thread_get(), ctx, first->stream, then->stream, FAST_QUERY_THEN, "first",
-                 "then", &st))
+                 "then", &st, &pre))
     return st;
-  DLSYNC_TRY(
-      order_lanes(ctx, DLSYNC__OP_ORDER, first, "first", then, "then", &a, &b, &pool, &same));
+  DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_ORDER, first, "first", then, "then",
+                         pre.have ? pre.now : NULL, &a, &b, &pool, &same));
   if (!same)
     DLSYNC_TRY(order_now(ctx, DLSYNC__OP_ORDER, &pool, &a, &b, false, &row));
 cleanup:
@@ -760,7 +797,7 @@ cleanup:
  * frame stays small). */
 static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsync_context *ctx,
                                                     dlsync_lane *producer, dlsync_lane *consumer,
-                                                    uint32_t flags) {
+                                                    uint32_t flags, const dlsync__lane_now *pre) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync_exchange *ex = NULL;
   dlsync__thread *t;
@@ -788,8 +825,8 @@ static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsyn
   }
   ex->same = false;
   ex->many = NULL;
-  DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_BEGIN, producer, "producer", consumer, "consumer", &p, &c,
-                         &pool, &same));
+  DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_BEGIN, producer, "producer", consumer, "consumer", pre, &p,
+                         &c, &pool, &same));
   if (same) {
     ex->same = true; /* its end has nothing to do */
     *out = exchange_publish(ex, ctx);
@@ -804,9 +841,11 @@ static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsyn
   ex->cross = dlsync__row_nodes(row) == 2; /* a record node and a wait node */
   ex->producer_domain = domain_of(&p);
   ex->consumer_domain = domain_of(&c);
-  /* What end may trust: two eager streams, or a consumer that joined the
-   * producer's capture; either way end's plain record and wait are right. */
-  ex->stable = stable && (row == DLSYNC__ROW_EAGER_EAGER || row == DLSYNC__ROW_JOIN);
+  /* What end may trust: two eager streams, a consumer that joined the
+   * producer's capture, or two streams of one capture; each way end's plain
+   * record and wait are right. */
+  ex->stable = stable && (row == DLSYNC__ROW_EAGER_EAGER || row == DLSYNC__ROW_JOIN ||
+                          row == DLSYNC__ROW_SAME_CAPTURE);
   *out = exchange_publish(ex, ctx);
   ex = NULL;
 cleanup:
@@ -822,10 +861,11 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
   dlsync_exchange *ex;
   /* The fast path: two distinct stream lanes, a warm thread, an eager
    * consumer; anything else (or anything wrong) goes the general way. */
+  fast_pre pre;
   if (DLSYNC__UNLIKELY(out == NULL || ctx == NULL ||
                        (flags & ~(uint32_t)DLSYNC_EXCHANGE_CAPTURE_STABLE) != 0 ||
                        !plain_stream_lane(producer) || !plain_stream_lane(consumer)))
-    return begin_general(out, ctx, producer, consumer, flags);
+    return begin_general(out, ctx, producer, consumer, flags, NULL);
   t = dlsync__thread_get();
   ex = t->spare;
   if (DLSYNC__UNLIKELY(ex == NULL)) {
@@ -834,11 +874,14 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
     exchange_free(t, record_make()); /* the thread's spare from now on */
     ex = t->spare;
     if (ex == NULL)
-      return begin_general(out, ctx, producer, consumer, flags);
+      return begin_general(out, ctx, producer, consumer, flags, NULL);
   }
+  pre.first = producer;
+  pre.then = consumer;
+  pre.have = false;
   if (!order_fast(t, ctx, producer->stream, consumer->stream, FAST_QUERY_THEN, "producer",
-                  "consumer", &st))
-    return begin_general(out, ctx, producer, consumer, flags);
+                  "consumer", &st, &pre))
+    return begin_general(out, ctx, producer, consumer, flags, pre.have ? pre.now : NULL);
   *out = NULL;
   if (DLSYNC__UNLIKELY(st != DLSYNC_SUCCESS))
     return st;
@@ -986,8 +1029,8 @@ static DLSYNC__NOINLINE dlsync_status end_general(dlsync__thread *t, dlsync_exch
   lc = dlsync_lane_stream(ex->consumer_stream);
   producer = ex->producer_ref != NULL ? ex->producer_ref : &lp;
   consumer = ex->consumer_ref != NULL ? ex->consumer_ref : &lc;
-  DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_END, consumer, "consumer", producer, "producer", &c, &p,
-                         &pool, &same));
+  DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_END, consumer, "consumer", producer, "producer", NULL, &c,
+                         &p, &pool, &same));
   if (same)
     goto cleanup;
   if (ex->cross) {
@@ -1020,7 +1063,8 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
    * found them (no query). */
   if (ex->producer_ref == NULL && ex->consumer_ref == NULL &&
       order_fast(t, ctx, ex->consumer_stream, ex->producer_stream,
-                 ex->stable ? FAST_QUERY_NONE : FAST_QUERY_BOTH, "consumer", "producer", &st)) {
+                 ex->stable ? FAST_QUERY_NONE : FAST_QUERY_BOTH, "consumer", "producer", &st,
+                 NULL)) {
     exchange_free(t, ex);
     return st;
   }

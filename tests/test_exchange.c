@@ -120,6 +120,71 @@ static void warm_join_is_three_queries(void **state) {
   end_join_checked(n1, n2, n3);
 }
 
+/* Warm, both streams in one capture (every exchange after the first inside a
+ * capture): begin reads the consumer's status, then both in full, and orders
+ * with a plain record and wait; end the same way. With CAPTURE_STABLE, end
+ * asks nothing. */
+static void warm_same_capture_is_plain(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  CUgraphNode n1, n2, n3;
+  CUgraph g;
+  (void)state;
+  warm_pair(&lp, &lc, 0);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(P, "produce", &n1);
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS); /* the join */
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  for (uint32_t flags = 0; flags <= DLSYNC_EXCHANGE_CAPTURE_STABLE; flags++) {
+    fake_log_reset();
+    assert_int_equal(dlsync_exchange_begin_flags(&ex, ctx, &lp, &lc, flags), DLSYNC_SUCCESS);
+    assert_string_equal(fake_call_log(), "cuStreamIsCapturing,cuStreamGetCaptureInfo,"
+                                         "cuStreamGetCaptureInfo,cuEventRecord,cuStreamWaitEvent");
+    fake_work(C, "consume", &n2);
+    fake_log_reset();
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+    assert_string_equal(fake_call_log(), flags != 0
+                                             ? "cuEventRecord,cuStreamWaitEvent"
+                                             : "cuStreamGetCaptureInfo,cuStreamGetCaptureInfo,"
+                                               "cuEventRecord,cuStreamWaitEvent");
+  }
+  fake_work(P, "mutate", &n3);
+  g = end_capture_ok(P);
+  assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 0);
+  assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 0);
+  assert_true(fake_graph_has_path(g, n1, n2));
+  assert_true(fake_graph_has_path(g, n2, n3));
+  destroy_graph(g);
+}
+
+/* Warm, eager producer, capturing consumer: what the fast path read is handed
+ * to the general path, which reads neither stream again. */
+static void warm_eager_to_capture_reads_each_stream_once(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  CUgraph g;
+  (void)state;
+  warm_pair(&lp, &lc, 0);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS); /* the pool gets an event */
+  g = end_capture_ok(C);
+  destroy_graph(g);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_log_reset();
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_string_equal(fake_call_log(),
+                      "cuStreamIsCapturing,cuStreamGetCaptureInfo,cuStreamGetCaptureInfo,"
+                      "cuEventRecord,cuUserObjectCreate,cuGraphRetainUserObject,cuStreamWaitEvent");
+  /* A second order into the same capture: its holder takes the event, no
+   * user object. */
+  fake_log_reset();
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(fake_call_count("cuUserObjectCreate"), 0);
+  assert_int_equal(fake_call_count("cuStreamGetCtx"), 0);
+  g = end_capture_ok(C);
+  assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 2);
+  destroy_graph(g);
+}
+
 /* The consumer captures in another capture than the producer's: end's fast
  * path leaves it to the general path, which refuses (the producer would join
  * the consumer's capture). */
@@ -984,6 +1049,8 @@ int main(void) {
       T(warm_pool_makes_exactly_the_needed_calls),
       T(warm_order_asks_about_then_only),
       T(warm_join_is_three_queries),
+      T(warm_same_capture_is_plain),
+      T(warm_eager_to_capture_reads_each_stream_once),
       T(warm_end_in_two_captures_takes_the_general_path),
       T(stable_end_asks_nothing),
       T(stable_join_is_joined_back_without_queries),
