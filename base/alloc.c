@@ -2,6 +2,7 @@
  * dlsync__malloc and friends, so that a test can make any allocation fail
  * (dlsync__alloc_fail_nth) as it makes any driver call fail. When no fault is
  * armed the cost is one relaxed atomic load. */
+#include <malloc.h>
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
@@ -10,6 +11,25 @@
 
 /* Allocations left before the one that fails; 0: none armed. */
 static atomic_uint fail_countdown;
+
+/* Bytes the library holds now (malloc_usable_size of each block): what the
+ * bench reports as dlsync's own memory. Allocations are off the hot path. */
+static atomic_size_t live_bytes;
+
+static void *counted(void *p) {
+  if (p != NULL)
+    atomic_fetch_add_explicit(&live_bytes, malloc_usable_size(p), memory_order_relaxed);
+  return p;
+}
+
+static void uncount(void *p) {
+  if (p != NULL)
+    atomic_fetch_sub_explicit(&live_bytes, malloc_usable_size(p), memory_order_relaxed);
+}
+
+size_t dlsync__alloc_live_bytes(void) {
+  return atomic_load_explicit(&live_bytes, memory_order_relaxed);
+}
 
 static bool alloc_fails(void) {
   unsigned n = atomic_load_explicit(&fail_countdown, memory_order_relaxed);
@@ -22,15 +42,24 @@ static bool alloc_fails(void) {
 }
 
 void *dlsync__malloc(size_t size) {
-  return alloc_fails() ? NULL : malloc(size);
+  return alloc_fails() ? NULL : counted(malloc(size));
 }
 
 void *dlsync__calloc(size_t count, size_t size) {
-  return alloc_fails() ? NULL : calloc(count, size);
+  return alloc_fails() ? NULL : counted(calloc(count, size));
 }
 
 void *dlsync__realloc(void *ptr, size_t size) {
-  return alloc_fails() ? NULL : realloc(ptr, size);
+  size_t old;
+  void *grown;
+  if (alloc_fails())
+    return NULL;
+  old = ptr != NULL ? malloc_usable_size(ptr) : 0;
+  grown = realloc(ptr, size);
+  if (grown == NULL && size != 0)
+    return NULL; /* ptr is untouched */
+  atomic_fetch_sub_explicit(&live_bytes, old, memory_order_relaxed);
+  return counted(grown);
 }
 
 char *dlsync__strdup(const char *s) {
@@ -42,6 +71,7 @@ char *dlsync__strdup(const char *s) {
 }
 
 void dlsync__free(void *ptr) {
+  uncount(ptr);
   free(ptr);
 }
 

@@ -7,6 +7,9 @@
  * idle, so the figures are the host-side cost of the calls. Exits 77 where no
  * GPU is found. */
 #include <dlfcn.h>
+#include <malloc.h>
+#include <pthread.h>
+#include <stdatomic.h>
 #include <libgen.h>
 #include <sched.h>
 #include <time.h>
@@ -25,6 +28,7 @@ static gpu_env E;
 static const dlsync__driver *D;
 static CUstream P, C;
 static CUevent e1, e2;
+static CUdeviceptr scale_buf; /* 8 bytes: the scale runs' own nodes write here */
 
 static int cmp_double(const void *a, const void *b) {
   double x = *(const double *)a, y = *(const double *)b;
@@ -120,16 +124,40 @@ static void op_raw_fork_join_one_event(void) {
   CHECK(D->StreamWaitEvent(P, e1, 0) == CUDA_SUCCESS, "wait");
 }
 
+/* Status queries as dlsync makes them: q_is (cuStreamIsCapturing) and q_id
+ * (cuStreamGetCaptureInfo for the status and capture id only). */
+static void q_is(CUstream s) {
+  CUstreamCaptureStatus cs;
+  CHECK(D->StreamIsCapturing(s, &cs) == CUDA_SUCCESS, "is capturing");
+}
+
+static void q_id(CUstream s) {
+  CUstreamCaptureStatus cs;
+  cuuint64_t id;
+  CHECK(D->StreamGetCaptureInfo(s, &cs, &id, NULL, NULL, NULL, NULL) == CUDA_SUCCESS, "query");
+}
+
+/* The full query (graph and dependencies too), as the general path reads a
+ * capturing stream. */
+static void q_full(CUstream s) {
+  CUstreamCaptureStatus cs;
+  cuuint64_t id;
+  CUgraph g;
+  const CUgraphNode *deps;
+  const CUgraphEdgeData *ed;
+  size_t n;
+  CHECK(D->StreamGetCaptureInfo(s, &cs, &id, &g, &deps, &ed, &n) == CUDA_SUCCESS, "query");
+}
+
 /* The floor of dlsync's design, which asks the driver at each call: begin
- * asks about the consumer, end about both (three status queries), and the
- * raw fork+join. */
+ * asks about the consumer (a status query), end about both (the consumer's
+ * status and capture id, the producer's status), and the raw fork+join. */
 static void op_raw_with_queries(void) {
-  CUstreamCaptureStatus a, b;
-  CHECK(D->StreamIsCapturing(C, &b) == CUDA_SUCCESS, "q");
+  q_is(C);
   CHECK(D->EventRecord(e1, P) == CUDA_SUCCESS, "record");
   CHECK(D->StreamWaitEvent(C, e1, 0) == CUDA_SUCCESS, "wait");
-  CHECK(D->StreamIsCapturing(C, &b) == CUDA_SUCCESS, "q");
-  CHECK(D->StreamIsCapturing(P, &a) == CUDA_SUCCESS, "q");
+  q_id(C);
+  q_is(P);
   CHECK(D->EventRecord(e2, C) == CUDA_SUCCESS, "record");
   CHECK(D->StreamWaitEvent(P, e2, 0) == CUDA_SUCCESS, "wait");
 }
@@ -162,19 +190,36 @@ static void op_dlsync_stable(void) {
 
 /* The same exchanges through libdlsync.so, as a program linking the shared
  * library makes them (its thread-local state goes through __tls_get_addr,
- * where the static library's does not): loaded with dlopen, its own context. */
-static struct {
+ * where the static library's does not): loaded with dlopen, its own context.
+ * `so` is this build's; `base`, where DLSYNC_BASELINE_LIBRARY names one, an
+ * earlier build's, timed in the same run for the before/after table. */
+typedef struct shlib {
   dlsync_status (*context_create)(dlsync_context **, const dlsync_context_config *);
   dlsync_status (*context_destroy)(dlsync_context *);
   dlsync_status (*begin)(dlsync_exchange **, dlsync_context *, dlsync_lane *, dlsync_lane *,
                          uint32_t);
   dlsync_status (*end)(dlsync_exchange *);
+  dlsync_status (*order)(dlsync_context *, dlsync_lane *, dlsync_lane *);
   dlsync_context *ctx;
-} so;
+} shlib;
+
+static shlib so, base;
+
+static bool so_open(shlib *l, const char *path) {
+  void *h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
+  if (h == NULL)
+    return false;
+  *(void **)&l->context_create = dlsym(h, "dlsync_context_create");
+  *(void **)&l->context_destroy = dlsym(h, "dlsync_context_destroy");
+  *(void **)&l->begin = dlsym(h, "dlsync_exchange_begin_flags");
+  *(void **)&l->end = dlsym(h, "dlsync_exchange_end");
+  *(void **)&l->order = dlsym(h, "dlsync_order");
+  return l->context_create != NULL && l->context_destroy != NULL && l->begin != NULL &&
+         l->end != NULL && l->order != NULL && l->context_create(&l->ctx, NULL) == DLSYNC_SUCCESS;
+}
 
 static bool so_load(char *path, size_t len) {
   char exe[4096];
-  void *h;
   ssize_t n = readlink("/proc/self/exe", exe, sizeof exe - 1);
   if (getenv("DLSYNC_LIBRARY") != NULL) {
     snprintf(path, len, "%s", getenv("DLSYNC_LIBRARY"));
@@ -184,30 +229,30 @@ static bool so_load(char *path, size_t len) {
     exe[n] = '\0';
     snprintf(path, len, "%s/../libdlsync.so", dirname(exe));
   }
-  h = dlopen(path, RTLD_NOW | RTLD_LOCAL);
-  if (h == NULL)
-    return false;
-  *(void **)&so.context_create = dlsym(h, "dlsync_context_create");
-  *(void **)&so.context_destroy = dlsym(h, "dlsync_context_destroy");
-  *(void **)&so.begin = dlsym(h, "dlsync_exchange_begin_flags");
-  *(void **)&so.end = dlsym(h, "dlsync_exchange_end");
-  return so.context_create != NULL && so.context_destroy != NULL && so.begin != NULL &&
-         so.end != NULL && so.context_create(&so.ctx, NULL) == DLSYNC_SUCCESS;
+  return so_open(&so, path);
 }
 
-static void so_exchange(uint32_t flags) {
+static void lib_exchange(shlib *l, uint32_t flags) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync_exchange *ex;
-  CHECK(so.begin(&ex, so.ctx, &lp, &lc, flags) == DLSYNC_SUCCESS, "begin (shared)");
-  CHECK(so.end(ex) == DLSYNC_SUCCESS, "end (shared)");
+  CHECK(l->begin(&ex, l->ctx, &lp, &lc, flags) == DLSYNC_SUCCESS, "begin (shared)");
+  CHECK(l->end(ex) == DLSYNC_SUCCESS, "end (shared)");
 }
 
 static void op_so_eager(void) {
-  so_exchange(0);
+  lib_exchange(&so, 0);
 }
 
 static void op_so_stable(void) {
-  so_exchange(DLSYNC_EXCHANGE_CAPTURE_STABLE);
+  lib_exchange(&so, DLSYNC_EXCHANGE_CAPTURE_STABLE);
+}
+
+static void op_base_eager(void) {
+  lib_exchange(&base, 0);
+}
+
+static void op_base_stable(void) {
+  lib_exchange(&base, DLSYNC_EXCHANGE_CAPTURE_STABLE);
 }
 
 static void op_event_per_call(void) {
@@ -222,77 +267,6 @@ static void op_event_per_call(void) {
   CHECK(D->EventDestroy(b) == CUDA_SUCCESS, "destroy");
 }
 
-/* In capture: P captures, C is joined by the first exchange; time K pairs
- * (op: the raw fork+join, or dlsync's with or without the flag). */
-static double time_in_capture(op_fn op) {
-  double t[BATCHES];
-  const int k = 500;
-  for (int b = 0; b < BATCHES; b++) {
-    CUgraph g = NULL;
-    double t0;
-    CHECK(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS, "capture");
-    t0 = gpu_now_ns();
-    for (int i = 0; i < k; i++)
-      op();
-    t[b] = (gpu_now_ns() - t0) / k;
-    CHECK(D->StreamEndCapture(P, &g) == CUDA_SUCCESS, "end capture");
-    D->GraphDestroy(g);
-  }
-  return median(t, BATCHES);
-}
-
-/* Two captures: dlsync's begin (record node in one, wait node in the other)
- * against the same manual appends made by hand. */
-static double time_two_captures(bool use) {
-  double t[BATCHES];
-  const int k = 500;
-  for (int b = 0; b < BATCHES; b++) {
-    CUgraph g1 = NULL, g2 = NULL;
-    double t0;
-    CHECK(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
-    CHECK(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
-    t0 = gpu_now_ns();
-    for (int i = 0; i < k; i++) {
-      if (use) {
-        dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
-        CHECK(dlsync_order(E.ctx, &lp, &lc) == DLSYNC_SUCCESS, "order");
-      } else {
-        CUstreamCaptureStatus st;
-        cuuint64_t id;
-        CUgraph g;
-        const CUgraphNode *deps;
-        const CUgraphEdgeData *ed;
-        size_t n;
-        CUgraphNode node;
-        CHECK(D->StreamGetCaptureInfo(P, &st, &id, &g, &deps, &ed, &n) == CUDA_SUCCESS, "q");
-        CHECK(D->GraphAddEventRecordNode(&node, g, deps, n, e1) == CUDA_SUCCESS, "rec");
-        CHECK(D->StreamUpdateCaptureDependencies(P, &node, NULL, 1, 1) == CUDA_SUCCESS, "upd");
-        CHECK(D->StreamGetCaptureInfo(C, &st, &id, &g, &deps, &ed, &n) == CUDA_SUCCESS, "q");
-        CHECK(D->GraphAddEventWaitNode(&node, g, deps, n, e1) == CUDA_SUCCESS, "wait");
-        CHECK(D->StreamUpdateCaptureDependencies(C, &node, NULL, 1, 1) == CUDA_SUCCESS, "upd");
-      }
-    }
-    t[b] = (gpu_now_ns() - t0) / k;
-    CHECK(D->StreamEndCapture(C, &g2) == CUDA_SUCCESS, "end capture");
-    CHECK(D->StreamEndCapture(P, &g1) == CUDA_SUCCESS, "end capture");
-    D->GraphDestroy(g1);
-    D->GraphDestroy(g2);
-  }
-  return median(t, BATCHES);
-}
-
-/* The other rows of the table, one dlsync_order each, against the calls a
- * caller would make by hand (with pre-created events, one per order, and no
- * user objects: dlsync also gives each event to the graph, so that it lives
- * as long as the graph). K orders per batch on fresh graphs, destroyed after
- * the batch; the pool is refilled (graph-owned events back) before the next. */
-#define K_ROWS 500
-static CUevent kev[K_ROWS];
-
-/* The rows timed here, in the order of row_ds/row_raw. */
-static const dlsync__row timed_rows[3] = {DLSYNC__ROW_EAGER_TO_CAPTURE, DLSYNC__ROW_EAGER_TO_BUILT,
-                                          DLSYNC__ROW_TWO_BUILT};
-
 /* "EAGER_EAGER <rest>": a measure named by its row of the decision table. */
 static const char *row_label(dlsync__row row, const char *rest) {
   static char labels[16][64];
@@ -302,78 +276,569 @@ static const char *row_label(dlsync__row row, const char *rest) {
   return l;
 }
 
+/* ---- the other rows of the table, in paired rounds ----
+ *
+ * Each row is timed three ways, one after the other within a round: dlsync
+ * (one dlsync_order, or an exchange's begin+end), the same nodes and edges
+ * made by hand ("raw": pre-created events, one per order, no user objects),
+ * and the floor: the raw calls plus the driver calls dlsync must make on top
+ * for that row (its capture queries, the user object that ties an event to a
+ * built graph, the context lookups), made by hand too. dlsync / raw is the
+ * row's figure against its target; floor / raw says how much of it is the
+ * driver's price for asking at each call and for owning events; dlsync /
+ * floor is dlsync's own cost. K_ROWS orders per batch on fresh captures or
+ * graphs, destroyed after the batch; the pool is refilled (the graphs'
+ * events back) before the next. */
+#define K_ROWS 500
+static CUevent kev[K_ROWS];
+
+typedef enum row_kind {
+  RK_IN_CAPTURE,
+  RK_IN_CAPTURE_STABLE,
+  RK_TWO_CAPTURES,
+  RK_EAGER_TO_CAPTURE,
+  RK_EAGER_TO_BUILT,
+  RK_TWO_BUILT,
+  RK_COUNT
+} row_kind;
+
+typedef enum row_side { SIDE_DLSYNC, SIDE_RAW, SIDE_FLOOR, SIDE_COUNT } row_side;
+
+static const struct {
+  dlsync__row row;
+  const char *what;  /* dlsync's side */
+  const char *raw;   /* the calls made by hand */
+  const char *floor; /* what the floor adds */
+} row_info[RK_COUNT] = {
+    {DLSYNC__ROW_SAME_CAPTURE, "begin+end in capture", "record+wait x2", "+ 5 capture queries"},
+    {DLSYNC__ROW_SAME_CAPTURE, "  with CAPTURE_STABLE", "record+wait x2", "+ 3 capture queries"},
+    {DLSYNC__ROW_TWO_CAPTURES, "order", "2 queries, 2 nodes, 2 updates",
+     "+ 1 status query, cuStreamGetCtx"},
+    {DLSYNC__ROW_EAGER_TO_CAPTURE, "order", "record + external wait", "+ 3 capture queries"},
+    {DLSYNC__ROW_EAGER_TO_BUILT, "order", "wait node + record", "+ 1 query, user object + retain"},
+    {DLSYNC__ROW_TWO_BUILT, "order", "record node + wait node",
+     "+ cuCtxGetCurrent, user object + 2 retains"},
+};
+
+static void noop_destructor(void *p) {
+  (void)p;
+}
+
+/* A user object holding nothing, moved into `n` graphs (what dlsync pays to
+ * tie an event to built graphs). */
+static void own_by(CUgraph *g, int n) {
+  CUuserObject o;
+  CHECK(D->UserObjectCreate(&o, NULL, noop_destructor, (unsigned)n,
+                            CU_USER_OBJECT_NO_DESTRUCTOR_SYNC) == CUDA_SUCCESS,
+        "user object");
+  for (int i = 0; i < n; i++)
+    CHECK(D->GraphRetainUserObject(g[i], o, 1, CU_GRAPH_USER_OBJECT_MOVE) == CUDA_SUCCESS,
+          "retain");
+}
+
 static void wait_events_back(void) {
-  for (int i = 0; i < 2000; i++) {
+  for (int i = 0; i < 4000; i++) {
     dlsync__pool_stats ps;
     dlsync__pool_stats_get(&ps, &E.ctx->pools);
     if (ps.graph_owned == 0)
       return;
-    struct timespec ts = {0, 500000};
+    struct timespec ts = {0, 250000};
     nanosleep(&ts, NULL);
   }
 }
 
-static double time_row(dlsync__row row, bool use) {
+static void op_floor_in_capture(void) {
+  q_is(C);
+  q_full(C);
+  q_full(P);
+  CHECK(D->EventRecord(e1, P) == CUDA_SUCCESS, "record");
+  CHECK(D->StreamWaitEvent(C, e1, 0) == CUDA_SUCCESS, "wait");
+  q_id(C);
+  q_id(P);
+  CHECK(D->EventRecord(e2, C) == CUDA_SUCCESS, "record");
+  CHECK(D->StreamWaitEvent(P, e2, 0) == CUDA_SUCCESS, "wait");
+}
+
+static void op_floor_in_capture_stable(void) {
+  q_is(C);
+  q_full(C);
+  q_full(P);
+  CHECK(D->EventRecord(e1, P) == CUDA_SUCCESS, "record");
+  CHECK(D->StreamWaitEvent(C, e1, 0) == CUDA_SUCCESS, "wait");
+  CHECK(D->EventRecord(e2, C) == CUDA_SUCCESS, "record");
+  CHECK(D->StreamWaitEvent(P, e2, 0) == CUDA_SUCCESS, "wait");
+}
+
+/* A record node appended to s's capture, or a wait node, by hand. */
+static void append_by_hand(CUstream s, CUevent ev, bool record) {
+  CUstreamCaptureStatus st;
+  cuuint64_t id;
+  CUgraph g;
+  const CUgraphNode *deps;
+  const CUgraphEdgeData *ed;
+  size_t n;
+  CUgraphNode node;
+  CHECK(D->StreamGetCaptureInfo(s, &st, &id, &g, &deps, &ed, &n) == CUDA_SUCCESS, "q");
+  if (record)
+    CHECK(D->GraphAddEventRecordNode(&node, g, deps, n, ev) == CUDA_SUCCESS, "record node");
+  else
+    CHECK(D->GraphAddEventWaitNode(&node, g, deps, n, ev) == CUDA_SUCCESS, "wait node");
+  CHECK(D->StreamUpdateCaptureDependencies(s, &node, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES) ==
+            CUDA_SUCCESS,
+        "update");
+}
+
+/* Where SIDE_DLSYNC goes: NULL for the static library (E.ctx), else a
+ * shared library (the before/after table). */
+static shlib *row_lib;
+
+static void ds_order(dlsync_lane *a, dlsync_lane *b) {
+  CHECK((row_lib != NULL ? row_lib->order(row_lib->ctx, a, b) : dlsync_order(E.ctx, a, b)) ==
+            DLSYNC_SUCCESS,
+        "order");
+}
+
+static void ds_exchange(uint32_t flags) {
+  if (row_lib != NULL)
+    lib_exchange(row_lib, flags);
+  else if (flags != 0)
+    op_dlsync_stable();
+  else
+    op_dlsync_eager();
+}
+
+/* One operation of row rk, side `side`, the i-th of its batch. */
+static void row_op(row_kind rk, row_side side, int i, dlsync_lane *l1, dlsync_lane *l2) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  CUgraphNode n;
+  CUcontext cur;
+  switch (rk) {
+  case RK_IN_CAPTURE:
+  case RK_IN_CAPTURE_STABLE:
+    if (side == SIDE_RAW)
+      op_raw_fork_join();
+    else if (side == SIDE_DLSYNC)
+      ds_exchange(rk == RK_IN_CAPTURE ? 0 : DLSYNC_EXCHANGE_CAPTURE_STABLE);
+    else
+      rk == RK_IN_CAPTURE ? op_floor_in_capture() : op_floor_in_capture_stable();
+    return;
+  case RK_TWO_CAPTURES:
+    if (side == SIDE_DLSYNC) {
+      ds_order(&lp, &lc);
+      return;
+    }
+    if (side == SIDE_FLOOR) {
+      q_is(C);
+      CHECK(D->StreamGetCtx(P, &cur) == CUDA_SUCCESS, "get ctx");
+    }
+    append_by_hand(P, kev[i], true);
+    append_by_hand(C, kev[i], false);
+    return;
+  case RK_EAGER_TO_CAPTURE:
+    if (side == SIDE_DLSYNC) {
+      ds_order(&lp, &lc);
+      return;
+    }
+    if (side == SIDE_FLOOR) {
+      q_is(C);
+      q_full(C);
+      q_full(P);
+    }
+    CHECK(D->EventRecord(kev[i], P) == CUDA_SUCCESS, "record");
+    CHECK(D->StreamWaitEvent(C, kev[i], CU_EVENT_WAIT_EXTERNAL) == CUDA_SUCCESS, "wait");
+    return;
+  case RK_EAGER_TO_BUILT:
+    if (side == SIDE_DLSYNC) {
+      ds_order(&lp, l2);
+      return;
+    }
+    if (side == SIDE_FLOOR)
+      q_full(P);
+    CHECK(D->EventRecord(kev[i], P) == CUDA_SUCCESS, "record");
+    if (side == SIDE_FLOOR)
+      own_by(&l2->graph, 1);
+    CHECK(D->GraphAddEventWaitNode(&n, l2->graph, l2->deps, 1, kev[i]) == CUDA_SUCCESS, "node");
+    l2->deps[0] = n;
+    return;
+  case RK_TWO_BUILT:
+  default:
+    if (side == SIDE_DLSYNC) {
+      ds_order(l1, l2);
+      return;
+    }
+    if (side == SIDE_FLOOR) {
+      CUgraph both[2] = {l1->graph, l2->graph};
+      CHECK(D->CtxGetCurrent(&cur) == CUDA_SUCCESS, "current");
+      own_by(both, 2);
+    }
+    CHECK(D->GraphAddEventRecordNode(&n, l1->graph, l1->deps, 1, kev[i]) == CUDA_SUCCESS, "node");
+    l1->deps[0] = n;
+    CHECK(D->GraphAddEventWaitNode(&n, l2->graph, l2->deps, 1, kev[i]) == CUDA_SUCCESS, "node");
+    l2->deps[0] = n;
+    return;
+  }
+}
+
+/* ns per operation of row rk, side `side`: the median of BATCHES batches of
+ * K_ROWS, each on a fresh capture or fresh graphs. */
+static double time_row(row_kind rk, row_side side) {
   double t[BATCHES];
   for (int b = 0; b < BATCHES; b++) {
-    CUgraph g1 = NULL, g2 = NULL;
+    CUgraph g1 = NULL, g2 = NULL, gc = NULL, gp = NULL;
     CUgraphNode d1[2], d2[2];
-    dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C), l1, l2;
-    dlsync_lane *first, *then;
+    dlsync_lane l1, l2;
     double t0;
-    if (row == DLSYNC__ROW_EAGER_TO_CAPTURE) {
+    bool in_capture = rk == RK_IN_CAPTURE || rk == RK_IN_CAPTURE_STABLE;
+    if (in_capture) {
+      /* P captures; C joins it once before the batch (as the first exchange
+       * of a capture does), so the batch is the steady state: both streams
+       * in one capture. */
+      CHECK(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS, "capture");
+      CHECK(D->EventRecord(e1, P) == CUDA_SUCCESS, "fork");
+      CHECK(D->StreamWaitEvent(C, e1, 0) == CUDA_SUCCESS, "fork");
+    } else if (rk == RK_TWO_CAPTURES || rk == RK_EAGER_TO_CAPTURE) {
+      if (rk == RK_TWO_CAPTURES)
+        CHECK(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
       CHECK(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
     } else {
       CHECK(D->GraphCreate(&g2, 0) == CUDA_SUCCESS, "graph");
       CHECK(D->GraphAddEmptyNode(&d2[0], g2, NULL, 0) == CUDA_SUCCESS, "node");
-      if (row == DLSYNC__ROW_TWO_BUILT) {
+      if (rk == RK_TWO_BUILT) {
         CHECK(D->GraphCreate(&g1, 0) == CUDA_SUCCESS, "graph");
         CHECK(D->GraphAddEmptyNode(&d1[0], g1, NULL, 0) == CUDA_SUCCESS, "node");
       }
     }
     l1 = dlsync_lane_graph(g1, d1, 1, 2);
     l2 = dlsync_lane_graph(g2, d2, 1, 2);
-    /* dlsync's side is one order, between the row's two lanes. */
-    first = row == DLSYNC__ROW_TWO_BUILT ? &l1 : &lp;
-    then = row == DLSYNC__ROW_EAGER_TO_CAPTURE ? &lc : &l2;
     t0 = gpu_now_ns();
-    for (int i = 0; i < K_ROWS; i++) {
-      CUgraphNode n;
-      if (use) {
-        CHECK(dlsync_order(E.ctx, first, then) == DLSYNC_SUCCESS, "order");
-        continue;
-      }
-      switch (row) {
-      case DLSYNC__ROW_EAGER_TO_CAPTURE:
-        CHECK(D->EventRecord(kev[i], P) == CUDA_SUCCESS, "record");
-        CHECK(D->StreamWaitEvent(C, kev[i], CU_EVENT_WAIT_EXTERNAL) == CUDA_SUCCESS, "wait");
-        break;
-      case DLSYNC__ROW_EAGER_TO_BUILT:
-        CHECK(D->GraphAddEventWaitNode(&n, g2, d2, 1, kev[i]) == CUDA_SUCCESS, "wait node");
-        d2[0] = n;
-        CHECK(D->EventRecord(kev[i], P) == CUDA_SUCCESS, "record");
-        break;
-      case DLSYNC__ROW_TWO_BUILT:
-        CHECK(D->GraphAddEventRecordNode(&n, g1, d1, 1, kev[i]) == CUDA_SUCCESS, "rec node");
-        d1[0] = n;
-        CHECK(D->GraphAddEventWaitNode(&n, g2, d2, 1, kev[i]) == CUDA_SUCCESS, "wait node");
-        d2[0] = n;
-        break;
-      default: /* not timed here */
-        break;
-      }
-    }
+    for (int i = 0; i < K_ROWS; i++)
+      row_op(rk, side, i, &l1, &l2);
     t[b] = (gpu_now_ns() - t0) / K_ROWS;
-    if (row == DLSYNC__ROW_EAGER_TO_CAPTURE)
-      CHECK(D->StreamEndCapture(C, &g2) == CUDA_SUCCESS, "end capture");
+    if (in_capture) {
+      CHECK(D->EventRecord(e2, C) == CUDA_SUCCESS, "join");
+      CHECK(D->StreamWaitEvent(P, e2, 0) == CUDA_SUCCESS, "join");
+      CHECK(D->StreamEndCapture(P, &gp) == CUDA_SUCCESS, "end capture");
+    } else if (rk == RK_TWO_CAPTURES || rk == RK_EAGER_TO_CAPTURE) {
+      CHECK(D->StreamEndCapture(C, &gc) == CUDA_SUCCESS, "end capture");
+      if (rk == RK_TWO_CAPTURES)
+        CHECK(D->StreamEndCapture(P, &gp) == CUDA_SUCCESS, "end capture");
+    }
     D->CtxSynchronize();
-    if (g1 != NULL)
-      D->GraphDestroy(g1);
-    if (g2 != NULL)
-      D->GraphDestroy(g2);
-    wait_events_back();
+    CUgraph gs[4] = {g1, g2, gc, gp};
+    for (int i = 0; i < 4; i++)
+      if (gs[i] != NULL)
+        D->GraphDestroy(gs[i]);
+    if (row_lib == NULL) {
+      wait_events_back();
+    } else { /* its pools are not visible here: give its destructors time */
+      struct timespec ts = {0, 3000000};
+      nanosleep(&ts, NULL);
+    }
   }
   return median(t, BATCHES);
+}
+
+/* The rows in ROW_ROUNDS rounds; per-round ratios. */
+#define ROW_ROUNDS 9
+typedef struct row_result {
+  double ns[SIDE_COUNT];     /* medians over the rounds */
+  double vs_raw[ROW_ROUNDS]; /* dlsync / raw, sorted */
+  double floor_raw;          /* median of floor / raw */
+  double own[ROW_ROUNDS];    /* dlsync / floor, sorted */
+} row_result;
+
+static void run_rows(row_result *res) {
+  double ns[RK_COUNT][SIDE_COUNT][ROW_ROUNDS], fr[RK_COUNT][ROW_ROUNDS];
+  for (int rk = 0; rk < RK_COUNT; rk++) /* warm: the pool grows to K_ROWS events */
+    time_row((row_kind)rk, SIDE_DLSYNC);
+  for (int k = 0; k < ROW_ROUNDS; k++)
+    for (int rk = 0; rk < RK_COUNT; rk++)
+      for (int sd = 0; sd < SIDE_COUNT; sd++)
+        ns[rk][sd][k] = time_row((row_kind)rk, (row_side)sd);
+  for (int rk = 0; rk < RK_COUNT; rk++) {
+    row_result *r = &res[rk];
+    for (int k = 0; k < ROW_ROUNDS; k++) {
+      r->vs_raw[k] = ns[rk][SIDE_DLSYNC][k] / ns[rk][SIDE_RAW][k];
+      r->own[k] = ns[rk][SIDE_DLSYNC][k] / ns[rk][SIDE_FLOOR][k];
+      fr[rk][k] = ns[rk][SIDE_FLOOR][k] / ns[rk][SIDE_RAW][k];
+    }
+    for (int sd = 0; sd < SIDE_COUNT; sd++)
+      r->ns[sd] = median(ns[rk][sd], ROW_ROUNDS);
+    r->floor_raw = median(fr[rk], ROW_ROUNDS);
+    (void)median(r->vs_raw, ROW_ROUNDS); /* sorts */
+    (void)median(r->own, ROW_ROUNDS);
+  }
+}
+
+static void print_rows(const row_result *res) {
+  printf("\nrows of the table (host ns per operation; medians over %d paired rounds of %d batches "
+         "of %d; target: dlsync <= 1.25 x the same nodes and edges made by hand)\n",
+         ROW_ROUNDS, BATCHES, K_ROWS);
+  printf("%-40s %8s %8s %8s %7s %-21s %7s %7s  %s\n", "row", "dlsync", "raw", "floor", "ds/raw",
+         "target [range]", "flr/raw", "ds/flr", "the floor adds");
+  for (int rk = 0; rk < RK_COUNT; rk++) {
+    const row_result *r = &res[rk];
+    double ratio = r->vs_raw[ROW_ROUNDS / 2];
+    char tgt[64];
+    snprintf(tgt, sizeof tgt, "%s [%.2f-%.2f]", ratio <= 1.25 ? "ok" : "MISSED", r->vs_raw[0],
+             r->vs_raw[ROW_ROUNDS - 1]);
+    printf("%-40s %8.1f %8.1f %8.1f %7.2f %-21s %7.2f %7.2f  %s (raw: %s)\n",
+           row_label(row_info[rk].row, row_info[rk].what), r->ns[SIDE_DLSYNC], r->ns[SIDE_RAW],
+           r->ns[SIDE_FLOOR], ratio, tgt, r->floor_raw, r->own[ROW_ROUNDS / 2], row_info[rk].floor,
+           row_info[rk].raw);
+  }
+}
+
+/* ---- before and after: this build's libdlsync.so against an earlier one,
+ * in the same run (DLSYNC_BASELINE_LIBRARY) ---- */
+
+static void run_before_after(void) {
+  enum { BA_ROUNDS = 9, BA = RK_COUNT + 2 };
+  double r[BA][BA_ROUNDS], now[BA], was[BA];
+  const char *names[BA];
+  double tn[BA][BA_ROUNDS], tw[BA][BA_ROUNDS];
+  for (int k = 0; k < BA_ROUNDS; k++) {
+    tn[0][k] = time_op(op_so_eager);
+    tw[0][k] = time_op(op_base_eager);
+    tn[1][k] = time_op(op_so_stable);
+    tw[1][k] = time_op(op_base_stable);
+    for (int rk = 0; rk < RK_COUNT; rk++) {
+      row_lib = &so;
+      tn[2 + rk][k] = time_row((row_kind)rk, SIDE_DLSYNC);
+      row_lib = &base;
+      tw[2 + rk][k] = time_row((row_kind)rk, SIDE_DLSYNC);
+      row_lib = NULL;
+    }
+  }
+  names[0] = row_label(DLSYNC__ROW_EAGER_EAGER, "begin+end");
+  names[1] = "  with CAPTURE_STABLE";
+  for (int rk = 0; rk < RK_COUNT; rk++)
+    names[2 + rk] = row_label(row_info[rk].row, row_info[rk].what);
+  printf("\nbefore/after (ns per operation through each libdlsync.so, paired rounds of the same "
+         "run; ratio: this build / the baseline, target <= 1.00, 'noise' up to 1.03)\n");
+  printf("  baseline: %s\n", getenv("DLSYNC_BASELINE_LIBRARY"));
+  printf("%-44s %10s %10s %8s %s\n", "measure", "this", "baseline", "ratio", "[range]");
+  for (int i = 0; i < BA; i++) {
+    for (int k = 0; k < BA_ROUNDS; k++)
+      r[i][k] = tn[i][k] / tw[i][k];
+    now[i] = median(tn[i], BA_ROUNDS);
+    was[i] = median(tw[i], BA_ROUNDS);
+    double m = median(r[i], BA_ROUNDS);
+    printf("%-44s %10.1f %10.1f %8.2f %s [%.2f-%.2f]\n", names[i], now[i], was[i], m,
+           m <= 1.00   ? "not slower"
+           : m <= 1.03 ? "noise"
+                       : "SLOWER",
+           r[i][0], r[i][BA_ROUNDS - 1]);
+  }
+}
+
+/* ---- scale ---- */
+
+/* ns per eager begin+end over n exchanges in one run. */
+static double eager_run(long n) {
+  double t0 = gpu_now_ns();
+  for (long i = 0; i < n; i++)
+    op_dlsync_eager();
+  double t = (gpu_now_ns() - t0) / (double)n;
+  D->CtxSynchronize();
+  return t;
+}
+
+/* ns per exchange (begin+end only, each timed) inside one capture of n
+ * exchanges, each between a tiny memset on P and one on C (the caller's own
+ * nodes, 2 per exchange); *nodes: the captured graph's node count. use=false:
+ * the raw fork+join instead of the exchange. */
+static double capture_run(long n, bool use, size_t *nodes) {
+  CUgraph g = NULL;
+  double sum = 0;
+  CHECK(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS, "capture");
+  for (long i = 0; i < n; i++) {
+    double t0;
+    CHECK(D->MemsetD32Async(scale_buf, (unsigned)i, 1, P) == CUDA_SUCCESS, "memset");
+    t0 = gpu_now_ns();
+    if (use) {
+      dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+      dlsync_exchange *ex;
+      CHECK(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc) == DLSYNC_SUCCESS, "begin");
+      sum += gpu_now_ns() - t0;
+      CHECK(D->MemsetD32Async(scale_buf + 4, (unsigned)i, 1, C) == CUDA_SUCCESS, "memset");
+      t0 = gpu_now_ns();
+      CHECK(dlsync_exchange_end(ex) == DLSYNC_SUCCESS, "end");
+    } else {
+      CHECK(D->EventRecord(e1, P) == CUDA_SUCCESS, "record");
+      CHECK(D->StreamWaitEvent(C, e1, 0) == CUDA_SUCCESS, "wait");
+      sum += gpu_now_ns() - t0;
+      CHECK(D->MemsetD32Async(scale_buf + 4, (unsigned)i, 1, C) == CUDA_SUCCESS, "memset");
+      t0 = gpu_now_ns();
+      CHECK(D->EventRecord(e2, C) == CUDA_SUCCESS, "record");
+      CHECK(D->StreamWaitEvent(P, e2, 0) == CUDA_SUCCESS, "wait");
+    }
+    sum += gpu_now_ns() - t0;
+  }
+  CHECK(D->StreamEndCapture(P, &g) == CUDA_SUCCESS, "end capture");
+  *nodes = 0;
+  D->GraphGetNodes(g, NULL, nodes);
+  D->GraphDestroy(g);
+  return sum / (double)n;
+}
+
+static void run_scale(void) {
+  double e3[BATCHES], e6, c2[5], c4, r2[5], r4;
+  size_t n2 = 0, n4 = 0, rn = 0;
+  for (int b = 0; b < BATCHES; b++)
+    e3[b] = eager_run(1000);
+  e6 = eager_run(1000000);
+  for (int b = 0; b < 5; b++) {
+    c2[b] = capture_run(100, true, &n2);
+    r2[b] = capture_run(100, false, &rn);
+  }
+  c4 = capture_run(10000, true, &n4);
+  r4 = capture_run(10000, false, &rn);
+  double m3 = median(e3, BATCHES), m2 = median(c2, 5), mr2 = median(r2, 5);
+  printf("\nscale (host ns per exchange; target: within 1.2 x of the small run, and no node in a "
+         "captured graph beyond the caller's own)\n");
+  printf("  eager, 10^6 exchanges vs 10^3:          %8.1f %8.1f %6.2f %s\n", e6, m3, e6 / m3,
+         e6 / m3 <= 1.2 ? "<= 1.20 ok" : "<= 1.20 MISSED");
+  printf("  in one capture, 10^4 exchanges vs 10^2: %8.1f %8.1f %6.2f %s\n", c4, m2, c4 / m2,
+         c4 / m2 <= 1.2 ? "<= 1.20 ok" : "<= 1.20 MISSED");
+  printf("  the raw fork+join there, 10^4 vs 10^2:  %8.1f %8.1f %6.2f (the driver's own growth)\n",
+         r4, mr2, r4 / mr2);
+  printf("  nodes in the graph of 10^4 exchanges:   %8zu (the caller's: %d) %s\n", n4, 2 * 10000,
+         n4 == 2 * 10000 ? "ok" : "EXTRA NODES");
+  printf("  nodes in the graph of 10^2 exchanges:   %8zu (the caller's: %d) %s\n", n2, 2 * 100,
+         n2 == 2 * 100 ? "ok" : "EXTRA NODES");
+}
+
+/* ---- memory ---- */
+
+static size_t heap_used(void) {
+  struct mallinfo2 mi = mallinfo2();
+  return mi.uordblks + mi.hblkhd;
+}
+
+typedef struct load_thread {
+  CUstream p, c;
+  int round;
+} load_thread;
+
+static pthread_barrier_t load_start, load_done;
+static atomic_int load_stop;
+
+/* A steady load: each round 2000 eager exchanges and one capture with 50
+ * eager->capture orders (events into the graph, back when it goes). */
+static void *load_main(void *arg) {
+  load_thread *lt = arg;
+  dlsync_lane lp = dlsync_lane_stream(lt->p), lc = dlsync_lane_stream(lt->c);
+  CHECK(D->CtxPushCurrent(E.cuctx) == CUDA_SUCCESS, "context");
+  for (;;) {
+    pthread_barrier_wait(&load_start);
+    if (atomic_load(&load_stop))
+      return NULL;
+    for (int i = 0; i < 2000; i++) {
+      dlsync_exchange *ex;
+      CHECK(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc) == DLSYNC_SUCCESS, "begin");
+      CHECK(dlsync_exchange_end(ex) == DLSYNC_SUCCESS, "end");
+    }
+    {
+      CUgraph g = NULL;
+      CHECK(D->StreamBeginCapture(lt->c, CU_STREAM_CAPTURE_MODE_THREAD_LOCAL) == CUDA_SUCCESS,
+            "capture");
+      for (int i = 0; i < 50; i++)
+        CHECK(dlsync_order(E.ctx, &lp, &lc) == DLSYNC_SUCCESS, "order");
+      CHECK(D->StreamEndCapture(lt->c, &g) == CUDA_SUCCESS, "end capture");
+      D->GraphDestroy(g);
+    }
+    pthread_barrier_wait(&load_done);
+  }
+}
+
+static size_t thread_bytes;
+static void *first_exchange_main(void *arg) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex;
+  size_t before = dlsync__alloc_live_bytes();
+  (void)arg;
+  CHECK(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc) == DLSYNC_SUCCESS, "begin");
+  CHECK(dlsync_exchange_end(ex) == DLSYNC_SUCCESS, "end");
+  thread_bytes = dlsync__alloc_live_bytes() - before;
+  return NULL;
+}
+
+static void run_memory(void) {
+  enum { NT = 8, LOAD_ROUNDS = 8, NEV = 1000 };
+  dlsync_context *c2 = NULL;
+  size_t before, ctx_bytes, ev_dlsync, ev_raw;
+  pthread_t th[NT];
+  load_thread lt[NT];
+  dlsync__pool_stats ps0, ps;
+  CUevent evs[NEV];
+  /* An idle context: created, not used (dlsync's own bytes). */
+  before = dlsync__alloc_live_bytes();
+  CHECK(dlsync_context_create(&c2, NULL) == DLSYNC_SUCCESS, "context");
+  ctx_bytes = dlsync__alloc_live_bytes() - before;
+  dlsync_context_destroy(c2);
+  /* The driver's own host memory per event. */
+  before = heap_used();
+  for (int i = 0; i < NEV; i++)
+    CHECK(D->EventCreate(&evs[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS, "event");
+  ev_raw = heap_used() - before;
+  for (int i = 0; i < NEV; i++)
+    D->EventDestroy(evs[i]);
+  /* Per pooled event: NEV more events in the pool (given to a capture, back
+   * when its graph goes). */
+  dlsync__pool_stats_get(&ps0, &E.ctx->pools);
+  before = dlsync__alloc_live_bytes();
+  {
+    dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+    CUgraph g = NULL;
+    CHECK(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
+    for (size_t i = 0; i < ps0.free_events + NEV; i++)
+      CHECK(dlsync_order(E.ctx, &lp, &lc) == DLSYNC_SUCCESS, "order");
+    CHECK(D->StreamEndCapture(C, &g) == CUDA_SUCCESS, "end capture");
+    D->GraphDestroy(g);
+    wait_events_back();
+  }
+  dlsync__pool_stats_get(&ps, &E.ctx->pools);
+  ev_dlsync = dlsync__alloc_live_bytes() - before;
+  pthread_create(&th[0], NULL, first_exchange_main, NULL);
+  pthread_join(th[0], NULL);
+  printf("\nmemory (dlsync's own host bytes, as its allocation function counts them; the "
+         "driver's separately)\n");
+  printf("  an idle context:                         %8zu\n", ctx_bytes);
+  printf(
+      "  per pooled event (%zu made):            %8.0f (the driver's own per event, heap: %.0f)\n",
+      ps.created - ps0.created,
+      (double)ev_dlsync / (double)(ps.created > ps0.created ? ps.created - ps0.created : 1),
+      (double)ev_raw / NEV);
+  printf("  per thread: block %zu B (thread-local) + %zu B heap at its first exchange\n",
+         sizeof(dlsync__thread), thread_bytes);
+  /* The steady 8-thread load. */
+  pthread_barrier_init(&load_start, NULL, NT + 1);
+  pthread_barrier_init(&load_done, NULL, NT + 1);
+  for (int i = 0; i < NT; i++) {
+    CHECK(D->StreamCreate(&lt[i].p, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS, "stream");
+    CHECK(D->StreamCreate(&lt[i].c, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS, "stream");
+    pthread_create(&th[i], NULL, load_main, &lt[i]);
+  }
+  printf("  8 threads, each round 2000 eager exchanges + 50 orders into a capture each:\n");
+  printf("  %5s %12s %12s %12s %14s\n", "round", "events made", "in the pool", "held",
+         "dlsync bytes");
+  for (int r = 0; r < LOAD_ROUNDS; r++) {
+    pthread_barrier_wait(&load_start);
+    pthread_barrier_wait(&load_done);
+    D->CtxSynchronize();
+    wait_events_back();
+    dlsync__pool_stats_get(&ps, &E.ctx->pools);
+    printf("  %5d %12zu %12zu %12zu %14zu\n", r + 1, ps.created, ps.free_events, ps.graph_owned,
+           dlsync__alloc_live_bytes());
+  }
+  atomic_store(&load_stop, 1);
+  pthread_barrier_wait(&load_start);
+  for (int i = 0; i < NT; i++) {
+    pthread_join(th[i], NULL);
+    D->StreamDestroy(lt[i].p);
+    D->StreamDestroy(lt[i].c);
+  }
 }
 
 /* Replay of a chain of CHAIN exchanges (producer memset, consumer copy),
@@ -469,16 +934,15 @@ int main(void) {
   int rc = gpu_env_init(&E);
   double raw_one = 0, raw_queries = 0;
   double raw_one_query = 0;
-  double row_ds[3], row_raw[3];
+  row_result rows[RK_COUNT];
   double ratio_eager[ROUNDS], ratio_same[ROUNDS], ratio_per[ROUNDS];
   double ratio_stable[ROUNDS], ratio_per_stable[ROUNDS];
   double ratio_so[ROUNDS], ratio_so_stable[ROUNDS];
   double so_eager = 0, so_stable = 0, rso = 0, rsost = 0;
   char so_path[4200];
-  bool have_so;
+  bool have_so, have_base;
   double re, rs, rp, rst, rpst;
-  double q, same, raw, eager, stable, per_call, cap_raw, cap_ds, cap_st, two_raw, two_ds, rc_us,
-      rb_us;
+  double q, same, raw, eager, stable, per_call, rc_us, rb_us;
   size_t nc = 0, nb = 0;
   if (rc != 0)
     return rc;
@@ -495,6 +959,8 @@ int main(void) {
   CHECK(D->EventCreate(&e1, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS, "event");
   CHECK(D->EventCreate(&e2, CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS, "event");
   have_so = so_load(so_path, sizeof so_path);
+  have_base = have_so && getenv("DLSYNC_BASELINE_LIBRARY") != NULL &&
+              so_open(&base, getenv("DLSYNC_BASELINE_LIBRARY"));
 
   /* ROUNDS rounds, each measuring every operation in turn. The machine has
    * slow phases that last several batches (seen on the H200 hosts: the raw
@@ -541,19 +1007,11 @@ int main(void) {
     eager = median(r_eager, ROUNDS);
     per_call = median(r_per, ROUNDS);
   }
-  cap_raw = time_in_capture(op_raw_fork_join);
-  cap_ds = time_in_capture(op_dlsync_eager);
-  cap_st = time_in_capture(op_dlsync_stable);
-  two_raw = time_two_captures(false);
-  two_ds = time_two_captures(true);
   for (int i = 0; i < K_ROWS; i++)
     CHECK(D->EventCreate(&kev[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS, "event");
+  CHECK(D->MemAlloc(&scale_buf, 8) == CUDA_SUCCESS, "alloc");
   /* The context of the graph lanes' pool: device 0's, current already. */
-  for (int r = 0; r < 3; r++) {
-    time_row(timed_rows[r], true); /* warm: the pool grows to K_ROWS events */
-    row_raw[r] = time_row(timed_rows[r], false);
-    row_ds[r] = time_row(timed_rows[r], true);
-  }
+  run_rows(rows);
   replay_compare(&rc_us, &rb_us, &nc, &nb);
   CHECK(dlsync__pool_for_stream(&bench_pool, NULL, &E.ctx->pools, P, "bench") == DLSYNC_SUCCESS,
         "pool");
@@ -602,8 +1060,8 @@ int main(void) {
   }
   printf("%-44s %10.1f %10.1f %8.2f %s\n", "  raw fork+join with one event vs two", raw_one, raw,
          raw_one / raw, "(reference)");
-  printf("%-44s %10.1f %10.1f %8.2f %s\n", "  raw fork+join + 3 status queries vs raw", raw_queries,
-         raw, raw_queries / raw, "(the floor of asking at each call)");
+  printf("%-44s %10.1f %10.1f %8.2f %s\n", "  raw fork+join + its 3 status queries vs raw",
+         raw_queries, raw, raw_queries / raw, "(the floor of asking at each call)");
   printf("%-44s %10.1f %10.1f %8.2f %s\n", "  raw fork+join + 1 status query vs raw", raw_one_query,
          raw, raw_one_query / raw, "(the floor with CAPTURE_STABLE)");
   printf("%-44s %10.1f %10.1f %8.2f %s\n", "  eager begin+end vs its floor", eager, raw_queries,
@@ -616,27 +1074,24 @@ int main(void) {
   printf("%-44s %10.1f %10.1f %8.2f %s [%.2f-%.2f]\n", "  with CAPTURE_STABLE vs event per call",
          stable, per_call, rpst, rpst >= 1.5 ? "speedup >= 1.50 ok" : "speedup >= 1.50 MISSED",
          ratio_per_stable[0], ratio_per_stable[ROUNDS - 1]);
-  printf("%-44s %10.1f %10.1f %8.2f %s\n",
-         row_label(DLSYNC__ROW_JOIN, "begin+end vs raw fork+join"), cap_ds, cap_raw,
-         cap_ds / cap_raw, "(no target)");
-  printf("%-44s %10.1f %10.1f %8.2f %s\n", "  with CAPTURE_STABLE", cap_st, cap_raw,
-         cap_st / cap_raw, "(no target)");
-  printf("%-44s %10.1f %10.1f %8.2f %s\n",
-         row_label(DLSYNC__ROW_TWO_CAPTURES, "order vs manual nodes"), two_ds, two_raw,
-         two_ds / two_raw, "(no target)");
-  printf("%-44s %10.1f %10.1f %8.2f %s\n", row_label(timed_rows[0], "order vs record+ext. wait"),
-         row_ds[0], row_raw[0], row_ds[0] / row_raw[0], "(no target)");
-  printf("%-44s %10.1f %10.1f %8.2f %s\n", row_label(timed_rows[1], "order vs wait node+record"),
-         row_ds[1], row_raw[1], row_ds[1] / row_raw[1], "(no target)");
-  printf("%-44s %10.1f %10.1f %8.2f %s\n", row_label(timed_rows[2], "order vs record+wait nodes"),
-         row_ds[2], row_raw[2], row_ds[2] / row_raw[2], "(no target)");
   printf("%-44s %10.2f %10.2f %8.3f %s\n", "replay us: captured chain vs hand-built", rc_us, rb_us,
          rc_us / rb_us, rc_us / rb_us <= 1.05 ? "<= 1.05 ok" : "<= 1.05 MISSED");
   printf("%-44s %10zu %10zu\n", "  nodes in the two graphs", nc, nb);
+  print_rows(rows);
+  if (have_base)
+    run_before_after();
+  else if (getenv("DLSYNC_BASELINE_LIBRARY") != NULL)
+    printf("\nbefore/after: the baseline %s did not load: %s\n", getenv("DLSYNC_BASELINE_LIBRARY"),
+           dlerror());
+  run_scale();
+  run_memory();
+  D->MemFree(scale_buf);
   for (int i = 0; i < K_ROWS; i++)
     D->EventDestroy(kev[i]);
   if (have_so)
     so.context_destroy(so.ctx);
+  if (have_base)
+    base.context_destroy(base.ctx);
   dlsync_context_destroy(E.ctx);
   return 0;
 }

@@ -9,6 +9,9 @@
 #   SANITIZER=1 bash scripts/gpu-check.sh  # also: the GPU suite under
 #                                          # compute-sanitizer memcheck and synccheck
 #
+# .baseline/ (ignored; git archive of an earlier commit) adds the bench's
+# before/after table: that tree's libdlsync.so against this one, same run.
+#
 # A wheel in .whl-dlsync/ (built elsewhere: python3 -m pip wheel . --no-deps
 # -w .whl-dlsync) is installed with pip --no-index into /tmp/dlsyncpkg and the
 # framework suite runs again against that installed package.
@@ -136,6 +139,21 @@ fi
 stamp "bench"
 bench_rc=0
 if [ -z "${SUITE_ONLY:-}" ]; then
+  # The before/after table: an earlier tree in .baseline/ (git archive of the
+  # commit to compare with), its libdlsync.so built here and timed in the same
+  # run (DLSYNC_BASELINE_LIBRARY).
+  if [ -f "$root/.baseline/CMakeLists.txt" ]; then
+    base_build=/tmp/dlsync-baseline-build
+    rm -rf "$base_build"
+    if cmake -S "$root/.baseline" -B "$base_build" -DCMAKE_BUILD_TYPE=Release \
+      -DDLSYNC_BUILD_TESTS=OFF -DDLSYNC_BUILD_GPU_TESTS=OFF -DDLSYNC_BUILD_TOOLS=OFF \
+      -DDLSYNC_BUILD_BENCH=OFF >"$out/baseline-build.log" 2>&1 &&
+      cmake --build "$base_build" -j"$jobs" >>"$out/baseline-build.log" 2>&1; then
+      export DLSYNC_BASELINE_LIBRARY="$base_build/libdlsync.so"
+    else
+      echo "== the baseline in .baseline/ did not build (baseline-build.log)"
+    fi
+  fi
   "$build"/bench/bench_exchange >"$out/bench.txt" 2>&1 || bench_rc=$?
 fi
 

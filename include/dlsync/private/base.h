@@ -67,6 +67,9 @@ void *dlsync__realloc(void *ptr, size_t size);
 char *dlsync__strdup(const char *s);
 void dlsync__free(void *ptr);
 
+/* Bytes of the library's own allocations alive now (the bench's memory
+ * figures). */
+size_t dlsync__alloc_live_bytes(void);
 /* Test hook: the nth allocation from now (1: the next one) returns NULL, once;
  * 0 disarms. Any thread's allocation counts. */
 void dlsync__alloc_fail_nth(unsigned n);
