@@ -332,16 +332,15 @@ static dlsync_status pool_of(dlsync__pool **pool, bool *from_memo, const dlsync_
 
 dlsync_status dlsync__lanes_open(dlsync__lanes_opened *out, dlsync_context *ctx, dlsync_lane *a,
                                  const char *ra, dlsync_lane *b, const char *rb,
-                                 const char *graph_what, bool memo, const dlsync__lane_now *pre) {
+                                 const char *graph_what, bool memo, bool read) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync_lane *which = NULL;
-  memset(out, 0, sizeof *out);
-  if (pre != NULL) { /* read already (stream lanes, neither the legacy stream) */
-    out->a = pre[0];
-    if (b != NULL)
-      out->b = pre[1];
+  out->pool = NULL;
+  out->from_memo = false;
+  out->pool_stream = NULL;
+  out->pool_role = NULL;
+  if (read) /* out->a and ->b read already (stream lanes, neither the legacy stream) */
     goto pool;
-  }
   /* The lanes are read first: the legacy stream must be queried before
    * anything else touches it (while a blocking stream captures, the query
    * fails without harm, but other uses, cuStreamGetCtx included, seen on the

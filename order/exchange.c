@@ -437,14 +437,14 @@ cleanup:
 
 /* Checks both lanes and reads their states; *same when they are one stream
  * (the table's SAME_STREAM row: nothing to do). *pool is the pool order_now
- * takes an event from. `pre`: NULL, or both lanes as the fast path read them
- * (not read again). */
+ * takes an event from. The lanes' states are opened->a and ->b; `read`: the
+ * fast path has read both into them already (not read again). */
 static dlsync_status order_lanes(dlsync_context *ctx, dlsync__op op, dlsync_lane *first,
                                  const char *first_role, dlsync_lane *then, const char *then_role,
-                                 const dlsync__lane_now *pre, dlsync__lane_now *a,
-                                 dlsync__lane_now *b, pool_pick *pool, bool *same) {
+                                 dlsync__lanes_opened *opened, bool read, pool_pick *pool,
+                                 bool *same) {
   dlsync_status st = DLSYNC_SUCCESS;
-  dlsync__lanes_opened opened;
+  dlsync__lane_now *a = &opened->a, *b = &opened->b;
   *same = false;
   memset(pool, 0, sizeof *pool);
   DLSYNC_TRY(dlsync__lane_check(first, first_role));
@@ -460,14 +460,12 @@ static dlsync_status order_lanes(dlsync_context *ctx, dlsync__op op, dlsync_lane
       trace_row(op, DLSYNC__ROW_SAME_STREAM, a, b, DLSYNC_SUCCESS);
     goto cleanup;
   }
-  DLSYNC_TRY(dlsync__lanes_open(&opened, ctx, first, first_role, then, then_role,
-                                "both lanes are graph lanes", true, pre));
-  *a = opened.a;
-  *b = opened.b;
-  pool->pool = opened.pool;
-  pool->from_memo = opened.from_memo;
-  pool->stream = opened.pool_stream;
-  pool->role = opened.pool_role;
+  DLSYNC_TRY(dlsync__lanes_open(opened, ctx, first, first_role, then, then_role,
+                                "both lanes are graph lanes", true, read));
+  pool->pool = opened->pool;
+  pool->from_memo = opened->from_memo;
+  pool->stream = opened->pool_stream;
+  pool->role = opened->pool_role;
 cleanup:
   return st;
 }
@@ -497,7 +495,7 @@ typedef enum fast_query { FAST_QUERY_NONE, FAST_QUERY_THEN, FAST_QUERY_BOTH } fa
 typedef struct fast_pre {
   dlsync_lane *first, *then;
   bool have;
-  dlsync__lane_now now[2];
+  dlsync__lanes_opened opened; /* .a: first, .b: then */
 } fast_pre;
 
 /* `then` captures: both lanes read in full. One capture: true (plain). Else
@@ -506,12 +504,13 @@ typedef struct fast_pre {
 static DLSYNC__NOINLINE bool fast_then_captures(dlsync_context *ctx, fast_pre *pre,
                                                 const char *first_role, const char *then_role,
                                                 dlsync_status *st) {
-  *st = dlsync__lane_read_full(&pre->now[1], ctx->drv, pre->then, then_role);
+  dlsync__lane_now *f = &pre->opened.a, *t = &pre->opened.b;
+  *st = dlsync__lane_read_full(t, ctx->drv, pre->then, then_role);
   if (*st == DLSYNC_SUCCESS)
-    *st = dlsync__lane_read_full(&pre->now[0], ctx->drv, pre->first, first_role);
+    *st = dlsync__lane_read_full(f, ctx->drv, pre->first, first_role);
   if (*st != DLSYNC_SUCCESS)
     return true;
-  if (pre->now[0].kind == DLSYNC_LANE_CAPTURING && pre->now[0].capture_id == pre->now[1].capture_id)
+  if (f->kind == DLSYNC_LANE_CAPTURING && f->capture_id == t->capture_id)
     return true;
   pre->have = true;
   return false;
@@ -771,7 +770,6 @@ static bool plain_stream_lane(const dlsync_lane *l) {
 
 dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane *then) {
   dlsync_status st = DLSYNC_SUCCESS;
-  dlsync__lane_now a, b;
   dlsync__row row;
   pool_pick pool;
   bool same = false;
@@ -785,10 +783,10 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
       order_fast(dlsync__thread_get(), ctx, first->stream, then->stream, FAST_QUERY_THEN, "first",
                  "then", &st, &pre))
     return st;
-  DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_ORDER, first, "first", then, "then",
-                         pre.have ? pre.now : NULL, &a, &b, &pool, &same));
+  DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_ORDER, first, "first", then, "then", &pre.opened, pre.have,
+                         &pool, &same));
   if (!same)
-    DLSYNC_TRY(order_now(ctx, DLSYNC__OP_ORDER, &pool, &a, &b, false, &row));
+    DLSYNC_TRY(order_now(ctx, DLSYNC__OP_ORDER, &pool, &pre.opened.a, &pre.opened.b, false, &row));
 cleanup:
   return st;
 }
@@ -797,11 +795,13 @@ cleanup:
  * frame stays small). */
 static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsync_context *ctx,
                                                     dlsync_lane *producer, dlsync_lane *consumer,
-                                                    uint32_t flags, const dlsync__lane_now *pre) {
+                                                    uint32_t flags, dlsync__lanes_opened *read) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync_exchange *ex = NULL;
   dlsync__thread *t;
-  dlsync__lane_now p, c;
+  dlsync__lanes_opened local;
+  dlsync__lanes_opened *opened = read != NULL ? read : &local;
+  dlsync__lane_now *p = &opened->a, *c = &opened->b;
   dlsync__row row = DLSYNC__ROW_SAME_STREAM;
   pool_pick pool;
   bool same = false;
@@ -825,22 +825,22 @@ static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsyn
   }
   ex->same = false;
   ex->many = NULL;
-  DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_BEGIN, producer, "producer", consumer, "consumer", pre, &p,
-                         &c, &pool, &same));
+  DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_BEGIN, producer, "producer", consumer, "consumer", opened,
+                         read != NULL, &pool, &same));
   if (same) {
     ex->same = true; /* its end has nothing to do */
     *out = exchange_publish(ex, ctx);
     ex = NULL;
     goto cleanup;
   }
-  DLSYNC_TRY(order_now(ctx, DLSYNC__OP_BEGIN, &pool, &p, &c, false, &row));
+  DLSYNC_TRY(order_now(ctx, DLSYNC__OP_BEGIN, &pool, p, c, false, &row));
   ex->producer_stream = producer->stream;
   ex->consumer_stream = consumer->stream;
   ex->producer_ref = producer->kind == DLSYNC_LANE_GRAPH ? producer : NULL;
   ex->consumer_ref = consumer->kind == DLSYNC_LANE_GRAPH ? consumer : NULL;
   ex->cross = dlsync__row_nodes(row) == 2; /* a record node and a wait node */
-  ex->producer_domain = domain_of(&p);
-  ex->consumer_domain = domain_of(&c);
+  ex->producer_domain = domain_of(p);
+  ex->consumer_domain = domain_of(c);
   /* What end may trust: two eager streams, a consumer that joined the
    * producer's capture, or two streams of one capture; each way end's plain
    * record and wait are right. */
@@ -881,7 +881,7 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
   pre.have = false;
   if (!order_fast(t, ctx, producer->stream, consumer->stream, FAST_QUERY_THEN, "producer",
                   "consumer", &st, &pre))
-    return begin_general(out, ctx, producer, consumer, flags, pre.have ? pre.now : NULL);
+    return begin_general(out, ctx, producer, consumer, flags, pre.have ? &pre.opened : NULL);
   *out = NULL;
   if (DLSYNC__UNLIKELY(st != DLSYNC_SUCCESS))
     return st;
@@ -1019,7 +1019,8 @@ static DLSYNC__NOINLINE dlsync_status end_many(dlsync__thread *t, dlsync_exchang
 static DLSYNC__NOINLINE dlsync_status end_general(dlsync__thread *t, dlsync_exchange *ex,
                                                   dlsync_context *ctx) {
   dlsync_status st = DLSYNC_SUCCESS;
-  dlsync__lane_now c, p;
+  dlsync__lanes_opened opened;
+  dlsync__lane_now *c = &opened.a, *p = &opened.b;
   dlsync__row row;
   pool_pick pool;
   bool same = false;
@@ -1029,15 +1030,15 @@ static DLSYNC__NOINLINE dlsync_status end_general(dlsync__thread *t, dlsync_exch
   lc = dlsync_lane_stream(ex->consumer_stream);
   producer = ex->producer_ref != NULL ? ex->producer_ref : &lp;
   consumer = ex->consumer_ref != NULL ? ex->consumer_ref : &lc;
-  DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_END, consumer, "consumer", producer, "producer", NULL, &c,
-                         &p, &pool, &same));
+  DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_END, consumer, "consumer", producer, "producer", &opened,
+                         false, &pool, &same));
   if (same)
     goto cleanup;
   if (ex->cross) {
-    domain pd = domain_of(&p), cd = domain_of(&c);
+    domain pd = domain_of(p), cd = domain_of(c);
     cross_holds = same_domain(&pd, &ex->producer_domain) && same_domain(&cd, &ex->consumer_domain);
   }
-  DLSYNC_TRY(order_now(ctx, DLSYNC__OP_END, &pool, &c, &p, cross_holds, &row));
+  DLSYNC_TRY(order_now(ctx, DLSYNC__OP_END, &pool, c, p, cross_holds, &row));
 cleanup:
   exchange_free(t, ex);
   return st;

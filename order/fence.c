@@ -110,7 +110,7 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
   if (lane->kind == DLSYNC_LANE_GRAPH)
     DLSYNC_TRY(dlsync__lane_fit(lane, 1, "signalling", "the record node"));
   DLSYNC_TRY(dlsync__lanes_open(&opened, ctx, lane, "signalling", NULL, NULL,
-                                "the signalling lane is a graph lane", false, NULL));
+                                "the signalling lane is a graph lane", false, false));
   l = opened.a;
   pool = opened.pool;
   f = fence_alloc();

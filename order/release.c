@@ -415,7 +415,7 @@ dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_dele
   /* For a graph lane, the current context's device says which GPU's
    * reclaimer runs it. */
   DLSYNC_TRY(dlsync__lanes_open(&opened, ctx, lane, "releasing", NULL, NULL,
-                                "releasing on a graph lane", false, NULL));
+                                "releasing on a graph lane", false, false));
   l = opened.a;
   pool = opened.pool;
   DLSYNC_TRY(reclaimer_for(&r, d, dlsync__pool_device(pool)));

@@ -47,8 +47,8 @@ size_t dlsync__exchanges_abandon(const dlsync_context *ctx);
  * of the driver; for graph lanes only, the calling thread's current context,
  * `graph_what` saying why it is needed; none for two lanes of one graph),
  * then reads the lanes (a capture's dependency array is valid only until the
- * next call on its stream). `pre` (NULL, or a's and b's states as the
- * exchange's fast path read them, stream lanes only): not read again. */
+ * next call on its stream). `read`: out->a and out->b hold the lanes as the
+ * exchange's fast path read them (stream lanes only), not read again. */
 typedef struct dlsync__lanes_opened {
   dlsync__lane_now a, b; /* b: when a second lane was given */
   dlsync__pool *pool;
@@ -59,7 +59,7 @@ typedef struct dlsync__lanes_opened {
 
 dlsync_status dlsync__lanes_open(dlsync__lanes_opened *out, dlsync_context *ctx, dlsync_lane *a,
                                  const char *ra, dlsync_lane *b, const char *rb,
-                                 const char *graph_what, bool memo, const dlsync__lane_now *pre);
+                                 const char *graph_what, bool memo, bool read);
 
 /* ---- releases (order/release.c) ---- */
 
