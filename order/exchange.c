@@ -876,6 +876,25 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
     if (ex == NULL)
       return begin_general(out, ctx, producer, consumer, flags, NULL);
   }
+  if (DLSYNC__UNLIKELY(producer->stream == consumer->stream)) {
+    /* SAME_STREAM: already ordered; one status query, for its errors. */
+    CUstreamCaptureStatus cs;
+    CUresult r;
+    if (dlsync__is_special_stream(producer->stream) || dlsync__log_on(DLSYNC__LOG_TRACE))
+      return begin_general(out, ctx, producer, consumer, flags, NULL);
+    r = ctx->drv->StreamIsCapturing(producer->stream, &cs);
+    *out = NULL;
+    if (r != CUDA_SUCCESS)
+      return dlsync__fail_driver(ctx->drv, r, "cuStreamIsCapturing",
+                                 "producer (and consumer) "
+                                 "stream %p",
+                                 (void *)producer->stream);
+    t->spare = NULL;
+    ex->same = true;
+    ex->many = NULL;
+    *out = exchange_publish(ex, ctx);
+    return DLSYNC_SUCCESS;
+  }
   pre.first = producer;
   pre.then = consumer;
   pre.have = false;
