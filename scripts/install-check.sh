@@ -6,8 +6,12 @@
 #   3. examples/pkgconfig_consumer against it (shared and static);
 #   4. examples/cmake_consumer with dlsync as a FetchContent subproject, cmocka
 #      hidden: only the libraries are built, the parent's build type is left alone;
-#   5. pip wheel, installed into a fresh venv; the Python unit tests run from a
-#      folder outside the tree against the installed package.
+#   5. pip wheel (cp39-abi3, with dlsync/_native and libdlsync.so), installed
+#      into a fresh venv; the Python unit tests run from a folder outside the
+#      tree against the installed package, on the compiled binding and on the
+#      ctypes fallback (test_native);
+#   6. python/bench/bench_python.py without a GPU (its skip line) and
+#      python/tests/test_bench.py (its rows, the in-place build of _native).
 # Run by `bash scripts/dev.sh test`; alone: bash scripts/install-check.sh [WORKDIR]
 set -euo pipefail
 root=$(cd "$(dirname "$0")/.." && pwd)
@@ -87,9 +91,33 @@ run "$python" -m pip wheel "$src" --no-deps -w "$work/wheel"
 wheel=$(ls "$work"/wheel/dlsync-*.whl)
 run "$python" -m venv "$work/venv"
 run "$work/venv/bin/python" -m pip install --no-deps --no-index "$wheel"
+case "$(basename "$wheel")" in
+*-cp39-abi3-*.whl) ;;
+*) echo "the wheel is not a cp39-abi3 one: $(basename "$wheel")" >&2; exit 1 ;;
+esac
+"$python" -m zipfile -l "$wheel" >"$work/wheel.list"
+for f in dlsync/libdlsync.so 'dlsync/_native.*abi3.so'; do
+  grep -q "^$f " "$work/wheel.list" || { echo "the wheel lacks $f" >&2; exit 1; }
+done
 mkdir -p "$work/pytests"
-cp "$src"/python/tests/test_binding.py "$src"/python/tests/test_package.py "$work/pytests/"
-(cd "$work/pytests" && env -u DLSYNC_LIBRARY DLSYNC_EXPECT_BUNDLED=1 PYTHONDONTWRITEBYTECODE=1 \
-  "$work/venv/bin/python" -m unittest -v test_binding test_package) >>"$log" 2>&1 ||
+# test_native checks the compiled binding is the one in use (DLSYNC_EXPECT_NATIVE)
+# and runs test_binding, test_hardening, test_producers and itself again with
+# DLSYNC_NO_NATIVE=1: both paths, against the installed package.
+for t in test_binding test_package test_native test_hardening test_producers; do
+  cp "$src/python/tests/$t.py" "$work/pytests/"
+done
+(cd "$work/pytests" && env -u DLSYNC_LIBRARY -u DLSYNC_NO_NATIVE DLSYNC_EXPECT_BUNDLED=1 \
+  DLSYNC_EXPECT_NATIVE=1 PYTHONDONTWRITEBYTECODE=1 "$work/venv/bin/python" -m unittest -v \
+  test_binding test_package test_native test_hardening test_producers) >>"$log" 2>&1 ||
   { echo "FAILED: Python unit tests on the installed wheel" >&2; tail -n 40 "$log" >&2; exit 1; }
+step "python bench without a GPU: its skip line, its rows, the in-place build of dlsync._native"
+# A fresh venv has no torch: bench_python.py must say so and exit 0. test_bench
+# checks its lines and builds dlsync._native from the copy (CMake, then cc
+# alone) into temporary folders.
+(cd "$src/python" && PYTHONDONTWRITEBYTECODE=1 "$work/venv/bin/python" bench/bench_python.py) \
+  >"$work/pybench.txt" 2>&1 && grep -q '^bench_python: skipped' "$work/pybench.txt" ||
+  { echo "FAILED: bench_python.py without torch" >&2; cat "$work/pybench.txt" >&2; exit 1; }
+(cd "$src/python/tests" && PYTHONDONTWRITEBYTECODE=1 "$work/venv/bin/python" -m unittest -v \
+  test_bench) >>"$log" 2>&1 ||
+  { echo "FAILED: python/tests/test_bench.py" >&2; tail -n 40 "$log" >&2; exit 1; }
 echo "install check passed: $(basename "$wheel"); logs in $log"

@@ -1,6 +1,10 @@
 """dlsync for Python: capture-aware ordering of GPU work between frameworks.
 
-A thin ctypes layer over libdlsync; no framework is needed to import it.
+A thin layer over libdlsync; no framework is needed to import it. The library
+is loaded with ctypes; the calls made at every exchange go through
+``dlsync._native``, a compiled module on the stable ABI, when it is there
+(the wheel has it) and ``DLSYNC_NO_NATIVE`` is not set, and through ctypes
+otherwise (:func:`_native_active` says which).
 Streams may be given as integers (CUstream / cudaStream_t handles), as
 ``torch.cuda.Stream``, CuPy streams, or any object with ``__cuda_stream__``.
 
@@ -26,10 +30,12 @@ import contextlib
 import ctypes
 import ctypes.util
 import functools
+import importlib
 import itertools
 import os
+import sys
 import threading
-from typing import Any, Iterator, List, Optional
+from typing import Any, Iterator, List, NamedTuple, Optional
 
 __all__ = [
     "Error",
@@ -183,7 +189,7 @@ def _context() -> int:
         return _ctx
 
 
-def stream_handle(stream: Any) -> int:
+def _stream_handle_py(stream: Any) -> int:
     """The CUstream handle of a stream object or integer.
 
     Accepts ints, objects with ``__cuda_stream__`` (returning ``(version,
@@ -206,6 +212,10 @@ def stream_handle(stream: Any) -> int:
             return _checked_handle(value, f"{type(stream).__name__}.{attr}")
     raise TypeError(f"cannot find a CUDA stream handle in {type(stream).__name__}")
 
+
+# The public names are rebound to dlsync._native's functions at the end of
+# this module when the compiled binding is in use (same checks, same errors).
+stream_handle = _stream_handle_py
 
 _HANDLE_LIMIT = 1 << (8 * ctypes.sizeof(ctypes.c_void_p))
 
@@ -249,7 +259,7 @@ def _dlpack_value(stream: Any) -> int:
     return stream
 
 
-def _dlpack_lane(value: int, producer: Optional[int]) -> Optional[int]:
+def _dlpack_lane_py(value: int, producer: Optional[int]) -> Optional[int]:
     """dlsync_dlpack_stream: the consumer's stream handle for a DLPack value,
     or None for -1 (no ordering). With producer None only the value is checked
     (no driver call); with a producer handle the library also applies its rule
@@ -271,13 +281,16 @@ def _lane(stream: Any) -> _Lane:
     return _Lane(_LANE_STREAM, stream_handle(stream), None, None, 0, 0)
 
 
-def capture_state(stream: Any) -> str:
+def _capture_state_py(stream: Any) -> str:
     """'eager' or 'capturing' (the driver asked now)."""
     lane = _lane(stream)
     st = _LaneState()
     _check(_lane_query(ctypes.byref(st), _context(), ctypes.byref(lane)))
     return "capturing" if st.kind == 1 else "eager"
 
+
+_dlpack_lane = _dlpack_lane_py
+capture_state = _capture_state_py
 
 from . import _producers  # noqa: E402
 
@@ -286,22 +299,48 @@ from . import _producers  # noqa: E402
 _ticks = itertools.count()
 
 
+def _begin_py(producer: int, consumer: int, flags: int) -> int:
+    """dlsync_exchange_begin_flags on two stream handles (checked by
+    stream_handle already): the exchange's handle."""
+    p = _Lane(_LANE_STREAM, producer, None, None, 0, 0)
+    c = _Lane(_LANE_STREAM, consumer, None, None, 0, 0)
+    out = _vp()
+    _check(_exchange_begin(ctypes.byref(out), _context(), ctypes.byref(p), ctypes.byref(c), flags))
+    return out.value
+
+
+def _end_py(handle: int) -> None:
+    _check(_exchange_end(handle))
+
+
+_begin, _end = _begin_py, _end_py
+
+
+class _StreamLane(NamedTuple):
+    stream: int
+
+
 class _Exchange:
-    __slots__ = ("_handle", "_lanes", "began")
+    """One exchange between two streams, ended by :meth:`end` (wrap, scope,
+    and dlsync.exchange for tensor and list producers)."""
+
+    __slots__ = ("_handle", "_streams", "began")
 
     def __init__(self, producer: Any, consumer: Any, flags: int = 0):
-        p, c = _lane(producer), _lane(consumer)
-        out = _vp()
+        p, c = stream_handle(producer), stream_handle(consumer)
         self.began = next(_ticks)
-        _check(_exchange_begin(ctypes.byref(out), _context(), ctypes.byref(p), ctypes.byref(c),
-                               flags))
-        self._handle = out.value
-        self._lanes = (p, c)
+        self._handle = _begin(p, c, flags)
+        self._streams = (p, c)
+
+    @property
+    def _lanes(self):
+        """The (producer, consumer) lanes, read as ``_lanes[i].stream``."""
+        return (_StreamLane(self._streams[0]), _StreamLane(self._streams[1]))
 
     def end(self) -> None:
         handle, self._handle = self._handle, None
         if handle is not None:
-            _check(_exchange_end(handle))
+            _end(handle)
 
 
 # Many producers, one consumer: one exchange per distinct producer stream.
@@ -325,8 +364,29 @@ def _producer_handle(producer: Any) -> int:
     return found.stream
 
 
+def _exchange_python(producer: Any, consumer: Any, flags: int):
+    """The exchanges of dlsync.exchange made in Python: for a list or tuple of
+    producers and for tensors (dlsync._native hands those here), and for
+    everything on the ctypes path. An object with ``end()``."""
+    if isinstance(producer, (list, tuple)):
+        return _begin_many([_producer_handle(p) for p in producer], stream_handle(consumer), flags)
+    return _Exchange(_producer_handle(producer), consumer, flags)
+
+
 @contextlib.contextmanager
-def exchange(producer: Any, consumer: Any, capture_stable: bool = False) -> Iterator[None]:
+def _exchange_py(producer: Any, consumer: Any, capture_stable: bool = False) -> Iterator[None]:
+    """dlsync.exchange on the ctypes path."""
+    ex = _exchange_python(producer, consumer, CAPTURE_STABLE if capture_stable else 0)
+    try:
+        yield
+    finally:
+        ex.end()
+
+
+_exchange_impl = _exchange_py
+
+
+def exchange(producer: Any, consumer: Any, capture_stable: bool = False):
     """Orders ``consumer`` after ``producer`` on entry, and the producer's
     later work after the consumer's work inside the block on exit. Under
     stream capture an eager consumer joins the producer's capture and is
@@ -338,16 +398,12 @@ def exchange(producer: Any, consumer: Any, capture_stable: bool = False) -> Iter
 
     ``capture_stable=True`` (DLSYNC_EXCHANGE_CAPTURE_STABLE) promises that no
     capture begins or ends on either stream inside the block, so the exit
-    asks the driver nothing; a broken promise costs a capture (exchange.h)."""
-    flags = CAPTURE_STABLE if capture_stable else 0
-    if isinstance(producer, (list, tuple)):
-        ex = _begin_many([_producer_handle(p) for p in producer], stream_handle(consumer), flags)
-    else:
-        ex = _Exchange(_producer_handle(producer), consumer, flags)
-    try:
-        yield
-    finally:
-        ex.end()
+    asks the driver nothing; a broken promise costs a capture (exchange.h).
+
+    A context manager: dlsync._native's ``Exchange`` object (its
+    ``__enter__`` begins, its ``__exit__`` ends) where the compiled binding
+    is in use, a :func:`contextlib.contextmanager` otherwise."""
+    return _exchange_impl(producer, consumer, capture_stable)
 
 
 # ---- scopes: exchanges made by wrap() are ended when the scope exits ----
@@ -383,18 +439,17 @@ def scope() -> Iterator[None]:
             raise first
 
 
-@contextlib.contextmanager
-def _on_device(obj: Any, device_id: int) -> Iterator[None]:
-    """Makes the producer's device current while it exports: PyTorch refuses
-    to export a tensor of another device than the current one, and consumers
-    (JAX) may have changed it."""
-    if type(obj).__module__.split(".")[0] == "torch":
+def _export_no_sync(obj: Any, device_id: int, kwargs: dict):
+    """``obj.__dlpack__(stream=-1)`` with the producer's device current:
+    PyTorch refuses to export a tensor of another device than the current
+    one, and consumers (JAX) may have changed it."""
+    if type(obj).__module__.partition(".")[0] == "torch":
         import torch
 
-        with torch.cuda.device(device_id):
-            yield
-    else:
-        yield
+        if torch.cuda.current_device() != device_id:
+            with torch.cuda.device(device_id):
+                return obj.__dlpack__(stream=-1, **kwargs)
+    return obj.__dlpack__(stream=-1, **kwargs)
 
 
 class _Wrapped:
@@ -423,11 +478,12 @@ class _Wrapped:
         # The DLPack value rules are the library's (dlsync_dlpack_stream):
         # checked first without the driver, then against the producer.
         value = _dlpack_value(stream)
-        if _dlpack_lane(value, None) is None:
+        consumer = _dlpack_lane(value, None)
+        if consumer is None:
             return self._obj.__dlpack__(stream=-1, **kwargs)
         found = _producers.find(self._obj, _KDLCUDA, int(device_id), self._producer)
         if not found.no_sync_export:
-            return self._export_to(_dlpack_lane(value, None), found.stream, kwargs)
+            return self._export_to(consumer, found.stream, kwargs)
         producer = found.stream
         stack = _scopes()
         if not stack and capture_state(producer) == "capturing":
@@ -439,8 +495,10 @@ class _Wrapped:
             )
         # With the producer, the library's rule for 1 (the legacy stream cannot
         # wait for a capturing producer); any other value reads the same
-        # without it (checked above, no driver call).
-        consumer = _dlpack_lane(value, producer if value == LEGACY else None)
+        # without it (the answer above, no driver call). Outside a scope the
+        # producer was just found eager, which the rule accepts: not asked again.
+        if value == LEGACY and stack:
+            consumer = _dlpack_lane(value, producer)
         if stack and self._covered(stack[-1], producer, consumer):
             pass  # an exchange begun after this wrap was made already orders its work
         elif stack:
@@ -449,8 +507,7 @@ class _Wrapped:
             ex = _Exchange(producer, consumer)
             ex.end()  # eager, no scope: the consumer is ordered; nothing to join
         # The producer must not synchronise on its own: dlsync did.
-        with _on_device(self._obj, int(device_id)):
-            return self._obj.__dlpack__(stream=-1, **kwargs)
+        return _export_no_sync(self._obj, int(device_id), kwargs)
 
     def _covered(self, mine: List[_Exchange], producer: int, consumer: int) -> bool:
         """Whether this scope already has an exchange from ``producer`` to
@@ -521,3 +578,61 @@ class Fence:
             self.close()
         except Exception:
             pass
+
+
+# ---- the compiled binding: dlsync._native, when it is there ----
+
+_NATIVE_ABI = 1  # the _init contract of _native.c (DLSYNC_PY_ABI)
+_native: Any = None
+_native_error: Optional[str] = None  # why the ctypes path is in use
+
+
+def _optional_getattr_address() -> Optional[int]:
+    """PyObject_GetOptionalAttr (3.13 on) or _PyObject_LookupAttr (3.7 to
+    3.12), a getattr that builds no AttributeError for a missing attribute;
+    None where this interpreter does not export it (then the module uses
+    PyObject_GetAttr)."""
+    name = "PyObject_GetOptionalAttr" if sys.version_info >= (3, 13) else "_PyObject_LookupAttr"
+    try:
+        return ctypes.cast(getattr(ctypes.pythonapi, name), _vp).value
+    except (AttributeError, ValueError, OSError):
+        return None
+
+
+def _load_native():
+    """dlsync._native initialised with the library loaded above, or None and
+    the reason. Never an error: the ctypes code is the fallback."""
+    if os.environ.get("DLSYNC_NO_NATIVE", "") not in ("", "0"):
+        return None, "DLSYNC_NO_NATIVE is set"
+    try:  # not `from . import _native`: that would answer with the global below
+        native = importlib.import_module(__name__ + "._native")
+    except ImportError as e:
+        return None, f"dlsync._native could not be imported: {e}"
+    try:
+        abi = getattr(native, "ABI", None)
+        if abi != _NATIVE_ABI:
+            raise ImportError(f"it is of ABI {abi}, this dlsync needs {_NATIVE_ABI} (a stale build?)")
+        symbols = {name: ctypes.cast(getattr(_lib, name), _vp).value for name in native.SYMBOLS}
+        native._init(symbols, Error, _exchange_python, _optional_getattr_address())
+    except Exception as e:  # noqa: BLE001 - any failure here means: use ctypes
+        return None, f"dlsync._native could not be initialised: {type(e).__name__}: {e}"
+    return native, None
+
+
+def _native_active() -> bool:
+    """Whether the calls of dlsync go through the compiled dlsync._native
+    (True) or through ctypes (False; ``dlsync._native_error`` says why)."""
+    return _native is not None
+
+
+_stream_from_api_py = _producers._stream_from_api
+_native, _native_error = _load_native()
+if _native is not None:
+    stream_handle = _native.stream_handle  # noqa: F811 - same checks and messages
+    capture_state = _native.capture_state  # noqa: F811
+    _dlpack_lane = _native.dlpack_stream
+    _begin, _end = _native.begin, _native.end
+    _exchange_impl = _native.Exchange
+    # The producer's current_work_stream (DLPack exchange API), asked as
+    # _producers does through a PyDLL handle: same call, same errors.
+    _producers._stream_from_api = _native.env_stream
