@@ -479,9 +479,18 @@ class _Wrapped:
         # checked first without the driver, then against the producer.
         value = _dlpack_value(stream)
         consumer = _dlpack_lane(value, None)
-        if consumer is None:
-            return self._obj.__dlpack__(stream=-1, **kwargs)
         found = _producers.find(self._obj, _KDLCUDA, int(device_id), self._producer)
+        if consumer is None:  # the consumer asks for no ordering
+            if found.no_sync_export:
+                return self._obj.__dlpack__(stream=-1, **kwargs)
+            # A producer that exposes no stream (JAX) is never handed -1 (JAX
+            # 0.11 answers it with CUDA_ERROR_INVALID_HANDLE): it exports on its
+            # own terms (no stream given). Refused while an imported
+            # framework's current stream captures, where its own sync would
+            # break the capture; no other driver call (the consumer asked for
+            # no ordering).
+            self._refuse_in_capture([])
+            return self._obj.__dlpack__(**kwargs)
         if not found.no_sync_export:
             return self._export_to(consumer, found.stream, kwargs)
         producer = found.stream
@@ -516,6 +525,18 @@ class _Wrapped:
         return any(ex.began > self._born and ex._lanes[0].stream == producer and
                    ex._lanes[1].stream == consumer for ex in mine)
 
+    def _refuse_in_capture(self, streams: List[Any]) -> None:
+        """dlsync.Error (DLSYNC_ERROR_CAPTURE_ORDER) when any of ``streams``
+        ((what, handle) pairs) or an imported framework's current stream is
+        capturing: a producer that exposes no stream would break that
+        capture."""
+        streams = list(streams) + [("the current PyTorch stream", t)
+                                   for t in _producers.capturing_framework_streams()]
+        for what, s in streams:
+            if capture_state(s) == "capturing":
+                raise Error(_ERROR_CAPTURE_ORDER_NAME,
+                            _producers.no_stream_in_capture_message(type(self._obj), s, what))
+
     def _export_to(self, consumer: int, producer: Optional[int], kwargs: dict):
         """A producer that exposes no stream (JAX): its own __dlpack__ is
         handed the consumer's stream, never -1. Refused, before the producer
@@ -524,12 +545,7 @@ class _Wrapped:
         streams = [("the consumer's stream", consumer)]
         if producer is not None:
             streams.append(("the producer= stream", producer))
-        streams += [("the current PyTorch stream", t)
-                    for t in _producers.capturing_framework_streams()]
-        for what, s in streams:
-            if capture_state(s) == "capturing":
-                raise Error(_ERROR_CAPTURE_ORDER_NAME,
-                            _producers.no_stream_in_capture_message(type(self._obj), s, what))
+        self._refuse_in_capture(streams)
         if producer is not None:  # producer= names another stream too: order it first
             _Exchange(producer, consumer).end()
         return self._obj.__dlpack__(stream=consumer, **kwargs)

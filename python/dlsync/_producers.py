@@ -110,7 +110,8 @@ def exchange_api_of(cls: type) -> Optional[int]:
 
 
 def _stream_from_api(api: int, device_type: int, device_id: int, cls: type) -> int:
-    from dlsync import Error, _last_error, _status_name
+    pkg = _package()
+    Error, _last_error, _status_name = pkg.Error, pkg._last_error, pkg._status_name
 
     out = ctypes.c_void_p()
     status = _from_api(ctypes.byref(out), api, device_type, device_id)
@@ -137,9 +138,21 @@ def _framework(obj: Any) -> str:
     return type(obj).__module__.split(".")[0]
 
 
+_pkg = None
+
+
+def _package():
+    """The dlsync package (imported by the time anything here is called):
+    kept, so that the per-call paths pay no import statement."""
+    global _pkg
+    if _pkg is None:
+        _pkg = sys.modules[__package__]
+    return _pkg
+
+
 def find(obj: Any, device_type: int, device_id: int, explicit: Any = None) -> Found:
     """Where ``obj``'s pending work is (see the module's docstring)."""
-    from dlsync import stream_handle
+    stream_handle = _package().stream_handle
 
     api = exchange_api_of(type(obj))
     module = _framework(obj)

@@ -80,15 +80,28 @@ class Binding(unittest.TestCase):
             dlsync.wrap(Cuda(), producer=0x10).__dlpack__(stream=0)
         self.assertEqual(info.exception.status, "DLSYNC_ERROR_INVALID_ARGUMENT")
 
-    def test_wrap_with_no_sync_asks_the_producer_for_no_sync(self):
+    def test_wrap_with_no_sync_never_hands_minus_one_to_a_producer_without_a_stream(self):
+        class Cuda:  # only __dlpack__: no stream dlsync could order after (JAX's case)
+            def __dlpack_device__(self):
+                return (2, 0)
+
+            def __dlpack__(self, stream="not given", **kw):
+                return stream
+
+        self.assertEqual(dlsync.wrap(Cuda()).__dlpack__(stream=-1), "not given")
+
+    def test_wrap_with_no_sync_hands_minus_one_to_a_producer_with_a_stream(self):
         class Cuda:
             def __dlpack_device__(self):
                 return (2, 0)
 
+            def __cuda_stream__(self):
+                return (0, 0x10)
+
             def __dlpack__(self, stream=None, **kw):
                 return stream
 
-        self.assertEqual(dlsync.wrap(Cuda(), producer=0x10).__dlpack__(stream=-1), -1)
+        self.assertEqual(dlsync.wrap(Cuda()).__dlpack__(stream=-1), -1)
 
     def test_scopes_nest_and_end_cleanly_when_empty(self):
         with dlsync.scope():

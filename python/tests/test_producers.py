@@ -276,6 +276,37 @@ class NoStreamProducer(_Faked):
         self.assertEqual(self.log.calls, [("begin", 0x51, 0xC0, 0), ("end", 0x51, 0xC0)])
         self.assertEqual(cls.asked, 0xC0)
 
+    def test_a_consumer_asking_for_minus_one_never_passes_it_on(self):
+        # JAX 0.11 answers stream=-1 with CUDA_ERROR_INVALID_HANDLE: such a
+        # producer exports with no stream argument, with or without producer=.
+        for producer in (None, 0x51):
+            cls = _producer_class(module="jaxlib")
+            cls.asked = "not asked"
+            self.assertEqual(dlsync.wrap(cls(), producer=producer).__dlpack__(stream=-1),
+                             ("capsule", None))
+            self.assertIsNone(cls.asked)
+            self.assertEqual(self.log.calls, [])
+
+    def test_minus_one_while_torch_captures_is_refused_untouched(self):
+        torch = types.SimpleNamespace(cuda=types.SimpleNamespace(
+            is_initialized=lambda: True,
+            current_stream=lambda: types.SimpleNamespace(cuda_stream=0x7C)))
+        self.log.capturing.add(0x7C)
+        cls = _producer_class(module="jaxlib")
+        cls.asked = "not asked"
+        with mock.patch.dict(sys.modules, {"torch": torch}):
+            with self.assertRaises(dlsync.Error) as info:
+                dlsync.wrap(cls()).__dlpack__(stream=-1)
+        self.assertEqual(info.exception.status, "DLSYNC_ERROR_CAPTURE_ORDER")
+        self.assertIn("the current PyTorch stream 0x7c", info.exception.message)
+        self.assertEqual(cls.asked, "not asked")
+
+    def test_a_producer_with_a_stream_gets_minus_one_as_asked(self):
+        cls = _producer_class(_capsule(0xA3))
+        dlsync.wrap(cls()).__dlpack__(stream=-1)
+        self.assertEqual(cls.asked, -1)
+        self.assertEqual(self.log.calls, [])
+
     def test_exchange_with_such_a_producer_says_to_use_wrap(self):
         with self.assertRaises(dlsync.Error) as info:
             with dlsync.exchange(_producer_class(module="jaxlib")(), 0xC0):
