@@ -142,7 +142,7 @@ if [ -n "$wheel" ] && [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
     python3 -m pip install --no-deps --no-index --target "$pkg" "$wheel" &&
       cd "$tests/tests" &&
       env -u DLSYNC_LIBRARY PYTHONPATH="$pkg" DLSYNC_EXPECT_BUNDLED=1 python3 -c \
-        'import dlsync, sys; print("dlsync", dlsync.__version__, dlsync.__file__, dlsync.library_path()); sys.exit(not dlsync.library_path().startswith("/tmp/dlsyncpkg/"))' &&
+        'import dlsync, sys; print("dlsync", dlsync.__version__, dlsync.__file__, dlsync.library_path(), "native" if dlsync._native_active() else "ctypes"); sys.exit(not dlsync.library_path().startswith("/tmp/dlsyncpkg/") or not dlsync._native_active())' &&
       env -u DLSYNC_LIBRARY PYTHONPATH="$pkg" DLSYNC_EXPECT_BUNDLED=1 python3 -m unittest -q \
         test_binding test_package &&
       env -u DLSYNC_LIBRARY PYTHONPATH="$pkg" DLSYNC_SOURCE_ROOT="$root" KERNEL_LIB="$build/libkernel_lib.so" \
