@@ -12,19 +12,25 @@
 /* Allocations left before the one that fails; 0: none armed. */
 static atomic_uint fail_countdown;
 
-/* Bytes the library holds now (malloc_usable_size of each block): what the
- * bench reports as dlsync's own memory. Allocations are off the hot path. */
+/* Bytes the library holds now (malloc_usable_size of each block), counted
+ * only once dlsync__alloc_count_start has run (the bench's memory figures):
+ * off, the cost is one relaxed load per allocation. */
+static atomic_bool counting;
 static atomic_size_t live_bytes;
 
 static void *counted(void *p) {
-  if (p != NULL)
+  if (DLSYNC__UNLIKELY(atomic_load_explicit(&counting, memory_order_relaxed)) && p != NULL)
     atomic_fetch_add_explicit(&live_bytes, malloc_usable_size(p), memory_order_relaxed);
   return p;
 }
 
 static void uncount(void *p) {
-  if (p != NULL)
+  if (DLSYNC__UNLIKELY(atomic_load_explicit(&counting, memory_order_relaxed)) && p != NULL)
     atomic_fetch_sub_explicit(&live_bytes, malloc_usable_size(p), memory_order_relaxed);
+}
+
+void dlsync__alloc_count_start(void) {
+  atomic_store_explicit(&counting, true, memory_order_relaxed);
 }
 
 size_t dlsync__alloc_live_bytes(void) {
@@ -54,6 +60,8 @@ void *dlsync__realloc(void *ptr, size_t size) {
   void *grown;
   if (alloc_fails())
     return NULL;
+  if (DLSYNC__LIKELY(!atomic_load_explicit(&counting, memory_order_relaxed)))
+    return realloc(ptr, size);
   old = ptr != NULL ? malloc_usable_size(ptr) : 0;
   grown = realloc(ptr, size);
   if (grown == NULL && size != 0)

@@ -931,7 +931,9 @@ static void replay_compare(double *captured_us, double *built_us, size_t *captur
 }
 
 int main(void) {
-  int rc = gpu_env_init(&E);
+  int rc;
+  dlsync__alloc_count_start(); /* the memory figures: before anything is allocated */
+  rc = gpu_env_init(&E);
   double raw_one = 0, raw_queries = 0;
   double raw_one_query = 0;
   row_result rows[RK_COUNT];

@@ -63,13 +63,15 @@ static dlsync_status lane_read(dlsync__lane_now *out, const dlsync__driver *d, d
   const CUgraphEdgeData *edges = NULL;
   size_t n = 0;
   CUresult r;
-  memset(out, 0, sizeof *out);
   out->lane = lane;
   out->role = role;
   out->stream = NULL;
   out->capture_id = 0;
+  out->graph = NULL;
   out->deps = NULL;
   out->ndeps = 0;
+  out->deps_inline = false;      /* dep_buf is read only when this is set */
+  out->kind = DLSYNC_LANE_EAGER; /* until the read says otherwise */
   if (lane->kind == DLSYNC_LANE_GRAPH) {
     out->kind = DLSYNC_LANE_BUILT;
     out->graph = lane->graph;

@@ -68,7 +68,11 @@ char *dlsync__strdup(const char *s);
 void dlsync__free(void *ptr);
 
 /* Bytes of the library's own allocations alive now (the bench's memory
- * figures). */
+ * figures), counted from the first dlsync__alloc_count_start on: blocks
+ * allocated before it are not counted, so call it before the library is
+ * used (a block freed later that was never counted would make the figure
+ * wrong, not unsafe). */
+void dlsync__alloc_count_start(void);
 size_t dlsync__alloc_live_bytes(void);
 /* Test hook: the nth allocation from now (1: the next one) returns NULL, once;
  * 0 disarms. Any thread's allocation counts. */
