@@ -110,6 +110,20 @@ done
   DLSYNC_EXPECT_NATIVE=1 PYTHONDONTWRITEBYTECODE=1 "$work/venv/bin/python" -m unittest -v \
   test_binding test_package test_native test_hardening test_producers) >>"$log" 2>&1 ||
   { echo "FAILED: Python unit tests on the installed wheel" >&2; tail -n 40 "$log" >&2; exit 1; }
+step "dlsync.testing from the installed wheel: its pytest plugin by its entry point"
+# pytest (PyPI) into the venv, so that test_testing_cpu's plugin tests run
+# instead of skipping: the plugin comes from the wheel's pytest11 entry point,
+# and its cases skip with the reason (no GPU, no PyTorch here).
+run "$work/venv/bin/python" -m pip install -q pytest
+cp "$src/python/tests/test_testing_cpu.py" "$work/pytests/"
+(cd "$work/pytests" && env -u DLSYNC_LIBRARY PYTHONDONTWRITEBYTECODE=1 \
+  "$work/venv/bin/python" -m unittest -v test_testing_cpu) >"$work/testing.log" 2>&1 ||
+  { echo "FAILED: test_testing_cpu on the installed wheel" >&2; tail -n 40 "$work/testing.log" >&2; exit 1; }
+if grep -q "skipped 'pytest is not installed'" "$work/testing.log"; then
+  echo "FAILED: the plugin tests were skipped (pytest missing in the venv)" >&2; exit 1
+fi
+cat "$work/testing.log" >>"$log"
+
 step "python bench without a GPU: its skip line, its rows, the in-place build of dlsync._native"
 # A fresh venv has no torch: bench_python.py must say so and exit 0. test_bench
 # checks its lines and builds dlsync._native from the copy (CMake, then cc
