@@ -97,9 +97,15 @@ static void op_pool_get_put(void) {
   dlsync__pool_put(bench_pool, ev);
 }
 
+/* A plain record of `e` on `from` and a wait for it on `to` (inlined: the
+ * raw figures are the driver calls alone). */
+static inline __attribute__((always_inline)) void rec_wait(CUevent e, CUstream from, CUstream to) {
+  CHECK(D->EventRecord(e, from) == CUDA_SUCCESS, "record");
+  CHECK(D->StreamWaitEvent(to, e, 0) == CUDA_SUCCESS, "wait");
+}
+
 static void op_record_wait(void) {
-  CHECK(D->EventRecord(e1, P) == CUDA_SUCCESS, "record");
-  CHECK(D->StreamWaitEvent(C, e1, 0) == CUDA_SUCCESS, "wait");
+  rec_wait(e1, P, C);
 }
 
 static void op_same_stream(void) {
@@ -110,28 +116,24 @@ static void op_same_stream(void) {
 }
 
 static void op_raw_fork_join(void) {
-  CHECK(D->EventRecord(e1, P) == CUDA_SUCCESS, "record");
-  CHECK(D->StreamWaitEvent(C, e1, 0) == CUDA_SUCCESS, "wait");
-  CHECK(D->EventRecord(e2, C) == CUDA_SUCCESS, "record");
-  CHECK(D->StreamWaitEvent(P, e2, 0) == CUDA_SUCCESS, "wait");
+  rec_wait(e1, P, C);
+  rec_wait(e2, C, P);
 }
 
 /* The same four calls with one event, as a per-thread scratch event does. */
 static void op_raw_fork_join_one_event(void) {
-  CHECK(D->EventRecord(e1, P) == CUDA_SUCCESS, "record");
-  CHECK(D->StreamWaitEvent(C, e1, 0) == CUDA_SUCCESS, "wait");
-  CHECK(D->EventRecord(e1, C) == CUDA_SUCCESS, "record");
-  CHECK(D->StreamWaitEvent(P, e1, 0) == CUDA_SUCCESS, "wait");
+  rec_wait(e1, P, C);
+  rec_wait(e1, C, P);
 }
 
 /* Status queries as dlsync makes them: q_is (cuStreamIsCapturing) and q_id
  * (cuStreamGetCaptureInfo for the status and capture id only). */
-static void q_is(CUstream s) {
+static inline __attribute__((always_inline)) void q_is(CUstream s) {
   CUstreamCaptureStatus cs;
   CHECK(D->StreamIsCapturing(s, &cs) == CUDA_SUCCESS, "is capturing");
 }
 
-static void q_id(CUstream s) {
+static inline __attribute__((always_inline)) void q_id(CUstream s) {
   CUstreamCaptureStatus cs;
   cuuint64_t id;
   CHECK(D->StreamGetCaptureInfo(s, &cs, &id, NULL, NULL, NULL, NULL) == CUDA_SUCCESS, "query");
@@ -139,7 +141,7 @@ static void q_id(CUstream s) {
 
 /* The full query (graph and dependencies too), as the general path reads a
  * capturing stream. */
-static void q_full(CUstream s) {
+static inline __attribute__((always_inline)) void q_full(CUstream s) {
   CUstreamCaptureStatus cs;
   cuuint64_t id;
   CUgraph g;
@@ -154,22 +156,18 @@ static void q_full(CUstream s) {
  * status and capture id, the producer's status), and the raw fork+join. */
 static void op_raw_with_queries(void) {
   q_is(C);
-  CHECK(D->EventRecord(e1, P) == CUDA_SUCCESS, "record");
-  CHECK(D->StreamWaitEvent(C, e1, 0) == CUDA_SUCCESS, "wait");
+  rec_wait(e1, P, C);
   q_id(C);
   q_is(P);
-  CHECK(D->EventRecord(e2, C) == CUDA_SUCCESS, "record");
-  CHECK(D->StreamWaitEvent(P, e2, 0) == CUDA_SUCCESS, "wait");
+  rec_wait(e2, C, P);
 }
 
 /* The same with DLSYNC_EXCHANGE_CAPTURE_STABLE: one status query. */
 static void op_raw_with_one_query(void) {
   CUstreamCaptureStatus b;
   CHECK(D->StreamIsCapturing(C, &b) == CUDA_SUCCESS, "q");
-  CHECK(D->EventRecord(e1, P) == CUDA_SUCCESS, "record");
-  CHECK(D->StreamWaitEvent(C, e1, 0) == CUDA_SUCCESS, "wait");
-  CHECK(D->EventRecord(e2, C) == CUDA_SUCCESS, "record");
-  CHECK(D->StreamWaitEvent(P, e2, 0) == CUDA_SUCCESS, "wait");
+  rec_wait(e1, P, C);
+  rec_wait(e2, C, P);
 }
 
 static void op_dlsync_eager(void) {
@@ -351,22 +349,18 @@ static void op_floor_in_capture(void) {
   q_is(C);
   q_full(C);
   q_full(P);
-  CHECK(D->EventRecord(e1, P) == CUDA_SUCCESS, "record");
-  CHECK(D->StreamWaitEvent(C, e1, 0) == CUDA_SUCCESS, "wait");
+  rec_wait(e1, P, C);
   q_id(C);
   q_id(P);
-  CHECK(D->EventRecord(e2, C) == CUDA_SUCCESS, "record");
-  CHECK(D->StreamWaitEvent(P, e2, 0) == CUDA_SUCCESS, "wait");
+  rec_wait(e2, C, P);
 }
 
 static void op_floor_in_capture_stable(void) {
   q_is(C);
   q_full(C);
   q_full(P);
-  CHECK(D->EventRecord(e1, P) == CUDA_SUCCESS, "record");
-  CHECK(D->StreamWaitEvent(C, e1, 0) == CUDA_SUCCESS, "wait");
-  CHECK(D->EventRecord(e2, C) == CUDA_SUCCESS, "record");
-  CHECK(D->StreamWaitEvent(P, e2, 0) == CUDA_SUCCESS, "wait");
+  rec_wait(e1, P, C);
+  rec_wait(e2, C, P);
 }
 
 /* A record node appended to s's capture, or a wait node, by hand. */
