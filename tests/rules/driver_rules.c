@@ -88,6 +88,21 @@ static int has_node(const dlsync__driver *d, CUgraph g, CUgraphNodeType type) {
   return 0;
 }
 
+/* Ends s's capture, which must end cleanly; with `type` >= 0 its graph must
+ * hold a node of that type (`missing` otherwise). NULL when it holds. */
+static const char *end_clean(scope *sc, CUstream s, int type, const char *missing, char *why,
+                             size_t n) {
+  const dlsync__driver *d = sc->d;
+  CUgraph g = NULL;
+  CUresult r = d->StreamEndCapture(s, &g);
+  scope_keep(sc, g);
+  if (r != CUDA_SUCCESS)
+    return said(why, n, d, "cuStreamEndCapture", r, "CUDA_SUCCESS");
+  if (type >= 0 && !has_node(d, g, (CUgraphNodeType)type))
+    return missing;
+  return NULL;
+}
+
 static const char *join_rule(const dlsync__driver *d, CUdeviceptr buf, char *why, size_t n) {
   scope sc;
   const char *res = "setup failed";
@@ -185,7 +200,6 @@ static const char *external_wait_rule(const dlsync__driver *d, CUdeviceptr buf, 
   scope sc;
   const char *res = "setup failed";
   CUresult r;
-  CUgraph g = NULL;
   if (scope_open(&sc, d) != CUDA_SUCCESS || d->EventRecord(sc.e[0], sc.s[0]) != CUDA_SUCCESS ||
       BEGIN(sc.s[1]) != CUDA_SUCCESS || d->MemsetD32Async(buf, 1, 1, sc.s[1]) != CUDA_SUCCESS)
     goto done;
@@ -194,12 +208,8 @@ static const char *external_wait_rule(const dlsync__driver *d, CUdeviceptr buf, 
     res = said(why, n, d, "cuStreamWaitEvent(EXTERNAL)", r, "CUDA_SUCCESS");
     goto done;
   }
-  r = d->StreamEndCapture(sc.s[1], &g);
-  scope_keep(&sc, g);
-  if (r != CUDA_SUCCESS)
-    res = said(why, n, d, "cuStreamEndCapture", r, "CUDA_SUCCESS");
-  else
-    res = has_node(d, g, CU_GRAPH_NODE_TYPE_WAIT_EVENT) ? NULL : "no event-wait node in the graph";
+  res = end_clean(&sc, sc.s[1], CU_GRAPH_NODE_TYPE_WAIT_EVENT, "no event-wait node in the graph",
+                  why, n);
 done:
   scope_close(&sc);
   return res;
@@ -210,7 +220,6 @@ static const char *external_record_rule(const dlsync__driver *d, CUdeviceptr buf
   scope sc;
   const char *res = "setup failed";
   CUresult r;
-  CUgraph g = NULL;
   if (scope_open(&sc, d) != CUDA_SUCCESS || BEGIN(sc.s[0]) != CUDA_SUCCESS ||
       d->MemsetD32Async(buf, 1, 1, sc.s[0]) != CUDA_SUCCESS)
     goto done;
@@ -219,13 +228,8 @@ static const char *external_record_rule(const dlsync__driver *d, CUdeviceptr buf
     res = said(why, n, d, "cuEventRecordWithFlags(EXTERNAL)", r, "CUDA_SUCCESS");
     goto done;
   }
-  r = d->StreamEndCapture(sc.s[0], &g);
-  scope_keep(&sc, g);
-  if (r != CUDA_SUCCESS)
-    res = said(why, n, d, "cuStreamEndCapture", r, "CUDA_SUCCESS");
-  else
-    res = has_node(d, g, CU_GRAPH_NODE_TYPE_EVENT_RECORD) ? NULL
-                                                          : "no event-record node in the graph";
+  res = end_clean(&sc, sc.s[0], CU_GRAPH_NODE_TYPE_EVENT_RECORD,
+                  "no event-record node in the graph", why, n);
 done:
   scope_close(&sc);
   return res;
@@ -300,7 +304,7 @@ static const char *manual_append_rule(const dlsync__driver *d, CUdeviceptr buf, 
   CUresult r;
   CUstreamCaptureStatus cs;
   cuuint64_t id;
-  CUgraph cg = NULL, g = NULL;
+  CUgraph cg = NULL;
   const CUgraphNode *deps = NULL;
   const CUgraphEdgeData *edges = NULL;
   size_t nd = 0;
@@ -327,12 +331,8 @@ static const char *manual_append_rule(const dlsync__driver *d, CUdeviceptr buf, 
   }
   if (d->MemsetD32Async(buf, 2, 1, sc.s[0]) != CUDA_SUCCESS)
     goto done;
-  r = d->StreamEndCapture(sc.s[0], &g);
-  scope_keep(&sc, g);
-  if (r != CUDA_SUCCESS)
-    res = said(why, n, d, "cuStreamEndCapture", r, "CUDA_SUCCESS");
-  else
-    res = has_node(d, g, CU_GRAPH_NODE_TYPE_EVENT_RECORD) ? NULL : "the appended node is gone";
+  res =
+      end_clean(&sc, sc.s[0], CU_GRAPH_NODE_TYPE_EVENT_RECORD, "the appended node is gone", why, n);
 done:
   scope_close(&sc);
   return res;
@@ -360,13 +360,7 @@ static const char *record_node_wait_rule(const dlsync__driver *d, CUdeviceptr bu
     res = why;
     goto done;
   }
-  /* The producer's capture is unharmed: it ends cleanly. */
-  {
-    CUgraph g = NULL;
-    r = d->StreamEndCapture(sc.s[0], &g);
-    scope_keep(&sc, g);
-    res = r == CUDA_SUCCESS ? NULL : said(why, n, d, "cuStreamEndCapture", r, "CUDA_SUCCESS");
-  }
+  res = end_clean(&sc, sc.s[0], -1, NULL, why, n); /* the producer's capture is unharmed */
 done:
   scope_close(&sc);
   return res;
