@@ -53,6 +53,7 @@ typedef struct orphan {
   struct orphan *next;
   const dlsync__driver *drv;
   CUevent event;
+  dlsync__pool *pool; /* a reference held: its destroy is counted there */
 } orphan;
 
 static pthread_mutex_t orphan_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -70,7 +71,12 @@ void dlsync__orphans_collect(void) {
   pthread_mutex_unlock(&orphan_lock);
   while (list != NULL) {
     orphan *next = list->next;
-    (void)list->drv->EventDestroy(list->event);
+    /* Counted as destroyed in its pool, which may still be alive (an event
+     * given back while the pool could not grow), so that what the pool
+     * counts as alive stays what the driver has. */
+    if (list->drv->EventDestroy(list->event) == CUDA_SUCCESS)
+      atomic_fetch_add_explicit(&list->pool->destroyed, 1, memory_order_relaxed);
+    dlsync__pool_unref(list->pool);
     dlsync__free(list);
     list = next;
   }
@@ -370,6 +376,8 @@ void dlsync__pool_return_from_graph(dlsync__pool *p, CUevent event) {
     if (o != NULL) {
       o->drv = p->drv;
       o->event = event;
+      o->pool = p;
+      dlsync__pool_ref(p);
       pthread_mutex_lock(&orphan_lock);
       o->next = orphans;
       orphans = o;

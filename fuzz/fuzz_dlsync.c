@@ -4,15 +4,25 @@
  * exchange begin (one producer or many)/end, fence signal/wait/release, dlsync_release, flush),
  * their lanes (streams of both kinds, the special handles, captures begun and
  * ended, graphs built by hand with fuzzed deps and capacity, bad lanes) and
- * their flags, plus a fault of the fake driver armed on any later call.
- * After each input everything is ended and released, and the invariants are
- * checked; a broken one aborts (a crash for libFuzzer):
+ * their flags, plus one fault: a driver call of the fake failing (op 0), or
+ * one of dlsync's allocations (op 16), counted from there on.
+ * A program with a fault op runs twice: once with the op ignored (the
+ * baseline: each operation's status), then with the fault. After each run
+ * everything is ended and released, and the invariants are checked; a
+ * broken one aborts (a crash for libFuzzer):
+ *  - an allocation that failed during an operation was done without (the
+ *    operation's status is the baseline's) or reported (OUT_OF_MEMORY, "out
+ *    of memory");
  *  - no call illegal during a capture was made (fake_illegal_calls);
- *  - the pool is intact: no event still held by a graph or fence, and what the
- *    pools count as alive is what the fake has;
+ *  - the pool is intact: no event still held by a graph or fence, what the
+ *    pools count as alive is what the fake has, and every event is back in
+ *    its pool;
  *  - every deleter of a successful release ran exactly once, none of a failed
  *    one;
- *  - without a fault that fired, nothing leaked (the fake's leak report).
+ *  - the context is destroyed cleanly and nothing leaked (the fake's leak
+ *    report), after an allocation fault too; after a driver-call fault
+ *    unless the call that failed was a cuEventDestroy or a
+ *    cuUserObjectRelease, whose object the driver keeps (see finish).
  * Build: -DDLSYNC_BUILD_FUZZ=ON with CC=clang (scripts/dev.sh test runs it). */
 #include <stdatomic.h>
 #include <stddef.h>
@@ -31,6 +41,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define NSLOTS 4
 #define NRELEASES 32
 #define NGRAPHS 3
+#define NSTEPS 512     /* more than an input of 512 bytes can make (2 bytes at least each) */
+#define NO_STATUS (-1) /* a step that made no dlsync call */
 
 typedef struct input {
   const uint8_t *p;
@@ -76,10 +88,23 @@ typedef struct world {
   dlsync_fence *fences[NSLOTS];
   int expected[NRELEASES];
   unsigned nreleases;
+  bool faulty; /* this run arms the input's fault (else: the baseline run) */
   bool fault_armed;
   bool fault_used; /* one fault per input: the invariants hold for any single fault */
   bool fault_fired;
+  bool fault_alloc;       /* the fault is an allocation's */
+  unsigned long fault_at; /* driver calls made when it was armed */
+  unsigned fault_n;       /* the nth call (or allocation) from there */
+  int st;                 /* this step's dlsync status, NO_STATUS when none */
+  bool st_reported;       /* fake_fault_reported(FAKE_FAULT_ALLOC) right after that call */
+  int *baseline;          /* NSTEPS statuses of the baseline run */
 } world;
+
+/* The status of the dlsync call a step makes (its first one). */
+static void note(world *w, dlsync_status st) {
+  w->st = (int)st;
+  w->st_reported = fake_fault_reported(FAKE_FAULT_ALLOC);
+}
 
 static void sleep_ms(int ms) {
   struct timespec ts = {0, (long)ms * 1000000L};
@@ -140,10 +165,23 @@ static void step(world *w, input *in) {
   unsigned s = take(in) % NSLOTS;
   switch (op % 16) {
   case 0:
+    /* op 0: a driver call fails; op 16 (and any with that bit): an
+     * allocation. The baseline run reads the same bytes and arms nothing. */
     if (!w->fault_used) {
-      fake_fail_call(1 + take(in) % 24, faults[take(in) % (sizeof faults / sizeof faults[0])]);
-      w->fault_armed = true;
+      unsigned n = take(in), r = take(in);
       w->fault_used = true;
+      if (!w->faulty)
+        break;
+      w->fault_alloc = (op & 16) != 0;
+      w->fault_at = fake_calls_total();
+      if (w->fault_alloc) {
+        w->fault_n = 1 + n % 16;
+        fake_fail_fault(FAKE_FAULT_ALLOC, w->fault_n);
+      } else {
+        w->fault_n = 1 + n % 24;
+        fake_fail_call(w->fault_n, faults[r % (sizeof faults / sizeof faults[0])]);
+      }
+      w->fault_armed = true;
     }
     break;
   case 1: {
@@ -189,7 +227,7 @@ static void step(world *w, input *in) {
   case 4:
   case 5: {
     dlsync_lane *a = lane_of(w, in), *b = lane_of(w, in);
-    (void)dlsync_order(w->ctx, a, b);
+    note(w, dlsync_order(w->ctx, a, b));
     break;
   }
   case 6:
@@ -208,6 +246,7 @@ static void step(world *w, input *in) {
       } else {
         st = dlsync_exchange_begin_flags(&ex, w->ctx, a, b, flags);
       }
+      note(w, st);
       check((st == DLSYNC_SUCCESS) == (ex != NULL), "begin: *out set iff success");
       w->ex[s] = ex;
     }
@@ -216,7 +255,7 @@ static void step(world *w, input *in) {
   case 8: {
     if (w->ex[s] != NULL) {
       dlsync_exchange *ex = w->ex[s];
-      (void)dlsync_exchange_end(ex);
+      note(w, dlsync_exchange_end(ex));
       w->ex[s] = NULL;
       if (take(in) & 1) /* misuse: ended again */
         check(dlsync_exchange_end(ex) == DLSYNC_ERROR_INVALID_ARGUMENT, "a second end refused");
@@ -227,13 +266,14 @@ static void step(world *w, input *in) {
     if (w->fences[s] == NULL) {
       dlsync_fence *f = NULL;
       dlsync_status st = dlsync_fence_signal(&f, w->ctx, lane_of(w, in));
+      note(w, st);
       check((st == DLSYNC_SUCCESS) == (f != NULL), "signal: *out set iff success");
       w->fences[s] = f;
     }
     break;
   case 10:
     if (w->fences[s] != NULL)
-      (void)dlsync_fence_wait(w->fences[s], lane_of(w, in));
+      note(w, dlsync_fence_wait(w->fences[s], lane_of(w, in)));
     break;
   case 11:
     dlsync_fence_release(w->fences[s]);
@@ -243,6 +283,7 @@ static void step(world *w, input *in) {
     if (w->nreleases < NRELEASES) {
       unsigned r = w->nreleases++;
       dlsync_status st = dlsync_release(w->ctx, lane_of(w, in), deleter, (void *)(uintptr_t)r);
+      note(w, st);
       w->expected[r] = st == DLSYNC_SUCCESS ? 1 : 0;
     }
     break;
@@ -258,12 +299,50 @@ static void step(world *w, input *in) {
     break;
   }
   default:
-    (void)dlsync_release_flush(w->ctx);
+    note(w, dlsync_release_flush(w->ctx));
     break;
+  }
+}
+
+/* One step, and the allocation invariant: when the allocation fault fired
+ * during a dlsync call of this step (or, with the reclaimer thread, while it
+ * ran), the call's status is the baseline's (done without) or says so. */
+static void run_step(world *w, input *in, size_t k) {
+  bool armed = w->fault_armed;
+  w->st = NO_STATUS;
+  step(w, in);
+  if (!w->faulty) {
+    w->baseline[k] = w->st;
+    return;
   }
   if (w->fault_armed && !fake_fail_pending()) {
     w->fault_fired = true;
     w->fault_armed = false;
+    if (armed && w->fault_alloc && w->st != NO_STATUS && w->st != w->baseline[k] &&
+        !(w->st == DLSYNC_ERROR_OUT_OF_MEMORY && w->st_reported)) {
+      fprintf(stderr, "step %zu: %s, without the fault %s\n", k,
+              dlsync_status_name((dlsync_status)w->st),
+              w->baseline[k] == NO_STATUS ? "no call"
+                                          : dlsync_status_name((dlsync_status)w->baseline[k]));
+      check(false, "a failed allocation was done without or reported");
+    }
+  }
+}
+
+/* The driver call the armed fault failed: call fault_at + fault_n of the
+ * fake's call log (kept since the input's start). Copied to buf; "" when
+ * not found. */
+static void failed_call(const world *w, char *buf, size_t len) {
+  const char *log = fake_call_log();
+  unsigned long want = w->fault_at + w->fault_n, i = 1;
+  buf[0] = '\0';
+  while (*log != '\0' && i < want) {
+    if (*log++ == ',')
+      i++;
+  }
+  if (i == want) {
+    size_t n = strcspn(log, ",");
+    snprintf(buf, len, "%.*s", (int)(n < len ? n : len - 1), log);
   }
 }
 
@@ -278,8 +357,10 @@ static void finish(world *w) {
   const dlsync__driver *d = w->d;
   dlsync__pool_stats ps;
   dlsync_release_stats rs = DLSYNC_RELEASE_STATS_INIT;
-  char leaks[256] = {0};
+  char leaks[256] = {0}, call[64] = "";
   CUcontext cur = NULL;
+  bool kept_event, kept_uobj;
+  unsigned left;
   int i;
   if (w->fault_armed && !fake_fail_pending())
     w->fault_fired = true;
@@ -312,30 +393,60 @@ static void finish(world *w) {
   }
   check(all_deleters_ran(w), "every deleter of a successful release ran once, none other");
   check(rs.pending_eager == 0 && rs.pending_graph == 0, "no release pending");
+  /* What a fault may leave: only what the driver refused to destroy. After a
+   * failed cuEventDestroy (a surplus event given back, or the pool's events
+   * at context destroy) the fake keeps the event, the pool counts it alive
+   * but not free, and context destroy returns the failure. After a failed
+   * cuUserObjectRelease (on the error path of a hand-over to graphs, one of
+   * which refused the object: a destroyed graph, say): given to one graph,
+   * the fake keeps the user object with the reference nobody can drop (dlsync
+   * ran its destructor itself); given to two, the graph that took it got the
+   * reference left and nothing remains (graph/graph.c, the seed
+   * fault_user_object_release_two_graphs). After any other driver call
+   * failing, and after any allocation failing, dlsync frees everything: all
+   * the checks below hold (the harness's own destroys retry: a fault on one
+   * of them leaves nothing either). The call log is read here, with the
+   * reclaimer idle: its calls grow it. */
+  if (w->fault_fired && !w->fault_alloc)
+    failed_call(w, call, sizeof call);
+  kept_event =
+      w->fault_fired && !w->fault_alloc && (call[0] == '\0' || strcmp(call, "cuEventDestroy") == 0);
+  kept_uobj = w->fault_fired && !w->fault_alloc && strcmp(call, "cuUserObjectRelease") == 0;
+  /* An event a graph or fence gave back while its pool could not grow (an
+   * allocation failed) is destroyed at the next collection: now. */
+  dlsync__orphans_collect();
   check(fake_illegal_calls() == 0, "no call illegal during capture");
   check(fake_dangling_event_uses() == 0, "no event destroyed while a graph uses it");
   dlsync__pool_stats_get(&ps, &w->ctx->pools);
   check(ps.graph_owned == 0, "no event still held by a graph or fence");
   check(ps.created - ps.destroyed == fake_live_events(), "the pools count the events alive");
-  if (!w->fault_fired)
+  if (!kept_event)
     check(ps.free_events == fake_live_events(), "every event is back in its pool");
-  check(dlsync_context_destroy(w->ctx) == DLSYNC_SUCCESS || w->fault_fired,
+  check(dlsync_context_destroy(w->ctx) == DLSYNC_SUCCESS || kept_event,
         "context destroy after everything ended");
   for (unsigned k = 0; k < 3; k++)
     fake_stream_destroy(w->streams[k]);
   fake_run_destructors();
-  if (!w->fault_fired && fake_leak_report(leaks, sizeof leaks) != 0) {
-    fprintf(stderr, "leaked: %s\n", leaks);
+  left = fake_leak_report(leaks, sizeof leaks);
+  if (left != 0 && !kept_event && !(kept_uobj && left == 1 && fake_live_user_objects() == 1)) {
+    fprintf(stderr, "leaked: %s (fault: %s %s)\n", leaks,
+            !w->fault_fired  ? "none"
+            : w->fault_alloc ? "allocation"
+                             : "driver call",
+            call);
     check(false, "nothing leaked");
   }
 }
 
-int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+/* The program on a fresh fake and context; faulty: with its fault. Returns
+ * whether it has one. */
+static bool run_program(const uint8_t *data, size_t size, bool faulty, int *baseline) {
   world w;
   input in = {data, size};
+  size_t k = 0;
   memset(&w, 0, sizeof w);
-  if (size > 512)
-    return 0; /* short programs only: each step is cheap, the state is small */
+  w.faulty = faulty;
+  w.baseline = baseline;
   fake_reset(2);
   w.d = fake_driver();
   check(dlsync__context_create_with_driver(&w.ctx, NULL, w.d) == DLSYNC_SUCCESS, "context");
@@ -345,8 +456,17 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
   for (unsigned r = 0; r < NRELEASES; r++)
     atomic_store(&deleter_calls[r], 0);
   fake_log_reset();
-  while (in.n > 0)
-    step(&w, &in);
+  while (in.n > 0 && k < NSTEPS)
+    run_step(&w, &in, k++);
   finish(&w);
+  return w.fault_used;
+}
+
+int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size) {
+  static int baseline[NSTEPS];
+  if (size > 512)
+    return 0; /* short programs only: each step is cheap, the state is small */
+  if (run_program(data, size, false, baseline))
+    run_program(data, size, true, baseline);
   return 0;
 }

@@ -12,7 +12,8 @@ def graph_lane(slot, g, nd, cap, null_deps=False, dup=False):
     return (slot, 4 | (32 if null_deps else 0) | (16 if dup else 0), g, nd, cap)
 
 
-def fault(n, kind=0): return (0, 0, n - 1, kind)
+def fault(n, kind=0): return (0, 0, n - 1, kind)  # driver call n fails (kind: which CUresult)
+def alloc_fault(n): return (16, 0, n - 1, 0)  # allocation n fails
 def begin_capture(k, mode=2): return (1, 0, k, mode)  # mode 0 GLOBAL, 1 THREAD_LOCAL, 2 RELAXED
 def end_capture(k, launch=False, on=0): return (2, 0, k, 1 if launch else 0) + ((on,) if launch else ())
 def graph(g): return (3, 0, g)  # create (or destroy) graph g
@@ -57,6 +58,22 @@ seeds = {
     "fault_release": fault(2, 5) + release(S0) + flush(),
     "fault_cross_graph": graph(0) + push() + fault(4) + order(S0, graph_lane(1, 0, 1, 2)),
     "legacy_blocking_capture": begin_capture(2, 0) + order(LEGACY, S1) + end_capture(2),
+    # allocation faults: the pool, the scratch event, a capture's holder, a fence, a release
+    "alloc_fault_order": alloc_fault(1) + order(S0, S1) + order(S0, S1),
+    "alloc_fault_scratch": alloc_fault(2) + begin(0, S0, S1) + end(0),
+    "alloc_fault_capture": begin_capture(1) + alloc_fault(2) + order(S0, S1) + end_capture(1, True, 0),
+    "alloc_fault_built": graph(0) + push() + alloc_fault(3) + order(S0, graph_lane(1, 0, 1, 2))
+    + graph(0),
+    "alloc_fault_fence": begin_capture(0) + alloc_fault(3) + signal(0, S0) + wait(0, S1)
+    + end_capture(0, True, 1) + fence_release(0),
+    "alloc_fault_release": alloc_fault(3) + release(S0) + flush(),
+    "alloc_fault_many": order(S0, S1) + alloc_fault(1) + begin(0, S0, SB, 8 | (2 << 4)) + end(0),
+    # two built graphs, the second destroyed (its lane kept: what = 7): cuGraphRetainUserObject
+    # refuses it, then the fault fails the cuUserObjectRelease of the reference left (call 9);
+    # the first graph must still let the event go (it was held by a graph for good before)
+    "fault_user_object_release_two_graphs": graph(0) + graph(1) + push()
+    + order(graph_lane(2, 0, 1, 2), graph_lane(3, 1, 1, 2)) + graph(1) + fault(9)
+    + order((2, 7), (3, 7)),
 }
 
 here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")

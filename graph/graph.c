@@ -67,7 +67,8 @@ cleanup:
      * destroyed; dropping ours runs the destructor (on a driver thread) if
      * none did. */
     bool none_took = held == (unsigned)ngraphs;
-    if (d->UserObjectRelease(uo, held) != CUDA_SUCCESS && none_took) {
+    bool released = d->UserObjectRelease(uo, held) == CUDA_SUCCESS;
+    if (!released && none_took) {
       /* Nothing will ever drop the object: run its destructor now, once. */
       if (!atomic_flag_test_and_set(&box->ran)) {
         pthread_mutex_lock(&abandoned_lock);
@@ -76,9 +77,13 @@ cleanup:
         pthread_mutex_unlock(&abandoned_lock);
         destroy(ptr);
       }
+    } else if (!released) {
+      /* graphs[0] took the object: it takes our references too (moved, no
+       * release needed), so that destroying it drops them all and runs the
+       * destructor. Only if that fails as well does the object live until
+       * the driver frees it with its context. */
+      (void)d->GraphRetainUserObject(graphs[0], uo, held, CU_GRAPH_USER_OBJECT_MOVE);
     }
-    /* If some graphs took it and the release failed, the object lives until
-     * the driver frees it with its context: that cannot be helped here. */
     box = NULL;
   }
   if (!*taken)

@@ -1,7 +1,8 @@
 /* The decision table on the fake driver: one test per row (the exact driver
  * calls, the resulting graph edges, a clean end of capture, no illegal call),
- * the errors, fault injection on every driver call of begin and end, and
- * exchanges from many threads. */
+ * the errors, fault injection on every driver call and every allocation of
+ * dlsync_order and of begin and end, for every row, and exchanges from many
+ * threads. */
 #include <pthread.h>
 #include <setjmp.h>
 #include <stdarg.h>
@@ -11,6 +12,7 @@
 
 #include <cmocka.h>
 
+#include "dlsync/private/table.h"
 #include "fixture.h"
 
 /* Two begin/end rounds between the lanes: afterwards the thread knows both
@@ -857,136 +859,303 @@ static void both_graph_lanes_need_a_current_context(void **state) {
   destroy_graph(g2);
 }
 
-/* ---- fault injection: every driver call of begin and end ---- */
+/* ---- fault injection: every row of the table, in dlsync_order and in
+ * begin/end, each driver call and each allocation ----
+ *
+ * One scene per row that order and begin can take (end's rows follow from
+ * them); the fence's own rows (LAUNCHED_TO_EAGER, REFUSE_CAPTURE_TO_EAGER)
+ * are swept by tests/test_fence.c. every_row_is_swept checks the list. */
 
-typedef enum row {
-  ROW_EAGER,
-  ROW_JOIN,
-  ROW_EAGER_TO_CAPTURE,
-  ROW_TWO_CAPTURES,
-  ROW_BUILT_TWO,
-  ROW_EAGER_STABLE, /* DLSYNC_EXCHANGE_CAPTURE_STABLE: end asks nothing */
-  ROW_JOIN_STABLE
-} row;
+/* What a lane is when a scene starts. */
+typedef enum lane_as {
+  AS_EAGER,     /* P (producer) or C (consumer), eager */
+  AS_CAPTURE,   /* that stream, in a capture of its own */
+  AS_JOINED,    /* consumer: C, forked into the producer's capture */
+  AS_SAME,      /* consumer: the producer's stream */
+  AS_BUILT,     /* a graph built by hand, of its own */
+  AS_SAME_BUILT /* consumer: another lane of the producer's graph */
+} lane_as;
+
+typedef struct scene {
+  const char *name;
+  lane_as producer, consumer;
+  uint32_t flags;    /* begin's (dlsync_order has none: such scenes are begin's only) */
+  dlsync__row begin; /* the row of begin, and of dlsync_order */
+  dlsync__row end;   /* the row of end; DLSYNC__ROW_COUNT: begin refuses */
+} scene;
+
+#define ROW(r) DLSYNC__ROW_##r
+#define STABLE DLSYNC_EXCHANGE_CAPTURE_STABLE
+static const scene scenes[] = {
+    {"same stream", AS_EAGER, AS_SAME, 0, ROW(SAME_STREAM), ROW(SAME_STREAM)},
+    {"eager", AS_EAGER, AS_EAGER, 0, ROW(EAGER_EAGER), ROW(EAGER_EAGER)},
+    {"eager, stable", AS_EAGER, AS_EAGER, STABLE, ROW(EAGER_EAGER), ROW(EAGER_EAGER)},
+    {"same capture", AS_CAPTURE, AS_JOINED, 0, ROW(SAME_CAPTURE), ROW(SAME_CAPTURE)},
+    {"join", AS_CAPTURE, AS_EAGER, 0, ROW(JOIN), ROW(SAME_CAPTURE)},
+    {"join, stable", AS_CAPTURE, AS_EAGER, STABLE, ROW(JOIN), ROW(SAME_CAPTURE)},
+    {"eager to capture", AS_EAGER, AS_CAPTURE, 0, ROW(EAGER_TO_CAPTURE), ROW(REFUSE_END_TO_EAGER)},
+    {"eager to built", AS_EAGER, AS_BUILT, 0, ROW(EAGER_TO_BUILT), ROW(REFUSE_END_TO_EAGER)},
+    {"two captures", AS_CAPTURE, AS_CAPTURE, 0, ROW(TWO_CAPTURES), ROW(REFUSE_END_CROSS)},
+    {"capture to built", AS_CAPTURE, AS_BUILT, 0, ROW(CAPTURE_TO_BUILT), ROW(REFUSE_END_CROSS)},
+    {"built to capture", AS_BUILT, AS_CAPTURE, 0, ROW(BUILT_TO_CAPTURE), ROW(REFUSE_END_CROSS)},
+    {"two built", AS_BUILT, AS_BUILT, 0, ROW(TWO_BUILT), ROW(REFUSE_END_CROSS)},
+    {"same built", AS_BUILT, AS_SAME_BUILT, 0, ROW(SAME_BUILT), ROW(SAME_BUILT)},
+    {"built to eager", AS_BUILT, AS_EAGER, 0, ROW(REFUSE_BUILT_TO_EAGER), DLSYNC__ROW_COUNT},
+};
+#undef ROW
+#undef STABLE
+#define NSCENES (sizeof scenes / sizeof scenes[0])
+
+typedef enum sweep_op { SWEEP_ORDER, SWEEP_EXCHANGE } sweep_op;
 
 /* What the sweeps fail: the nth driver call or the nth allocation. */
 static fake_fault sweep_kind = FAKE_FAULT_CALL;
 
-/* Runs one exchange of the row with call (or allocation) n failing (n = 0:
- * none). Returns true when it was reached. Cleans everything up either way. */
-static bool run_row_with_fault(row r, unsigned n) {
+static dlsync_status row_status(dlsync__row row) {
+  return row != DLSYNC__ROW_COUNT && dlsync__row_is_refusal(row) ? DLSYNC_ERROR_CAPTURE_ORDER
+                                                                 : DLSYNC_SUCCESS;
+}
+
+/* Record and wait nodes in the scene's graphs (P's and C's captures, the
+ * built graphs), each graph counted once. */
+static size_t event_nodes(CUgraph g1, CUgraph g2) {
+  CUgraph gs[4] = {fake_capture_graph(P), fake_capture_graph(C), g1, g2};
+  size_t n = 0;
+  for (int i = 0; i < 4; i++) {
+    bool seen = gs[i] == NULL;
+    for (int j = 0; j < i && !seen; j++)
+      seen = gs[j] == gs[i];
+    if (!seen)
+      n += fake_graph_count_nodes(gs[i], CU_GRAPH_NODE_TYPE_EVENT_RECORD) +
+           fake_graph_count_nodes(gs[i], CU_GRAPH_NODE_TYPE_WAIT_EVENT);
+  }
+  return n;
+}
+
+/* Ends the capture s began, which must end cleanly when `clean`. */
+static void end_capture_of(CUstream s, bool clean) {
+  CUgraph g = NULL;
+  CUresult r = D->StreamEndCapture(s, &g);
+  if (g != NULL)
+    destroy_graph(g);
+  if (clean && r != CUDA_SUCCESS)
+    fail_msg("cuStreamEndCapture: %s", dlsync__driver_error_name(D, r));
+}
+
+/* Work on a lane after it was ordered: a kernel on its stream, or a node
+ * after its frontier, which becomes the frontier. Returns the eager op. */
+static uint64_t lane_work(dlsync_lane *l, const char *what) {
+  if (l->kind == DLSYNC_LANE_STREAM)
+    return fake_work(l->stream, what, NULL);
+  l->deps[0] = fake_graph_add_work(l->graph, l->deps, l->ndeps, what);
+  l->ndeps = 1;
+  return 0;
+}
+
+/* One dlsync_order (op ORDER) or one begin and end (op EXCHANGE) of the
+ * scene, with driver call or allocation n failing (n = 0: none); cold: on a
+ * context of its own (no pool, no memo, the general path), else on the
+ * fixture's, warm. Checks: the fault surfaces as a status saying so, or (an
+ * allocation) the library did without it; done as without a fault, the row
+ * it took added its nodes and ordered the work; whatever happened, every
+ * capture ends, every graph, user object and event goes, no call was
+ * illegal. Returns true when the fault was reached. */
+static bool run_scene(const scene *sc, sweep_op op, bool cold, unsigned n) {
+  dlsync_context *c = ctx;
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync_exchange *ex = NULL;
+  CUevent fork = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
   CUgraph g1 = NULL, g2 = NULL;
-  CUgraphNode pdeps[2], cdeps[2];
-  dlsync_status sb, se = DLSYNC_SUCCESS;
-  bool reached;
-  bool join = r == ROW_JOIN || r == ROW_JOIN_STABLE;
-  if (join || r == ROW_TWO_CAPTURES)
-    assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  if (r == ROW_EAGER_TO_CAPTURE || r == ROW_TWO_CAPTURES)
-    assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  if (r == ROW_BUILT_TWO) {
+  CUgraphNode pdeps[4], cdeps[4];
+  dlsync_status want_b = row_status(sc->begin), want_e = row_status(sc->end), sb, se = want_e;
+  size_t nodes0, nodes_b, nodes_e = 0;
+  uint64_t produce, consume = 0, mutate;
+  bool built = sc->producer == AS_BUILT || sc->consumer == AS_BUILT;
+  bool reached, as_without;
+  if (cold)
+    assert_int_equal(dlsync__context_create_with_driver(&c, NULL, D), DLSYNC_SUCCESS);
+  if (built) /* two graph lanes take the current context's pool */
     assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  if (sc->producer == AS_CAPTURE) {
+    assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  } else if (sc->producer == AS_BUILT) {
     assert_int_equal(D->GraphCreate(&g1, 0), CUDA_SUCCESS);
-    assert_int_equal(D->GraphCreate(&g2, 0), CUDA_SUCCESS);
     pdeps[0] = fake_graph_add_work(g1, NULL, 0, "produce");
-    lp = dlsync_lane_graph(g1, pdeps, 1, 2);
-    lc = dlsync_lane_graph(g2, cdeps, 0, 2);
+    lp = dlsync_lane_graph(g1, pdeps, 1, 4);
   }
-  fake_work(P, "produce", NULL);
+  switch (sc->consumer) {
+  case AS_CAPTURE:
+    assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    break;
+  case AS_JOINED:
+    assert_int_equal(D->EventRecord(fork, P), CUDA_SUCCESS);
+    assert_int_equal(D->StreamWaitEvent(C, fork, 0), CUDA_SUCCESS);
+    break;
+  case AS_SAME:
+    lc = lp;
+    break;
+  case AS_BUILT:
+    assert_int_equal(D->GraphCreate(&g2, 0), CUDA_SUCCESS);
+    lc = dlsync_lane_graph(g2, cdeps, 0, 4);
+    break;
+  case AS_SAME_BUILT:
+    cdeps[0] = fake_graph_add_work(g1, NULL, 0, "consumer's own");
+    lc = dlsync_lane_graph(g1, cdeps, 1, 4);
+    break;
+  default:
+    break;
+  }
+  produce = fake_work(P, "produce", NULL);
+  nodes0 = event_nodes(g1, g2);
+
   if (n > 0)
     fake_fail_fault(sweep_kind, n);
-  sb = dlsync_exchange_begin_flags(
-      &ex, ctx, &lp, &lc,
-      r == ROW_EAGER_STABLE || r == ROW_JOIN_STABLE ? DLSYNC_EXCHANGE_CAPTURE_STABLE : 0);
-  if (sb == DLSYNC_SUCCESS) {
-    assert_non_null(ex);
-    if (r == ROW_BUILT_TWO)
-      cdeps[0] = fake_graph_add_work(g2, lc.deps, lc.ndeps, "consume");
-    else
-      fake_work(C, "consume", NULL);
-    se = dlsync_exchange_end(ex);
+  if (op == SWEEP_ORDER) {
+    sb = dlsync_order(c, &lp, &lc);
   } else {
-    assert_null(ex);
+    sb = dlsync_exchange_begin_flags(&ex, c, &lp, &lc, sc->flags);
+    assert_true((sb == DLSYNC_SUCCESS) == (ex != NULL));
+  }
+  nodes_b = event_nodes(g1, g2);
+  if (sb == DLSYNC_SUCCESS) {
+    consume = lane_work(&lc, "consume");
+    if (op == SWEEP_EXCHANGE) {
+      se = dlsync_exchange_end(ex);
+      nodes_e = event_nodes(g1, g2) - nodes_b;
+    }
   }
   reached = n > 0 && !fake_fail_pending();
   fake_fail_clear();
-  if (reached && sweep_kind == FAKE_FAULT_ALLOC) {
-    /* A failed allocation: either the library did without it, or a status
-     * saying so. */
-    bool failed =
-        sb != DLSYNC_SUCCESS || (se != DLSYNC_SUCCESS && se != DLSYNC_ERROR_CAPTURE_ORDER);
-    if (failed && !fake_fault_reported(sweep_kind))
-      fail_msg("row %d: allocation %u failed: %s", (int)r, n, dlsync_last_error());
-  } else if (reached) {
-    /* The failure surfaced as a status with the driver's words. */
-    bool failed =
-        sb != DLSYNC_SUCCESS || (se != DLSYNC_SUCCESS && se != DLSYNC_ERROR_CAPTURE_ORDER);
-    if (!failed)
-      fail_msg("row %d: call %u failed but begin and end succeeded", (int)r, n);
-    assert_non_null(strstr(dlsync_last_error(), "CUDA_ERROR_UNKNOWN"));
-  } else if (n == 0 || !reached) {
-    assert_int_equal(sb, DLSYNC_SUCCESS);
+  mutate = fake_work(P, "mutate", NULL);
+
+  as_without = sb == want_b && se == want_e;
+  if (reached && sweep_kind == FAKE_FAULT_CALL && as_without)
+    fail_msg("%s, %s: call %u failed, and the statuses are those without a fault", sc->name,
+             op == SWEEP_ORDER ? "order" : "begin/end", n);
+  if (reached && !as_without && !fake_fault_reported(sweep_kind))
+    fail_msg("%s, %s: %s %u failed: %s / %s: %s", sc->name,
+             op == SWEEP_ORDER ? "order" : "begin/end", fake_fault_name(sweep_kind), n,
+             dlsync_status_name(sb), dlsync_status_name(se), dlsync_last_error());
+  if (!reached && !as_without)
+    fail_msg("%s, %s without a fault: %s / %s: %s", sc->name,
+             op == SWEEP_ORDER ? "order" : "begin/end", dlsync_status_name(sb),
+             dlsync_status_name(se), dlsync_last_error());
+  if (as_without) {
+    /* Done as without a fault (or without the allocation): the rows' nodes
+     * are there, and eager work is ordered. */
+    if (sb == DLSYNC_SUCCESS && nodes_b - nodes0 != (size_t)dlsync__row_nodes(sc->begin))
+      fail_msg("%s, %s %u: %zu event nodes added, the row adds %d", sc->name,
+               fake_fault_name(sweep_kind), n, nodes_b - nodes0, dlsync__row_nodes(sc->begin));
+    if (op == SWEEP_EXCHANGE && sb == DLSYNC_SUCCESS &&
+        nodes_e != (size_t)dlsync__row_nodes(sc->end))
+      fail_msg("%s, %s %u: end added %zu event nodes, its row adds %d", sc->name,
+               fake_fault_name(sweep_kind), n, nodes_e, dlsync__row_nodes(sc->end));
+    /* A row that adds nodes gives one event to the graphs, held while they
+     * live (not back in its pool while a node names it). */
+    if (sb == DLSYNC_SUCCESS) {
+      dlsync__pool_stats ps;
+      dlsync__pool_stats_get(&ps, &c->pools);
+      assert_int_equal(ps.graph_owned, dlsync__row_nodes(sc->begin) > 0 ? 1 : 0);
+    }
+    if (sc->producer == AS_EAGER && (sc->consumer == AS_EAGER || sc->consumer == AS_SAME)) {
+      assert_true(fake_happens_before(produce, consume));
+      if (op == SWEEP_EXCHANGE)
+        assert_true(fake_happens_before(consume, mutate));
+    }
   }
-  /* Clean up whatever state the row is in. */
-  if (r == ROW_EAGER_TO_CAPTURE || r == ROW_TWO_CAPTURES) {
-    CUgraph g = NULL;
-    D->StreamEndCapture(C, &g);
-    if (g != NULL)
-      destroy_graph(g);
+
+  /* Clean up. A consumer forked into the producer's capture, or joined to it
+   * by dlsync_order (which does not join back), is joined back. Captures end
+   * cleanly when all went as without a fault. */
+  if ((sc->consumer == AS_JOINED || op == SWEEP_ORDER) && fake_capture_id(P) != 0 &&
+      fake_capture_id(C) == fake_capture_id(P)) {
+    (void)D->EventRecord(fork, C);
+    (void)D->StreamWaitEvent(P, fork, 0);
   }
-  if (join || r == ROW_TWO_CAPTURES) {
-    CUgraph g = NULL;
-    CUresult er = D->StreamEndCapture(P, &g);
-    if (g != NULL)
-      destroy_graph(g);
-    /* The join row ends cleanly unless the fault hit the join itself. */
-    if (join && !reached)
-      assert_int_equal(er, CUDA_SUCCESS);
-  }
+  if (sc->consumer == AS_CAPTURE)
+    end_capture_of(C, as_without);
+  if (sc->producer == AS_CAPTURE)
+    end_capture_of(P, as_without);
   if (g1 != NULL)
     destroy_graph(g1);
   if (g2 != NULL)
     destroy_graph(g2);
-  if (r == ROW_BUILT_TWO) {
-    CUcontext popped;
-    assert_int_equal(D->CtxPopCurrent(&popped), CUDA_SUCCESS);
-  }
+  if (built)
+    pop_all_contexts();
+  fake_event_destroy(fork);
+  fake_run_destructors();
   assert_int_equal(fake_active_captures(), 0);
+  assert_int_equal(fake_live_graphs(), 0);
+  assert_int_equal(fake_live_user_objects(), 0);
+  assert_int_equal(fake_pending_destructors(), 0);
+  assert_int_equal(fake_illegal_calls(), 0);
+  assert_int_equal(fake_dangling_event_uses(), 0);
+  if (cold) {
+    assert_pools_intact(ctx, c);
+    assert_int_equal(dlsync_context_destroy(c), DLSYNC_SUCCESS);
+  }
   assert_pool_intact();
   return reached;
 }
 
+/* Every scene, cold and warm (a warm run follows one without a fault), with
+ * fault n = 1, 2, ... until a run no longer reaches it. */
+static void sweep_scenes(sweep_op op, fake_fault kind) {
+  unsigned most = 0;
+  sweep_kind = kind;
+  for (size_t i = 0; i < NSCENES; i++) {
+    if (op == SWEEP_ORDER && scenes[i].flags != 0)
+      continue;
+    for (int cold = 1; cold >= 0; cold--) {
+      unsigned n;
+      for (n = 1; n < 200; n++) {
+        if (!cold)
+          run_scene(&scenes[i], op, false, 0);
+        if (!run_scene(&scenes[i], op, cold, n))
+          break;
+      }
+      if (n >= 200)
+        fail_msg("%s: more than 200 %ss", scenes[i].name, fake_fault_name(kind));
+      most = n > most ? n : most;
+    }
+  }
+  sweep_kind = FAKE_FAULT_CALL;
+  /* Some row made several driver calls, and allocated (a cold one makes its
+   * pool; a row that gives an event to graphs, what holds it). */
+  assert_true(most > (kind == FAKE_FAULT_CALL ? 4u : 2u));
+}
+
+static void every_driver_failure_in_order_is_a_status(void **state) {
+  (void)state;
+  sweep_scenes(SWEEP_ORDER, FAKE_FAULT_CALL);
+}
+
+static void every_allocation_failure_in_order_is_a_status(void **state) {
+  (void)state;
+  sweep_scenes(SWEEP_ORDER, FAKE_FAULT_ALLOC);
+}
+
 static void every_driver_failure_in_begin_and_end_is_a_status(void **state) {
   (void)state;
-  for (row r = ROW_EAGER; r <= ROW_JOIN_STABLE; r++) {
-    unsigned n;
-    run_row_with_fault(r, 0);
-    for (n = 1; n < 200; n++)
-      if (!run_row_with_fault(r, n))
-        break;
-    assert_true(n > 2);
-    assert_true(n < 200);
-  }
+  sweep_scenes(SWEEP_EXCHANGE, FAKE_FAULT_CALL);
 }
 
 static void every_allocation_failure_in_begin_and_end_is_a_status(void **state) {
   (void)state;
-  unsigned most = 0;
-  sweep_kind = FAKE_FAULT_ALLOC;
-  for (row r = ROW_EAGER; r <= ROW_JOIN_STABLE; r++) {
-    unsigned n;
-    run_row_with_fault(r, 0);
-    for (n = 1; n < 200; n++)
-      if (!run_row_with_fault(r, n))
-        break;
-    assert_true(n < 200);
-    most = n > most ? n : most;
+  sweep_scenes(SWEEP_EXCHANGE, FAKE_FAULT_ALLOC);
+}
+
+/* The scenes take every row of the table that order, begin and end can take:
+ * all but the fence's. */
+static void every_row_is_swept(void **state) {
+  (void)state;
+  for (int r = 0; r < DLSYNC__ROW_COUNT; r++) {
+    bool swept = r == DLSYNC__ROW_LAUNCHED_TO_EAGER || r == DLSYNC__ROW_REFUSE_CAPTURE_TO_EAGER;
+    for (size_t i = 0; i < NSCENES && !swept; i++)
+      swept = (int)scenes[i].begin == r || (int)scenes[i].end == r;
+    if (!swept)
+      fail_msg("no sweep scene takes %s", dlsync__row_name((dlsync__row)r));
   }
-  /* The rows that give an event to graphs allocate what holds it. */
-  assert_true(most > 1);
-  sweep_kind = FAKE_FAULT_CALL;
 }
 
 /* ---- threads ---- */
@@ -1078,6 +1247,9 @@ int main(void) {
       T(legacy_stream_during_blocking_capture),
       T(foreign_dependency_is_named),
       T(both_graph_lanes_need_a_current_context),
+      T(every_row_is_swept),
+      T(every_driver_failure_in_order_is_a_status),
+      T(every_allocation_failure_in_order_is_a_status),
       T(every_driver_failure_in_begin_and_end_is_a_status),
       T(every_allocation_failure_in_begin_and_end_is_a_status),
       T(many_threads_one_context),

@@ -246,6 +246,24 @@ static void a_later_failure_orders_the_earlier_back(void **state) {
   fake_stream_destroy(R);
 }
 
+/* The failure reported after the order-back is the first one, with its
+ * driver result, and the earlier producer's wait was made and undone. */
+static void a_later_driver_failure_keeps_its_result(void **state) {
+  dlsync_lane lps[2] = {dlsync_lane_stream(P), dlsync_lane_stream(Q)};
+  dlsync_lane lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  (void)state;
+  warm();
+  fake_log_reset();
+  fake_fail_nth("cuStreamWaitEvent", 2, CUDA_ERROR_LAUNCH_FAILED);
+  assert_int_equal(dlsync_exchange_begin_many(&ex, ctx, lps, 2, &lc, 0), DLSYNC_ERROR_DRIVER);
+  assert_null(ex);
+  assert_int_equal(dlsync_last_driver_result(), CUDA_ERROR_LAUNCH_FAILED);
+  assert_non_null(strstr(dlsync_last_error(), "cuStreamWaitEvent"));
+  assert_int_equal(fake_call_count("cuStreamWaitEvent"), 3); /* P's, Q's (failed), P's back */
+  fake_fail_clear();
+}
+
 /* ---- fault injection: every driver call and allocation ---- */
 
 typedef enum scene { SCENE_EAGER, SCENE_JOIN, SCENE_JOIN_STABLE } scene;
@@ -403,6 +421,7 @@ int main(void) {
       T(bad_input_is_refused_before_any_driver_call),
       T(an_ended_handle_is_refused),
       T(a_later_failure_orders_the_earlier_back),
+      T(a_later_driver_failure_keeps_its_result),
       T(every_driver_failure_is_a_status),
       T(every_allocation_failure_is_a_status),
       T(many_threads),
