@@ -1,6 +1,7 @@
 /* The decision table: dlsync_order and the exchange built on it.
  * include/dlsync/exchange.h has the table; docs/design.md section 3 the why; the rows are
  * classified in table.c. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -930,20 +931,45 @@ static bool same_producer(const dlsync_lane *a, const dlsync_lane *b) {
   return a == b;
 }
 
-/* Ends parts[0..n) newest first; the first failure's status (and message). */
+/* A failure kept aside while more calls are made: status, message and the
+ * driver's result, set again as the thread's last error by kept_restore. */
+typedef struct kept_error {
+  dlsync_status status;
+  int driver_result;
+  char msg[512];
+} kept_error;
+
+static void kept_save(kept_error *k, dlsync_status st) {
+  k->status = st;
+  k->driver_result = dlsync_last_driver_result();
+  snprintf(k->msg, sizeof k->msg, "%s", dlsync_last_error());
+}
+
+static dlsync_status kept_set(dlsync_status st, int result, const char *fmt, ...)
+    DLSYNC__PRINTF(3, 4);
+static dlsync_status kept_set(dlsync_status st, int result, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  st = dlsync__fail_with(st, result, NULL, NULL, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
+static dlsync_status kept_restore(const kept_error *k) {
+  return kept_set(k->status, k->driver_result, "%s", k->msg);
+}
+
+/* Ends parts[0..n) newest first; the first failure's status, message and
+ * driver result. */
 static dlsync_status end_parts(dlsync_exchange **parts, size_t n) {
-  dlsync_status first = DLSYNC_SUCCESS;
-  char msg[512] = "";
+  kept_error first;
+  first.status = DLSYNC_SUCCESS;
   for (size_t i = n; i-- > 0;) {
     dlsync_status st = dlsync_exchange_end(parts[i]);
-    if (st != DLSYNC_SUCCESS && first == DLSYNC_SUCCESS) {
-      first = st;
-      snprintf(msg, sizeof msg, "%s", dlsync_last_error());
-    }
+    if (st != DLSYNC_SUCCESS && first.status == DLSYNC_SUCCESS)
+      kept_save(&first, st);
   }
-  if (first != DLSYNC_SUCCESS)
-    dlsync__fail(first, "%s", msg);
-  return first;
+  return first.status == DLSYNC_SUCCESS ? DLSYNC_SUCCESS : kept_restore(&first);
 }
 
 dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsync_context *ctx,
@@ -1013,11 +1039,11 @@ dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsync_context *
   nparts = 0;
 cleanup:
   if (nparts > 0) {
-    /* Order back what was ordered; the status stays the first failure's. */
-    char msg[512];
-    snprintf(msg, sizeof msg, "%s", dlsync_last_error());
+    /* Order back what was ordered; the error stays the first failure's. */
+    kept_error k;
+    kept_save(&k, st);
     (void)end_parts(parts, nparts);
-    dlsync__fail(st, "%s", msg);
+    kept_restore(&k);
   }
   dlsync__free(parts);
   return st;
