@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The one allocation function of the library. Every module allocates through
  * dlsync__malloc and friends, so that a test can make any allocation fail
  * (dlsync__alloc_fail_nth) as it makes any driver call fail. When no fault is

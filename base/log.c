@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The decision log, in the manner of NCCL_DEBUG.
  *
  *   DLSYNC_DEBUG=WARN|INFO|TRACE   what to write (unset or anything else: off)

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Status names and the per-thread last error (the bottom of the library:
  * it uses nothing of dlsync). */
 #include <stdarg.h>

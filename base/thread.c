@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The calling thread's block (private/base.h): one thread-local object whose
  * slots belong to the modules above. */
 #include "dlsync/private/base.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Host cost of an exchange against the raw driver calls it must make,
  * measured side by side in one run, and replay time of a captured chain of
  * exchanges against a hand-built graph with only the edges it needs.

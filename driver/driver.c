@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA driver table: libcuda.so.1 loaded with dlopen, each entry point
  * resolved once with cuGetProcAddress at the ABI version pinned in
  * include/dlsync/private/driver.h. This file is the only one that knows how

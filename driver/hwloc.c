@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libhwloc loaded at run time: see include/dlsync/private/hwloc.h.
  *
  * Only hwloc's types come from <hwloc.h> (when the build found its headers);

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Per-CUDA-context event pools.
  *
  * An event can be recorded again as soon as the wait that used it has been

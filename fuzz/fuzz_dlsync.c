@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libFuzzer harness over the fake driver (issue 13).
  *
  * Each input is a little program: bytes pick operations (dlsync_order,

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Writes the seed corpus of fuzz_dlsync (fuzz/corpus/). Each seed is a short
 program in the harness's byte code (see step() and lane_of() in
 fuzz_dlsync.c): an operation byte, a slot byte, then the operation's

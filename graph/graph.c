@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Nodes dlsync appends to graphs, and events owned by graphs. */
 #include <pthread.h>
 #include <stdatomic.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* DLPack: tensor fields dlsync reads, and __dlpack__ stream values.
  * include/dlsync/dlpack.h has the contract; private/dlpack_abi.h the layout. */
 #include <string.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Env streams: a per-thread table of (device type, device id) -> stream, and
  * the producer's stream from a DLPack exchange API. include/dlsync/env.h has
  * the contract.

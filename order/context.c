@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Contexts, the default context, devices and capabilities. */
 #include <stdio.h>
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The decision table: dlsync_order and the exchange built on it.
  * include/dlsync/exchange.h has the table; docs/design.md section 3 the why; the rows are
  * classified in table.c. */

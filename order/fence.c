@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fences: an event recorded on a lane, waited on from any lane later.
  * include/dlsync/fence.h has the contract. */
 #include <stdlib.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Stream-ordered release: deleters run after the work that used an object.
  * include/dlsync/release.h has the contract.
  *

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The decision table as one pure function: what the two lanes are now ->
  * the row (include/dlsync/private/table.h). No driver call, no state; tested
  * over every combination by tests/test_decision_table.c. */

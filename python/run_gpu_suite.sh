@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The framework regression suite on a GPU machine:
 #   bash python/run_gpu_suite.sh BUILD_DIR
 # BUILD_DIR holds libdlsync.so (scripts/gpu-check.sh passes its own). Builds

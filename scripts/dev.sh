@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The two commands of the README.
 #
 #   bash scripts/dev.sh info   builds dlsync (Release) and runs dlsync-info

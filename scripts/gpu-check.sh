@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # One command for a GPU machine: builds dlsync (Release, warnings fatal), runs
 # dlsync-info, the whole ctest suite (unit tests on the fake driver and the
 # GPU tests), the graph-capture regression suite and the benchmark, and

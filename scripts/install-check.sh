@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # How users get dlsync, checked from a copy of the tree (what git would clone):
 #   1. cmake --install to a temporary prefix; the CMake package, dlsync.pc,
 #      public headers only, no libcuda or libhwloc NEEDED;

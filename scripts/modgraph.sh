@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # The library's module graph, read from the object files of a build.
 #
 #   bash scripts/modgraph.sh BUILD_DIR

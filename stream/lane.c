@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Lanes: validation and the capture query made at each call. */
 #include <stdio.h>
 #include <string.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The fixture the unit tests on the fake driver share: a fresh fake with two
  * devices, a context, two streams P and C on device 0; on close, checks that
  * nothing illegal happened during any capture, that every event is back in

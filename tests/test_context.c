@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Contexts on the fake driver: creation, configuration, capabilities,
  * devices, the default context, and every driver failure on those paths. */
 #include <setjmp.h>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // The C++ header (include/dlsync/dlsync.hpp) on the fake driver: the guard
 // orders both ways and ends in its destructor, keeps the first failure's
 // status and message, joins a side stream back into a capture, moves without

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The decision log at TRACE (DLSYNC_DEBUG=TRACE, set by ctest or by main
  * before the first call): each row of the decision table, run on the fake
  * driver, leaves a line naming that row. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The decision table without any driver: dlsync__table_classify over every
  * combination of its inputs, against the table of include/dlsync/exchange.h
  * and docs/design.md written out here a second time, as lookup tables. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* DLPack on the fake driver: the deleter called exactly once, the version
  * read at the ABI's offset, every __dlpack__ stream value and error (with the
  * producer eager, capturing, invalidated, or the legacy stream while a

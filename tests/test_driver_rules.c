@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The capture rules of fake_driver.h ([R1]..[R10]) checked on the fake with
  * driver calls only (tests/rules/driver_rules.c); tests/gpu/gpu_rules.c runs
  * the same checks on the real driver. */

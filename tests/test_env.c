@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Env streams: set/get/restore per (device type, device id), per thread,
  * growth of the table, its errors (out of memory included), and the
  * producer's stream from a DLPackExchangeAPI built here on dlsync's private

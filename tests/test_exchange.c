@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The decision table on the fake driver: one test per row (the exact driver
  * calls, the resulting graph edges, a clean end of capture, no illegal call),
  * the errors, fault injection on every driver call and every allocation of

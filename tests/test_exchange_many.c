@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync_exchange_begin_many on the fake driver: the exact calls (each
  * distinct producer once), one join per capture, edges only for a producer
  * already in the consumer's capture, the refusals, the order-back after a

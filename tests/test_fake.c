@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Tests of the fake CUDA driver itself (tests/fake/): each rule it models is
  * checked here, so the library's tests can trust what it answers. */
 #ifndef _GNU_SOURCE

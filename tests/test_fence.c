@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Fences on the fake driver: signal on each kind of lane (eager stream,
  * capturing stream, graph built by hand) and wait from each kind, checking
  * the driver calls, the nodes and edges, the eager order, who holds the event

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Hardening (issue 13) on the fake driver: each test guards one finding of
  * the bad-input and fault hunt, or one misuse that must be caught, and is
  * named after it; and every public entry point is swept with a fault on each

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The public headers compile as strict C11 on their own, without cuda.h. */
 #include "dlsync/dlsync.h"
 

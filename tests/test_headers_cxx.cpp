@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // The public headers compile as C++ (with and without cuda.h first) and the
 // handle types of cuda.h pass to them unchanged.
 #include <cuda.h>

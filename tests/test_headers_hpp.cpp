@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // dlsync.hpp compiles as C++17 without exceptions (the throwing constructors
 // are then absent) next to cuda.h's types.
 #include <cuda.h>

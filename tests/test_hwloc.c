@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The run-time hwloc loader (driver/hwloc.c): what it reports matches what
  * the loader can open, bad bus ids are refused, and threads may bind at once
  * (topology loads are serialised; ThreadSanitizer runs this test). */

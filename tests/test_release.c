@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Stream-ordered release on the fake driver: deleters run on a reclaimer
  * thread, once, only after the work (eager streams: after synchronizing the
  * event recorded behind the producer's work; graphs: after the graph and its

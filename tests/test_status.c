@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Status names, strings and the per-thread last error. */
 #include <pthread.h>
 #include <setjmp.h>

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 # Checks on dlsync-info, run by ctest through cmake -P.
 #   -DINFO=<dlsync-info> -DMODE=json -DPYTHON=<python3>: --json exits 0 and
 #     prints one valid JSON object with the expected sections.

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync-info: what dlsync finds on this machine.
  *
  * Prints the library version, the CUDA driver dlsync loads, each GPU with

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync-info --selftest. See selftest.h.
  *
  * The check is the GPU suite's (tests/gpu/gpu_suite.c) in small: a producer

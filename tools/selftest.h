@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync-info --selftest: each row of the decision table on the GPU, with a
  * data check and a negative control. Public API of dlsync, and the driver
  * through its own dlopen (the library's driver table is private). */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync-info: the hwloc side. See topology.h.
  *
  * PCI devices are found from the bus id the CUDA driver reports, never

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync-info: the machine as hwloc sees it, behind plain structs.
  *
  * This is the only part of dlsync-info that knows hwloc; nothing here is part

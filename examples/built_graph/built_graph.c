@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Graphs built by hand (option B): a producer graph whose node fills a
  * buffer and a consumer graph whose node copies from it, built node by node
  * and ordered by one dlsync exchange, with no stream capture anywhere.

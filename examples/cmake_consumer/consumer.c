@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A program that uses an installed dlsync (examples/cmake_consumer,
  * examples/pkgconfig_consumer). Checks that the library it runs with is the
  * one it was compiled against and asks for the default context: with no GPU

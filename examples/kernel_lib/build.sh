@@ -1,4 +1,5 @@
 #!/usr/bin/env bash
+# SPDX-License-Identifier: Apache-2.0
 # Builds libkernel_lib.so: bash examples/kernel_lib/build.sh BUILD_DIR
 # (BUILD_DIR holds libdlsync.so). Needs nvcc.
 set -euo pipefail

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Calls the example kernel library (scale.cu, dlsync inside) from PyTorch,
 on a plain stream and under torch.cuda.graph, and checks the results.
 

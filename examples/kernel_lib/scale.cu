@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // A tiny kernel library that uses dlsync: it runs its kernel on a side stream
 // of its own, ordered after the caller's stream with one exchange, so it is
 // correct on plain streams and survives torch.cuda.graph (its side stream

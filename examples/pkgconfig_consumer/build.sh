@@ -1,4 +1,5 @@
 #!/bin/sh
+# SPDX-License-Identifier: Apache-2.0
 # Builds and runs the consumer against an installed dlsync through pkg-config:
 #   PKG_CONFIG_PATH=<prefix>/lib/pkgconfig sh examples/pkgconfig_consumer/build.sh OUTDIR
 # consumer_shared links libdlsync.so (run with the library directory on the

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Builds and loads the example torch extension (scale_ext.cu) against libdlsync.
 
     python3 examples/torch_extension/build.py BUILD_DIR   # prints the .so path

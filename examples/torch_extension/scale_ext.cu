@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // A PyTorch C++ extension that is also a kernel library with a stream of its
 // own: it reads torch's current stream, launches its kernel on its own
 // stream, and orders the two with one dlsync::exchange guard (dlsync.hpp).

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: contexts, the driver they use, devices and capabilities.
  *
  * A context owns the per-device event pools and everything dlsync keeps for

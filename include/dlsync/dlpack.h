@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: DLPack integration.
  *
  * dlsync works with DLPack 1.x tensors (struct DLManagedTensorVersioned, ABI

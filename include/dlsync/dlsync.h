@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: capture-aware ordering of GPU work between libraries that exchange
  * tensors. The one header to include. See README.md for the overview. */
 #ifndef DLSYNC_DLSYNC_H

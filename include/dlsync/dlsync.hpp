@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync for C++ (header-only, optional, C++17): RAII over the C API.
  *
  *   #include <dlsync/dlsync.hpp>

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: env streams, the current work stream of each device.
  *
  * A framework sets the stream its work goes to for a device (DLPack device

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: ordering work between a producer and a consumer.
  *
  * dlsync_order(ctx, first, then) makes the work that `then` queues from now on

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: symbol visibility. */
 #ifndef DLSYNC_EXPORT_H
 #define DLSYNC_EXPORT_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: fences, for work exported for longer than one exchange.
  *
  * dlsync_fence_signal marks the work queued so far on a lane; any number of

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: lanes, the places where work is ordered.
  *
  * A lane is either

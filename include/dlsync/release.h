@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: stream-ordered release of exported objects.
  *
  * dlsync_release hands back an object (a DLPack tensor, a buffer, anything

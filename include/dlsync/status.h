@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: status codes and per-thread error information.
  *
  * Every dlsync function that can fail returns a dlsync_status. On failure the

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: version. DLSYNC_VERSION is MAJOR*10000 + MINOR*100 + PATCH. */
 #ifndef DLSYNC_VERSION_H
 #define DLSYNC_VERSION_H

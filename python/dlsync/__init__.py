@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """dlsync for Python: capture-aware ordering of GPU work between frameworks.
 
 A thin layer over libdlsync; no framework is needed to import it. The library

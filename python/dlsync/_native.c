@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync._native: the compiled part of the Python binding (python/dlsync/__init__.py).
  *
  * A CPython extension on the stable ABI (Py_LIMITED_API 3.9): one abi3 module

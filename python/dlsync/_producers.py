@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Finding a producer's stream, for :func:`dlsync.wrap` and :func:`dlsync.exchange`.
 
 The order (first that answers wins):

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """python/bench/bench_python.py without a GPU: its skip lines, its result
 lines, the order of its rows, and the in-place build of dlsync._native it
 makes before measuring (with CMake, and with the C compiler alone), into a

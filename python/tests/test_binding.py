@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The Python binding without a GPU: loading, stream handles, errors.
 
 Plain unittest (no pytest needed); ctest runs it with DLSYNC_LIBRARY set."""

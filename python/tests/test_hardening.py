@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Hardening of the Python binding (issue 13, finding 9), without a GPU:
 every stream value is checked before ctypes sees it, and __dlpack__ applies
 the library's DLPack rules (dlsync_dlpack_stream) rather than a copy.

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The two paths of the binding, without a GPU: dlsync._native (compiled, the
 stable ABI) and the ctypes fallback (DLSYNC_NO_NATIVE=1, or no built module).
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The installed package: version from version.h, the library it loaded.
 
 DLSYNC_EXPECT_BUNDLED=1 (CI, gpu-check.sh after installing the wheel) also

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Finding a producer's stream, without a GPU: fake producers, a fake DLPack
 exchange API capsule (its current_work_stream a Python callback, asked
 through the library's dlsync_env_stream_from_exchange_api, which makes no

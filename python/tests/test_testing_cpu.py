@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """dlsync.testing without a GPU: importing it, the diagnosis table, the report,
 the option checks, and the pytest plugin skipping its cases.
 

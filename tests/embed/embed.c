@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* A shared library that embeds libdlsync.a (tests/CMakeLists.txt,
  * static_embedding_hidden): it must export its own function and no dlsync_*. */
 #include <dlsync/dlsync.h>

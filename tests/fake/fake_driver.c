@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync tests: the fake CUDA driver (see fake_driver.h for the model). */
 #ifndef _GNU_SOURCE
 #define _GNU_SOURCE

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync tests: the fake CUDA driver.
  *
  * A small stateful model of libcuda behind a dlsync__driver table, for unit

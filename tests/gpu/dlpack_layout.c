@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync's DLPack mirrors against a real dlpack.h, with the real header
  * included first (dlpack_layout_b.c includes it last). Built only where CMake
  * found a dlpack.h (PyTorch, CuPy or TVM FFI ship one, or

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync's DLPack mirrors against a real dlpack.h (tests/gpu/dlpack_layout*.c).
  *
  * Included after both the real dlpack.h (DLSYNC_DLPACK_HEADER, a path given

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The same checks as dlpack_layout.c with dlsync's headers included before
  * the real dlpack.h. */
 #include "dlsync/dlsync.h"

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 // The real dlpack.h and dlsync's headers together in C++ (dlsync's first):
 // dlsync's forward declarations name the same types as dlpack.h's
 // definitions, so real DLPack structs pass to dlsync's functions unchanged.

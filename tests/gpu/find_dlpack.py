@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Prints, one a line, NAME=DIR for the Python packages that may ship
 dlpack.h (PyTorch, CuPy, TVM FFI), without importing them (no CUDA
 initialisation). tests/gpu/CMakeLists.txt looks for dlpack.h under each DIR."""

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* Shared helpers of the GPU programs (tests/gpu, bench): the real driver
  * through dlsync's own table, a context, and checks that report and bail. */
 #ifndef DLSYNC_GPU_COMMON_H

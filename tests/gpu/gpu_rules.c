@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The fake driver's capture rules ([R1]..[R10] of tests/fake/fake_driver.h)
  * checked on the real driver with the same code as on the fake
  * (tests/rules/driver_rules.c): where both pass, the fake and CUDA agree rule

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* GPU smoke test: the real driver loads through dlsync's table, the devices
  * dlsync reports match cuDeviceGetCount, and each one's facts can be read.
  * Exits 77 (skipped) where no driver or GPU is found. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The graph-capture regression suite, on a real GPU.
  *
  * Every row of the decision table (include/dlsync/exchange.h), in each capture

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The rule checks (driver_rules.h). Driver calls only: no fake helper. */
 #include "driver_rules.h"
 

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* The capture rules of tests/fake/fake_driver.h ([R1]..[R10]) as checks that
  * make driver calls only, so that the same checks run on the fake
  * (tests/test_driver_rules.c) and on the real libcuda (tests/gpu/gpu_rules.c):

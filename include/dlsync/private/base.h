@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync private: the base layer (base/). Never installed.
  *
  * The bottom of the library: status and the per-thread last error, the one

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync private: the DLPack 1.x ABI, mirrored. Never installed.
  *
  * dlsync does not include dlpack.h. These structs repeat, under private

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync private: the CUDA driver table. Never installed.
  *
  * This is the only place that names libcuda's entry points. The library loads

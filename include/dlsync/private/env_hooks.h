@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync private: test hooks of the env stream table (stream/env.c). Never
  * installed. */
 #ifndef DLSYNC_PRIVATE_ENV_HOOKS_H

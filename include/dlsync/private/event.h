@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync private: event pools, held events and event/'s per-thread slot
  * (event/). Never installed. Uses base/, driver/ and stream/'s stream
  * predicates. */

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync private: nodes appended to captures and built graphs, objects
  * owned by graphs (graph/). Never installed. Uses the layers below. */
 #ifndef DLSYNC_PRIVATE_GRAPH_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* libhwloc, loaded at run time (driver/hwloc.c).
  *
  * dlsync never links libhwloc: libdlsync.so (and the Python wheel that

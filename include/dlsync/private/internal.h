@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync private: every layer's private header at once, for tests, tools
  * and bench. Never installed. The library's own sources include only their
  * layer's header: base.h, driver.h, stream.h, event.h, graph.h, table.h,

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync private: the ordering layer (order/): the context, whose struct only
  * this layer and the one above see, and the release book. Never installed. */
 #ifndef DLSYNC_PRIVATE_ORDER_H

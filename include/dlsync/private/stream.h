@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync private: lanes (stream/). Never installed. Uses base/ and driver/. */
 #ifndef DLSYNC_PRIVATE_STREAM_H
 #define DLSYNC_PRIVATE_STREAM_H

@@ -1,3 +1,4 @@
+/* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync private: the decision table as code (order/table.c). Never
  * installed.
  *

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """dlsync.testing: capture conformance for a kernel library's own test suite.
 
     from dlsync.testing import check_capture

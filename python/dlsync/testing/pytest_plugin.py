@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """pytest plugin: capture conformance in a kernel library's tests.
 
 Installed with dlsync (entry point ``pytest11: dlsync =

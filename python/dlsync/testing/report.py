@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The capture-conformance report: what each case saw, what it means in CUDA's
 terms, and what to do about it.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """Collects each case's outcome (with dlsync, and the control without it),
 asserts it, and prints the table at the end of the session."""
 import pytest

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """One rank of test_reach.py's NCCL case: python3 nccl_worker.py SETTING USE OUT.
 
 SETTING is "eager" or "graph" (the all_reduce and the consumer captured in

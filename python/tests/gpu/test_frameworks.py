@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """The framework regression suite, on a GPU: PyTorch, CuPy, JAX, cuda.core and
 an example kernel library, under torch.cuda.graph where a graph is involved.
 

@@ -1,3 +1,4 @@
+# SPDX-License-Identifier: Apache-2.0
 """dlsync.testing's own tests on a GPU: the harness against real ops, good and
 broken.
 
