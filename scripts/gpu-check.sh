@@ -9,6 +9,8 @@
 #   SUITE_ONLY=1 bash scripts/gpu-check.sh
 #   SANITIZER=1 bash scripts/gpu-check.sh  # also: the GPU suite under
 #                                          # compute-sanitizer memcheck and synccheck
+#   BENCH_RUNS=3 HARNESS_RUNS=3 ...        # the bench and dlsync.testing's GPU
+#                                          # tests three times
 #
 # .baseline/ (ignored; git archive of an earlier commit) adds the bench's
 # before/after table: that tree's libdlsync.so against this one, same run.
@@ -173,6 +175,10 @@ if [ -z "${SUITE_ONLY:-}" ]; then
     fi
   fi
   "$build"/bench/bench_exchange >"$out/bench.txt" 2>&1 || bench_rc=$?
+  # BENCH_RUNS=3: the bench twice more, its target lines printed per run.
+  for i in $(seq 2 "${BENCH_RUNS:-1}"); do
+    "$build"/bench/bench_exchange >"$out/bench$i.txt" 2>&1 || bench_rc=$?
+  done
 fi
 
 # The Python bench (python/bench/bench_python.py): dlsync's Python rows against
@@ -183,6 +189,10 @@ if [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ] && [ -f "$root/python/ben
   pybench_rc=0
   (cd "$root/python" && DLSYNC_LIBRARY="$build/libdlsync.so" PYTHONUNBUFFERED=1 \
     python3 bench/bench_python.py) >"$out/pybench.txt" 2>&1 || pybench_rc=$?
+  for i in $(seq 2 "${BENCH_RUNS:-1}"); do
+    (cd "$root/python" && DLSYNC_LIBRARY="$build/libdlsync.so" PYTHONUNBUFFERED=1 \
+      python3 bench/bench_python.py) >>"$out/pybench.txt" 2>&1 || pybench_rc=$?
+  done
 fi
 stamp "report"
 echo
@@ -221,6 +231,10 @@ fi
 if [ -z "${SUITE_ONLY:-}" ]; then
   echo "== bench (rc $bench_rc)"
   grep -v '^FAIL' "$out/bench.txt"
+  for i in $(seq 2 "${BENCH_RUNS:-1}"); do
+    echo "== bench run $i: the lines with a target"
+    grep -E 'ok|MISSED|SLOWER|noise|not slower' "$out/bench$i.txt"
+  done
   [ "$bench_rc" -eq 0 ] || { tail -5 "$out/bench.txt"; status=1; }
 fi
 if [ "$pybench_rc" != skipped ]; then
