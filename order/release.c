@@ -14,6 +14,7 @@
  * destroying it can wait for the eager ones and report those graphs still
  * own. Books and queued releases are reference-counted, so a release that
  * outlives its context (owned by a graph) still runs. */
+#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -33,6 +34,7 @@ struct dlsync__release_book {
   size_t mode_failures;        /* releases whose reclaimer could not enter RELAXED mode */
   size_t blocked;              /* eager releases waiting now for RELAXED mode */
   dlsync_status first_failure; /* since the last flush; DLSYNC_SUCCESS when none */
+  int first_result;            /* its CUresult, for dlsync_last_driver_result */
   char first_message[256];
 };
 
@@ -102,15 +104,17 @@ static void book_cancel(dlsync__release_book *b, bool from_graph) {
 
 /* A failure on the reclaimer thread, kept for flush and the stats (the
  * message of the first one since the last flush). Called with b->lock. */
-static void book_note_failure_locked(dlsync__release_book *b, const char *message) {
+static void book_note_failure_locked(dlsync__release_book *b, int result, const char *message) {
   if (b->first_failure == DLSYNC_SUCCESS) {
     b->first_failure = DLSYNC_ERROR_DRIVER;
+    b->first_result = result;
     snprintf(b->first_message, sizeof b->first_message, "%s", message);
   }
 }
 
-static void book_done(dlsync__release_book *b, bool from_graph, bool sync_failed,
+static void book_done(dlsync__release_book *b, bool from_graph, int sync_result,
                       const char *message) {
+  bool sync_failed = sync_result != CUDA_SUCCESS;
   pthread_mutex_lock(&b->lock);
   if (from_graph)
     b->pending_graph--;
@@ -119,7 +123,7 @@ static void book_done(dlsync__release_book *b, bool from_graph, bool sync_failed
   b->done++;
   if (sync_failed) {
     b->sync_failures++;
-    book_note_failure_locked(b, message);
+    book_note_failure_locked(b, sync_result, message);
   }
   pthread_cond_broadcast(&b->cond);
   pthread_mutex_unlock(&b->lock);
@@ -131,25 +135,37 @@ static _Thread_local bool on_reclaimer;
 /* Waits until every eager release has run or is blocked (its reclaimer
  * cannot enter RELAXED mode), then returns the first failure since the last
  * flush (and forgets it). */
+static dlsync_status flush_fail(dlsync_status st, int result, const char *fmt, ...)
+    DLSYNC__PRINTF(3, 4);
+static dlsync_status flush_fail(dlsync_status st, int result, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  st = dlsync__fail_with(st, result, NULL, NULL, fmt, ap);
+  va_end(ap);
+  return st;
+}
+
 static dlsync_status book_flush(dlsync__release_book *b) {
   dlsync_status st;
+  int result;
   char message[sizeof b->first_message];
   size_t blocked;
   pthread_mutex_lock(&b->lock);
   while (b->pending_eager > b->blocked)
     pthread_cond_wait(&b->cond, &b->lock);
   st = b->first_failure;
+  result = b->first_result;
   blocked = b->blocked;
   snprintf(message, sizeof message, "%s", b->first_message);
   b->first_failure = DLSYNC_SUCCESS;
   b->first_message[0] = '\0';
   pthread_mutex_unlock(&b->lock);
   if (st != DLSYNC_SUCCESS)
-    return dlsync__fail(st, "dlsync_release_flush: a release failed on the reclaimer thread: %s%s",
-                        message,
-                        blocked > 0 ? " (its deleter has not run: it runs once the reclaimer "
-                                      "can enter RELAXED capture mode)"
-                                    : "");
+    return flush_fail(
+        st, result, "dlsync_release_flush: a release failed on the reclaimer thread: %s%s", message,
+        blocked > 0 ? " (its deleter has not run: it runs once the reclaimer "
+                      "can enter RELAXED capture mode)"
+                    : "");
   return DLSYNC_SUCCESS;
 }
 
@@ -231,7 +247,7 @@ static void enter_relaxed(release_item *it) {
       pthread_mutex_lock(&it->book->lock);
       it->book->mode_failures++;
       it->book->blocked += it->from_graph ? 0 : 1;
-      book_note_failure_locked(it->book, message);
+      book_note_failure_locked(it->book, (int)r, message);
       pthread_cond_broadcast(&it->book->cond);
       pthread_mutex_unlock(&it->book->lock);
     }
@@ -246,7 +262,7 @@ static void enter_relaxed(release_item *it) {
 }
 
 static void run_item(release_item *it) {
-  bool sync_failed = false;
+  CUresult sync_result = CUDA_SUCCESS;
   char message[200] = {0};
   enter_relaxed(it);
   if (it->event != NULL) {
@@ -254,7 +270,7 @@ static void run_item(release_item *it) {
     if (r != CUDA_SUCCESS) {
       /* The deleter runs anyway (the stream will not get better by waiting);
        * the failure is counted and returned by the next flush. */
-      sync_failed = true;
+      sync_result = r;
       snprintf(message, sizeof message,
                "cuEventSynchronize failed on the reclaimer of device %d: %s (the deleter ran "
                "anyway)",
@@ -264,7 +280,7 @@ static void run_item(release_item *it) {
     dlsync__pool_unref(it->pool);
   }
   it->fn(it->arg);
-  book_done(it->book, it->from_graph, sync_failed, message);
+  book_done(it->book, it->from_graph, (int)sync_result, message);
   dlsync__free(it);
 }
 

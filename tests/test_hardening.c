@@ -252,6 +252,7 @@ static void test_reclaimer_without_relaxed_mode_makes_no_illegal_call(void **sta
   /* flush returns at once with the failure; the deleter has not run. */
   assert_int_equal(dlsync_release_flush(ctx), DLSYNC_ERROR_DRIVER);
   assert_message_has("cuThreadExchangeStreamCaptureMode");
+  assert_int_equal(dlsync_last_driver_result(), CUDA_ERROR_UNKNOWN);
   assert_int_equal(atomic_load(&deleted), 0);
   s = stats_of(ctx);
   assert_int_equal(s.mode_failures, 1);
@@ -283,6 +284,7 @@ static void test_failed_reclaimer_sync_is_counted_and_returned_by_flush(void **s
   assert_int_equal(dlsync_release(ctx, &lc, count_deleter, NULL), DLSYNC_SUCCESS);
   assert_int_equal(dlsync_release_flush(ctx), DLSYNC_ERROR_DRIVER);
   assert_message_has("CUDA_ERROR_LAUNCH_FAILED");
+  assert_int_equal(dlsync_last_driver_result(), CUDA_ERROR_LAUNCH_FAILED); /* from that thread */
   assert_int_equal(atomic_load(&deleted), 1);
   s = stats_of(ctx);
   assert_int_equal(s.sync_failures, 1);
