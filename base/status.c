@@ -98,6 +98,15 @@ dlsync_status dlsync__fail_with(dlsync_status status, int driver_result, const c
   return status;
 }
 
+dlsync_status dlsync__fail_result(dlsync_status status, int driver_result, const char *fmt, ...) {
+  va_list ap;
+  va_start(ap, fmt);
+  set_message(status, driver_result, NULL, fmt, ap);
+  va_end(ap);
+  log_error();
+  return status;
+}
+
 dlsync_status dlsync__retag(dlsync_status status) {
   last_error.status = status;
   return status;

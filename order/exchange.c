@@ -2,7 +2,6 @@
 /* The decision table: dlsync_order and the exchange built on it.
  * include/dlsync/exchange.h has the table; docs/design.md section 3 the why; the rows are
  * classified in table.c. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -946,18 +945,8 @@ static void kept_save(kept_error *k, dlsync_status st) {
   snprintf(k->msg, sizeof k->msg, "%s", dlsync_last_error());
 }
 
-static dlsync_status kept_set(dlsync_status st, int result, const char *fmt, ...)
-    DLSYNC__PRINTF(3, 4);
-static dlsync_status kept_set(dlsync_status st, int result, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  st = dlsync__fail_with(st, result, NULL, NULL, fmt, ap);
-  va_end(ap);
-  return st;
-}
-
 static dlsync_status kept_restore(const kept_error *k) {
-  return kept_set(k->status, k->driver_result, "%s", k->msg);
+  return dlsync__fail_result(k->status, k->driver_result, "%s", k->msg);
 }
 
 /* Ends parts[0..n) newest first; the first failure's status, message and

@@ -14,7 +14,6 @@
  * destroying it can wait for the eager ones and report those graphs still
  * own. Books and queued releases are reference-counted, so a release that
  * outlives its context (owned by a graph) still runs. */
-#include <stdarg.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -135,16 +134,6 @@ static _Thread_local bool on_reclaimer;
 /* Waits until every eager release has run or is blocked (its reclaimer
  * cannot enter RELAXED mode), then returns the first failure since the last
  * flush (and forgets it). */
-static dlsync_status flush_fail(dlsync_status st, int result, const char *fmt, ...)
-    DLSYNC__PRINTF(3, 4);
-static dlsync_status flush_fail(dlsync_status st, int result, const char *fmt, ...) {
-  va_list ap;
-  va_start(ap, fmt);
-  st = dlsync__fail_with(st, result, NULL, NULL, fmt, ap);
-  va_end(ap);
-  return st;
-}
-
 static dlsync_status book_flush(dlsync__release_book *b) {
   dlsync_status st;
   int result;
@@ -161,7 +150,7 @@ static dlsync_status book_flush(dlsync__release_book *b) {
   b->first_message[0] = '\0';
   pthread_mutex_unlock(&b->lock);
   if (st != DLSYNC_SUCCESS)
-    return flush_fail(
+    return dlsync__fail_result(
         st, result, "dlsync_release_flush: a release failed on the reclaimer thread: %s%s", message,
         blocked > 0 ? " (its deleter has not run: it runs once the reclaimer "
                       "can enter RELAXED capture mode)"

@@ -55,6 +55,11 @@ dlsync_status dlsync__fail_with(dlsync_status status, int driver_result, const c
                                 const char *suffix, const char *fmt, va_list ap)
     DLSYNC__PRINTF(5, 0);
 
+/* dlsync__fail with a driver result: a failure seen elsewhere (another
+ * thread, an earlier call) reported again with its CUresult. */
+dlsync_status dlsync__fail_result(dlsync_status status, int driver_result, const char *fmt, ...)
+    DLSYNC__PRINTF(3, 4);
+
 /* Changes the status of the thread's last error, keeping its message. */
 dlsync_status dlsync__retag(dlsync_status status);
 
