@@ -223,6 +223,13 @@ dlsync_status dlsync__pool_for_current(dlsync__pool **out, dlsync__pools *ps, co
                       what);
     goto cleanup;
   }
+  for (dlsync__pool *p = atomic_load_explicit(&ps->list, memory_order_acquire); p != NULL;
+       p = p->next) {
+    if (p->cuctx == cur) { /* known: no lock */
+      *out = p;
+      return DLSYNC_SUCCESS;
+    }
+  }
   DLSYNC_TRY(dlsync__pool_for_cuctx(out, ps, cur));
 cleanup:
   return st;
@@ -450,14 +457,20 @@ void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync__pools *ps) {
   }
 }
 
+void dlsync__held_event_init(dlsync__held_event *he, dlsync__pool *p, CUevent event) {
+  atomic_init(&he->refs, 1);
+  he->embedded = true;
+  he->pool = p;
+  he->event = event;
+  dlsync__pool_note_graph_owned(p);
+}
+
 dlsync__held_event *dlsync__held_event_new(dlsync__pool *p, CUevent event) {
   dlsync__held_event *he = dlsync__malloc(sizeof *he);
   if (he == NULL)
     return NULL;
-  atomic_init(&he->refs, 1);
-  he->pool = p;
-  he->event = event;
-  dlsync__pool_note_graph_owned(p);
+  dlsync__held_event_init(he, p, event);
+  he->embedded = false;
   return he;
 }
 
@@ -469,7 +482,8 @@ void dlsync__held_event_unref(dlsync__held_event *he) {
   if (he == NULL || atomic_fetch_sub_explicit(&he->refs, 1, memory_order_acq_rel) != 1)
     return;
   dlsync__pool_return_from_graph(he->pool, he->event);
-  dlsync__free(he);
+  if (!he->embedded)
+    dlsync__free(he);
 }
 
 void dlsync__pool_note_graph_owned(dlsync__pool *p) {

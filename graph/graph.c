@@ -30,29 +30,23 @@ static void box_run(void *p) {
   dlsync__free(b);
 }
 
-dlsync_status dlsync__graph_hold(const dlsync__driver *d, CUgraph *graphs, int ngraphs,
-                                 void (*destroy)(void *), void *ptr, bool *taken) {
+/* Gives the filled box (destroy, ptr) to the graphs: one user object that
+ * each of them holds. *taken: the box (and ptr) are the user object's from
+ * now on, whatever the status; false: both are still the caller's. */
+static dlsync_status hold_give(const dlsync__driver *d, CUgraph *graphs, int ngraphs,
+                               hold_box *box, bool *taken) {
   dlsync_status st = DLSYNC_SUCCESS;
   CUuserObject uo = NULL;
   unsigned held = 0; /* references still held by this function */
-  hold_box *box = NULL;
   *taken = false;
-  box = dlsync__malloc(sizeof *box);
-  if (box == NULL) {
-    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an object to graph %p: out of memory",
-                      (void *)graphs[0]);
-    goto cleanup;
-  }
-  box->destroy = destroy;
-  box->ptr = ptr;
   atomic_flag_clear(&box->ran);
   box->next = NULL;
   DLSYNC_CU(
       d, cuUserObjectCreate,
       d->UserObjectCreate(&uo, box, box_run, (unsigned)ngraphs, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
       "making an object owned by graph %p", (void *)graphs[0]);
-  /* From here the destructor owns `ptr`: it runs once the references below
-   * are all gone, whatever happens next. */
+  /* From here the destructor owns the box: it runs once the references
+   * below are all gone, whatever happens next. */
   *taken = true;
   held = (unsigned)ngraphs;
   for (int i = 0; i < ngraphs; i++) {
@@ -61,7 +55,6 @@ dlsync_status dlsync__graph_hold(const dlsync__driver *d, CUgraph *graphs, int n
               "giving an object to graph %p", (void *)graphs[i]);
     held--;
   }
-  box = NULL;
 cleanup:
   if (held > 0) {
     /* Graphs that took a reference keep the object until they are
@@ -76,7 +69,7 @@ cleanup:
         box->next = abandoned;
         abandoned = box;
         pthread_mutex_unlock(&abandoned_lock);
-        destroy(ptr);
+        box->destroy(box->ptr);
       }
     } else if (!released) {
       /* graphs[0] took the object: it takes our references too (moved, no
@@ -85,8 +78,21 @@ cleanup:
        * the driver frees it with its context. */
       (void)d->GraphRetainUserObject(graphs[0], uo, held, CU_GRAPH_USER_OBJECT_MOVE);
     }
-    box = NULL;
   }
+  return st;
+}
+
+dlsync_status dlsync__graph_hold(const dlsync__driver *d, CUgraph *graphs, int ngraphs,
+                                 void (*destroy)(void *), void *ptr, bool *taken) {
+  dlsync_status st;
+  hold_box *box = dlsync__malloc(sizeof *box);
+  *taken = false;
+  if (box == NULL)
+    return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an object to graph %p: out of memory",
+                        (void *)graphs[0]);
+  box->destroy = destroy;
+  box->ptr = ptr;
+  st = hold_give(d, graphs, ngraphs, box, taken);
   if (!*taken)
     dlsync__free(box);
   return st;
@@ -256,13 +262,46 @@ cleanup:
   return st;
 }
 
+/* An event that built graphs alone hold: its count lives in the user
+ * object's box, one allocation for both (the box is freed with it). */
+typedef struct event_box {
+  hold_box box; /* first: box_run frees the whole */
+  dlsync__held_event he;
+} event_box;
+
+static dlsync_status own_event_built(const dlsync__driver *d, dlsync__pool *pool, CUevent event,
+                                     CUgraph *graphs, int ngraphs) {
+  dlsync_status st;
+  bool taken = false;
+  event_box *eb = dlsync__malloc(sizeof *eb);
+  if (eb == NULL) {
+    dlsync__pool_put(pool, event);
+    return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an event to a graph: out of memory");
+  }
+  dlsync__held_event_init(&eb->he, pool, event);
+  eb->box.destroy = held_event_destroy;
+  eb->box.ptr = &eb->he;
+  st = hold_give(d, graphs, ngraphs, &eb->box, &taken);
+  if (!taken) {
+    dlsync__held_event_unref(&eb->he); /* the event back to its pool */
+    dlsync__free(eb);
+  }
+  return st;
+}
+
 dlsync_status dlsync__graph_own_event_lanes(const dlsync__driver *d, dlsync__pool *pool,
                                             CUevent event, dlsync__lane_now *const *lanes,
                                             int nlanes) {
   dlsync_status st = DLSYNC_SUCCESS;
   CUgraph built[2];
   int nbuilt = 0;
-  dlsync__held_event *he = dlsync__held_event_new(pool, event);
+  dlsync__held_event *he;
+  if (lanes[0]->kind == DLSYNC_LANE_BUILT && (nlanes < 2 || lanes[1]->kind == DLSYNC_LANE_BUILT)) {
+    for (int i = 0; i < nlanes && i < 2; i++)
+      built[i] = lanes[i]->graph;
+    return own_event_built(d, pool, event, built, nlanes < 2 ? nlanes : 2);
+  }
+  he = dlsync__held_event_new(pool, event);
   if (he == NULL) {
     dlsync__pool_put(pool, event);
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an event to a graph: out of memory");
@@ -273,55 +312,62 @@ dlsync_status dlsync__graph_own_event_lanes(const dlsync__driver *d, dlsync__poo
     else
       built[nbuilt++] = lanes[i]->graph;
   }
-  if (nbuilt > 0)
-    DLSYNC_TRY(dlsync__graph_hold_event(d, he, built, nbuilt));
+  if (nbuilt > 0) {
+    /* The built graphs take this function's reference (one user object for
+     * them all); from then on their destructor lets it go. */
+    bool taken = false;
+    st = dlsync__graph_hold(d, built, nbuilt, held_event_destroy, he, &taken);
+    if (taken)
+      he = NULL;
+  }
 cleanup:
-  dlsync__held_event_unref(he); /* the graphs' references, where they took one, remain */
+  dlsync__held_event_unref(he); /* NULL: the graphs have it; captures took their own */
   return st;
 }
 
-static dlsync_status add_event_node(const dlsync__driver *d, CUgraphNode *out, CUgraph graph,
-                                    const CUgraphNode *deps, size_t ndeps, CUevent event,
-                                    bool record, const char *role) {
-  dlsync_status st = DLSYNC_SUCCESS;
-  CUresult r;
-  if (record)
-    r = d->GraphAddEventRecordNode(out, graph, deps, ndeps, event);
-  else
-    r = d->GraphAddEventWaitNode(out, graph, deps, ndeps, event);
-  if (r != CUDA_SUCCESS) {
-    st = dlsync__fail_driver(d, r, record ? "cuGraphAddEventRecordNode" : "cuGraphAddEventWaitNode",
-                             "%s lane, graph %p, after %zu node(s)", role, (void *)graph, ndeps);
-    if (r == CUDA_ERROR_INVALID_VALUE && ndeps > 0) {
-      /* Find out whether a dependency is from another graph (cold path). */
-      size_t count = 0;
-      CUgraphNode *nodes = NULL;
-      bool foreign = false;
-      if (d->GraphGetNodes(graph, NULL, &count) == CUDA_SUCCESS && count == 0) {
-        foreign = true; /* an empty graph holds none of them */
-      } else if ((nodes = dlsync__calloc(count + 1, sizeof *nodes)) != NULL &&
-                 d->GraphGetNodes(graph, nodes, &count) == CUDA_SUCCESS) {
-        for (size_t i = 0; i < ndeps && !foreign; i++) {
-          bool found = false;
-          for (size_t j = 0; j < count && !found; j++)
-            found = nodes[j] == deps[i];
-          foreign = !found;
-        }
+/* A failed cuGraphAdd*Node: the error, and whether a dependency is from
+ * another graph (cold path). */
+static DLSYNC__NOINLINE dlsync_status add_event_node_failed(const dlsync__driver *d, CUresult r,
+                                                            CUgraph graph,
+                                                            const CUgraphNode *deps, size_t ndeps,
+                                                            bool record, const char *role) {
+  dlsync_status st =
+      dlsync__fail_driver(d, r, record ? "cuGraphAddEventRecordNode" : "cuGraphAddEventWaitNode",
+                          "%s lane, graph %p, after %zu node(s)", role, (void *)graph, ndeps);
+  if (r == CUDA_ERROR_INVALID_VALUE && ndeps > 0) {
+    size_t count = 0;
+    CUgraphNode *nodes = NULL;
+    bool foreign = false;
+    if (d->GraphGetNodes(graph, NULL, &count) == CUDA_SUCCESS && count == 0) {
+      foreign = true; /* an empty graph holds none of them */
+    } else if ((nodes = dlsync__calloc(count + 1, sizeof *nodes)) != NULL &&
+               d->GraphGetNodes(graph, nodes, &count) == CUDA_SUCCESS) {
+      for (size_t i = 0; i < ndeps && !foreign; i++) {
+        bool found = false;
+        for (size_t j = 0; j < count && !found; j++)
+          found = nodes[j] == deps[i];
+        foreign = !found;
       }
-      dlsync__free(nodes);
-      if (foreign)
-        st = dlsync__fail(DLSYNC_ERROR_FOREIGN_DEPENDENCY,
-                          "the %s graph lane's dependencies include a node that is not in its "
-                          "graph %p; a graph lane's deps must be nodes of that graph",
-                          role, (void *)graph);
     }
+    dlsync__free(nodes);
+    if (foreign)
+      st = dlsync__fail(DLSYNC_ERROR_FOREIGN_DEPENDENCY,
+                        "the %s graph lane's dependencies include a node that is not in its "
+                        "graph %p; a graph lane's deps must be nodes of that graph",
+                        role, (void *)graph);
   }
   return st;
 }
 
-dlsync_status dlsync__graph_append_event(const dlsync__driver *d, dlsync__lane_now *l,
-                                         CUevent event, bool record) {
-  return dlsync__graph_append_event_node(d, l, event, record, NULL);
+static DLSYNC__INLINE dlsync_status add_event_node(const dlsync__driver *d, CUgraphNode *out,
+                                                   CUgraph graph, const CUgraphNode *deps,
+                                                   size_t ndeps, CUevent event, bool record,
+                                                   const char *role) {
+  CUresult r = record ? d->GraphAddEventRecordNode(out, graph, deps, ndeps, event)
+                      : d->GraphAddEventWaitNode(out, graph, deps, ndeps, event);
+  if (DLSYNC__LIKELY(r == CUDA_SUCCESS))
+    return DLSYNC_SUCCESS;
+  return add_event_node_failed(d, r, graph, deps, ndeps, record, role);
 }
 
 dlsync_status dlsync__graph_append_event_node(const dlsync__driver *d, dlsync__lane_now *l,
@@ -345,8 +391,7 @@ dlsync_status dlsync__graph_append_event_node(const dlsync__driver *d, dlsync__l
     l->deps_inline = true;
     l->ndeps = 1;
   } else {
-    dlsync_lane *lane = l->lane;
-    DLSYNC_TRY(dlsync__lane_fit(lane, 1, l->role, record ? "the record node" : "the wait node"));
+    dlsync_lane *lane = l->lane; /* room for one node: checked by the caller (lane_fit) */
     DLSYNC_TRY(add_event_node(d, &node, l->graph, l->deps, l->ndeps, event, record, l->role));
     lane->deps[0] = node;
     lane->ndeps = 1;

@@ -331,9 +331,10 @@ static dlsync_status pool_of(dlsync__pool **pool, bool *from_memo, const dlsync_
   return dlsync__pool_for_current(pool, &ctx->pools, graph_what);
 }
 
-dlsync_status dlsync__lanes_open(dlsync__lanes_opened *out, dlsync_context *ctx, dlsync_lane *a,
-                                 const char *ra, dlsync_lane *b, const char *rb,
-                                 const char *graph_what, bool memo, bool read) {
+dlsync_status dlsync__lanes_open_streams(dlsync__lanes_opened *out, dlsync_context *ctx,
+                                         dlsync_lane *a, const char *ra, dlsync_lane *b,
+                                         const char *rb, const char *graph_what, bool memo,
+                                         bool read) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync_lane *which = NULL;
   out->pool = NULL;

@@ -143,8 +143,9 @@ static bool refusal_result(CUresult r) {
  * the driver's status. The devices are looked up only here, on the way out,
  * and only for a refusal (never for capture errors, a lack of memory, or the
  * legacy and per-thread handles). */
-static dlsync_status fail_wait(dlsync_context *ctx, CUresult r, CUstream first, CUstream then,
-                               const char *first_role, const char *then_role) {
+static DLSYNC__COLD dlsync_status fail_wait(dlsync_context *ctx, CUresult r, CUstream first,
+                                            CUstream then, const char *first_role,
+                                            const char *then_role) {
   const dlsync__driver *d = ctx->drv;
   dlsync__pool *pf = NULL, *pt = NULL;
   int df = -1, dt = -1;
@@ -479,17 +480,30 @@ cleanup:
  * (EAGER_EAGER) or capturing (JOIN), the row is plain, and the same two calls
  * carry it out (a capture of `first` that is invalidated fails the record,
  * which says so); tests/test_decision_table.c checks that both rows are
- * plain. `query` says which streams to ask about: FAST_QUERY_THEN, both
+ * plain. `query` says which streams to ask about: FAST_QUERY_THEN (its
+ * status; when it captures, both in full; FAST_QUERY_THEN_FULL: its full
+ * query at once, the cheaper order while this thread's begins find
+ * capturing consumers, noted in t->then_capture), both
  * (FAST_QUERY_BOTH: both eager, or both in one capture, SAME_CAPTURE, as at
- * the end of a join: first's full query, then then's status or full query)
- * or none (FAST_QUERY_NONE: the caller knows they are eager or share a
- * capture).
+ * the end of a join: first's full query, then then's status or full query;
+ * FAST_QUERY_BOTH_EAGER: the same rows, asked in the order cheapest when
+ * both are eager: first's status query, and only when it captures the full
+ * queries of FAST_QUERY_BOTH) or none (FAST_QUERY_NONE: the caller knows
+ * they are eager or share a capture). The two BOTH modes note in
+ * t->end_capture whether `first` was capturing: the end picks its mode by
+ * it (every mode checks what it must, only the number of queries differs).
  *
  * Returns true when it handled the order (*st says how it went), false when
  * the general path must (a stream that is capturing when it must not be, a
  * special stream handle, a first use on this thread, an event of another
  * context); nothing is queued then. */
-typedef enum fast_query { FAST_QUERY_NONE, FAST_QUERY_THEN, FAST_QUERY_BOTH } fast_query;
+typedef enum fast_query {
+  FAST_QUERY_NONE,
+  FAST_QUERY_THEN,
+  FAST_QUERY_THEN_FULL,
+  FAST_QUERY_BOTH,
+  FAST_QUERY_BOTH_EAGER
+} fast_query;
 
 /* What FAST_QUERY_THEN read when `then` was capturing: both lanes in full
  * (have), handed to the general path, which then reads neither again. */
@@ -517,6 +531,113 @@ static DLSYNC__NOINLINE bool fast_then_captures(dlsync_context *ctx, fast_pre *p
   return false;
 }
 
+/* FAST_QUERY_THEN_FULL: `then` read in full first. Eager: true, *plain (no
+ * more queries). Capturing: as fast_then_captures (*plain when one capture).
+ * A failed read: true, *st says why. False: the general path goes on with
+ * both reads (pre->have). */
+static DLSYNC__NOINLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *th, fast_pre *pre,
+                                            const char *first_role, const char *then_role,
+                                            dlsync_status *st, bool *plain) {
+  dlsync__lane_now *f = &pre->opened.a, *t = &pre->opened.b;
+  *plain = false;
+  *st = dlsync__lane_read_full(t, ctx->drv, pre->then, then_role);
+  if (*st != DLSYNC_SUCCESS)
+    return true;
+  th->then_capture = t->kind != DLSYNC_LANE_EAGER;
+  if (t->kind == DLSYNC_LANE_EAGER) {
+    *plain = true;
+    return true;
+  }
+  *st = dlsync__lane_read_full(f, ctx->drv, pre->first, first_role);
+  if (*st != DLSYNC_SUCCESS)
+    return true;
+  if (f->kind == DLSYNC_LANE_CAPTURING && f->capture_id == t->capture_id) {
+    *plain = true;
+    return true;
+  }
+  pre->have = true;
+  return false;
+}
+
+/* What the fast path's out-of-line steps say. */
+typedef enum fast_next {
+  FAST_GO,      /* plain: record and wait */
+  FAST_DONE,    /* *st says how it went (a failed query) */
+  FAST_GENERAL, /* the general path must (nothing queued) */
+} fast_next;
+
+/* A failed status or capture query of `s`: *st (cold). */
+static DLSYNC__COLD fast_next fast_query_failed(const dlsync__driver *d, CUresult r, bool full,
+                                                CUstream s, const char *role, dlsync_status *st) {
+  *st = dlsync__fail_driver(d, r, full ? "cuStreamGetCaptureInfo" : "cuStreamIsCapturing",
+                            "%s stream %p", role, (void *)s);
+  return FAST_DONE;
+}
+
+/* The fast path's queries when a lane captures, or may (the modes other
+ * than FAST_QUERY_THEN and FAST_QUERY_NONE with both eager): out of line, so
+ * that the eager path stays short. For FAST_QUERY_BOTH_EAGER `first` was
+ * found capturing by its status query already. */
+static DLSYNC__NOINLINE fast_next fast_capture_queries(dlsync__thread *t, dlsync_context *ctx,
+                                                       CUstream first, CUstream then,
+                                                       fast_query query, const char *first_role,
+                                                       const char *then_role, dlsync_status *st,
+                                                       fast_pre *pre) {
+  const dlsync__driver *d = ctx->drv;
+  CUstreamCaptureStatus cs;
+  CUresult r;
+  if (query == FAST_QUERY_THEN_FULL) {
+    bool plain;
+    if (!fast_then_full(ctx, t, pre, first_role, then_role, st, &plain))
+      return FAST_GENERAL;
+    return plain ? FAST_GO : FAST_DONE;
+  }
+  if (query == FAST_QUERY_THEN) { /* `then` captures (its status query said so) */
+    if (pre == NULL || !fast_then_captures(ctx, pre, first_role, then_role, st))
+      return FAST_GENERAL;
+    return *st == DLSYNC_SUCCESS ? FAST_GO : FAST_DONE;
+  }
+  /* FAST_QUERY_BOTH (and BOTH_EAGER with `first` capturing): the full query
+   * of `first`; when it captures, its id tells whether `then` is in the
+   * same capture (SAME_CAPTURE, the end of a join: plain too), for one more
+   * query of `then`. */
+  {
+    cuuint64_t id_first = 0, id_then = 0;
+    r = d->StreamGetCaptureInfo(first, &cs, &id_first, NULL, NULL, NULL, NULL);
+    if (r != CUDA_SUCCESS)
+      return fast_query_failed(d, r, true, first, first_role, st);
+    t->end_capture = cs != CU_STREAM_CAPTURE_STATUS_NONE;
+    if (cs == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+      r = d->StreamGetCaptureInfo(then, &cs, &id_then, NULL, NULL, NULL, NULL);
+      if (r != CUDA_SUCCESS)
+        return fast_query_failed(d, r, true, then, then_role, st);
+      return cs == CU_STREAM_CAPTURE_STATUS_ACTIVE && id_then == id_first ? FAST_GO : FAST_GENERAL;
+    }
+    if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
+      return FAST_GENERAL; /* invalidated: the general path says so */
+  }
+  /* `first` eager: `then` must be (its status). */
+  r = d->StreamIsCapturing(then, &cs);
+  if (r != CUDA_SUCCESS)
+    return fast_query_failed(d, r, false, then, then_role, st);
+  return cs == CU_STREAM_CAPTURE_STATUS_NONE ? FAST_GO : FAST_GENERAL;
+}
+
+/* A failed record or wait of the fast path (cold). */
+static DLSYNC__COLD bool fast_record_failed(dlsync_context *ctx, CUresult r, CUstream first,
+                                            const char *first_role, dlsync_status *st) {
+  if (context_mismatch(r)) {
+    /* A stream handle reused in another context: the general path asks the
+     * driver which pool is the stream's now. */
+    dlsync__pool_memo_forget(&ctx->pools, first);
+    return false;
+  }
+  *st = dlsync__fail_driver(
+      ctx->drv, r, "cuEventRecord", "%s stream %p%s", first_role, (void *)first,
+      r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ? ": its capture has been invalidated" : "");
+  return true;
+}
+
 static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CUstream first,
                                       CUstream then, fast_query query, const char *first_role,
                                       const char *then_role, dlsync_status *st, fast_pre *pre) {
@@ -524,6 +645,7 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
   CUstreamCaptureStatus cs;
   CUevent ev;
   CUresult r;
+  fast_next next = FAST_GO;
   if (dlsync__is_special_stream(first) || dlsync__is_special_stream(then) || first == then)
     return false;
   /* With the decision log at TRACE, the general path runs, which names each
@@ -531,66 +653,49 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
   if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
     return false;
   ev = dlsync__thread_scratch(t, &ctx->pools, first);
-  if (ev == NULL)
+  if (DLSYNC__UNLIKELY(ev == NULL))
     return false;
-  if (query == FAST_QUERY_BOTH) {
-    /* The full query for `first`: when it captures, its id tells whether
-     * `then` is in the same capture (SAME_CAPTURE, the end of a join: plain
-     * too), for one more query of `then`. */
-    cuuint64_t id_first = 0, id_then = 0;
-    r = d->StreamGetCaptureInfo(first, &cs, &id_first, NULL, NULL, NULL, NULL);
-    if (r != CUDA_SUCCESS) {
-      *st = dlsync__fail_driver(d, r, "cuStreamGetCaptureInfo", "%s stream %p", first_role,
-                                (void *)first);
+  /* Inline: the status queries of eager lanes; whatever captures goes out
+   * of line. */
+  if (query == FAST_QUERY_BOTH_EAGER) {
+    r = d->StreamIsCapturing(first, &cs);
+    if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+      fast_query_failed(d, r, false, first, first_role, st);
       return true;
     }
-    if (cs == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
-      r = d->StreamGetCaptureInfo(then, &cs, &id_then, NULL, NULL, NULL, NULL);
-      if (r != CUDA_SUCCESS) {
-        *st = dlsync__fail_driver(d, r, "cuStreamGetCaptureInfo", "%s stream %p", then_role,
-                                  (void *)then);
-        return true;
-      }
-      if (cs != CU_STREAM_CAPTURE_STATUS_ACTIVE || id_then != id_first)
-        return false;
-      query = FAST_QUERY_NONE; /* one capture: record and wait */
-    } else if (cs != CU_STREAM_CAPTURE_STATUS_NONE) {
-      return false; /* invalidated: the general path says so */
+    if (DLSYNC__LIKELY(cs == CU_STREAM_CAPTURE_STATUS_NONE)) {
+      query = FAST_QUERY_THEN;
+    } else {
+      t->end_capture = true;
+      query = FAST_QUERY_BOTH;
     }
   }
-  if (query != FAST_QUERY_NONE) {
+  if (query == FAST_QUERY_THEN) {
     r = d->StreamIsCapturing(then, &cs);
-    if (r != CUDA_SUCCESS)
-      goto query_failed;
-    if (cs != CU_STREAM_CAPTURE_STATUS_NONE) {
+    if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+      fast_query_failed(d, r, false, then, then_role, st);
+      return true;
+    }
+    if (pre != NULL)
+      t->then_capture = cs != CU_STREAM_CAPTURE_STATUS_NONE;
+    if (DLSYNC__UNLIKELY(cs != CU_STREAM_CAPTURE_STATUS_NONE)) {
       /* Both in one capture (SAME_CAPTURE, as every exchange after the
        * first inside a capture) is plain too. */
-      if (pre == NULL || cs != CU_STREAM_CAPTURE_STATUS_ACTIVE ||
-          !fast_then_captures(ctx, pre, first_role, then_role, st))
+      if (cs != CU_STREAM_CAPTURE_STATUS_ACTIVE)
         return false;
-      if (*st != DLSYNC_SUCCESS)
-        return true;
+      next = fast_capture_queries(t, ctx, first, then, query, first_role, then_role, st, pre);
     }
+  } else if (query != FAST_QUERY_NONE) {
+    next = fast_capture_queries(t, ctx, first, then, query, first_role, then_role, st, pre);
   }
+  if (DLSYNC__UNLIKELY(next != FAST_GO))
+    return next == FAST_DONE;
   r = d->EventRecord(ev, first);
-  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
-    if (context_mismatch(r)) {
-      /* A stream handle reused in another context: the general path asks
-       * the driver which pool is the stream's now. */
-      dlsync__pool_memo_forget(&ctx->pools, first);
-      return false;
-    }
-    *st = dlsync__fail_driver(
-        d, r, "cuEventRecord", "%s stream %p%s", first_role, (void *)first,
-        r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ? ": its capture has been invalidated" : "");
-    return true;
-  }
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS))
+    return fast_record_failed(ctx, r, first, first_role, st);
   r = d->StreamWaitEvent(then, ev, 0);
   *st = DLSYNC__LIKELY(r == CUDA_SUCCESS) ? DLSYNC_SUCCESS
                                           : fail_wait(ctx, r, first, then, first_role, then_role);
-  return true;
-query_failed:
-  *st = dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s stream %p", then_role, (void *)then);
   return true;
 }
 
@@ -765,12 +870,19 @@ size_t dlsync__exchanges_abandon(const dlsync_context *ctx) {
   return n;
 }
 
+void dlsync__order_hints_reset(void) {
+  dlsync__thread *t = dlsync__thread_get();
+  t->end_capture = false;
+  t->then_capture = false;
+}
+
 static bool plain_stream_lane(const dlsync_lane *l) {
   return l != NULL && l->kind == DLSYNC_LANE_STREAM && l->graph == NULL;
 }
 
 dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane *then) {
   dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__thread *t;
   dlsync__row row;
   pool_pick pool;
   bool same = false;
@@ -780,10 +892,13 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
   pre.first = first;
   pre.then = then;
   pre.have = false;
-  if (plain_stream_lane(first) && plain_stream_lane(then) &&
-      order_fast(dlsync__thread_get(), ctx, first->stream, then->stream, FAST_QUERY_THEN, "first",
-                 "then", &st, &pre))
-    return st;
+  if (plain_stream_lane(first) && plain_stream_lane(then)) {
+    t = dlsync__thread_get();
+    if (order_fast(t, ctx, first->stream, then->stream,
+                   t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, "first", "then", &st,
+                   &pre))
+      return st;
+  }
   DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_ORDER, first, "first", then, "then", &pre.opened, pre.have,
                          &pool, &same));
   if (!same)
@@ -899,8 +1014,9 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
   pre.first = producer;
   pre.then = consumer;
   pre.have = false;
-  if (!order_fast(t, ctx, producer->stream, consumer->stream, FAST_QUERY_THEN, "producer",
-                  "consumer", &st, &pre))
+  if (!order_fast(t, ctx, producer->stream, consumer->stream,
+                  t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, "producer", "consumer",
+                  &st, &pre))
     return begin_general(out, ctx, producer, consumer, flags, pre.have ? &pre.opened : NULL);
   *out = NULL;
   if (DLSYNC__UNLIKELY(st != DLSYNC_SUCCESS))
@@ -1094,13 +1210,17 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
     return DLSYNC_SUCCESS; /* one stream: its own order is enough */
   }
   ctx = atomic_load_explicit(&ex->ctx, memory_order_relaxed);
-  /* Stream lanes: both eager now (two queries), or, when begin may be
-   * trusted (DLSYNC_EXCHANGE_CAPTURE_STABLE), eager or one capture as begin
-   * found them (no query). */
+  /* Stream lanes: both eager now, or in one capture (two queries: status
+   * queries while this thread's ends find eager consumers, full queries
+   * while they find captures), or, when begin may be trusted
+   * (DLSYNC_EXCHANGE_CAPTURE_STABLE), eager or one capture as begin found
+   * them (no query). */
   if (ex->producer_ref == NULL && ex->consumer_ref == NULL &&
       order_fast(t, ctx, ex->consumer_stream, ex->producer_stream,
-                 ex->stable ? FAST_QUERY_NONE : FAST_QUERY_BOTH, "consumer", "producer", &st,
-                 NULL)) {
+                 ex->stable       ? FAST_QUERY_NONE
+                 : t->end_capture ? FAST_QUERY_BOTH
+                                  : FAST_QUERY_BOTH_EAGER,
+                 "consumer", "producer", &st, NULL)) {
     exchange_free(t, ex);
     return st;
   }

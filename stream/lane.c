@@ -54,8 +54,8 @@ dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role)
   }
 }
 
-static dlsync_status lane_read(dlsync__lane_now *out, const dlsync__driver *d, dlsync_lane *lane,
-                               const char *role, bool full) {
+dlsync_status dlsync__lane_read_stream(dlsync__lane_now *out, const dlsync__driver *d,
+                                       dlsync_lane *lane, const char *role, bool full) {
   dlsync_status st = DLSYNC_SUCCESS;
   CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
   cuuint64_t id = 0;
@@ -73,13 +73,6 @@ static dlsync_status lane_read(dlsync__lane_now *out, const dlsync__driver *d, d
   out->ndeps = 0;
   out->deps_inline = false;      /* dep_buf is read only when this is set */
   out->kind = DLSYNC_LANE_EAGER; /* until the read says otherwise */
-  if (lane->kind == DLSYNC_LANE_GRAPH) {
-    out->kind = DLSYNC_LANE_BUILT;
-    out->graph = lane->graph;
-    out->deps = (const CUgraphNode *)lane->deps;
-    out->ndeps = lane->ndeps;
-    goto cleanup;
-  }
   out->stream = lane->stream;
   if (DLSYNC__UNLIKELY(d->StreamGetCaptureInfo == NULL)) {
     DLSYNC_TRY(dlsync__driver_require(d, DLSYNC__NEED_CAPTURE, "a capture-aware exchange"));
@@ -144,16 +137,6 @@ cleanup:
   return st;
 }
 
-dlsync_status dlsync__lane_read(dlsync__lane_now *out, const dlsync__driver *d, dlsync_lane *lane,
-                                const char *role) {
-  return lane_read(out, d, lane, role, false);
-}
-
-dlsync_status dlsync__lane_read_full(dlsync__lane_now *out, const dlsync__driver *d,
-                                     dlsync_lane *lane, const char *role) {
-  return lane_read(out, d, lane, role, true);
-}
-
 void dlsync__lane_describe(char *buf, size_t size, const dlsync__lane_now *l) {
   switch (l->kind) {
   case DLSYNC_LANE_EAGER:
@@ -169,10 +152,8 @@ void dlsync__lane_describe(char *buf, size_t size, const dlsync__lane_now *l) {
   }
 }
 
-dlsync_status dlsync__lane_fit(const dlsync_lane *lane, size_t nodes, const char *role,
-                               const char *what) {
-  if (DLSYNC__LIKELY(nodes <= lane->capacity))
-    return DLSYNC_SUCCESS;
+dlsync_status dlsync__lane_fit_failed(const dlsync_lane *lane, size_t nodes, const char *role,
+                                      const char *what) {
   return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
                       "the %s graph lane has capacity %zu, but its new frontier (%s) has %zu "
                       "node%s: dlsync writes the new frontier into deps",

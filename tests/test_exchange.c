@@ -91,17 +91,18 @@ static void warm_pool_makes_exactly_the_needed_calls(void **state) {
   assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
   assert_string_equal(fake_call_log(), "cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent");
   fake_log_reset();
-  /* End asks about both: either may have begun capturing since. The
-   * consumer with the full query: were it capturing, its capture id would
-   * tell whether the producer shares it (the end of a join). */
+  /* End asks about both: either may have begun capturing since. While this
+   * thread's ends find eager consumers, with two status queries. */
   assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
   assert_string_equal(fake_call_log(),
-                      "cuStreamGetCaptureInfo,cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent");
+                      "cuStreamIsCapturing,cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent");
 }
 
 /* A warm join: begin asks about the consumer only; end finds both streams in
- * one capture with two full queries and joins back with a plain record and
- * wait (no general path, no cuStreamGetCtx). */
+ * one capture and joins back with a plain record and wait (no general path,
+ * no cuStreamGetCtx). The thread's ends so far found eager consumers, so this
+ * end asks the consumer's status first and then reads both in full; from then
+ * on its ends read both in full at once (three queries per join). */
 static void warm_join_is_three_queries(void **state) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync_exchange *ex = NULL;
@@ -116,17 +117,92 @@ static void warm_join_is_three_queries(void **state) {
   fake_work(C, "consume", &n2);
   fake_log_reset();
   assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  assert_string_equal(fake_call_log(), "cuStreamIsCapturing,cuStreamGetCaptureInfo,"
+                                       "cuStreamGetCaptureInfo,cuEventRecord,cuStreamWaitEvent");
+  fake_work(P, "mutate", &n3);
+  /* Another exchange in the capture (both in it now: SAME_CAPTURE). */
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
   assert_string_equal(
       fake_call_log(),
       "cuStreamGetCaptureInfo,cuStreamGetCaptureInfo,cuEventRecord,cuStreamWaitEvent");
-  fake_work(P, "mutate", &n3);
   end_join_checked(n1, n2, n3);
 }
 
+/* The end's queries follow what this thread's last end found; the answer
+ * never depends on it. Eager ends: two status queries. An eager end after
+ * capture ends: the full query of the consumer finds it eager, then the
+ * producer's status, and the next end is back to status queries. A
+ * producer that began capturing since begin is refused either way. */
+static void end_queries_follow_the_last_end(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  CUgraph g = NULL;
+  (void)state;
+  warm_pair(&lp, &lc, 0);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  for (int i = 0; i < 2; i++) { /* joins: the thread's last end found a capture */
+    assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  }
+  assert_int_equal(D->StreamEndCapture(P, &g), CUDA_SUCCESS);
+  assert_int_equal(D->GraphDestroy(g), CUDA_SUCCESS);
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  assert_string_equal(fake_call_log(),
+                      "cuStreamGetCaptureInfo,cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent");
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  assert_string_equal(fake_call_log(),
+                      "cuStreamIsCapturing,cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent");
+  /* Eager at begin; the producer captures by the end: refused, nothing queued. */
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_CAPTURE_ORDER);
+  assert_int_equal(fake_call_count("cuEventRecord"), 0);
+  assert_int_equal(D->StreamEndCapture(C, &g), CUDA_SUCCESS);
+  assert_int_equal(D->GraphDestroy(g), CUDA_SUCCESS);
+}
+
+/* The begin's queries follow what this thread's last begin (or order) found
+ * of its consumer: a status query while they are eager; the full query at
+ * once while they capture. Either way an eager consumer is one query and a
+ * plain record and wait, and a consumer in another capture than the
+ * producer's goes to the general path, which reads neither stream again. */
+static void begin_queries_follow_the_last_begin(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  CUgraph g = NULL;
+  (void)state;
+  warm_pair(&lp, &lc, 0);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS); /* EAGER_TO_CAPTURE */
+  fake_log_reset();
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(fake_call_count("cuStreamIsCapturing"), 0);
+  assert_int_equal(fake_call_count("cuStreamGetCaptureInfo"), 2);
+  assert_int_equal(fake_call_count("cuStreamWaitEvent"), 1);
+  assert_int_equal(D->StreamEndCapture(C, &g), CUDA_SUCCESS);
+  assert_int_equal(D->GraphDestroy(g), CUDA_SUCCESS);
+  /* Eager again: one full query, then back to status queries. */
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_string_equal(fake_call_log(), "cuStreamGetCaptureInfo,cuEventRecord,cuStreamWaitEvent");
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_string_equal(fake_call_log(), "cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent");
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+}
+
 /* Warm, both streams in one capture (every exchange after the first inside a
- * capture): begin reads the consumer's status, then both in full, and orders
- * with a plain record and wait; end the same way. With CAPTURE_STABLE, end
- * asks nothing. */
+ * capture): begin reads both in full (the first time after eager begins, the
+ * consumer's status before) and orders with a plain record and wait; end the
+ * same way. With CAPTURE_STABLE, end asks nothing. */
 static void warm_same_capture_is_plain(void **state) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync_exchange *ex = NULL;
@@ -141,8 +217,11 @@ static void warm_same_capture_is_plain(void **state) {
   for (uint32_t flags = 0; flags <= DLSYNC_EXCHANGE_CAPTURE_STABLE; flags++) {
     fake_log_reset();
     assert_int_equal(dlsync_exchange_begin_flags(&ex, ctx, &lp, &lc, flags), DLSYNC_SUCCESS);
-    assert_string_equal(fake_call_log(), "cuStreamIsCapturing,cuStreamGetCaptureInfo,"
-                                         "cuStreamGetCaptureInfo,cuEventRecord,cuStreamWaitEvent");
+    assert_string_equal(fake_call_log(),
+                        flags == 0 ? "cuStreamIsCapturing,cuStreamGetCaptureInfo,"
+                                     "cuStreamGetCaptureInfo,cuEventRecord,cuStreamWaitEvent"
+                                   : "cuStreamGetCaptureInfo,cuStreamGetCaptureInfo,"
+                                     "cuEventRecord,cuStreamWaitEvent");
     fake_work(C, "consume", &n2);
     fake_log_reset();
     assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
@@ -161,7 +240,9 @@ static void warm_same_capture_is_plain(void **state) {
 }
 
 /* Warm, eager producer, capturing consumer: what the fast path read is handed
- * to the general path, which reads neither stream again. */
+ * to the general path, which reads neither stream again. (The thread's last
+ * order found its later lane capturing: the fast path reads it in full at
+ * once, no status query first.) */
 static void warm_eager_to_capture_reads_each_stream_once(void **state) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   CUgraph g;
@@ -175,7 +256,7 @@ static void warm_eager_to_capture_reads_each_stream_once(void **state) {
   fake_log_reset();
   assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
   assert_string_equal(fake_call_log(),
-                      "cuStreamIsCapturing,cuStreamGetCaptureInfo,cuStreamGetCaptureInfo,"
+                      "cuStreamGetCaptureInfo,cuStreamGetCaptureInfo,"
                       "cuEventRecord,cuUserObjectCreate,cuGraphRetainUserObject,cuStreamWaitEvent");
   /* A second order into the same capture: its holder takes the event, no
    * user object. */
@@ -1219,6 +1300,8 @@ int main(void) {
       T(warm_pool_makes_exactly_the_needed_calls),
       T(warm_order_asks_about_then_only),
       T(warm_join_is_three_queries),
+      T(end_queries_follow_the_last_end),
+      T(begin_queries_follow_the_last_begin),
       T(warm_same_capture_is_plain),
       T(warm_eager_to_capture_reads_each_stream_once),
       T(warm_end_in_two_captures_takes_the_general_path),

@@ -550,14 +550,17 @@ static void test_warm_path_query_failure_names_the_stream(void **state) {
     assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
     assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
   }
-  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
-  /* end asks about the consumer (the full query), then the producer (a
-   * status query): fail the second. */
-  fake_fail_nth("cuStreamIsCapturing", 1, CUDA_ERROR_INVALID_HANDLE);
-  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_DRIVER);
-  snprintf(want, sizeof want, "producer stream %p", (void *)P);
-  assert_message_has(want);
-  assert_null(strstr(dlsync_last_error(), " or "));
+  /* end asks about the consumer, then the producer (status queries, the
+   * thread's ends being eager): fail each in turn. */
+  for (unsigned nth = 1; nth <= 2; nth++) {
+    assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+    fake_fail_nth("cuStreamIsCapturing", nth, CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_DRIVER);
+    snprintf(want, sizeof want, "%s stream %p", nth == 1 ? "consumer" : "producer",
+             nth == 1 ? (void *)C : (void *)P);
+    assert_message_has(want);
+    assert_null(strstr(dlsync_last_error(), " or "));
+  }
 }
 
 /* ---- sweeps: every public entry point, with a fault on each of its driver

@@ -34,7 +34,9 @@ extern "C" {
 #define DLSYNC__UNLIKELY(x) __builtin_expect(!!(x), 0)
 #define DLSYNC__INLINE inline __attribute__((always_inline))
 #define DLSYNC__NOINLINE __attribute__((noinline))
+#define DLSYNC__COLD __attribute__((cold, noinline))
 #else
+#define DLSYNC__COLD
 #define DLSYNC__INLINE inline
 #define DLSYNC__NOINLINE
 #define DLSYNC__PRINTF(fmt, args)
@@ -46,22 +48,23 @@ extern "C" {
 
 /* Sets the thread's last error (status, message, no driver result) and
  * returns status. */
-dlsync_status dlsync__fail(dlsync_status status, const char *fmt, ...) DLSYNC__PRINTF(2, 3);
+DLSYNC__COLD dlsync_status dlsync__fail(dlsync_status status, const char *fmt, ...)
+    DLSYNC__PRINTF(2, 3);
 
 /* The general form: the message is prefix (may be NULL), then fmt, then
  * suffix (may be NULL); driver_result is what dlsync_last_driver_result
  * reports. The driver layer builds its messages with it. */
-dlsync_status dlsync__fail_with(dlsync_status status, int driver_result, const char *prefix,
-                                const char *suffix, const char *fmt, va_list ap)
-    DLSYNC__PRINTF(5, 0);
+DLSYNC__COLD dlsync_status dlsync__fail_with(dlsync_status status, int driver_result,
+                                             const char *prefix, const char *suffix,
+                                             const char *fmt, va_list ap) DLSYNC__PRINTF(5, 0);
 
 /* dlsync__fail with a driver result: a failure seen elsewhere (another
  * thread, an earlier call) reported again with its CUresult. */
-dlsync_status dlsync__fail_result(dlsync_status status, int driver_result, const char *fmt, ...)
-    DLSYNC__PRINTF(3, 4);
+DLSYNC__COLD dlsync_status dlsync__fail_result(dlsync_status status, int driver_result,
+                                               const char *fmt, ...) DLSYNC__PRINTF(3, 4);
 
 /* Changes the status of the thread's last error, keeping its message. */
-dlsync_status dlsync__retag(dlsync_status status);
+DLSYNC__COLD dlsync_status dlsync__retag(dlsync_status status);
 
 /* ---- allocation (base/alloc.c) ---- */
 
@@ -139,11 +142,16 @@ typedef struct dlsync__thread {
     unsigned char bytes[DLSYNC__THREAD_EVENT_BYTES];
     void *align_p;
     uint64_t align_u;
-  } event;          /* event/: its per-thread block */
-  void *spare;      /* order/: one free exchange record */
-  bool spare_keyed; /* order/: the thread-exit hook that gives it back is set */
+  } event;           /* event/: its per-thread block */
+  void *spare;       /* order/: one free exchange record */
+  bool spare_keyed;  /* order/: the thread-exit hook that gives it back is set */
+  bool end_capture;  /* order/: this thread's last exchange end found its consumer capturing */
+  bool then_capture; /* order/: its last begin or order found the later lane capturing */
 } dlsync__thread;
 
+/* Out of line on purpose: inlined, the compiler asks for the thread-local
+ * address again at each use (a __tls_get_addr call each, seen in the
+ * memo scan); one call per entry point is cheaper. */
 dlsync__thread *dlsync__thread_get(void);
 
 #define DLSYNC_TRY(expr)                        \

@@ -162,13 +162,15 @@ const char *dlsync__driver_error_name(const dlsync__driver *d, CUresult r);
 /* The message reads "<call> failed: <CUDA_ERROR_NAME> (<context>)"; the
  * status is DLSYNC_ERROR_DRIVER unless the result maps to a more precise one
  * (invalidated capture, legacy stream during capture, out of memory). */
-dlsync_status dlsync__fail_driver(const dlsync__driver *d, CUresult result, const char *call,
-                                  const char *fmt, ...) DLSYNC__PRINTF(4, 5);
+DLSYNC__COLD dlsync_status dlsync__fail_driver(const dlsync__driver *d, CUresult result,
+                                               const char *call, const char *fmt, ...)
+    DLSYNC__PRINTF(4, 5);
 
 /* The same message, reported as `status` whatever the result ("this driver
  * call failed: report it as status X"). */
-dlsync_status dlsync__fail_driver_as(dlsync_status status, const dlsync__driver *d, CUresult result,
-                                     const char *call, const char *fmt, ...) DLSYNC__PRINTF(5, 6);
+DLSYNC__COLD dlsync_status dlsync__fail_driver_as(dlsync_status status, const dlsync__driver *d,
+                                                  CUresult result, const char *call,
+                                                  const char *fmt, ...) DLSYNC__PRINTF(5, 6);
 
 /* DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(s, e, 0), "fmt", args...) */
 #define DLSYNC_CU(d, name, expr, ...)                           \

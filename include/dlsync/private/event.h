@@ -84,11 +84,14 @@ void dlsync__orphans_collect(void);
  * when the last holder lets go. */
 typedef struct dlsync__held_event {
   atomic_uint refs;
+  bool embedded; /* in memory its holder owns: the last unref frees nothing */
   dlsync__pool *pool;
   CUevent event;
 } dlsync__held_event;
 /* refs = 1; counts in the pool's graph_owned and holds a pool reference. */
 dlsync__held_event *dlsync__held_event_new(dlsync__pool *pool, CUevent event);
+/* The same in memory the caller owns (embedded). */
+void dlsync__held_event_init(dlsync__held_event *he, dlsync__pool *pool, CUevent event);
 void dlsync__held_event_ref(dlsync__held_event *he);
 void dlsync__held_event_unref(dlsync__held_event *he); /* NULL: no-op */
 

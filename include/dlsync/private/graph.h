@@ -16,12 +16,17 @@ extern "C" {
 
 /* Appends an event-record (record = true) or event-wait node at a lane's
  * position: after a capture's current dependencies (which then become the
- * node), or after a built lane's frontier (which then becomes the node). */
-dlsync_status dlsync__graph_append_event(const dlsync__driver *d, dlsync__lane_now *lane,
-                                         CUevent event, bool record);
-/* The same, giving the node it added. */
+ * node), or after a built lane's frontier (which then becomes the node). A
+ * built lane must have room for that one node: the caller checks it first
+ * (dlsync__lane_fit), before anything is given to a graph. */
+/* out (may be NULL): the node it added. */
 dlsync_status dlsync__graph_append_event_node(const dlsync__driver *d, dlsync__lane_now *lane,
                                               CUevent event, bool record, CUgraphNode *out);
+static inline dlsync_status dlsync__graph_append_event(const dlsync__driver *d,
+                                                       dlsync__lane_now *lane, CUevent event,
+                                                       bool record) {
+  return dlsync__graph_append_event_node(d, lane, event, record, NULL);
+}
 /* Adds one node to a graph lane's frontier (no node added to the graph). */
 dlsync_status dlsync__graph_lane_add_dep(dlsync__lane_now *lane, CUgraphNode node);
 /* Gives `ptr` to the graphs: one user object (destructor `destroy`, run on a

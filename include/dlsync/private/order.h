@@ -58,9 +58,29 @@ typedef struct dlsync__lanes_opened {
   const char *pool_role;
 } dlsync__lanes_opened;
 
-dlsync_status dlsync__lanes_open(dlsync__lanes_opened *out, dlsync_context *ctx, dlsync_lane *a,
-                                 const char *ra, dlsync_lane *b, const char *rb,
-                                 const char *graph_what, bool memo, bool read);
+dlsync_status dlsync__lanes_open_streams(dlsync__lanes_opened *out, dlsync_context *ctx,
+                                         dlsync_lane *a, const char *ra, dlsync_lane *b,
+                                         const char *rb, const char *graph_what, bool memo,
+                                         bool read);
+static inline dlsync_status dlsync__lanes_open(dlsync__lanes_opened *out, dlsync_context *ctx,
+                                               dlsync_lane *a, const char *ra, dlsync_lane *b,
+                                               const char *rb, const char *graph_what, bool memo,
+                                               bool read) {
+  if (a->kind == DLSYNC_LANE_GRAPH && b != NULL && b->kind == DLSYNC_LANE_GRAPH) {
+    /* Two graph lanes: nothing to ask the driver about them; the pool is
+     * that of the thread's current context (none for one graph: edges). */
+    dlsync__lane_read_built(&out->a, a, ra);
+    dlsync__lane_read_built(&out->b, b, rb);
+    out->pool = NULL;
+    out->from_memo = false;
+    out->pool_stream = NULL;
+    out->pool_role = NULL;
+    return a->graph == b->graph ? DLSYNC_SUCCESS
+                                : dlsync__pool_for_current(&out->pool, &ctx->pools, graph_what);
+  }
+  /* Any lane on a stream (order/context.c). */
+  return dlsync__lanes_open_streams(out, ctx, a, ra, b, rb, graph_what, memo, read);
+}
 
 /* ---- releases (order/release.c) ---- */
 
@@ -69,6 +89,11 @@ dlsync_status dlsync__release_book_new(dlsync__release_book **out);
 /* Waits for the eager releases; DLSYNC_ERROR_BUSY (with a message) when
  * graphs still own some. Drops the context's reference either way. */
 dlsync_status dlsync__release_book_close(dlsync__release_book *book);
+
+/* Test hook: forgets what the calling thread's last calls found
+ * (dlsync__thread's end_capture and then_capture), so that a test's exact
+ * call counts do not depend on the test before it. */
+void dlsync__order_hints_reset(void);
 
 /* Test hook: a context over a driver table the caller owns (the fake). The
  * table must outlive the context. */

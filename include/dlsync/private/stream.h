@@ -41,19 +41,54 @@ static inline const CUgraphNode *dlsync__lane_deps(const dlsync__lane_now *l) {
 /* Reads a lane's state (one or two capture queries for a stream; none for a
  * graph lane). The lane must have passed dlsync__lane_check. Errors name
  * `role`. */
-dlsync_status dlsync__lane_read(dlsync__lane_now *out, const dlsync__driver *d, dlsync_lane *lane,
-                                const char *role);
+dlsync_status dlsync__lane_read_stream(dlsync__lane_now *out, const dlsync__driver *d,
+                                       dlsync_lane *lane, const char *role, bool full);
+/* A graph lane: BUILT, its graph and frontier (no driver call). */
+static inline void dlsync__lane_read_built(dlsync__lane_now *out, dlsync_lane *lane,
+                                           const char *role) {
+  out->kind = DLSYNC_LANE_BUILT;
+  out->stream = NULL;
+  out->capture_id = 0;
+  out->graph = lane->graph;
+  out->deps = (const CUgraphNode *)lane->deps;
+  out->ndeps = lane->ndeps;
+  out->lane = lane;
+  out->role = role;
+  out->deps_inline = false;
+}
+static inline dlsync_status dlsync__lane_read(dlsync__lane_now *out, const dlsync__driver *d,
+                                              dlsync_lane *lane, const char *role) {
+  if (lane->kind == DLSYNC_LANE_GRAPH) {
+    dlsync__lane_read_built(out, lane, role);
+    return DLSYNC_SUCCESS;
+  }
+  return dlsync__lane_read_stream(out, d, lane, role, false);
+}
 /* The same with one cuStreamGetCaptureInfo and no cuStreamIsCapturing first:
  * for callers that expect a capture (the general path, after the fast path
  * found one). */
-dlsync_status dlsync__lane_read_full(dlsync__lane_now *out, const dlsync__driver *d,
-                                     dlsync_lane *lane, const char *role);
+static inline dlsync_status dlsync__lane_read_full(dlsync__lane_now *out, const dlsync__driver *d,
+                                                   dlsync_lane *lane, const char *role) {
+  if (lane->kind == DLSYNC_LANE_GRAPH) {
+    dlsync__lane_read_built(out, lane, role);
+    return DLSYNC_SUCCESS;
+  }
+  return dlsync__lane_read_stream(out, d, lane, role, true);
+}
 /* "stream 0x.. (capture 5, graph 0x..)", for the decision log. */
 void dlsync__lane_describe(char *buf, size_t size, const dlsync__lane_now *l);
 /* The one capacity check: a graph lane's new frontier of `nodes` nodes
- * (`what`, for the message) fits its deps array. */
-dlsync_status dlsync__lane_fit(const dlsync_lane *lane, size_t nodes, const char *role,
-                               const char *what);
+ * (`what`, for the message) fits its deps array. Made before anything is
+ * given to a graph; the functions that then write the frontier
+ * (dlsync__graph_append_event*) rely on it. */
+DLSYNC__COLD dlsync_status dlsync__lane_fit_failed(const dlsync_lane *lane, size_t nodes,
+                                                   const char *role, const char *what);
+static inline dlsync_status dlsync__lane_fit(const dlsync_lane *lane, size_t nodes,
+                                             const char *role, const char *what) {
+  if (DLSYNC__LIKELY(nodes <= lane->capacity))
+    return DLSYNC_SUCCESS;
+  return dlsync__lane_fit_failed(lane, nodes, role, what);
+}
 /* Validates a lane's fields without calling the driver. */
 dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role);
 static inline dlsync_status dlsync__lane_check(const dlsync_lane *lane, const char *role) {

@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* dlsync private: the decision table as code (order/table.c). Never
- * installed.
+/* dlsync private: the decision table as code (inline here; names in
+ * order/table.c). Never installed.
  *
  * dlsync__table_classify is a pure function from what the two lanes are now
  * to a row of the table in include/dlsync/exchange.h and docs/design.md:
@@ -74,7 +74,50 @@ typedef struct dlsync__table_in {
   bool first_pending;
 } dlsync__table_in;
 
-dlsync__row dlsync__table_classify(const dlsync__table_in *in);
+/* Inline: it sits on every call's path. */
+static inline dlsync__row dlsync__table_two_graphs(dlsync_lane_state_kind first,
+                                                   dlsync_lane_state_kind then) {
+  if (first == DLSYNC_LANE_CAPTURING)
+    return then == DLSYNC_LANE_CAPTURING ? DLSYNC__ROW_TWO_CAPTURES : DLSYNC__ROW_CAPTURE_TO_BUILT;
+  return then == DLSYNC_LANE_CAPTURING ? DLSYNC__ROW_BUILT_TO_CAPTURE : DLSYNC__ROW_TWO_BUILT;
+}
+
+/* then is eager. */
+static inline dlsync__row dlsync__table_to_eager(const dlsync__table_in *in) {
+  switch (in->first) {
+  case DLSYNC_LANE_EAGER:
+    return DLSYNC__ROW_EAGER_EAGER;
+  case DLSYNC_LANE_CAPTURING:
+    if (in->op == DLSYNC__OP_END)
+      return DLSYNC__ROW_REFUSE_END_TO_EAGER;
+    if (in->op == DLSYNC__OP_FENCE_WAIT)
+      return in->first_pending ? DLSYNC__ROW_REFUSE_CAPTURE_TO_EAGER
+                               : DLSYNC__ROW_LAUNCHED_TO_EAGER;
+    return DLSYNC__ROW_JOIN;
+  default: /* BUILT */
+    if (in->op == DLSYNC__OP_END)
+      return DLSYNC__ROW_REFUSE_END_TO_EAGER;
+    if (in->op == DLSYNC__OP_FENCE_WAIT)
+      return DLSYNC__ROW_LAUNCHED_TO_EAGER;
+    return DLSYNC__ROW_REFUSE_BUILT_TO_EAGER;
+  }
+}
+
+static inline dlsync__row dlsync__table_classify(const dlsync__table_in *in) {
+  if (in->same_stream && in->op != DLSYNC__OP_FENCE_WAIT)
+    return DLSYNC__ROW_SAME_STREAM;
+  if (in->then == DLSYNC_LANE_EAGER)
+    return dlsync__table_to_eager(in);
+  if (in->first == DLSYNC_LANE_EAGER)
+    return in->then == DLSYNC_LANE_CAPTURING ? DLSYNC__ROW_EAGER_TO_CAPTURE
+                                             : DLSYNC__ROW_EAGER_TO_BUILT;
+  /* Both in graphs. */
+  if (in->same_graph && in->first == in->then)
+    return in->first == DLSYNC_LANE_CAPTURING ? DLSYNC__ROW_SAME_CAPTURE : DLSYNC__ROW_SAME_BUILT;
+  if (in->op == DLSYNC__OP_END && in->first_pending)
+    return DLSYNC__ROW_REFUSE_END_CROSS;
+  return dlsync__table_two_graphs(in->first, in->then);
+}
 
 /* "DLSYNC__ROW_EAGER_EAGER"; "DLSYNC__ROW_UNKNOWN" past the end. */
 const char *dlsync__row_name(dlsync__row row);
@@ -82,7 +125,17 @@ const char *dlsync__row_name(dlsync__row row);
 const char *dlsync__row_text(dlsync__row row);
 /* Graph nodes the row adds (record and wait nodes; a fence wait adds at most
  * the wait node, its record node was added by the signal). */
-int dlsync__row_nodes(dlsync__row row);
+static inline int dlsync__row_nodes(dlsync__row row) {
+  switch (row) {
+#define DLSYNC__ROW_NODES_CASE(name, nodes, text) \
+  case DLSYNC__ROW_##name:                        \
+    return nodes;
+    DLSYNC__ROWS(DLSYNC__ROW_NODES_CASE)
+#undef DLSYNC__ROW_NODES_CASE
+  default:
+    return 0;
+  }
+}
 /* The rows carried out by a plain record on first and a wait on then with
  * the thread's scratch event: the only rows of the fast path. */
 static inline bool dlsync__row_is_plain(dlsync__row row) {
