@@ -592,16 +592,26 @@ static void run_before_after(void) {
   double r[BA][BA_ROUNDS], now[BA], was[BA];
   const char *names[BA];
   double tn[BA][BA_ROUNDS], tw[BA][BA_ROUNDS];
+  /* Each pair in both orders (this first in even rounds, the baseline first
+   * in odd ones), so that a drift of the host within a pair, or what the
+   * first of the two leaves behind, does not favour either. */
   for (int k = 0; k < BA_ROUNDS; k++) {
-    tn[0][k] = time_op(op_so_eager);
-    tw[0][k] = time_op(op_base_eager);
-    tn[1][k] = time_op(op_so_stable);
-    tw[1][k] = time_op(op_base_stable);
+    for (int turn = 0; turn < 2; turn++) {
+      bool this_now = (turn == 0) == (k % 2 == 0);
+      if (this_now) {
+        tn[0][k] = time_op(op_so_eager);
+        tn[1][k] = time_op(op_so_stable);
+      } else {
+        tw[0][k] = time_op(op_base_eager);
+        tw[1][k] = time_op(op_base_stable);
+      }
+    }
     for (int rk = 0; rk < RK_COUNT; rk++) {
-      row_lib = &so;
-      tn[2 + rk][k] = time_row((row_kind)rk, SIDE_DLSYNC);
-      row_lib = &base;
-      tw[2 + rk][k] = time_row((row_kind)rk, SIDE_DLSYNC);
+      for (int turn = 0; turn < 2; turn++) {
+        bool this_now = (turn == 0) == (k % 2 == 0);
+        row_lib = this_now ? &so : &base;
+        (this_now ? tn : tw)[2 + rk][k] = time_row((row_kind)rk, SIDE_DLSYNC);
+      }
       row_lib = NULL;
     }
   }
@@ -610,7 +620,8 @@ static void run_before_after(void) {
   for (int rk = 0; rk < RK_COUNT; rk++)
     names[2 + rk] = row_label(row_info[rk].row, row_info[rk].what);
   printf("\nbefore/after (ns per operation through each libdlsync.so, paired rounds of the same "
-         "run; ratio: this build / the baseline, target <= 1.00, 'noise' up to 1.03)\n");
+         "run, each pair in both orders; ratio: this build / the baseline, target <= 1.00, "
+         "'noise' up to 1.03)\n");
   printf("  baseline: %s\n", getenv("DLSYNC_BASELINE_LIBRARY"));
   printf("%-44s %10s %10s %8s %s\n", "measure", "this", "baseline", "ratio", "[range]");
   for (int i = 0; i < BA; i++) {

@@ -9,6 +9,7 @@
 #   SUITE_ONLY=1 bash scripts/gpu-check.sh
 #   SANITIZER=1 bash scripts/gpu-check.sh  # also: the GPU suite under
 #                                          # compute-sanitizer memcheck and synccheck
+#   BENCH_ONLY=1 bash scripts/gpu-check.sh # the build and the bench only
 #   BENCH_RUNS=3 HARNESS_RUNS=3 ...        # the bench and dlsync.testing's GPU
 #                                          # tests three times
 #
@@ -38,6 +39,38 @@ if ! pkg-config --exists cmocka 2>/dev/null && [ -d "$root/.deps/cmocka/usr" ]; 
   export LD_LIBRARY_PATH="$deps/lib/x86_64-linux-gnu${LD_LIBRARY_PATH:+:$LD_LIBRARY_PATH}"
 fi
 
+# The bench (BENCH_RUNS times, 1 by default) with, when .baseline/ (git
+# archive of the commit to compare with) is there, its libdlsync.so built here
+# and timed in the same run (DLSYNC_BASELINE_LIBRARY): the before/after table.
+bench_runs() {
+  if [ -f "$root/.baseline/CMakeLists.txt" ]; then
+    base_build=/tmp/dlsync-baseline-build
+    rm -rf "$base_build"
+    if cmake -S "$root/.baseline" -B "$base_build" -DCMAKE_BUILD_TYPE=Release \
+      -DDLSYNC_BUILD_TESTS=OFF -DDLSYNC_BUILD_GPU_TESTS=OFF -DDLSYNC_BUILD_TOOLS=OFF \
+      -DDLSYNC_BUILD_BENCH=OFF >"$out/baseline-build.log" 2>&1 &&
+      cmake --build "$base_build" -j"$jobs" >>"$out/baseline-build.log" 2>&1; then
+      export DLSYNC_BASELINE_LIBRARY="$base_build/libdlsync.so"
+    else
+      echo "== the baseline in .baseline/ did not build (baseline-build.log)"
+    fi
+  fi
+  "$build"/bench/bench_exchange >"$out/bench.txt" 2>&1 || bench_rc=$?
+  for i in $(seq 2 "${BENCH_RUNS:-1}"); do
+    "$build"/bench/bench_exchange >"$out/bench$i.txt" 2>&1 || bench_rc=$?
+  done
+}
+
+print_bench() {
+  echo "== bench (rc $bench_rc)"
+  grep -v '^FAIL' "$out/bench.txt"
+  for i in $(seq 2 "${BENCH_RUNS:-1}"); do
+    echo "== bench run $i: the lines with a target"
+    grep -E 'ok|MISSED|SLOWER|noise|not slower' "$out/bench$i.txt"
+  done
+  [ "$bench_rc" -eq 0 ] || { tail -5 "$out/bench.txt"; status=1; }
+}
+
 rm -rf "$build" # a fresh configure: no cached paths from an earlier run
 echo "== $(date -u '+%Y-%m-%d %H:%M UTC') on $(hostname)"
 nvidia-smi --query-gpu=name,driver_version,memory.total --format=csv,noheader 2>/dev/null | tee "$out/gpu.txt"
@@ -48,6 +81,14 @@ if [ $? -ne 0 ]; then
   echo "BUILD FAILED"; tail -n 60 "$out/build.log"; tail -n 20 "$build.configure.log"; exit 1
 fi
 echo "== readelf: $(readelf -d "$build"/libdlsync.so | grep -c 'NEEDED.*libcuda') libcuda, $(readelf -d "$build"/libdlsync.so | grep -c 'NEEDED.*hwloc') libhwloc NEEDED entries"
+
+if [ -n "${BENCH_ONLY:-}" ]; then # the bench alone (BENCH_RUNS times)
+  stamp "bench"
+  bench_rc=0
+  bench_runs
+  print_bench
+  exit $status
+fi
 
 stamp "dlsync-info"
 echo "== dlsync-info"
@@ -158,28 +199,7 @@ fi
 
 stamp "bench"
 bench_rc=0
-if [ -z "${SUITE_ONLY:-}" ]; then
-  # The before/after table: an earlier tree in .baseline/ (git archive of the
-  # commit to compare with), its libdlsync.so built here and timed in the same
-  # run (DLSYNC_BASELINE_LIBRARY).
-  if [ -f "$root/.baseline/CMakeLists.txt" ]; then
-    base_build=/tmp/dlsync-baseline-build
-    rm -rf "$base_build"
-    if cmake -S "$root/.baseline" -B "$base_build" -DCMAKE_BUILD_TYPE=Release \
-      -DDLSYNC_BUILD_TESTS=OFF -DDLSYNC_BUILD_GPU_TESTS=OFF -DDLSYNC_BUILD_TOOLS=OFF \
-      -DDLSYNC_BUILD_BENCH=OFF >"$out/baseline-build.log" 2>&1 &&
-      cmake --build "$base_build" -j"$jobs" >>"$out/baseline-build.log" 2>&1; then
-      export DLSYNC_BASELINE_LIBRARY="$base_build/libdlsync.so"
-    else
-      echo "== the baseline in .baseline/ did not build (baseline-build.log)"
-    fi
-  fi
-  "$build"/bench/bench_exchange >"$out/bench.txt" 2>&1 || bench_rc=$?
-  # BENCH_RUNS=3: the bench twice more, its target lines printed per run.
-  for i in $(seq 2 "${BENCH_RUNS:-1}"); do
-    "$build"/bench/bench_exchange >"$out/bench$i.txt" 2>&1 || bench_rc=$?
-  done
-fi
+[ -z "${SUITE_ONLY:-}" ] && bench_runs
 
 # The Python bench (python/bench/bench_python.py): dlsync's Python rows against
 # torch's own calls in the same run.
@@ -229,13 +249,7 @@ else
 fi
 # ---- end packaging ----
 if [ -z "${SUITE_ONLY:-}" ]; then
-  echo "== bench (rc $bench_rc)"
-  grep -v '^FAIL' "$out/bench.txt"
-  for i in $(seq 2 "${BENCH_RUNS:-1}"); do
-    echo "== bench run $i: the lines with a target"
-    grep -E 'ok|MISSED|SLOWER|noise|not slower' "$out/bench$i.txt"
-  done
-  [ "$bench_rc" -eq 0 ] || { tail -5 "$out/bench.txt"; status=1; }
+  print_bench
 fi
 if [ "$pybench_rc" != skipped ]; then
   echo "== python bench (rc $pybench_rc)"
