@@ -33,8 +33,8 @@ static void box_run(void *p) {
 /* Gives the filled box (destroy, ptr) to the graphs: one user object that
  * each of them holds. *taken: the box (and ptr) are the user object's from
  * now on, whatever the status; false: both are still the caller's. */
-static dlsync_status hold_give(const dlsync__driver *d, CUgraph *graphs, int ngraphs,
-                               hold_box *box, bool *taken) {
+static dlsync_status hold_give(const dlsync__driver *d, CUgraph *graphs, int ngraphs, hold_box *box,
+                               bool *taken) {
   dlsync_status st = DLSYNC_SUCCESS;
   CUuserObject uo = NULL;
   unsigned held = 0; /* references still held by this function */
@@ -328,9 +328,9 @@ cleanup:
 /* A failed cuGraphAdd*Node: the error, and whether a dependency is from
  * another graph (cold path). */
 static DLSYNC__NOINLINE dlsync_status add_event_node_failed(const dlsync__driver *d, CUresult r,
-                                                            CUgraph graph,
-                                                            const CUgraphNode *deps, size_t ndeps,
-                                                            bool record, const char *role) {
+                                                            CUgraph graph, const CUgraphNode *deps,
+                                                            size_t ndeps, bool record,
+                                                            const char *role) {
   dlsync_status st =
       dlsync__fail_driver(d, r, record ? "cuGraphAddEventRecordNode" : "cuGraphAddEventWaitNode",
                           "%s lane, graph %p, after %zu node(s)", role, (void *)graph, ndeps);
