@@ -127,12 +127,41 @@ dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_eve
  * Holder memory is recycled, never freed: a thread that found a holder in the
  * table checks, under the lock, that it is still the same live holder (its
  * generation) before adding to it. */
+/* What a holder keeps: a held event it shares with other graphs (one
+ * reference), or an event it alone holds (pool and event, counted in the
+ * pool's graph_owned: dlsync__pool_note_graph_owned). */
+typedef struct held_item {
+  dlsync__held_event *he; /* NULL: pool and event */
+  dlsync__pool *pool;
+  CUevent event;
+} held_item;
+
+static void held_item_release(held_item it) {
+  if (it.he != NULL)
+    dlsync__held_event_unref(it.he);
+  else
+    dlsync__pool_return_from_graph(it.pool, it.event);
+}
+
+/* A holder's items: the first HOLDER_INLINE in the holder itself (recycled
+ * with it: a capture of few exchanges allocates nothing), the rest in chunks
+ * (nothing copied as a capture grows). */
+#define HOLDER_INLINE 16
+#define HOLDER_CHUNK 128
+
+typedef struct held_chunk {
+  struct held_chunk *next;
+  size_t n;
+  held_item items[HOLDER_CHUNK];
+} held_chunk;
+
 typedef struct capture_holder {
   uint64_t gen;        /* changes each time the holder is reused */
   uint64_t capture_id; /* 0: free */
   bool dead;           /* its graph is gone: add nothing */
-  dlsync__held_event **events;
-  size_t n, cap;
+  size_t n;            /* items in `first` */
+  held_item first[HOLDER_INLINE];
+  held_chunk *chunks; /* the newest first */
   struct capture_holder *next_free;
 } capture_holder;
 
@@ -148,60 +177,80 @@ static unsigned holder_next;
 static capture_holder *holders_free;
 static uint64_t holder_gens;
 
-/* Adds `he` (one reference taken) to h's list; false when out of memory.
- * holders_lock held. */
-static bool holder_add_locked(capture_holder *h, dlsync__held_event *he) {
-  if (h->n == h->cap) {
-    size_t cap = h->cap != 0 ? h->cap * 2 : 8;
-    dlsync__held_event **grown = dlsync__realloc(h->events, cap * sizeof *grown);
-    if (grown == NULL)
-      return false;
-    h->events = grown;
-    h->cap = cap;
+/* Adds `it` to h's list (a held event: one reference taken); false when out
+ * of memory (nothing taken). holders_lock held, or h not shared yet. */
+static bool holder_add_locked(capture_holder *h, held_item it) {
+  if (h->n < HOLDER_INLINE) {
+    h->first[h->n++] = it;
+  } else {
+    held_chunk *c = h->chunks;
+    if (c == NULL || c->n == HOLDER_CHUNK) {
+      c = dlsync__malloc(sizeof *c);
+      if (c == NULL)
+        return false;
+      c->n = 0;
+      c->next = h->chunks;
+      h->chunks = c;
+    }
+    c->items[c->n++] = it;
   }
-  dlsync__held_event_ref(he);
-  h->events[h->n++] = he;
+  if (it.he != NULL)
+    dlsync__held_event_ref(it.he);
   return true;
 }
 
 /* The user object's destructor (a driver thread: no CUDA calls). */
 static void holder_destroy(void *p) {
   capture_holder *h = p;
-  dlsync__held_event **events;
+  held_item first[HOLDER_INLINE];
+  held_chunk *chunks;
   size_t n;
   pthread_mutex_lock(&holders_lock);
   h->dead = true;
   for (unsigned i = 0; i < HOLDER_SLOTS; i++)
     if (holder_table[i].h == h)
       holder_table[i].h = NULL;
-  events = h->events;
   n = h->n;
-  h->events = NULL;
-  h->n = h->cap = 0;
+  memcpy(first, h->first, n * sizeof first[0]);
+  chunks = h->chunks;
+  h->n = 0;
+  h->chunks = NULL;
   h->capture_id = 0;
   h->next_free = holders_free;
   holders_free = h;
   pthread_mutex_unlock(&holders_lock);
   for (size_t i = 0; i < n; i++)
-    dlsync__held_event_unref(events[i]);
-  dlsync__free(events);
+    held_item_release(first[i]);
+  while (chunks != NULL) {
+    held_chunk *next = chunks->next;
+    for (size_t i = 0; i < chunks->n; i++)
+      held_item_release(chunks->items[i]);
+    dlsync__free(chunks);
+    chunks = next;
+  }
 }
 
-/* The capture `capture_id` (graph `graph`) holds a reference to `he`. */
+/* The capture `capture_id` (graph `graph`) holds `it` (a reference to a held
+ * event, or the event itself). *kept: the capture's holder has it, and
+ * gives it back when the graph is gone, whatever the status; false: it is
+ * still the caller's. */
 static dlsync_status capture_hold(const dlsync__driver *d, uint64_t capture_id, CUgraph graph,
-                                  dlsync__held_event *he) {
+                                  held_item it, bool *kept) {
   dlsync_status st = DLSYNC_SUCCESS;
   capture_holder *h = NULL;
   uint64_t gen = 0;
   bool taken = false;
+  *kept = false;
   pthread_mutex_lock(&holders_lock);
-  for (unsigned i = 0; i < HOLDER_SLOTS; i++) {
+  /* Newest first: the captures being recorded now published theirs last. */
+  for (unsigned k = 1; k <= HOLDER_SLOTS; k++) {
+    unsigned i = (holder_next - k) % HOLDER_SLOTS;
     capture_holder *t = holder_table[i].h;
     if (t != NULL && holder_table[i].capture_id == capture_id && t->gen == holder_table[i].gen &&
         !t->dead) {
-      bool added = holder_add_locked(t, he);
+      *kept = holder_add_locked(t, it);
       pthread_mutex_unlock(&holders_lock);
-      return added ? DLSYNC_SUCCESS
+      return *kept ? DLSYNC_SUCCESS
                    : dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
                                   "giving an event to capture %llu: out of memory",
                                   (unsigned long long)capture_id);
@@ -225,18 +274,21 @@ static dlsync_status capture_hold(const dlsync__driver *d, uint64_t capture_id, 
   h->capture_id = capture_id;
   h->dead = false;
   h->n = 0;
+  h->chunks = NULL;
   h->next_free = NULL;
-  if (!holder_add_locked(h, he)) { /* h is not shared yet */
+  if (!holder_add_locked(h, it)) { /* h is not shared yet */
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an event to capture %llu: out of memory",
                       (unsigned long long)capture_id);
     goto cleanup;
   }
   st = dlsync__graph_hold(d, &graph, 1, holder_destroy, h, &taken);
   if (!taken) {
-    dlsync__held_event_unref(he);
+    if (it.he != NULL)
+      dlsync__held_event_unref(it.he); /* the holder's reference */
     h->n = 0;
     goto cleanup;
   }
+  *kept = true;
   if (st == DLSYNC_SUCCESS) {
     /* Published only if its graph has not let it go already. */
     pthread_mutex_lock(&holders_lock);
@@ -250,10 +302,8 @@ static dlsync_status capture_hold(const dlsync__driver *d, uint64_t capture_id, 
   }
   h = NULL; /* the graph's */
 cleanup:
-  if (h != NULL) {
-    dlsync__free(h->events);
-    h->events = NULL;
-    h->cap = 0;
+  if (h != NULL) { /* holds nothing (its one item was taken back) */
+    h->n = 0;
     pthread_mutex_lock(&holders_lock);
     h->next_free = holders_free;
     holders_free = h;
@@ -301,15 +351,27 @@ dlsync_status dlsync__graph_own_event_lanes(const dlsync__driver *d, dlsync__poo
       built[i] = lanes[i]->graph;
     return own_event_built(d, pool, event, built, nlanes < 2 ? nlanes : 2);
   }
+  if (nlanes == 1) {
+    /* One capture (lanes[0]) holds the event alone: no count of holders. */
+    held_item it = {NULL, pool, event};
+    bool kept = false;
+    dlsync__pool_note_graph_owned(pool);
+    st = capture_hold(d, lanes[0]->capture_id, lanes[0]->graph, it, &kept);
+    if (!kept)
+      dlsync__pool_return_from_graph(pool, event);
+    return st;
+  }
   he = dlsync__held_event_new(pool, event);
   if (he == NULL) {
     dlsync__pool_put(pool, event);
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an event to a graph: out of memory");
   }
   for (int i = 0; i < nlanes && i < 2; i++) {
-    if (lanes[i]->kind == DLSYNC_LANE_CAPTURING)
-      DLSYNC_TRY(capture_hold(d, lanes[i]->capture_id, lanes[i]->graph, he));
-    else
+    if (lanes[i]->kind == DLSYNC_LANE_CAPTURING) {
+      held_item it = {he, NULL, NULL};
+      bool kept;
+      DLSYNC_TRY(capture_hold(d, lanes[i]->capture_id, lanes[i]->graph, it, &kept));
+    } else
       built[nbuilt++] = lanes[i]->graph;
   }
   if (nbuilt > 0) {

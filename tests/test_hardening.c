@@ -1127,7 +1127,10 @@ static void sweep_entries(fake_fault kind) {
       fail_msg("%s: more than 100 %ss", entries[i].names, fake_fault_name(kind));
     most = n > most ? n : most;
   }
-  assert_true(most > 4);
+  /* The sweep went deep: the deepest entry points make at least 3
+   * allocations (a first order into a capture: its holder, the holder's
+   * list, the user object's box) and as many driver calls. */
+  assert_true(most > 3);
   fixture_open(NULL);
 }
 
