@@ -153,12 +153,12 @@ static inline __attribute__((always_inline)) void q_full(CUstream s) {
 }
 
 /* The floor of dlsync's design, which asks the driver at each call: begin
- * asks about the consumer (a status query), end about both (the consumer's
- * status and capture id, the producer's status), and the raw fork+join. */
+ * asks about the consumer (a status query), end about both (status queries,
+ * while the thread's ends find eager streams), and the raw fork+join. */
 static void op_raw_with_queries(void) {
   q_is(C);
   rec_wait(e1, P, C);
-  q_id(C);
+  q_is(C);
   q_is(P);
   rec_wait(e2, C, P);
 }
@@ -309,11 +309,10 @@ static const struct {
   const char *raw;   /* the calls made by hand */
   const char *floor; /* what the floor adds */
 } row_info[RK_COUNT] = {
-    {DLSYNC__ROW_SAME_CAPTURE, "begin+end in capture", "record+wait x2", "+ 5 capture queries"},
-    {DLSYNC__ROW_SAME_CAPTURE, "  with CAPTURE_STABLE", "record+wait x2", "+ 3 capture queries"},
-    {DLSYNC__ROW_TWO_CAPTURES, "order", "2 queries, 2 nodes, 2 updates",
-     "+ 1 status query, cuStreamGetCtx"},
-    {DLSYNC__ROW_EAGER_TO_CAPTURE, "order", "record + external wait", "+ 3 capture queries"},
+    {DLSYNC__ROW_SAME_CAPTURE, "begin+end in capture", "record+wait x2", "+ 4 capture queries"},
+    {DLSYNC__ROW_SAME_CAPTURE, "  with CAPTURE_STABLE", "record+wait x2", "+ 2 capture queries"},
+    {DLSYNC__ROW_TWO_CAPTURES, "order", "2 queries, 2 nodes, 2 updates", "+ cuStreamGetCtx"},
+    {DLSYNC__ROW_EAGER_TO_CAPTURE, "order", "record + external wait", "+ 2 capture queries"},
     {DLSYNC__ROW_EAGER_TO_BUILT, "order", "wait node + record", "+ 1 query, user object + retain"},
     {DLSYNC__ROW_TWO_BUILT, "order", "record node + wait node",
      "+ cuCtxGetCurrent, user object + 2 retains"},
@@ -346,8 +345,9 @@ static void wait_events_back(void) {
   }
 }
 
+/* In a capture (the thread's calls find captures): begin reads both lanes in
+ * full, end asks both for their capture id. */
 static void op_floor_in_capture(void) {
-  q_is(C);
   q_full(C);
   q_full(P);
   rec_wait(e1, P, C);
@@ -357,7 +357,6 @@ static void op_floor_in_capture(void) {
 }
 
 static void op_floor_in_capture_stable(void) {
-  q_is(C);
   q_full(C);
   q_full(P);
   rec_wait(e1, P, C);
@@ -422,10 +421,8 @@ static void row_op(row_kind rk, row_side side, int i, dlsync_lane *l1, dlsync_la
       ds_order(&lp, &lc);
       return;
     }
-    if (side == SIDE_FLOOR) {
-      q_is(C);
+    if (side == SIDE_FLOOR) /* dlsync's reads of both are the raw calls' own */
       CHECK(D->StreamGetCtx(P, &cur) == CUDA_SUCCESS, "get ctx");
-    }
     append_by_hand(P, kev[i], true);
     append_by_hand(C, kev[i], false);
     return;
@@ -435,7 +432,6 @@ static void row_op(row_kind rk, row_side side, int i, dlsync_lane *l1, dlsync_la
       return;
     }
     if (side == SIDE_FLOOR) {
-      q_is(C);
       q_full(C);
       q_full(P);
     }
@@ -588,7 +584,7 @@ static void print_rows(const row_result *res) {
  * in the same run (DLSYNC_BASELINE_LIBRARY) ---- */
 
 static void run_before_after(void) {
-  enum { BA_ROUNDS = 9, BA = RK_COUNT + 2 };
+  enum { BA_ROUNDS = 15, BA = RK_COUNT + 2 };
   double r[BA][BA_ROUNDS], now[BA], was[BA];
   const char *names[BA];
   double tn[BA][BA_ROUNDS], tw[BA][BA_ROUNDS];
@@ -969,6 +965,23 @@ int main(void) {
   have_so = so_load(so_path, sizeof so_path);
   have_base = have_so && getenv("DLSYNC_BASELINE_LIBRARY") != NULL &&
               so_open(&base, getenv("DLSYNC_BASELINE_LIBRARY"));
+  if (getenv("DLSYNC_BENCH_BEFORE_AFTER_ONLY") != NULL) {
+    /* The before/after table alone (scripts/gpu-check.sh: this build against
+     * a copy of itself, the table's own noise). */
+    if (!have_base) {
+      printf("before/after: no baseline library (DLSYNC_BASELINE_LIBRARY)\n");
+      return 1;
+    }
+    for (int i = 0; i < K_ROWS; i++)
+      CHECK(D->EventCreate(&kev[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS, "event");
+    run_before_after();
+    for (int i = 0; i < K_ROWS; i++)
+      D->EventDestroy(kev[i]);
+    so.context_destroy(so.ctx);
+    base.context_destroy(base.ctx);
+    dlsync_context_destroy(E.ctx);
+    return 0;
+  }
 
   /* ROUNDS rounds, each measuring every operation in turn. The machine has
    * slow phases that last several batches (seen on the H200 hosts: the raw

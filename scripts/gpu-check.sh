@@ -59,6 +59,12 @@ bench_runs() {
   for i in $(seq 2 "${BENCH_RUNS:-1}"); do
     "$build"/bench/bench_exchange >"$out/bench$i.txt" 2>&1 || bench_rc=$?
   done
+  # The before/after table's own noise: this build against a copy of itself.
+  if [ -n "${DLSYNC_BASELINE_LIBRARY:-}" ]; then
+    cp "$build"/libdlsync.so /tmp/dlsync-same-copy.so
+    DLSYNC_BASELINE_LIBRARY=/tmp/dlsync-same-copy.so DLSYNC_BENCH_BEFORE_AFTER_ONLY=1 \
+      "$build"/bench/bench_exchange >"$out/bench-aa.txt" 2>&1 || bench_rc=$?
+  fi
 }
 
 print_bench() {
@@ -68,6 +74,10 @@ print_bench() {
     echo "== bench run $i: the lines with a target"
     grep -E 'ok|MISSED|SLOWER|noise|not slower' "$out/bench$i.txt"
   done
+  if [ -f "$out/bench-aa.txt" ]; then
+    echo "== before/after of this build against a copy of itself (the table's noise)"
+    cat "$out/bench-aa.txt"
+  fi
   [ "$bench_rc" -eq 0 ] || { tail -5 "$out/bench.txt"; status=1; }
 }
 
