@@ -32,22 +32,6 @@ struct dlsync__pool {
   size_t nscratch;
 };
 
-static void spin_lock(atomic_int *l) {
-  for (;;) {
-    if (atomic_exchange_explicit(l, 1, memory_order_acquire) == 0)
-      return;
-    while (atomic_load_explicit(l, memory_order_relaxed) != 0) {
-#if defined(__x86_64__) || defined(__i386__)
-      __builtin_ia32_pause();
-#endif
-    }
-  }
-}
-
-static void spin_unlock(atomic_int *l) {
-  atomic_store_explicit(l, 0, memory_order_release);
-}
-
 /* ---- orphans: events whose context died while graphs held them ---- */
 
 typedef struct orphan {
@@ -243,13 +227,13 @@ dlsync_status dlsync__pool_get(CUevent *out, dlsync__pool *p) {
   CUevent ev = NULL;
   CUcontext popped = NULL;
   bool pushed = false;
-  spin_lock(&p->lock);
+  dlsync__spin_lock(&p->lock);
   if (DLSYNC__LIKELY(p->nfree > 0)) {
     *out = p->free_events[--p->nfree];
-    spin_unlock(&p->lock);
+    dlsync__spin_unlock(&p->lock);
     return DLSYNC_SUCCESS;
   }
-  spin_unlock(&p->lock);
+  dlsync__spin_unlock(&p->lock);
   /* Empty: create one in the pool's context (allowed during capture). */
   dlsync__orphans_collect();
   DLSYNC_CU(d, cuCtxPushCurrent, d->CtxPushCurrent(p->cuctx),
@@ -293,11 +277,11 @@ static bool keep_locked(dlsync__pool *p, CUevent event, bool limit) {
 
 void dlsync__pool_put(dlsync__pool *p, CUevent event) {
   bool kept;
-  spin_lock(&p->lock);
+  dlsync__spin_lock(&p->lock);
   /* A dead pool (its context destroyed, e.g. from a deleter while releases
    * were queued) keeps nothing: the event is destroyed here. */
   kept = !p->dead && keep_locked(p, event, true);
-  spin_unlock(&p->lock);
+  dlsync__spin_unlock(&p->lock);
   if (!kept && p->drv->EventDestroy(event) == CUDA_SUCCESS)
     atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
 }
@@ -332,7 +316,7 @@ dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync__pools 
   st = dlsync__pool_get(out, p);
   if (st != DLSYNC_SUCCESS)
     return st;
-  spin_lock(&p->lock);
+  dlsync__spin_lock(&p->lock);
   if (p->nscratch < SCRATCH_MAX) {
     if (p->scratch == NULL)
       p->scratch = dlsync__calloc(SCRATCH_MAX, sizeof *p->scratch);
@@ -341,7 +325,7 @@ dlsync_status dlsync__pool_borrow(CUevent *out, bool *lent, const dlsync__pools 
       registered = true;
     }
   }
-  spin_unlock(&p->lock);
+  dlsync__spin_unlock(&p->lock);
   if (registered) {
     dlsync__scratch_slot *slot = &h->scratch[h->scratch_next++ % DLSYNC__SCRATCH_SLOTS];
     slot->owner = ps;
@@ -373,12 +357,12 @@ void dlsync__pool_unborrow(dlsync__pool *p, CUevent event, bool lent) {
 void dlsync__pool_return_from_graph(dlsync__pool *p, CUevent event) {
   bool kept = false;
   atomic_fetch_sub_explicit(&p->graph_owned, 1, memory_order_relaxed);
-  spin_lock(&p->lock);
+  dlsync__spin_lock(&p->lock);
   /* No CUDA call here: this runs on a driver thread, so a surplus event is
    * kept rather than destroyed. */
   if (!p->dead)
     kept = keep_locked(p, event, false);
-  spin_unlock(&p->lock);
+  dlsync__spin_unlock(&p->lock);
   if (!kept) {
     orphan *o = dlsync__malloc(sizeof *o);
     if (o != NULL) {
@@ -411,14 +395,14 @@ dlsync_status dlsync__pools_destroy(dlsync__pools *ps) {
     dlsync__pool *next = p->next;
     CUevent *events;
     size_t n;
-    spin_lock(&p->lock);
+    dlsync__spin_lock(&p->lock);
     p->dead = true;
     events = p->free_events;
     n = p->nfree;
     p->free_events = NULL;
     p->nfree = 0;
     p->cap = 0;
-    spin_unlock(&p->lock);
+    dlsync__spin_unlock(&p->lock);
     for (size_t i = 0; i < p->nscratch; i++) {
       CUresult r = p->drv->EventDestroy(p->scratch[i]);
       if (r == CUDA_SUCCESS)
@@ -448,9 +432,9 @@ void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync__pools *ps) {
   memset(out, 0, sizeof *out);
   for (dlsync__pool *p = atomic_load_explicit(&ps->list, memory_order_acquire); p != NULL;
        p = p->next) {
-    spin_lock(&p->lock);
+    dlsync__spin_lock(&p->lock);
     out->free_events += p->nfree + p->nscratch; /* scratch events are idle between calls */
-    spin_unlock(&p->lock);
+    dlsync__spin_unlock(&p->lock);
     out->created += atomic_load(&p->created);
     out->destroyed += atomic_load(&p->destroyed);
     out->graph_owned += atomic_load(&p->graph_owned);

@@ -167,7 +167,9 @@ typedef struct capture_holder {
 
 #define HOLDER_SLOTS 16
 
-static pthread_mutex_t holders_lock = PTHREAD_MUTEX_INITIALIZER;
+/* A spin lock: every section under it is a few loads and stores (a chunk's
+ * allocation, once per 128 events, at most). */
+static atomic_int holders_lock;
 static struct {
   uint64_t capture_id;
   capture_holder *h;
@@ -205,7 +207,7 @@ static void holder_destroy(void *p) {
   held_item first[HOLDER_INLINE];
   held_chunk *chunks;
   size_t n;
-  pthread_mutex_lock(&holders_lock);
+  dlsync__spin_lock(&holders_lock);
   h->dead = true;
   for (unsigned i = 0; i < HOLDER_SLOTS; i++)
     if (holder_table[i].h == h)
@@ -218,7 +220,7 @@ static void holder_destroy(void *p) {
   h->capture_id = 0;
   h->next_free = holders_free;
   holders_free = h;
-  pthread_mutex_unlock(&holders_lock);
+  dlsync__spin_unlock(&holders_lock);
   for (size_t i = 0; i < n; i++)
     held_item_release(first[i]);
   while (chunks != NULL) {
@@ -241,7 +243,7 @@ static dlsync_status capture_hold(const dlsync__driver *d, uint64_t capture_id, 
   uint64_t gen = 0;
   bool taken = false;
   *kept = false;
-  pthread_mutex_lock(&holders_lock);
+  dlsync__spin_lock(&holders_lock);
   /* Newest first: the captures being recorded now published theirs last. */
   for (unsigned k = 1; k <= HOLDER_SLOTS; k++) {
     unsigned i = (holder_next - k) % HOLDER_SLOTS;
@@ -249,7 +251,7 @@ static dlsync_status capture_hold(const dlsync__driver *d, uint64_t capture_id, 
     if (t != NULL && holder_table[i].capture_id == capture_id && t->gen == holder_table[i].gen &&
         !t->dead) {
       *kept = holder_add_locked(t, it);
-      pthread_mutex_unlock(&holders_lock);
+      dlsync__spin_unlock(&holders_lock);
       return *kept ? DLSYNC_SUCCESS
                    : dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
                                   "giving an event to capture %llu: out of memory",
@@ -262,7 +264,7 @@ static dlsync_status capture_hold(const dlsync__driver *d, uint64_t capture_id, 
   if (h != NULL)
     holders_free = h->next_free;
   gen = ++holder_gens;
-  pthread_mutex_unlock(&holders_lock);
+  dlsync__spin_unlock(&holders_lock);
   if (h == NULL) {
     h = dlsync__calloc(1, sizeof *h);
     if (h == NULL)
@@ -291,23 +293,23 @@ static dlsync_status capture_hold(const dlsync__driver *d, uint64_t capture_id, 
   *kept = true;
   if (st == DLSYNC_SUCCESS) {
     /* Published only if its graph has not let it go already. */
-    pthread_mutex_lock(&holders_lock);
+    dlsync__spin_lock(&holders_lock);
     if (h->gen == gen && !h->dead) {
       unsigned i = holder_next++ % HOLDER_SLOTS;
       holder_table[i].capture_id = capture_id;
       holder_table[i].h = h;
       holder_table[i].gen = gen;
     }
-    pthread_mutex_unlock(&holders_lock);
+    dlsync__spin_unlock(&holders_lock);
   }
   h = NULL; /* the graph's */
 cleanup:
   if (h != NULL) { /* holds nothing (its one item was taken back) */
     h->n = 0;
-    pthread_mutex_lock(&holders_lock);
+    dlsync__spin_lock(&holders_lock);
     h->next_free = holders_free;
     holders_free = h;
-    pthread_mutex_unlock(&holders_lock);
+    dlsync__spin_unlock(&holders_lock);
   }
   return st;
 }

@@ -21,24 +21,29 @@ typedef struct domain {
  * so a handle used after its end is recognised, never a touch of freed
  * memory and never the end of another exchange. */
 struct dlsync_exchange {
-  atomic_uint_fast64_t gen;      /* odd while begun, even while free */
-  _Atomic(dlsync_context *) ctx; /* atomic: read by the scan at context destroy */
-  uint32_t index;
-  struct dlsync_exchange *next_free;
-  bool same;                /* one stream: nothing to do at end */
-  CUstream producer_stream; /* stream lanes */
+  /* What begin's and end's fast paths touch: the first 64 bytes (a record
+   * is 128 bytes, records are 64-byte aligned: one cache line). */
+  _Alignas(64) atomic_uint_fast64_t gen; /* odd while begun, even while free */
+  _Atomic(dlsync_context *) ctx;         /* atomic: read by the scan at context destroy */
+  CUstream producer_stream;              /* stream lanes */
   CUstream consumer_stream;
   dlsync_lane *producer_ref; /* graph lanes: the caller's */
   dlsync_lane *consumer_ref;
-  bool cross;
-  bool stable; /* end may trust what begin found (DLSYNC_EXCHANGE_CAPTURE_STABLE) */
-  domain producer_domain;
-  domain consumer_domain;
   /* dlsync_exchange_begin_many: the exchanges of the distinct producers, in
    * begin order (NULL for a one-producer exchange). */
   dlsync_exchange **many;
+  bool same;   /* one stream: nothing to do at end */
+  bool stable; /* end may trust what begin found (DLSYNC_EXCHANGE_CAPTURE_STABLE) */
+  bool cross;
+  uint32_t index;
+  /* The rest. */
+  struct dlsync_exchange *next_free;
   size_t nmany;
+  domain producer_domain;
+  domain consumer_domain;
 };
+
+_Static_assert(sizeof(struct dlsync_exchange) == 128, "an exchange record is two cache lines");
 
 static domain domain_of(const dlsync__lane_now *l) {
   domain dm;
@@ -759,9 +764,11 @@ static dlsync_exchange *record_make(void) {
     goto cleanup;
   chunk = atomic_load_explicit(&ex_chunks[i / EX_CHUNK], memory_order_relaxed);
   if (chunk == NULL) {
-    chunk = dlsync__calloc(EX_CHUNK, sizeof *chunk);
-    if (chunk == NULL)
+    /* Never freed; aligned by hand (64 bytes more than needed). */
+    unsigned char *raw = dlsync__calloc(1, EX_CHUNK * sizeof *chunk + 64);
+    if (raw == NULL)
       goto cleanup;
+    chunk = (dlsync_exchange *)(void *)(raw + (64 - (uintptr_t)raw % 64) % 64);
     for (unsigned j = 0; j < EX_CHUNK; j++) {
       atomic_init(&chunk[j].gen, 0);
       atomic_init(&chunk[j].ctx, NULL);
@@ -825,9 +832,14 @@ static DLSYNC__INLINE dlsync_exchange *exchange_claim(dlsync_exchange *handle, d
     *st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_end: exchange is NULL");
     return NULL;
   }
-  if (DLSYNC__UNLIKELY(idx >= atomic_load_explicit(&ex_made, memory_order_acquire) || (g & 1) == 0))
+  /* In range, its chunk's slot exists. A record of a chunk that was made
+   * but not handed out yet has generation 0 (even): refused below like any
+   * record not begun. */
+  if (DLSYNC__UNLIKELY(idx >= (uint64_t)EX_CHUNK * EX_CHUNKS || (g & 1) == 0))
     goto invalid;
   chunk = atomic_load_explicit(&ex_chunks[idx / EX_CHUNK], memory_order_acquire);
+  if (DLSYNC__UNLIKELY(chunk == NULL))
+    goto invalid;
   ex = &chunk[idx % EX_CHUNK];
   now = atomic_load_explicit(&ex->gen, memory_order_acquire);
   if (DLSYNC__UNLIKELY((now & EX_GEN_MASK) != g || (now & 1) == 0))

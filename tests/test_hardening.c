@@ -141,6 +141,30 @@ static void test_garbage_exchange_handle_is_invalid_argument(void **state) {
                    DLSYNC_ERROR_INVALID_ARGUMENT);
   assert_int_equal(dlsync_exchange_end((dlsync_exchange *)(uintptr_t)0x7fffffffffffULL),
                    DLSYNC_ERROR_INVALID_ARGUMENT);
+  /* The shapes of a handle (the low 25 bits: index + 1, above them the
+   * generation, odd while begun) with an index of 0 (the bits all 0), past
+   * the last possible record, or in a chunk that exists but of a record
+   * never handed out. */
+  assert_int_equal(dlsync_exchange_end((dlsync_exchange *)(uintptr_t)(UINT64_C(3) << 25)),
+                   DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(
+      dlsync_exchange_end((dlsync_exchange *)(uintptr_t)((UINT64_C(1) << 25) | ((1u << 25) - 1))),
+      DLSYNC_ERROR_INVALID_ARGUMENT);
+  {
+    dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+    dlsync_exchange *ex = NULL;
+    uint64_t h;
+    assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+    h = (uint64_t)(uintptr_t)ex;
+    /* The next records of its chunk: not begun (generation 0, or even). */
+    for (uint64_t k = 1; k <= 3; k++)
+      assert_int_equal(
+          dlsync_exchange_end(
+              (dlsync_exchange *)(uintptr_t)((h & ~((UINT64_C(1) << 25) - 1)) |
+                                             ((h & ((UINT64_C(1) << 25) - 1)) + 500 + k))),
+          DLSYNC_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  }
 }
 
 typedef struct handoff {

@@ -118,6 +118,24 @@ void dlsync__log(int level, const char *fmt, ...) DLSYNC__PRINTF(2, 3);
     if (DLSYNC__UNLIKELY(dlsync__log_on(level))) \
       dlsync__log((level), __VA_ARGS__);         \
   } while (0)
+
+/* ---- a spin lock, for sections of a few loads and stores ---- */
+
+static inline void dlsync__spin_lock(atomic_int *l) {
+  for (;;) {
+    if (atomic_exchange_explicit(l, 1, memory_order_acquire) == 0)
+      return;
+    while (atomic_load_explicit(l, memory_order_relaxed) != 0) {
+#if defined(__x86_64__) || defined(__i386__)
+      __builtin_ia32_pause();
+#endif
+    }
+  }
+}
+
+static inline void dlsync__spin_unlock(atomic_int *l) {
+  atomic_store_explicit(l, 0, memory_order_release);
+}
 #endif
 
 /* ---- the calling thread (base/thread.c) ---- */
