@@ -171,7 +171,7 @@ dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsyn
     const dlsync__event_thread *h = hot();
     for (unsigned i = 0; i < DLSYNC__MEMO_SLOTS; i++) {
       const dlsync__stream_memo *m = &h->memo[i];
-      if (m->stream == stream && m->owner == ps && m->generation == ps->generation) {
+      if (h->memo_key[i] == stream && m->owner == ps && m->generation == ps->generation) {
         *out = m->pool;
         *from_memo = true;
         return DLSYNC_SUCCESS;
@@ -183,7 +183,9 @@ dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsyn
   DLSYNC_TRY(dlsync__pool_for_cuctx(out, ps, cuctx));
   if (memoise) {
     dlsync__event_thread *h = hot();
-    dlsync__stream_memo *m = &h->memo[h->memo_next++ % DLSYNC__MEMO_SLOTS];
+    unsigned slot = h->memo_next++ % DLSYNC__MEMO_SLOTS;
+    dlsync__stream_memo *m = &h->memo[slot];
+    h->memo_key[slot] = stream;
     m->owner = ps;
     m->generation = ps->generation;
     m->stream = stream;
