@@ -94,23 +94,29 @@ void dlsync__pool_ref(dlsync__pool *p) {
 
 /* ---- lookup ---- */
 
+/* The pool of cuctx if there is one already (no lock: until the pools are
+ * destroyed with their context, pools are only added, at the list's head). */
+static inline dlsync__pool *pool_find(dlsync__pools *ps, CUcontext cuctx) {
+  for (dlsync__pool *p = atomic_load_explicit(&ps->list, memory_order_acquire); p != NULL;
+       p = p->next)
+    if (p->cuctx == cuctx)
+      return p;
+  return NULL;
+}
+
 dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync__pools *ps, CUcontext cuctx) {
   dlsync_status st = DLSYNC_SUCCESS;
-  dlsync__pool *p = atomic_load_explicit(&ps->list, memory_order_acquire);
+  dlsync__pool *p = pool_find(ps, cuctx);
   bool locked = false;
-  for (; p != NULL; p = p->next) {
-    if (p->cuctx == cuctx) {
-      *out = p;
-      return DLSYNC_SUCCESS;
-    }
+  if (p != NULL) {
+    *out = p;
+    return DLSYNC_SUCCESS;
   }
   pthread_mutex_lock(&ps->lock);
   locked = true;
-  for (p = atomic_load_explicit(&ps->list, memory_order_acquire); p != NULL; p = p->next) {
-    if (p->cuctx == cuctx) {
-      *out = p;
-      goto cleanup;
-    }
+  if ((p = pool_find(ps, cuctx)) != NULL) { /* made by another thread meanwhile */
+    *out = p;
+    goto cleanup;
   }
   p = dlsync__calloc(1, sizeof *p);
   if (p == NULL) {
@@ -156,7 +162,7 @@ static dlsync__event_thread *hot(void) {
 void dlsync__pool_memo_forget(const dlsync__pools *ps, CUstream stream) {
   dlsync__event_thread *h = hot();
   for (unsigned i = 0; i < DLSYNC__MEMO_SLOTS; i++)
-    if (h->memo[i].owner == ps && h->memo[i].stream == stream)
+    if (h->memo[i].owner == ps && h->memo_key[i] == stream)
       h->memo[i].owner = NULL;
 }
 
@@ -188,7 +194,6 @@ dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsyn
     h->memo_key[slot] = stream;
     m->owner = ps;
     m->generation = ps->generation;
-    m->stream = stream;
     m->pool = *out;
     m->scratch = NULL;
   }
@@ -209,13 +214,8 @@ dlsync_status dlsync__pool_for_current(dlsync__pool **out, dlsync__pools *ps, co
                       what);
     goto cleanup;
   }
-  for (dlsync__pool *p = atomic_load_explicit(&ps->list, memory_order_acquire); p != NULL;
-       p = p->next) {
-    if (p->cuctx == cur) { /* known: no lock */
-      *out = p;
-      return DLSYNC_SUCCESS;
-    }
-  }
+  if ((*out = pool_find(ps, cur)) != NULL) /* known: no call */
+    return DLSYNC_SUCCESS;
   DLSYNC_TRY(dlsync__pool_for_cuctx(out, ps, cur));
 cleanup:
   return st;

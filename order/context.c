@@ -312,9 +312,10 @@ cleanup:
 
 /* ---- lanes ---- */
 
-/* The pool for lanes a and b (b may be NULL): the context of the first stream
- * lane (*which is that lane), or, for graph lanes only, the calling thread's
- * current context; none when both are lanes of one graph (edges only). */
+/* The pool for lanes a and b (b may be NULL), at least one on a stream or b
+ * NULL (two graph lanes are opened inline, order.h): the context of the
+ * first stream lane (*which is that lane), or, for one graph lane, the
+ * calling thread's current context. */
 static dlsync_status pool_of(dlsync__pool **pool, bool *from_memo, const dlsync_lane **which,
                              dlsync_context *ctx, const dlsync_lane *a, const char *ra,
                              const dlsync_lane *b, const char *rb, const char *graph_what) {
@@ -323,10 +324,6 @@ static dlsync_status pool_of(dlsync__pool **pool, bool *from_memo, const dlsync_
     const dlsync_lane *l = a->kind == DLSYNC_LANE_STREAM ? a : b;
     *which = l;
     return dlsync__pool_for_stream(pool, from_memo, &ctx->pools, l->stream, l == a ? ra : rb);
-  }
-  if (b != NULL && a->graph == b->graph) {
-    *pool = NULL;
-    return DLSYNC_SUCCESS;
   }
   return dlsync__pool_for_current(pool, &ctx->pools, graph_what);
 }

@@ -518,28 +518,11 @@ typedef struct fast_pre {
   dlsync__lanes_opened opened; /* .a: first, .b: then */
 } fast_pre;
 
-/* `then` captures: both lanes read in full. One capture: true (plain). Else
- * false, the reads kept in pre for the general path; a failed read is
- * reported (*st) and true. */
-static DLSYNC__NOINLINE bool fast_then_captures(dlsync_context *ctx, fast_pre *pre,
-                                                const char *first_role, const char *then_role,
-                                                dlsync_status *st) {
-  dlsync__lane_now *f = &pre->opened.a, *t = &pre->opened.b;
-  *st = dlsync__lane_read_full(t, ctx->drv, pre->then, then_role);
-  if (*st == DLSYNC_SUCCESS)
-    *st = dlsync__lane_read_full(f, ctx->drv, pre->first, first_role);
-  if (*st != DLSYNC_SUCCESS)
-    return true;
-  if (f->kind == DLSYNC_LANE_CAPTURING && f->capture_id == t->capture_id)
-    return true;
-  pre->have = true;
-  return false;
-}
-
-/* FAST_QUERY_THEN_FULL: `then` read in full first. Eager: true, *plain (no
- * more queries). Capturing: as fast_then_captures (*plain when one capture).
- * A failed read: true, *st says why. False: the general path goes on with
- * both reads (pre->have). */
+/* `then` read in full (FAST_QUERY_THEN_FULL, or FAST_QUERY_THEN once its
+ * status said it captures). Eager: true, *plain (no more queries).
+ * Capturing: `first` read in full too; one capture: true, *plain. A failed
+ * read: true, *st says why. False: the general path goes on with both reads
+ * (pre->have), reading neither stream again. */
 static DLSYNC__NOINLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *th, fast_pre *pre,
                                             const char *first_role, const char *then_role,
                                             dlsync_status *st, bool *plain) {
@@ -591,16 +574,12 @@ static DLSYNC__NOINLINE fast_next fast_capture_queries(dlsync__thread *t, dlsync
   const dlsync__driver *d = ctx->drv;
   CUstreamCaptureStatus cs;
   CUresult r;
-  if (query == FAST_QUERY_THEN_FULL) {
+  if (query == FAST_QUERY_THEN_FULL || query == FAST_QUERY_THEN) {
+    /* THEN: its status query said `then` captures. */
     bool plain;
-    if (!fast_then_full(ctx, t, pre, first_role, then_role, st, &plain))
+    if (pre == NULL || !fast_then_full(ctx, t, pre, first_role, then_role, st, &plain))
       return FAST_GENERAL;
     return plain ? FAST_GO : FAST_DONE;
-  }
-  if (query == FAST_QUERY_THEN) { /* `then` captures (its status query said so) */
-    if (pre == NULL || !fast_then_captures(ctx, pre, first_role, then_role, st))
-      return FAST_GENERAL;
-    return *st == DLSYNC_SUCCESS ? FAST_GO : FAST_DONE;
   }
   /* FAST_QUERY_BOTH (and BOTH_EAGER with `first` capturing): the full query
    * of `first`; when it captures, its id tells whether `then` is in the

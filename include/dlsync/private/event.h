@@ -120,10 +120,10 @@ void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync__pools *ps);
 #define DLSYNC__MEMO_SLOTS 8
 #define DLSYNC__SCRATCH_SLOTS 2
 
+/* What the thread knows of the stream memo_key[i] (below). */
 typedef struct dlsync__stream_memo {
   const dlsync__pools *owner;
   uint64_t generation;
-  CUstream stream;
   dlsync__pool *pool;
   CUevent scratch; /* the thread's scratch event of pool, NULL until known */
 } dlsync__stream_memo;
@@ -136,7 +136,7 @@ typedef struct dlsync__scratch_slot {
 } dlsync__scratch_slot;
 
 typedef struct DLSYNC__MAY_ALIAS dlsync__event_thread {
-  /* memo[i].stream again, side by side: a scan reads one cache line. */
+  /* memo[i]'s stream, the keys side by side: a scan reads one cache line. */
   CUstream memo_key[DLSYNC__MEMO_SLOTS];
   dlsync__stream_memo memo[DLSYNC__MEMO_SLOTS];
   unsigned memo_next;
