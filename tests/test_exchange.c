@@ -269,6 +269,35 @@ static void warm_eager_to_capture_reads_each_stream_once(void **state) {
   destroy_graph(g);
 }
 
+/* A capture's holder keeps its first events in itself and the rest in chunks:
+ * many orders into one capture all hold their events; a chunk that cannot be
+ * allocated fails that order with DLSYNC_ERROR_OUT_OF_MEMORY (no wait node,
+ * the event back in its pool), and the capture goes on. */
+static void capture_holder_grows_and_reports_a_failed_chunk(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  CUgraph g;
+  int ok = 0;
+  (void)state;
+  warm_pair(&lp, &lc, 0);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  for (int i = 0; i < 40; i++) /* the pool grows to 40 events */
+    assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  destroy_graph(end_capture_ok(C));
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  for (; ok < 16; ok++) /* the holder's own items */
+    assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  fake_fail_alloc(1); /* the first chunk */
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_ERROR_OUT_OF_MEMORY);
+  assert_false(fake_fail_pending());
+  assert_non_null(strstr(dlsync_last_error(), "out of memory"));
+  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  for (; ok < 300; ok++) /* chunks of 128 */
+    assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  g = end_capture_ok(C);
+  assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), ok);
+  destroy_graph(g); /* the teardown checks that every event is back in the pool */
+}
+
 /* The consumer captures in another capture than the producer's: end's fast
  * path leaves it to the general path, which refuses (the producer would join
  * the consumer's capture). */
@@ -1304,6 +1333,7 @@ int main(void) {
       T(begin_queries_follow_the_last_begin),
       T(warm_same_capture_is_plain),
       T(warm_eager_to_capture_reads_each_stream_once),
+      T(capture_holder_grows_and_reports_a_failed_chunk),
       T(warm_end_in_two_captures_takes_the_general_path),
       T(stable_end_asks_nothing),
       T(stable_join_is_joined_back_without_queries),
