@@ -348,11 +348,9 @@ dlsync_status dlsync__lanes_open_streams(dlsync__lanes_opened *out, dlsync_conte
    * next call on its stream, so such a lane is read again after the pool is
    * found. With `memo` (the exchange's general path, which a capture sends
    * there) one full capture query per stream. */
-  DLSYNC_TRY(memo ? dlsync__lane_read_full(&out->a, ctx->drv, a, ra)
-                  : dlsync__lane_read(&out->a, ctx->drv, a, ra));
+  DLSYNC_TRY(dlsync__lane_read_as(&out->a, ctx->drv, a, ra, memo));
   if (b != NULL)
-    DLSYNC_TRY(memo ? dlsync__lane_read_full(&out->b, ctx->drv, b, rb)
-                    : dlsync__lane_read(&out->b, ctx->drv, b, rb));
+    DLSYNC_TRY(dlsync__lane_read_as(&out->b, ctx->drv, b, rb, memo));
 pool:
   DLSYNC_TRY(
       pool_of(&out->pool, memo ? &out->from_memo : NULL, &which, ctx, a, ra, b, rb, graph_what));

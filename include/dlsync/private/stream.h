@@ -56,24 +56,26 @@ static inline void dlsync__lane_read_built(dlsync__lane_now *out, dlsync_lane *l
   out->role = role;
   out->deps_inline = false;
 }
-static inline dlsync_status dlsync__lane_read(dlsync__lane_now *out, const dlsync__driver *d,
-                                              dlsync_lane *lane, const char *role) {
+/* A graph lane inline; a stream lane's status (full = false) or full
+ * capture query (full = true). */
+static inline dlsync_status dlsync__lane_read_as(dlsync__lane_now *out, const dlsync__driver *d,
+                                                 dlsync_lane *lane, const char *role, bool full) {
   if (lane->kind == DLSYNC_LANE_GRAPH) {
     dlsync__lane_read_built(out, lane, role);
     return DLSYNC_SUCCESS;
   }
-  return dlsync__lane_read_stream(out, d, lane, role, false);
+  return dlsync__lane_read_stream(out, d, lane, role, full);
+}
+static inline dlsync_status dlsync__lane_read(dlsync__lane_now *out, const dlsync__driver *d,
+                                              dlsync_lane *lane, const char *role) {
+  return dlsync__lane_read_as(out, d, lane, role, false);
 }
 /* The same with one cuStreamGetCaptureInfo and no cuStreamIsCapturing first:
  * for callers that expect a capture (the general path, after the fast path
  * found one). */
 static inline dlsync_status dlsync__lane_read_full(dlsync__lane_now *out, const dlsync__driver *d,
                                                    dlsync_lane *lane, const char *role) {
-  if (lane->kind == DLSYNC_LANE_GRAPH) {
-    dlsync__lane_read_built(out, lane, role);
-    return DLSYNC_SUCCESS;
-  }
-  return dlsync__lane_read_stream(out, d, lane, role, true);
+  return dlsync__lane_read_as(out, d, lane, role, true);
 }
 /* "stream 0x.. (capture 5, graph 0x..)", for the decision log. */
 void dlsync__lane_describe(char *buf, size_t size, const dlsync__lane_now *l);
