@@ -23,18 +23,18 @@ typedef struct domain {
 struct dlsync_exchange {
   /* What begin's and end's fast paths touch: the first 64 bytes (a record
    * is 128 bytes, records are 64-byte aligned: one cache line). */
-  _Alignas(64) atomic_uint_fast64_t gen; /* odd while begun, even while free */
-  _Atomic(dlsync_context *) ctx;         /* atomic: read by the scan at context destroy */
-  CUstream producer_stream;              /* stream lanes */
+  /* The record's handle: its generation above its index (EX_INDEX_BITS),
+   * odd while begun, even while free. */
+  _Alignas(64) atomic_uint_fast64_t handle;
+  _Atomic(dlsync_context *) ctx; /* atomic: read by the scan at context destroy */
+  CUstream producer_stream;      /* stream lanes */
   CUstream consumer_stream;
-  dlsync_lane *producer_ref; /* graph lanes: the caller's */
+  dlsync_lane *producer_ref; /* graph lanes: the caller's (EX_REFS) */
   dlsync_lane *consumer_ref;
   /* dlsync_exchange_begin_many: the exchanges of the distinct producers, in
-   * begin order (NULL for a one-producer exchange). */
+   * begin order (EX_MANY). */
   dlsync_exchange **many;
-  bool same;   /* one stream: nothing to do at end */
-  bool stable; /* end may trust what begin found (DLSYNC_EXCHANGE_CAPTURE_STABLE) */
-  bool cross;
+  uint8_t bits; /* EX_*: what end must do; one load on the fast path */
   uint32_t index;
   /* The rest. */
   struct dlsync_exchange *next_free;
@@ -44,6 +44,18 @@ struct dlsync_exchange {
 };
 
 _Static_assert(sizeof(struct dlsync_exchange) == 128, "an exchange record is two cache lines");
+
+/* An exchange's bits. None of EX_SAME, EX_MANY and EX_REFS: two stream
+ * lanes, which end's fast path orders; the fields named after a bit are
+ * valid only while it is set, so begin's fast path writes the streams and
+ * one byte. */
+enum {
+  EX_STABLE = 1, /* end may trust what begin found (DLSYNC_EXCHANGE_CAPTURE_STABLE) */
+  EX_SAME = 2,   /* one stream: nothing to do at end */
+  EX_MANY = 4,   /* dlsync_exchange_begin_many: many, nmany */
+  EX_REFS = 8,   /* a graph lane: producer_ref, consumer_ref (either may be NULL) */
+  EX_CROSS = 16, /* begin added a record node and a wait node: the domains */
+};
 
 static domain domain_of(const dlsync__lane_now *l) {
   domain dm;
@@ -660,9 +672,12 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
       fast_query_failed(d, r, false, then, then_role, st);
       return true;
     }
-    if (pre != NULL)
-      t->then_capture = cs != CU_STREAM_CAPTURE_STATUS_NONE;
     if (DLSYNC__UNLIKELY(cs != CU_STREAM_CAPTURE_STATUS_NONE)) {
+      /* FAST_QUERY_THEN comes from a begin or order whose thread found
+       * eager consumers (t->then_capture false) or from an end (pre NULL):
+       * only a capture changes the hint. */
+      if (pre != NULL)
+        t->then_capture = true;
       /* Both in one capture (SAME_CAPTURE, as every exchange after the
        * first inside a capture) is plain too. */
       if (cs != CU_STREAM_CAPTURE_STATUS_ACTIVE)
@@ -687,16 +702,17 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
  *
  * Exchange records live in chunks that are never freed (recycled, for the
  * life of the process), found by index. A handle is the record's index and
- * the low bits of its generation, packed into the pointer value; end checks
- * the generation with one compare-and-swap, so a second end, or an end after
- * the record was reused by a later begin, is DLSYNC_ERROR_INVALID_ARGUMENT.
+ * its generation (modulo 2^40), packed into the pointer value, and the
+ * record keeps the handle of its last begin; end checks it with one
+ * compare-and-swap, so a second end, or an end after the record was reused
+ * by a later begin, is DLSYNC_ERROR_INVALID_ARGUMENT.
  * Each thread keeps one free record (no lock on the usual begin/end pair); an
  * end on another thread gives the record to that thread, or to the shared
  * free list; a thread's record goes back to the list when the thread exits. */
 #define EX_INDEX_BITS 24
 #define EX_CHUNK 1024u
 #define EX_CHUNKS ((1u << EX_INDEX_BITS) / EX_CHUNK)
-#define EX_GEN_MASK ((UINT64_C(1) << (64 - EX_INDEX_BITS - 1)) - 1)
+#define EX_GEN_ONE (UINT64_C(1) << EX_INDEX_BITS) /* the generation's lowest bit */
 
 _Static_assert(sizeof(uintptr_t) == 8,
                "exchange handles pack an index and a generation in 64 bits");
@@ -749,7 +765,7 @@ static dlsync_exchange *record_make(void) {
       goto cleanup;
     chunk = (dlsync_exchange *)(void *)(raw + (64 - (uintptr_t)raw % 64) % 64);
     for (unsigned j = 0; j < EX_CHUNK; j++) {
-      atomic_init(&chunk[j].gen, 0);
+      atomic_init(&chunk[j].handle, i + j); /* generation 0 */
       atomic_init(&chunk[j].ctx, NULL);
       chunk[j].index = i + j;
     }
@@ -790,51 +806,50 @@ static void exchange_free(dlsync__thread *t, dlsync_exchange *ex) {
   shared_put(ex);
 }
 
-/* A begun record: fields set, then the generation made odd; the handle. */
+/* A begun record: fields set, then the generation made odd; the handle.
+ * The generation is odd, so a handle is never NULL; it counts in the bits
+ * above the index and wraps into them without touching the index. */
 static DLSYNC__INLINE dlsync_exchange *exchange_publish(dlsync_exchange *ex, dlsync_context *ctx) {
-  uint64_t g = atomic_load_explicit(&ex->gen, memory_order_relaxed) + 1;
+  uint64_t h = atomic_load_explicit(&ex->handle, memory_order_relaxed) + EX_GEN_ONE;
   atomic_store_explicit(&ex->ctx, ctx, memory_order_relaxed);
-  atomic_store_explicit(&ex->gen, g, memory_order_release);
-  return (dlsync_exchange *)(uintptr_t)(((g & EX_GEN_MASK) << (EX_INDEX_BITS + 1)) |
-                                        ((uint64_t)ex->index + 1));
+  atomic_store_explicit(&ex->handle, h, memory_order_release);
+  return (dlsync_exchange *)(uintptr_t)h;
+}
+
+static DLSYNC__COLD dlsync_exchange *claim_refused(dlsync_exchange *handle, dlsync_status *st) {
+  if (handle == NULL)
+    *st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_end: exchange is NULL");
+  else
+    *st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                       "dlsync_exchange_end: %p is not an exchange that is begun: it was ended "
+                       "already (each begin is ended once), its context was destroyed, or it was "
+                       "never a handle from dlsync_exchange_begin",
+                       (void *)handle);
+  return NULL;
 }
 
 /* The record a handle names, ended (its generation made even) by this call;
- * NULL with DLSYNC_ERROR_INVALID_ARGUMENT when it is not a begun exchange. */
+ * NULL with DLSYNC_ERROR_INVALID_ARGUMENT when it is not a begun exchange.
+ * Any index a handle holds is in range (EX_INDEX_BITS); an even generation
+ * (NULL among them) is never begun; a record of a chunk that was made but
+ * not handed out yet is at generation 0. The compare-and-swap is the whole
+ * check: the record's handle must be this one (so begun, by this handle's
+ * begin, and not ended since), and one end alone moves it on. */
 static DLSYNC__INLINE dlsync_exchange *exchange_claim(dlsync_exchange *handle, dlsync_status *st) {
   uint64_t h = (uint64_t)(uintptr_t)handle;
-  uint64_t idx = (h & ((UINT64_C(1) << (EX_INDEX_BITS + 1)) - 1)) - 1;
-  uint64_t g = h >> (EX_INDEX_BITS + 1);
+  uint64_t idx = h & (EX_GEN_ONE - 1);
   dlsync_exchange *chunk, *ex;
-  uint64_t now;
-  if (DLSYNC__UNLIKELY(handle == NULL)) {
-    *st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_end: exchange is NULL");
-    return NULL;
-  }
-  /* In range, its chunk's slot exists. A record of a chunk that was made
-   * but not handed out yet has generation 0 (even): refused below like any
-   * record not begun. */
-  if (DLSYNC__UNLIKELY(idx >= (uint64_t)EX_CHUNK * EX_CHUNKS || (g & 1) == 0))
-    goto invalid;
+  if (DLSYNC__UNLIKELY((h & EX_GEN_ONE) == 0))
+    return claim_refused(handle, st);
   chunk = atomic_load_explicit(&ex_chunks[idx / EX_CHUNK], memory_order_acquire);
   if (DLSYNC__UNLIKELY(chunk == NULL))
-    goto invalid;
+    return claim_refused(handle, st);
   ex = &chunk[idx % EX_CHUNK];
-  now = atomic_load_explicit(&ex->gen, memory_order_acquire);
-  if (DLSYNC__UNLIKELY((now & EX_GEN_MASK) != g || (now & 1) == 0))
-    goto invalid;
   if (DLSYNC__UNLIKELY(!atomic_compare_exchange_strong_explicit(
-          &ex->gen, &now, now + 1, memory_order_acq_rel, memory_order_acquire)))
-    goto invalid;
+          &ex->handle, &h, h + EX_GEN_ONE, memory_order_acq_rel, memory_order_relaxed)))
+    return claim_refused(handle, st);
   *st = DLSYNC_SUCCESS;
   return ex;
-invalid:
-  *st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                     "dlsync_exchange_end: %p is not an exchange that is begun: it was ended "
-                     "already (each begin is ended once), its context was destroyed, or it was "
-                     "never a handle from dlsync_exchange_begin",
-                     (void *)handle);
-  return NULL;
 }
 
 /* Context destroy: ends (without ordering anything) the exchanges of ctx
@@ -846,12 +861,13 @@ size_t dlsync__exchanges_abandon(const dlsync_context *ctx) {
   for (unsigned i = 0; i < made; i++) {
     dlsync_exchange *chunk = atomic_load_explicit(&ex_chunks[i / EX_CHUNK], memory_order_acquire);
     dlsync_exchange *ex = &chunk[i % EX_CHUNK];
-    uint64_t now = atomic_load_explicit(&ex->gen, memory_order_acquire);
-    if ((now & 1) == 0 || atomic_load_explicit(&ex->ctx, memory_order_relaxed) != ctx)
+    uint64_t now = atomic_load_explicit(&ex->handle, memory_order_acquire);
+    if ((now & EX_GEN_ONE) == 0 || atomic_load_explicit(&ex->ctx, memory_order_relaxed) != ctx)
       continue;
-    if (atomic_compare_exchange_strong_explicit(&ex->gen, &now, now + 1, memory_order_acq_rel,
-                                                memory_order_acquire)) {
-      dlsync__free(ex->many); /* its parts are records of ctx too: abandoned by this scan */
+    if (atomic_compare_exchange_strong_explicit(&ex->handle, &now, now + EX_GEN_ONE,
+                                                memory_order_acq_rel, memory_order_acquire)) {
+      if (ex->bits & EX_MANY)
+        dlsync__free(ex->many); /* its parts are records of ctx too: abandoned by this scan */
       ex->many = NULL;
       ex->nmany = 0;
       shared_put(ex);
@@ -930,12 +946,11 @@ static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsyn
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_exchange_begin: out of memory");
     goto cleanup;
   }
-  ex->same = false;
-  ex->many = NULL;
+  ex->bits = 0;
   DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_BEGIN, producer, "producer", consumer, "consumer", opened,
                          read != NULL, &pool, &same));
   if (same) {
-    ex->same = true; /* its end has nothing to do */
+    ex->bits = EX_SAME; /* its end has nothing to do */
     *out = exchange_publish(ex, ctx);
     ex = NULL;
     goto cleanup;
@@ -943,16 +958,21 @@ static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsyn
   DLSYNC_TRY(order_now(ctx, DLSYNC__OP_BEGIN, &pool, p, c, false, &row));
   ex->producer_stream = producer->stream;
   ex->consumer_stream = consumer->stream;
-  ex->producer_ref = producer->kind == DLSYNC_LANE_GRAPH ? producer : NULL;
-  ex->consumer_ref = consumer->kind == DLSYNC_LANE_GRAPH ? consumer : NULL;
-  ex->cross = dlsync__row_nodes(row) == 2; /* a record node and a wait node */
+  if (producer->kind == DLSYNC_LANE_GRAPH || consumer->kind == DLSYNC_LANE_GRAPH) {
+    ex->bits |= EX_REFS;
+    ex->producer_ref = producer->kind == DLSYNC_LANE_GRAPH ? producer : NULL;
+    ex->consumer_ref = consumer->kind == DLSYNC_LANE_GRAPH ? consumer : NULL;
+  }
+  if (dlsync__row_nodes(row) == 2) /* a record node and a wait node */
+    ex->bits |= EX_CROSS;
   ex->producer_domain = domain_of(p);
   ex->consumer_domain = domain_of(c);
   /* What end may trust: two eager streams, a consumer that joined the
    * producer's capture, or two streams of one capture; each way end's plain
    * record and wait are right. */
-  ex->stable = stable && (row == DLSYNC__ROW_EAGER_EAGER || row == DLSYNC__ROW_JOIN ||
-                          row == DLSYNC__ROW_SAME_CAPTURE);
+  if (stable && (row == DLSYNC__ROW_EAGER_EAGER || row == DLSYNC__ROW_JOIN ||
+                 row == DLSYNC__ROW_SAME_CAPTURE))
+    ex->bits |= EX_STABLE;
   *out = exchange_publish(ex, ctx);
   ex = NULL;
 cleanup:
@@ -997,8 +1017,7 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
                                  "stream %p",
                                  (void *)producer->stream);
     t->spare = NULL;
-    ex->same = true;
-    ex->many = NULL;
+    ex->bits = EX_SAME;
     *out = exchange_publish(ex, ctx);
     return DLSYNC_SUCCESS;
   }
@@ -1013,14 +1032,9 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
   if (DLSYNC__UNLIKELY(st != DLSYNC_SUCCESS))
     return st;
   t->spare = NULL;
-  ex->same = false;
-  ex->many = NULL;
   ex->producer_stream = producer->stream;
   ex->consumer_stream = consumer->stream;
-  ex->producer_ref = NULL;
-  ex->consumer_ref = NULL;
-  ex->cross = false;
-  ex->stable = (flags & DLSYNC_EXCHANGE_CAPTURE_STABLE) != 0;
+  ex->bits = (flags & DLSYNC_EXCHANGE_CAPTURE_STABLE) != 0 ? EX_STABLE : 0;
   *out = exchange_publish(ex, ctx);
   return DLSYNC_SUCCESS;
 }
@@ -1124,9 +1138,7 @@ dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsync_context *
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_exchange_begin_many: out of memory");
     goto cleanup;
   }
-  ex->same = false;
-  ex->producer_ref = ex->consumer_ref = NULL;
-  ex->cross = ex->stable = false;
+  ex->bits = EX_MANY;
   ex->many = parts;
   ex->nmany = nparts;
   if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
@@ -1170,13 +1182,13 @@ static DLSYNC__NOINLINE dlsync_status end_general(dlsync__thread *t, dlsync_exch
   dlsync_lane *producer, *consumer, lp, lc;
   lp = dlsync_lane_stream(ex->producer_stream);
   lc = dlsync_lane_stream(ex->consumer_stream);
-  producer = ex->producer_ref != NULL ? ex->producer_ref : &lp;
-  consumer = ex->consumer_ref != NULL ? ex->consumer_ref : &lc;
+  producer = (ex->bits & EX_REFS) && ex->producer_ref != NULL ? ex->producer_ref : &lp;
+  consumer = (ex->bits & EX_REFS) && ex->consumer_ref != NULL ? ex->consumer_ref : &lc;
   DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_END, consumer, "consumer", producer, "producer", &opened,
                          false, &pool, &same));
   if (same)
     goto cleanup;
-  if (ex->cross) {
+  if (ex->bits & EX_CROSS) {
     domain pd = domain_of(p), cd = domain_of(c);
     cross_holds = same_domain(&pd, &ex->producer_domain) && same_domain(&cd, &ex->consumer_domain);
   }
@@ -1190,30 +1202,32 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
   dlsync_status st;
   dlsync__thread *t;
   dlsync_context *ctx;
+  unsigned bits;
   dlsync_exchange *ex = exchange_claim(handle, &st);
   if (DLSYNC__UNLIKELY(ex == NULL))
     return st;
   t = dlsync__thread_get();
-  if (DLSYNC__UNLIKELY(ex->many != NULL))
-    return end_many(t, ex);
-  if (ex->same) {
-    exchange_free(t, ex);
-    return DLSYNC_SUCCESS; /* one stream: its own order is enough */
-  }
+  bits = ex->bits;
   ctx = atomic_load_explicit(&ex->ctx, memory_order_relaxed);
   /* Stream lanes: both eager now, or in one capture (two queries: status
    * queries while this thread's ends find eager consumers, full queries
    * while they find captures), or, when begin may be trusted
    * (DLSYNC_EXCHANGE_CAPTURE_STABLE), eager or one capture as begin found
    * them (no query). */
-  if (ex->producer_ref == NULL && ex->consumer_ref == NULL &&
-      order_fast(t, ctx, ex->consumer_stream, ex->producer_stream,
-                 ex->stable       ? FAST_QUERY_NONE
-                 : t->end_capture ? FAST_QUERY_BOTH
-                                  : FAST_QUERY_BOTH_EAGER,
-                 "consumer", "producer", &st, NULL)) {
+  if (DLSYNC__LIKELY((bits & (EX_SAME | EX_MANY | EX_REFS)) == 0)) {
+    if (order_fast(t, ctx, ex->consumer_stream, ex->producer_stream,
+                   (bits & EX_STABLE) ? FAST_QUERY_NONE
+                   : t->end_capture   ? FAST_QUERY_BOTH
+                                      : FAST_QUERY_BOTH_EAGER,
+                   "consumer", "producer", &st, NULL)) {
+      exchange_free(t, ex);
+      return st;
+    }
+  } else if (bits & EX_MANY) {
+    return end_many(t, ex);
+  } else if (bits & EX_SAME) {
     exchange_free(t, ex);
-    return st;
+    return DLSYNC_SUCCESS; /* one stream: its own order is enough */
   }
   return end_general(t, ex, ctx);
 }

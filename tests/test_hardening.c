@@ -141,29 +141,41 @@ static void test_garbage_exchange_handle_is_invalid_argument(void **state) {
                    DLSYNC_ERROR_INVALID_ARGUMENT);
   assert_int_equal(dlsync_exchange_end((dlsync_exchange *)(uintptr_t)0x7fffffffffffULL),
                    DLSYNC_ERROR_INVALID_ARGUMENT);
-  /* The shapes of a handle (the low 25 bits: index + 1, above them the
-   * generation, odd while begun) with an index of 0 (the bits all 0), past
-   * the last possible record, or in a chunk that exists but of a record
-   * never handed out. */
-  assert_int_equal(dlsync_exchange_end((dlsync_exchange *)(uintptr_t)(UINT64_C(3) << 25)),
+  /* The shapes of a handle (order/exchange.c: the low 24 bits the index,
+   * above them the generation, odd while begun): an odd generation with
+   * index 0, or with the last possible index (its chunk never made). */
+  assert_int_equal(dlsync_exchange_end((dlsync_exchange *)(uintptr_t)(UINT64_C(3) << 24)),
                    DLSYNC_ERROR_INVALID_ARGUMENT);
   assert_int_equal(
-      dlsync_exchange_end((dlsync_exchange *)(uintptr_t)((UINT64_C(1) << 25) | ((1u << 25) - 1))),
+      dlsync_exchange_end((dlsync_exchange *)(uintptr_t)((UINT64_C(1) << 24) | ((1u << 24) - 1))),
       DLSYNC_ERROR_INVALID_ARGUMENT);
   {
     dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
     dlsync_exchange *ex = NULL;
+    const uint64_t index_mask = (UINT64_C(1) << 24) - 1, gen_one = UINT64_C(1) << 24;
     uint64_t h;
+    unsigned records;
     assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
     h = (uint64_t)(uintptr_t)ex;
-    /* The next records of its chunk: not begun (generation 0, or even). */
+    assert_true((h & gen_one) != 0); /* begun: odd */
+    records = fake_call_count("cuEventRecord");
+    /* The next records of its chunk, with its generation: not begun
+     * (generation 0, or another). */
     for (uint64_t k = 1; k <= 3; k++)
       assert_int_equal(
           dlsync_exchange_end(
-              (dlsync_exchange *)(uintptr_t)((h & ~((UINT64_C(1) << 25) - 1)) |
-                                             ((h & ((UINT64_C(1) << 25) - 1)) + 500 + k))),
+              (dlsync_exchange *)(uintptr_t)((h & ~index_mask) | ((h & index_mask) + 500 + k))),
           DLSYNC_ERROR_INVALID_ARGUMENT);
-    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+    /* Its own record with a generation it has not reached (odd, 2 on), one
+     * it had (2 back) and the even one of its end. */
+    assert_int_equal(dlsync_exchange_end((dlsync_exchange *)(uintptr_t)(h + 2 * gen_one)),
+                     DLSYNC_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(dlsync_exchange_end((dlsync_exchange *)(uintptr_t)(h - 2 * gen_one)),
+                     DLSYNC_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(dlsync_exchange_end((dlsync_exchange *)(uintptr_t)(h + gen_one)),
+                     DLSYNC_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(fake_call_count("cuEventRecord"), records); /* nothing queued */
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);   /* still begun */
   }
 }
 
