@@ -54,87 +54,52 @@ dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role)
   }
 }
 
-dlsync_status dlsync__lane_read_stream(dlsync__lane_now *out, const dlsync__driver *d,
-                                       dlsync_lane *lane, const char *role, bool full) {
-  dlsync_status st = DLSYNC_SUCCESS;
-  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-  cuuint64_t id = 0;
-  CUgraph graph = NULL;
-  const CUgraphNode *deps = NULL;
-  const CUgraphEdgeData *edges = NULL;
-  size_t n = 0;
-  CUresult r;
-  out->lane = lane;
-  out->role = role;
-  out->stream = NULL;
+dlsync_status dlsync__lane_read_failed(dlsync__lane_now *out, const dlsync__driver *d, CUresult r,
+                                       dlsync_lane *lane, const char *role) {
+  out->kind = DLSYNC_LANE_EAGER;
   out->capture_id = 0;
   out->graph = NULL;
   out->deps = NULL;
   out->ndeps = 0;
-  out->deps_inline = false;      /* dep_buf is read only when this is set */
-  out->kind = DLSYNC_LANE_EAGER; /* until the read says otherwise */
-  out->stream = lane->stream;
-  if (DLSYNC__UNLIKELY(d->StreamGetCaptureInfo == NULL)) {
-    DLSYNC_TRY(dlsync__driver_require(d, DLSYNC__NEED_CAPTURE, "a capture-aware exchange"));
-  }
+  out->deps_inline = false;
+  if (d->StreamGetCaptureInfo == NULL)
+    return dlsync__driver_require(d, DLSYNC__NEED_CAPTURE, "a capture-aware exchange");
+  if (r == CUDA_SUCCESS) /* a capture that an earlier call invalidated */
+    return dlsync__fail(DLSYNC_ERROR_CAPTURE_INVALIDATED,
+                        "the %s stream %p is in a capture that an earlier call invalidated; end "
+                        "it with cuStreamEndCapture (which will fail) and capture again",
+                        role, (void *)lane->stream);
+  if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT)
+    return dlsync__fail_driver(d, r, "cuStreamGetCaptureInfo",
+                               "the %s lane is the legacy default stream while a blocking stream "
+                               "of its context is capturing; pass the capturing stream or a "
+                               "non-blocking stream instead",
+                               role);
+  return dlsync__fail_driver(d, r, "cuStreamGetCaptureInfo", "%s stream %p", role,
+                             (void *)lane->stream);
+}
+
+dlsync_status dlsync__lane_read_stream(dlsync__lane_now *out, const dlsync__driver *d,
+                                       dlsync_lane *lane, const char *role, bool full) {
   /* Most streams are eager: a plain status query settles those (measured a
    * little cheaper than the full query on the H200). The special handles go
    * straight to the full query, whose answer for the legacy stream during a
    * blocking capture (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) is known to leave
    * the capture intact. */
-  if (!full && !dlsync__is_special_stream(lane->stream)) {
-    r = d->StreamIsCapturing(lane->stream, &cs);
+  if (!full && !dlsync__is_special_stream(lane->stream) && d->StreamGetCaptureInfo != NULL) {
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUresult r = d->StreamIsCapturing(lane->stream, &cs);
     if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
-      st = dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s stream %p", role,
-                               (void *)lane->stream);
-      goto cleanup;
+      dlsync__lane_read_eager(out, lane, role);
+      return dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s stream %p", role,
+                                 (void *)lane->stream);
     }
     if (DLSYNC__LIKELY(cs == CU_STREAM_CAPTURE_STATUS_NONE)) {
-      out->kind = DLSYNC_LANE_EAGER;
-      goto cleanup;
+      dlsync__lane_read_eager(out, lane, role);
+      return DLSYNC_SUCCESS;
     }
   }
-  r = d->StreamGetCaptureInfo(lane->stream, &cs, &id, &graph, &deps, &edges, &n);
-  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
-    if (r == CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) {
-      st = dlsync__fail_driver(d, r, "cuStreamGetCaptureInfo",
-                               "the %s lane is the legacy default stream while a blocking stream "
-                               "of its context is capturing; pass the capturing stream or a "
-                               "non-blocking stream instead",
-                               role);
-    } else {
-      st = dlsync__fail_driver(d, r, "cuStreamGetCaptureInfo", "%s stream %p", role,
-                               (void *)lane->stream);
-    }
-    goto cleanup;
-  }
-  switch (cs) {
-  case CU_STREAM_CAPTURE_STATUS_NONE:
-    out->kind = DLSYNC_LANE_EAGER;
-    out->graph = NULL;
-    break;
-  case CU_STREAM_CAPTURE_STATUS_ACTIVE:
-    out->kind = DLSYNC_LANE_CAPTURING;
-    out->capture_id = id;
-    out->graph = graph;
-    out->deps = deps;
-    out->ndeps = n;
-    if (n <= DLSYNC__DEPS_INLINE) {
-      out->deps_inline = true;
-      for (size_t i = 0; i < n; i++)
-        out->dep_buf[i] = deps[i];
-    }
-    break;
-  case CU_STREAM_CAPTURE_STATUS_INVALIDATED:
-  default:
-    st = dlsync__fail(DLSYNC_ERROR_CAPTURE_INVALIDATED,
-                      "the %s stream %p is in a capture that an earlier call invalidated; end "
-                      "it with cuStreamEndCapture (which will fail) and capture again",
-                      role, (void *)lane->stream);
-    break;
-  }
-cleanup:
-  return st;
+  return dlsync__lane_read_stream_full(out, d, lane, role);
 }
 
 void dlsync__lane_describe(char *buf, size_t size, const dlsync__lane_now *l) {

@@ -38,6 +38,61 @@ static inline const CUgraphNode *dlsync__lane_deps(const dlsync__lane_now *l) {
   return l->deps_inline ? l->dep_buf : l->deps;
 }
 
+/* A stream lane found eager. */
+static inline void dlsync__lane_read_eager(dlsync__lane_now *out, dlsync_lane *lane,
+                                           const char *role) {
+  out->kind = DLSYNC_LANE_EAGER;
+  out->stream = lane->stream;
+  out->capture_id = 0;
+  out->graph = NULL;
+  out->deps = NULL;
+  out->ndeps = 0;
+  out->lane = lane;
+  out->role = role;
+  out->deps_inline = false;
+}
+/* What a full query that did not find an active capture or an eager stream
+ * means (cold): a failed query (r), an invalidated capture (r is
+ * CUDA_SUCCESS), or a driver without the query. *out is left eager. */
+DLSYNC__COLD dlsync_status dlsync__lane_read_failed(dlsync__lane_now *out, const dlsync__driver *d,
+                                                    CUresult r, dlsync_lane *lane,
+                                                    const char *role);
+/* A stream lane's full capture query (status, id, graph, dependencies),
+ * inline: one cuStreamGetCaptureInfo. */
+static inline dlsync_status dlsync__lane_read_stream_full(dlsync__lane_now *out,
+                                                          const dlsync__driver *d,
+                                                          dlsync_lane *lane, const char *role) {
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  CUgraph graph = NULL;
+  const CUgraphNode *deps = NULL;
+  const CUgraphEdgeData *edges = NULL;
+  size_t n = 0;
+  CUresult r;
+  out->stream = lane->stream;
+  out->lane = lane;
+  out->role = role;
+  if (DLSYNC__UNLIKELY(d->StreamGetCaptureInfo == NULL))
+    return dlsync__lane_read_failed(out, d, CUDA_ERROR_NOT_SUPPORTED, lane, role);
+  r = d->StreamGetCaptureInfo(lane->stream, &cs, &id, &graph, &deps, &edges, &n);
+  if (DLSYNC__LIKELY(r == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_ACTIVE)) {
+    out->kind = DLSYNC_LANE_CAPTURING;
+    out->capture_id = id;
+    out->graph = graph;
+    out->deps = deps;
+    out->ndeps = n;
+    out->deps_inline = n <= DLSYNC__DEPS_INLINE;
+    if (out->deps_inline)
+      for (size_t i = 0; i < n; i++)
+        out->dep_buf[i] = deps[i];
+    return DLSYNC_SUCCESS;
+  }
+  if (DLSYNC__LIKELY(r == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE)) {
+    dlsync__lane_read_eager(out, lane, role);
+    return DLSYNC_SUCCESS;
+  }
+  return dlsync__lane_read_failed(out, d, r, lane, role);
+}
 /* Reads a lane's state (one or two capture queries for a stream; none for a
  * graph lane). The lane must have passed dlsync__lane_check. Errors name
  * `role`. */
@@ -75,7 +130,11 @@ static inline dlsync_status dlsync__lane_read(dlsync__lane_now *out, const dlsyn
  * found one). */
 static inline dlsync_status dlsync__lane_read_full(dlsync__lane_now *out, const dlsync__driver *d,
                                                    dlsync_lane *lane, const char *role) {
-  return dlsync__lane_read_as(out, d, lane, role, true);
+  if (lane->kind == DLSYNC_LANE_GRAPH) {
+    dlsync__lane_read_built(out, lane, role);
+    return DLSYNC_SUCCESS;
+  }
+  return dlsync__lane_read_stream_full(out, d, lane, role);
 }
 /* "stream 0x.. (capture 5, graph 0x..)", for the decision log. */
 void dlsync__lane_describe(char *buf, size_t size, const dlsync__lane_now *l);
