@@ -454,17 +454,47 @@ cleanup:
   return st;
 }
 
+/* order_lanes for two lanes the fast path read: two distinct stream lanes,
+ * neither a special handle. What is left is first's pool (a memo answer,
+ * checked by its first use), and a capture's dependencies again if they
+ * were too many to copy (the memo may have asked the driver about the
+ * stream). */
+static DLSYNC__NOINLINE dlsync_status order_read(dlsync_context *ctx, dlsync_lane *first,
+                                                 const char *first_role, dlsync_lane *then,
+                                                 const char *then_role,
+                                                 dlsync__lanes_opened *opened, pool_pick *pool) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__lane_now *a = &opened->a, *b = &opened->b;
+  pool->stream = first->stream;
+  pool->role = first_role;
+  DLSYNC_TRY(dlsync__pool_for_stream(&pool->pool, &pool->from_memo, &ctx->pools, first->stream,
+                                     first_role));
+  opened->pool = pool->pool;
+  opened->from_memo = pool->from_memo;
+  opened->pool_stream = first->stream;
+  opened->pool_role = first_role;
+  if (a->kind == DLSYNC_LANE_CAPTURING && !a->deps_inline)
+    DLSYNC_TRY(dlsync__lane_read_full(a, ctx->drv, first, first_role));
+  if (b->kind == DLSYNC_LANE_CAPTURING && !b->deps_inline)
+    DLSYNC_TRY(dlsync__lane_read_full(b, ctx->drv, then, then_role));
+cleanup:
+  return st;
+}
+
 /* Checks both lanes and reads their states; *same when they are one stream
  * (the table's SAME_STREAM row: nothing to do). *pool is the pool order_now
  * takes an event from. The lanes' states are opened->a and ->b; `read`: the
  * fast path has read both into them already (not read again). */
-static dlsync_status order_lanes(dlsync_context *ctx, dlsync__op op, dlsync_lane *first,
-                                 const char *first_role, dlsync_lane *then, const char *then_role,
-                                 dlsync__lanes_opened *opened, bool read, pool_pick *pool,
-                                 bool *same) {
+static DLSYNC__INLINE dlsync_status order_lanes(dlsync_context *ctx, dlsync__op op,
+                                                dlsync_lane *first, const char *first_role,
+                                                dlsync_lane *then, const char *then_role,
+                                                dlsync__lanes_opened *opened, bool read,
+                                                pool_pick *pool, bool *same) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__lane_now *a = &opened->a, *b = &opened->b;
   *same = false;
+  if (read)
+    return order_read(ctx, first, first_role, then, then_role, opened, pool);
   memset(pool, 0, sizeof *pool);
   DLSYNC_TRY(dlsync__lane_check(first, first_role));
   DLSYNC_TRY(dlsync__lane_check(then, then_role));
@@ -480,7 +510,7 @@ static dlsync_status order_lanes(dlsync_context *ctx, dlsync__op op, dlsync_lane
     goto cleanup;
   }
   DLSYNC_TRY(dlsync__lanes_open(opened, ctx, first, first_role, then, then_role,
-                                "both lanes are graph lanes", true, read));
+                                "both lanes are graph lanes", true, false));
   pool->pool = opened->pool;
   pool->from_memo = opened->from_memo;
   pool->stream = opened->pool_stream;
@@ -532,12 +562,12 @@ typedef struct fast_pre {
 
 /* `then` read in full (FAST_QUERY_THEN_FULL, or FAST_QUERY_THEN once its
  * status said it captures). Eager: true, *plain (no more queries).
- * Capturing: `first` read in full too; one capture: true, *plain. A failed
- * read: true, *st says why. False: the general path goes on with both reads
- * (pre->have), reading neither stream again. */
-static DLSYNC__NOINLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *th, fast_pre *pre,
-                                            const char *first_role, const char *then_role,
-                                            dlsync_status *st, bool *plain) {
+ * Capturing: `first` read in full too (pre->have); one capture: true,
+ * *plain. A failed read: true, *st says why. False: the general path goes on
+ * with both reads, reading neither stream again. */
+static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *th, fast_pre *pre,
+                                          const char *first_role, const char *then_role,
+                                          dlsync_status *st, bool *plain) {
   dlsync__lane_now *f = &pre->opened.a, *t = &pre->opened.b;
   *plain = false;
   *st = dlsync__lane_read_full(t, ctx->drv, pre->then, then_role);
@@ -551,11 +581,11 @@ static DLSYNC__NOINLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread 
   *st = dlsync__lane_read_full(f, ctx->drv, pre->first, first_role);
   if (*st != DLSYNC_SUCCESS)
     return true;
+  pre->have = true;
   if (f->kind == DLSYNC_LANE_CAPTURING && f->capture_id == t->capture_id) {
     *plain = true;
     return true;
   }
-  pre->have = true;
   return false;
 }
 
@@ -648,8 +678,14 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
    * row (it asks the driver about both lanes). */
   if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
     return false;
+  /* The thread's scratch event of first's pool; a thread that has none yet
+   * (it has made no plain record and wait there) takes the general path,
+   * which makes it: at once while its begins find eager consumers, after
+   * the queries while they find captures (a capture's rows other than
+   * SAME_CAPTURE need no scratch event, and the general path reuses the
+   * reads). */
   ev = dlsync__thread_scratch(t, &ctx->pools, first);
-  if (DLSYNC__UNLIKELY(ev == NULL))
+  if (DLSYNC__UNLIKELY(ev == NULL) && query != FAST_QUERY_THEN_FULL)
     return false;
   /* Inline: the status queries of eager lanes; whatever captures goes out
    * of line. */
@@ -689,6 +725,8 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
   }
   if (DLSYNC__UNLIKELY(next != FAST_GO))
     return next == FAST_DONE;
+  if (DLSYNC__UNLIKELY(ev == NULL))
+    return false; /* pre->have: both lanes read */
   r = d->EventRecord(ev, first);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS))
     return fast_record_failed(ctx, r, first, first_role, st);
@@ -908,6 +946,8 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
   }
   DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_ORDER, first, "first", then, "then", &pre.opened, pre.have,
                          &pool, &same));
+  if (then->kind == DLSYNC_LANE_STREAM) /* the hint for the fast path's queries */
+    dlsync__thread_get()->then_capture = pre.opened.b.kind != DLSYNC_LANE_EAGER;
   if (!same)
     DLSYNC_TRY(order_now(ctx, DLSYNC__OP_ORDER, &pool, &pre.opened.a, &pre.opened.b, false, &row));
 cleanup:
@@ -949,6 +989,8 @@ static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsyn
   ex->bits = 0;
   DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_BEGIN, producer, "producer", consumer, "consumer", opened,
                          read != NULL, &pool, &same));
+  if (consumer->kind == DLSYNC_LANE_STREAM) /* the hint for the fast path's queries */
+    t->then_capture = c->kind != DLSYNC_LANE_EAGER;
   if (same) {
     ex->bits = EX_SAME; /* its end has nothing to do */
     *out = exchange_publish(ex, ctx);
