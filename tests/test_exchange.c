@@ -269,6 +269,50 @@ static void warm_eager_to_capture_reads_each_stream_once(void **state) {
   destroy_graph(g);
 }
 
+/* A thread that has made no plain exchange has no scratch event, so its
+ * orders into a capture take the general path: the first reads both lanes
+ * there; it notes that its consumers capture, so the next reads both in the
+ * fast path's order, and the general path goes on with those reads. Either
+ * way each lane is read once. */
+typedef struct cold_orders {
+  dlsync_status st[2];
+  unsigned full[2], status[2], waits[2];
+} cold_orders;
+
+static void *cold_thread_orders(void *p) {
+  cold_orders *co = p;
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  for (int i = 0; i < 2; i++) {
+    fake_log_reset();
+    co->st[i] = dlsync_order(ctx, &lp, &lc);
+    co->full[i] = fake_call_count("cuStreamGetCaptureInfo");
+    co->status[i] = fake_call_count("cuStreamIsCapturing");
+    co->waits[i] = fake_call_count("cuStreamWaitEvent");
+  }
+  return NULL;
+}
+
+static void cold_thread_reads_each_capture_lane_once(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  cold_orders co;
+  pthread_t th;
+  CUgraph g;
+  (void)state;
+  warm_pair(&lp, &lc, 0); /* this thread's, not the other's */
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  assert_int_equal(pthread_create(&th, NULL, cold_thread_orders, &co), 0);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  g = end_capture_ok(C);
+  assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 2);
+  destroy_graph(g);
+  for (int i = 0; i < 2; i++) {
+    assert_int_equal(co.st[i], DLSYNC_SUCCESS);
+    assert_int_equal(co.full[i], 2); /* the first: the general path's reads; then the fast path's */
+    assert_int_equal(co.status[i], 0);
+    assert_int_equal(co.waits[i], 1);
+  }
+}
+
 /* A capture's holder keeps its first events in itself and the rest in chunks:
  * many orders into one capture all hold their events; a chunk that cannot be
  * allocated fails that order with DLSYNC_ERROR_OUT_OF_MEMORY (no wait node,
@@ -1333,6 +1377,7 @@ int main(void) {
       T(begin_queries_follow_the_last_begin),
       T(warm_same_capture_is_plain),
       T(warm_eager_to_capture_reads_each_stream_once),
+      T(cold_thread_reads_each_capture_lane_once),
       T(capture_holder_grows_and_reports_a_failed_chunk),
       T(warm_end_in_two_captures_takes_the_general_path),
       T(stable_end_asks_nothing),
