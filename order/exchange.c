@@ -454,29 +454,46 @@ cleanup:
   return st;
 }
 
+/* A capture whose dependencies were too many to copy, read again (cold). */
+static DLSYNC__COLD dlsync_status read_again(dlsync_context *ctx, dlsync_lane *first,
+                                             const char *first_role, dlsync_lane *then,
+                                             const char *then_role, dlsync__lanes_opened *opened) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  if (opened->a.kind == DLSYNC_LANE_CAPTURING && !opened->a.deps_inline)
+    DLSYNC_TRY(dlsync__lane_read_full(&opened->a, ctx->drv, first, first_role));
+  if (opened->b.kind == DLSYNC_LANE_CAPTURING && !opened->b.deps_inline)
+    DLSYNC_TRY(dlsync__lane_read_full(&opened->b, ctx->drv, then, then_role));
+cleanup:
+  return st;
+}
+
 /* order_lanes for two lanes the fast path read: two distinct stream lanes,
  * neither a special handle. What is left is first's pool (a memo answer,
- * checked by its first use), and a capture's dependencies again if they
- * were too many to copy (the memo may have asked the driver about the
- * stream). */
-static DLSYNC__NOINLINE dlsync_status order_read(dlsync_context *ctx, dlsync_lane *first,
-                                                 const char *first_role, dlsync_lane *then,
-                                                 const char *then_role,
-                                                 dlsync__lanes_opened *opened, pool_pick *pool) {
+ * checked by its first use: the fast path's, opened->pool, when it had
+ * one), and a capture's dependencies again if they were too many to copy
+ * (the memo may have asked the driver about the stream). */
+static DLSYNC__INLINE dlsync_status order_read(dlsync_context *ctx, dlsync_lane *first,
+                                               const char *first_role, dlsync_lane *then,
+                                               const char *then_role, dlsync__lanes_opened *opened,
+                                               pool_pick *pool) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__lane_now *a = &opened->a, *b = &opened->b;
   pool->stream = first->stream;
   pool->role = first_role;
-  DLSYNC_TRY(dlsync__pool_for_stream(&pool->pool, &pool->from_memo, &ctx->pools, first->stream,
-                                     first_role));
+  if (opened->pool != NULL) {
+    pool->pool = opened->pool;
+    pool->from_memo = true;
+  } else {
+    DLSYNC_TRY(dlsync__pool_for_stream(&pool->pool, &pool->from_memo, &ctx->pools, first->stream,
+                                       first_role));
+  }
   opened->pool = pool->pool;
   opened->from_memo = pool->from_memo;
   opened->pool_stream = first->stream;
   opened->pool_role = first_role;
-  if (a->kind == DLSYNC_LANE_CAPTURING && !a->deps_inline)
-    DLSYNC_TRY(dlsync__lane_read_full(a, ctx->drv, first, first_role));
-  if (b->kind == DLSYNC_LANE_CAPTURING && !b->deps_inline)
-    DLSYNC_TRY(dlsync__lane_read_full(b, ctx->drv, then, then_role));
+  if (DLSYNC__UNLIKELY((a->kind == DLSYNC_LANE_CAPTURING && !a->deps_inline) ||
+                       (b->kind == DLSYNC_LANE_CAPTURING && !b->deps_inline)))
+    return read_again(ctx, first, first_role, then, then_role, opened);
 cleanup:
   return st;
 }
@@ -671,6 +688,7 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
   CUstreamCaptureStatus cs;
   CUevent ev;
   CUresult r;
+  dlsync__pool *memo_pool;
   fast_next next = FAST_GO;
   if (dlsync__is_special_stream(first) || dlsync__is_special_stream(then) || first == then)
     return false;
@@ -684,7 +702,9 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
    * the queries while they find captures (a capture's rows other than
    * SAME_CAPTURE need no scratch event, and the general path reuses the
    * reads). */
-  ev = dlsync__thread_scratch(t, &ctx->pools, first);
+  ev = dlsync__thread_scratch_of(t, &ctx->pools, first, &memo_pool);
+  if (pre != NULL) /* for the general path, should it take over */
+    pre->opened.pool = memo_pool;
   if (DLSYNC__UNLIKELY(ev == NULL) && query != FAST_QUERY_THEN_FULL)
     return false;
   /* Inline: the status queries of eager lanes; whatever captures goes out
@@ -927,7 +947,7 @@ static bool plain_stream_lane(const dlsync_lane *l) {
 
 dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane *then) {
   dlsync_status st = DLSYNC_SUCCESS;
-  dlsync__thread *t;
+  dlsync__thread *t = NULL;
   dlsync__row row;
   pool_pick pool;
   bool same = false;
@@ -946,8 +966,11 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
   }
   DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_ORDER, first, "first", then, "then", &pre.opened, pre.have,
                          &pool, &same));
-  if (then->kind == DLSYNC_LANE_STREAM) /* the hint for the fast path's queries */
-    dlsync__thread_get()->then_capture = pre.opened.b.kind != DLSYNC_LANE_EAGER;
+  if (then->kind == DLSYNC_LANE_STREAM) { /* the hint for the fast path's queries */
+    if (t == NULL)
+      t = dlsync__thread_get();
+    t->then_capture = pre.opened.b.kind != DLSYNC_LANE_EAGER;
+  }
   if (!same)
     DLSYNC_TRY(order_now(ctx, DLSYNC__OP_ORDER, &pool, &pre.opened.a, &pre.opened.b, false, &row));
 cleanup:

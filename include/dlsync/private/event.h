@@ -159,18 +159,30 @@ CUevent dlsync__thread_scratch_fill(dlsync__thread *t, dlsync__stream_memo *m);
 
 /* The thread's scratch event for `stream`, with no driver call and no lock;
  * NULL when the memo or the scratch slots do not know it yet (then take the
- * full path, which fills both). */
-static inline CUevent dlsync__thread_scratch(dlsync__thread *t, const dlsync__pools *ps,
-                                             CUstream stream) {
+ * full path, which fills both). *pool: the stream's pool as the memo knows
+ * it (not checked with the driver: a stream handle may have been reused in
+ * another context), NULL when the memo does not know the stream. */
+static inline CUevent dlsync__thread_scratch_of(dlsync__thread *t, const dlsync__pools *ps,
+                                                CUstream stream, dlsync__pool **pool) {
   dlsync__event_thread *h = dlsync__event_thread_of(t);
   for (unsigned i = 0; i < DLSYNC__MEMO_SLOTS; i++) {
     if (h->memo_key[i] == stream) {
       dlsync__stream_memo *m = &h->memo[i];
-      if (m->owner == ps && m->generation == ps->generation)
+      if (m->owner == ps && m->generation == ps->generation) {
+        *pool = m->pool;
         return DLSYNC__LIKELY(m->scratch != NULL) ? m->scratch : dlsync__thread_scratch_fill(t, m);
+      }
     }
   }
+  *pool = NULL;
   return NULL;
+}
+
+/* The scratch event alone. */
+static inline CUevent dlsync__thread_scratch(dlsync__thread *t, const dlsync__pools *ps,
+                                             CUstream stream) {
+  dlsync__pool *pool;
+  return dlsync__thread_scratch_of(t, ps, stream, &pool);
 }
 
 #ifdef __cplusplus
