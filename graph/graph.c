@@ -232,32 +232,19 @@ static void holder_destroy(void *p) {
   }
 }
 
-/* The capture `capture_id` (graph `graph`) holds `it` (a reference to a held
- * event, or the event itself). *kept: the capture's holder has it, and
- * gives it back when the graph is gone, whatever the status; false: it is
- * still the caller's. */
-static dlsync_status capture_hold(const dlsync__driver *d, uint64_t capture_id, CUgraph graph,
-                                  held_item it, bool *kept) {
+static DLSYNC__COLD dlsync_status holder_out_of_memory(uint64_t capture_id) {
+  return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an event to capture %llu: out of memory",
+                      (unsigned long long)capture_id);
+}
+
+/* capture_hold when the capture has no holder yet (holders_lock held; this
+ * function lets it go). */
+static DLSYNC__NOINLINE dlsync_status capture_hold_new(const dlsync__driver *d, uint64_t capture_id,
+                                                       CUgraph graph, held_item it, bool *kept) {
   dlsync_status st = DLSYNC_SUCCESS;
   capture_holder *h = NULL;
   uint64_t gen = 0;
   bool taken = false;
-  *kept = false;
-  dlsync__spin_lock(&holders_lock);
-  /* Newest first: the captures being recorded now published theirs last. */
-  for (unsigned k = 1; k <= HOLDER_SLOTS; k++) {
-    unsigned i = (holder_next - k) % HOLDER_SLOTS;
-    capture_holder *t = holder_table[i].h;
-    if (t != NULL && holder_table[i].capture_id == capture_id && t->gen == holder_table[i].gen &&
-        !t->dead) {
-      *kept = holder_add_locked(t, it);
-      dlsync__spin_unlock(&holders_lock);
-      return *kept ? DLSYNC_SUCCESS
-                   : dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
-                                  "giving an event to capture %llu: out of memory",
-                                  (unsigned long long)capture_id);
-    }
-  }
   /* A new holder, with the event in it already: once the graph has it, its
    * destructor hands the event back, whatever happens next. */
   h = holders_free;
@@ -268,9 +255,7 @@ static dlsync_status capture_hold(const dlsync__driver *d, uint64_t capture_id, 
   if (h == NULL) {
     h = dlsync__calloc(1, sizeof *h);
     if (h == NULL)
-      return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
-                          "giving an event to capture %llu: out of memory",
-                          (unsigned long long)capture_id);
+      return holder_out_of_memory(capture_id);
   }
   h->gen = gen;
   h->capture_id = capture_id;
@@ -279,8 +264,7 @@ static dlsync_status capture_hold(const dlsync__driver *d, uint64_t capture_id, 
   h->chunks = NULL;
   h->next_free = NULL;
   if (!holder_add_locked(h, it)) { /* h is not shared yet */
-    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an event to capture %llu: out of memory",
-                      (unsigned long long)capture_id);
+    st = holder_out_of_memory(capture_id);
     goto cleanup;
   }
   st = dlsync__graph_hold(d, &graph, 1, holder_destroy, h, &taken);
@@ -314,6 +298,30 @@ cleanup:
   return st;
 }
 
+/* The capture `capture_id` (graph `graph`) holds `it` (a reference to a held
+ * event, or the event itself). *kept: the capture's holder has it, and
+ * gives it back when the graph is gone, whatever the status; false: it is
+ * still the caller's. */
+static DLSYNC__INLINE dlsync_status capture_hold(const dlsync__driver *d, uint64_t capture_id,
+                                                 CUgraph graph, held_item it, bool *kept) {
+  unsigned next;
+  *kept = false;
+  dlsync__spin_lock(&holders_lock);
+  /* Newest first: the captures being recorded now published theirs last. */
+  next = holder_next;
+  for (unsigned k = 1; k <= HOLDER_SLOTS; k++) {
+    unsigned i = (next - k) % HOLDER_SLOTS;
+    capture_holder *t = holder_table[i].h;
+    if (holder_table[i].capture_id == capture_id && t != NULL && t->gen == holder_table[i].gen &&
+        !t->dead) {
+      *kept = holder_add_locked(t, it);
+      dlsync__spin_unlock(&holders_lock);
+      return DLSYNC__LIKELY(*kept) ? DLSYNC_SUCCESS : holder_out_of_memory(capture_id);
+    }
+  }
+  return capture_hold_new(d, capture_id, graph, it, kept);
+}
+
 /* An event that built graphs alone hold: its count lives in the user
  * object's box, one allocation for both (the box is freed with it). */
 typedef struct event_box {
@@ -341,6 +349,19 @@ static dlsync_status own_event_built(const dlsync__driver *d, dlsync__pool *pool
   return st;
 }
 
+dlsync_status dlsync__graph_own_event_capture(const dlsync__driver *d, dlsync__pool *pool,
+                                              CUevent event, const dlsync__lane_now *lane) {
+  /* One capture holds the event alone: no count of holders. */
+  held_item it = {NULL, pool, event};
+  bool kept = false;
+  dlsync_status st;
+  dlsync__pool_note_graph_owned(pool);
+  st = capture_hold(d, lane->capture_id, lane->graph, it, &kept);
+  if (DLSYNC__UNLIKELY(!kept))
+    dlsync__pool_return_from_graph(pool, event);
+  return st;
+}
+
 dlsync_status dlsync__graph_own_event_lanes(const dlsync__driver *d, dlsync__pool *pool,
                                             CUevent event, dlsync__lane_now *const *lanes,
                                             int nlanes) {
@@ -353,16 +374,8 @@ dlsync_status dlsync__graph_own_event_lanes(const dlsync__driver *d, dlsync__poo
       built[i] = lanes[i]->graph;
     return own_event_built(d, pool, event, built, nlanes < 2 ? nlanes : 2);
   }
-  if (nlanes == 1) {
-    /* One capture (lanes[0]) holds the event alone: no count of holders. */
-    held_item it = {NULL, pool, event};
-    bool kept = false;
-    dlsync__pool_note_graph_owned(pool);
-    st = capture_hold(d, lanes[0]->capture_id, lanes[0]->graph, it, &kept);
-    if (!kept)
-      dlsync__pool_return_from_graph(pool, event);
-    return st;
-  }
+  if (nlanes == 1)
+    return dlsync__graph_own_event_capture(d, pool, event, lanes[0]);
   he = dlsync__held_event_new(pool, event);
   if (he == NULL) {
     dlsync__pool_put(pool, event);

@@ -306,7 +306,7 @@ static dlsync_status row_eager_to_capture(dlsync_context *ctx, pool_pick *pk,
   const dlsync__driver *d = ctx->drv;
   CUevent ev = NULL;
   DLSYNC_TRY(record_for_graph(&ev, ctx, pk, first));
-  DLSYNC_TRY(dlsync__graph_own_event_lanes(ctx->drv, pk->pool, ev, &then, 1));
+  DLSYNC_TRY(dlsync__graph_own_event_capture(ctx->drv, pk->pool, ev, then));
   DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(then->stream, ev, CU_EVENT_WAIT_EXTERNAL),
             "%s stream %p is capturing (capture %llu); adding an external wait for eager %s "
             "stream %p",

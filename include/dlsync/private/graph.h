@@ -49,6 +49,9 @@ dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_eve
 dlsync_status dlsync__graph_own_event_lanes(const dlsync__driver *d, dlsync__pool *pool,
                                             CUevent event, dlsync__lane_now *const *lanes,
                                             int nlanes);
+/* The same for one capturing lane. */
+dlsync_status dlsync__graph_own_event_capture(const dlsync__driver *d, dlsync__pool *pool,
+                                              CUevent event, const dlsync__lane_now *lane);
 
 #ifdef __cplusplus
 }
