@@ -223,20 +223,14 @@ cleanup:
 
 /* ---- take and give back ---- */
 
-dlsync_status dlsync__pool_get(CUevent *out, dlsync__pool *p) {
+/* dlsync__pool_get of an empty pool: a new event in the pool's context
+ * (allowed during capture). */
+static DLSYNC__NOINLINE dlsync_status pool_get_new(CUevent *out, dlsync__pool *p) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = p->drv;
   CUevent ev = NULL;
   CUcontext popped = NULL;
   bool pushed = false;
-  dlsync__spin_lock(&p->lock);
-  if (DLSYNC__LIKELY(p->nfree > 0)) {
-    *out = p->free_events[--p->nfree];
-    dlsync__spin_unlock(&p->lock);
-    return DLSYNC_SUCCESS;
-  }
-  dlsync__spin_unlock(&p->lock);
-  /* Empty: create one in the pool's context (allowed during capture). */
   dlsync__orphans_collect();
   DLSYNC_CU(d, cuCtxPushCurrent, d->CtxPushCurrent(p->cuctx),
             "making context %p current to create an event", (void *)p->cuctx);
@@ -258,6 +252,17 @@ cleanup:
     }
   }
   return st;
+}
+
+dlsync_status dlsync__pool_get(CUevent *out, dlsync__pool *p) {
+  dlsync__spin_lock(&p->lock);
+  if (DLSYNC__LIKELY(p->nfree > 0)) {
+    *out = p->free_events[--p->nfree];
+    dlsync__spin_unlock(&p->lock);
+    return DLSYNC_SUCCESS;
+  }
+  dlsync__spin_unlock(&p->lock);
+  return pool_get_new(out, p);
 }
 
 /* Returns false when the event could not be kept (the caller destroys it).
