@@ -201,6 +201,19 @@ cleanup:
   return st;
 }
 
+dlsync_status dlsync__pool_check(dlsync__pool **pool, dlsync__pools *ps, CUstream stream,
+                                 const char *role) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  CUcontext cuctx = NULL;
+  DLSYNC_CU(ps->drv, cuStreamGetCtx, ps->drv->StreamGetCtx(stream, &cuctx),
+            "%s stream %p: finding its CUDA context", role, (void *)stream);
+  if (DLSYNC__LIKELY(*pool != NULL && (*pool)->cuctx == cuctx))
+    return DLSYNC_SUCCESS;
+  DLSYNC_TRY(dlsync__pool_for_cuctx(pool, ps, cuctx));
+cleanup:
+  return st;
+}
+
 dlsync_status dlsync__pool_for_current(dlsync__pool **out, dlsync__pools *ps, const char *what) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ps->drv;

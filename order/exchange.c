@@ -217,7 +217,7 @@ static dlsync_status verify_pool(dlsync_context *ctx, pool_pick *pk, dlsync__lan
   dlsync_status st = DLSYNC_SUCCESS;
   if (!pk->from_memo)
     return DLSYNC_SUCCESS;
-  DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, &ctx->pools, pk->stream, pk->role));
+  DLSYNC_TRY(dlsync__pool_check(&pk->pool, &ctx->pools, pk->stream, pk->role));
   pk->from_memo = false;
   if (first->kind == DLSYNC_LANE_CAPTURING && !first->deps_inline)
     DLSYNC_TRY(dlsync__lane_read_full(first, ctx->drv, first->lane, first->role));

@@ -555,6 +555,43 @@ static void reused_stream_handle_in_another_context_is_noticed(void **state) {
   fake_stream_destroy(s2);
 }
 
+/* The same reuse, then an order into two captures: the memo's pool is
+ * checked with the driver before its event goes into a graph node, so the
+ * nodes get an event of the stream's new context. */
+static void reused_stream_handle_in_two_captures_gets_its_contexts_event(void **state) {
+  CUstream s = fake_stream_create(0, CU_STREAM_NON_BLOCKING), s2;
+  CUstream c1 = fake_stream_create(1, CU_STREAM_NON_BLOCKING);
+  dlsync_lane ls = dlsync_lane_stream(s), lc = dlsync_lane_stream(C), lc1;
+  dlsync_exchange *ex = NULL;
+  CUgraphNode dep = NULL;
+  CUevent ev;
+  CUgraph g1, g2;
+  (void)state;
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &ls, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS); /* the memo: s -> device 0 */
+  fake_stream_destroy(s);
+  s2 = fake_stream_create(1, CU_STREAM_NON_BLOCKING);
+  assert_ptr_equal(s, s2);
+  lc1 = dlsync_lane_stream(c1);
+  assert_int_equal(D->StreamBeginCapture(s2, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(c1, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  assert_int_equal(dlsync_order(ctx, &ls, &lc1), DLSYNC_SUCCESS); /* TWO_CAPTURES */
+  assert_int_equal(fake_capture_deps(s2, &dep, 1), 1);
+  assert_int_equal(fake_node_type(dep), CU_GRAPH_NODE_TYPE_EVENT_RECORD);
+  ev = fake_node_event(dep);
+  g1 = end_capture_ok(c1);
+  g2 = end_capture_ok(s2);
+  assert_int_equal(fake_graph_count_nodes(g1, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 1);
+  /* The event is of device 1's context: it records on device 1's streams
+   * only. */
+  assert_int_equal(D->EventRecord(ev, c1), CUDA_SUCCESS);
+  assert_int_not_equal(D->EventRecord(ev, P), CUDA_SUCCESS);
+  destroy_graph(g1);
+  destroy_graph(g2);
+  fake_stream_destroy(s2);
+  fake_stream_destroy(c1);
+}
+
 /* ---- C: stream capture ---- */
 
 static void warm_streams_still_notice_a_capture(void **state) {
@@ -1388,6 +1425,7 @@ int main(void) {
       T(devices_order_across),
       T(cross_device_refusal_is_its_own_status),
       T(reused_stream_handle_in_another_context_is_noticed),
+      T(reused_stream_handle_in_two_captures_gets_its_contexts_event),
       T(warm_streams_still_notice_a_capture),
       T(same_capture_is_edges_only),
       T(eager_consumer_joins_and_is_joined_back),

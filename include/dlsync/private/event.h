@@ -53,6 +53,11 @@ void dlsync__pool_memo_forget(const dlsync__pools *ps, CUstream stream);
 dlsync_status dlsync__pool_for_current(dlsync__pool **out, dlsync__pools *ps, const char *what);
 /* The pool of a CUDA context (created on first use). */
 dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync__pools *ps, CUcontext cuctx);
+/* *pool, a memo's answer for `stream` (or NULL), checked with the driver
+ * (cuStreamGetCtx): kept when it is the pool of the stream's context, else
+ * replaced by that pool. The memo is left as it is. */
+dlsync_status dlsync__pool_check(dlsync__pool **pool, dlsync__pools *ps, CUstream stream,
+                                 const char *role);
 dlsync_status dlsync__pool_get(CUevent *out, dlsync__pool *pool);
 void dlsync__pool_put(dlsync__pool *pool, CUevent event);
 /* For a plain record followed at once by a wait: the calling thread's own
