@@ -23,11 +23,14 @@ struct dlsync__pool {
   size_t nfree;
   size_t cap;
   size_t kept;
-  bool dead;          /* the context is destroyed */
-  atomic_size_t refs; /* the context's + one per event held by a graph */
+  bool dead; /* the context is destroyed */
+  /* Two counts in one word, so that an event given to a graph costs one
+   * atomic add: the low 32 bits the references (the context's, one per
+   * event held by a graph or fence, one per orphan), the high 32 bits the
+   * events held by graphs or fences (POOL_OWNED_ONE each). */
+  atomic_uint_fast64_t refs;
   atomic_size_t created;
   atomic_size_t destroyed;
-  atomic_size_t graph_owned;
   CUevent *scratch; /* lent to threads for plain record/wait, see below */
   size_t nscratch;
 };
@@ -68,6 +71,8 @@ void dlsync__orphans_collect(void) {
 }
 
 static void pool_unref(dlsync__pool *p);
+
+#define POOL_OWNED_ONE (UINT64_C(1) << 32)
 
 static void pool_free(dlsync__pool *p) {
   dlsync__free(p->scratch);
@@ -376,7 +381,6 @@ void dlsync__pool_unborrow(dlsync__pool *p, CUevent event, bool lent) {
 
 void dlsync__pool_return_from_graph(dlsync__pool *p, CUevent event) {
   bool kept = false;
-  atomic_fetch_sub_explicit(&p->graph_owned, 1, memory_order_relaxed);
   dlsync__spin_lock(&p->lock);
   /* No CUDA call here: this runs on a driver thread, so a surplus event is
    * kept rather than destroyed. */
@@ -403,7 +407,11 @@ void dlsync__pool_return_from_graph(dlsync__pool *p, CUevent event) {
                   (void *)event, (void *)p->cuctx);
     }
   }
-  pool_unref(p);
+  /* No longer held, and the reference it took let go: the last may free
+   * the pool. */
+  if (atomic_fetch_sub_explicit(&p->refs, POOL_OWNED_ONE + 1, memory_order_acq_rel) ==
+      POOL_OWNED_ONE + 1)
+    pool_free(p);
 }
 
 /* ---- teardown and stats ---- */
@@ -457,7 +465,7 @@ void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync__pools *ps) {
     dlsync__spin_unlock(&p->lock);
     out->created += atomic_load(&p->created);
     out->destroyed += atomic_load(&p->destroyed);
-    out->graph_owned += atomic_load(&p->graph_owned);
+    out->graph_owned += (size_t)(atomic_load(&p->refs) / POOL_OWNED_ONE);
   }
 }
 
@@ -491,6 +499,5 @@ void dlsync__held_event_unref(dlsync__held_event *he) {
 }
 
 void dlsync__pool_note_graph_owned(dlsync__pool *p) {
-  atomic_fetch_add_explicit(&p->graph_owned, 1, memory_order_relaxed);
-  dlsync__pool_ref(p);
+  atomic_fetch_add_explicit(&p->refs, POOL_OWNED_ONE + 1, memory_order_relaxed);
 }

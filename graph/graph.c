@@ -179,9 +179,10 @@ static unsigned holder_next;
 static capture_holder *holders_free;
 static uint64_t holder_gens;
 
-/* Adds `it` to h's list (a held event: one reference taken); false when out
- * of memory (nothing taken). holders_lock held, or h not shared yet. */
-static bool holder_add_locked(capture_holder *h, held_item it) {
+/* Adds `it` to h's list (a held event: one reference taken, or with
+ * `adopt` the caller's own); false when out of memory (nothing taken).
+ * holders_lock held, or h not shared yet. */
+static bool holder_add_locked(capture_holder *h, held_item it, bool adopt) {
   if (h->n < HOLDER_INLINE) {
     h->first[h->n++] = it;
   } else {
@@ -196,7 +197,7 @@ static bool holder_add_locked(capture_holder *h, held_item it) {
     }
     c->items[c->n++] = it;
   }
-  if (it.he != NULL)
+  if (it.he != NULL && !adopt)
     dlsync__held_event_ref(it.he);
   return true;
 }
@@ -240,7 +241,8 @@ static DLSYNC__COLD dlsync_status holder_out_of_memory(uint64_t capture_id) {
 /* capture_hold when the capture has no holder yet (holders_lock held; this
  * function lets it go). */
 static DLSYNC__NOINLINE dlsync_status capture_hold_new(const dlsync__driver *d, uint64_t capture_id,
-                                                       CUgraph graph, held_item it, bool *kept) {
+                                                       CUgraph graph, held_item it, bool adopt,
+                                                       bool *kept) {
   dlsync_status st = DLSYNC_SUCCESS;
   capture_holder *h = NULL;
   uint64_t gen = 0;
@@ -263,13 +265,13 @@ static DLSYNC__NOINLINE dlsync_status capture_hold_new(const dlsync__driver *d, 
   h->n = 0;
   h->chunks = NULL;
   h->next_free = NULL;
-  if (!holder_add_locked(h, it)) { /* h is not shared yet */
+  if (!holder_add_locked(h, it, adopt)) { /* h is not shared yet */
     st = holder_out_of_memory(capture_id);
     goto cleanup;
   }
   st = dlsync__graph_hold(d, &graph, 1, holder_destroy, h, &taken);
   if (!taken) {
-    if (it.he != NULL)
+    if (it.he != NULL && !adopt)
       dlsync__held_event_unref(it.he); /* the holder's reference */
     h->n = 0;
     goto cleanup;
@@ -301,9 +303,12 @@ cleanup:
 /* The capture `capture_id` (graph `graph`) holds `it` (a reference to a held
  * event, or the event itself). *kept: the capture's holder has it, and
  * gives it back when the graph is gone, whatever the status; false: it is
- * still the caller's. */
+ * still the caller's. A held event: the holder takes a reference of its
+ * own, or with `adopt` the caller's (which, when *kept, is no longer the
+ * caller's). */
 static DLSYNC__INLINE dlsync_status capture_hold(const dlsync__driver *d, uint64_t capture_id,
-                                                 CUgraph graph, held_item it, bool *kept) {
+                                                 CUgraph graph, held_item it, bool adopt,
+                                                 bool *kept) {
   unsigned next;
   *kept = false;
   dlsync__spin_lock(&holders_lock);
@@ -314,12 +319,12 @@ static DLSYNC__INLINE dlsync_status capture_hold(const dlsync__driver *d, uint64
     capture_holder *t = holder_table[i].h;
     if (holder_table[i].capture_id == capture_id && t != NULL && t->gen == holder_table[i].gen &&
         !t->dead) {
-      *kept = holder_add_locked(t, it);
+      *kept = holder_add_locked(t, it, adopt);
       dlsync__spin_unlock(&holders_lock);
       return DLSYNC__LIKELY(*kept) ? DLSYNC_SUCCESS : holder_out_of_memory(capture_id);
     }
   }
-  return capture_hold_new(d, capture_id, graph, it, kept);
+  return capture_hold_new(d, capture_id, graph, it, adopt, kept);
 }
 
 /* An event that built graphs alone hold: its count lives in the user
@@ -356,7 +361,7 @@ dlsync_status dlsync__graph_own_event_capture(const dlsync__driver *d, dlsync__p
   bool kept = false;
   dlsync_status st;
   dlsync__pool_note_graph_owned(pool);
-  st = capture_hold(d, lane->capture_id, lane->graph, it, &kept);
+  st = capture_hold(d, lane->capture_id, lane->graph, it, false, &kept);
   if (DLSYNC__UNLIKELY(!kept))
     dlsync__pool_return_from_graph(pool, event);
   return st;
@@ -368,6 +373,7 @@ dlsync_status dlsync__graph_own_event_lanes(const dlsync__driver *d, dlsync__poo
   dlsync_status st = DLSYNC_SUCCESS;
   CUgraph built[2];
   int nbuilt = 0;
+  bool ours = true;
   dlsync__held_event *he;
   if (lanes[0]->kind == DLSYNC_LANE_BUILT && (nlanes < 2 || lanes[1]->kind == DLSYNC_LANE_BUILT)) {
     for (int i = 0; i < nlanes && i < 2; i++)
@@ -381,24 +387,35 @@ dlsync_status dlsync__graph_own_event_lanes(const dlsync__driver *d, dlsync__poo
     dlsync__pool_put(pool, event);
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an event to a graph: out of memory");
   }
+  /* he's one reference is this function's (`ours`) until a holder adopts
+   * it; later holders take their own. */
   for (int i = 0; i < nlanes && i < 2; i++) {
     if (lanes[i]->kind == DLSYNC_LANE_CAPTURING) {
       held_item it = {he, NULL, NULL};
-      bool kept;
-      DLSYNC_TRY(capture_hold(d, lanes[i]->capture_id, lanes[i]->graph, it, &kept));
+      bool kept = false;
+      st = capture_hold(d, lanes[i]->capture_id, lanes[i]->graph, it, ours, &kept);
+      if (kept)
+        ours = false;
+      if (st != DLSYNC_SUCCESS)
+        goto cleanup;
     } else
       built[nbuilt++] = lanes[i]->graph;
   }
   if (nbuilt > 0) {
-    /* The built graphs take this function's reference (one user object for
-     * them all); from then on their destructor lets it go. */
+    /* The built graphs take a reference (one user object for them all);
+     * from then on their destructor lets it go. */
     bool taken = false;
+    if (!ours) {
+      dlsync__held_event_ref(he);
+      ours = true;
+    }
     st = dlsync__graph_hold(d, built, nbuilt, held_event_destroy, he, &taken);
     if (taken)
-      he = NULL;
+      ours = false;
   }
 cleanup:
-  dlsync__held_event_unref(he); /* NULL: the graphs have it; captures took their own */
+  if (ours)
+    dlsync__held_event_unref(he); /* no graph took it: back to the pool */
   return st;
 }
 
