@@ -174,7 +174,6 @@ void dlsync__pool_memo_forget(const dlsync__pools *ps, CUstream stream) {
 dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsync__pools *ps,
                                       CUstream stream, const char *role) {
   dlsync_status st = DLSYNC_SUCCESS;
-  CUcontext cuctx = NULL;
   bool memoise = from_memo != NULL && !dlsync__is_special_stream(stream);
   if (from_memo != NULL)
     *from_memo = false;
@@ -189,9 +188,8 @@ dlsync_status dlsync__pool_for_stream(dlsync__pool **out, bool *from_memo, dlsyn
       }
     }
   }
-  DLSYNC_CU(ps->drv, cuStreamGetCtx, ps->drv->StreamGetCtx(stream, &cuctx),
-            "%s stream %p: finding its CUDA context", role, (void *)stream);
-  DLSYNC_TRY(dlsync__pool_for_cuctx(out, ps, cuctx));
+  *out = NULL;
+  DLSYNC_TRY(dlsync__pool_check(out, ps, stream, role)); /* no pool yet: the stream's */
   if (memoise) {
     dlsync__event_thread *h = hot();
     unsigned slot = h->memo_next++ % DLSYNC__MEMO_SLOTS;

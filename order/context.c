@@ -330,16 +330,13 @@ static dlsync_status pool_of(dlsync__pool **pool, bool *from_memo, const dlsync_
 
 dlsync_status dlsync__lanes_open_streams(dlsync__lanes_opened *out, dlsync_context *ctx,
                                          dlsync_lane *a, const char *ra, dlsync_lane *b,
-                                         const char *rb, const char *graph_what, bool memo,
-                                         bool read) {
+                                         const char *rb, const char *graph_what, bool memo) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync_lane *which = NULL;
   out->pool = NULL;
   out->from_memo = false;
   out->pool_stream = NULL;
   out->pool_role = NULL;
-  if (read) /* out->a and ->b read already (stream lanes, neither the legacy stream) */
-    goto pool;
   /* The lanes are read first: the legacy stream must be queried before
    * anything else touches it (while a blocking stream captures, the query
    * fails without harm, but other uses, cuStreamGetCtx included, seen on the
@@ -351,17 +348,15 @@ dlsync_status dlsync__lanes_open_streams(dlsync__lanes_opened *out, dlsync_conte
   DLSYNC_TRY(dlsync__lane_read_as(&out->a, ctx->drv, a, ra, memo));
   if (b != NULL)
     DLSYNC_TRY(dlsync__lane_read_as(&out->b, ctx->drv, b, rb, memo));
-pool:
   DLSYNC_TRY(
       pool_of(&out->pool, memo ? &out->from_memo : NULL, &which, ctx, a, ra, b, rb, graph_what));
   if (which != NULL) {
     out->pool_stream = which->stream;
     out->pool_role = which == a ? ra : rb;
   }
-  if (out->a.kind == DLSYNC_LANE_CAPTURING && !out->a.deps_inline)
-    DLSYNC_TRY(dlsync__lane_read_full(&out->a, ctx->drv, a, ra));
-  if (b != NULL && out->b.kind == DLSYNC_LANE_CAPTURING && !out->b.deps_inline)
-    DLSYNC_TRY(dlsync__lane_read_full(&out->b, ctx->drv, b, rb));
+  DLSYNC_TRY(dlsync__lane_refresh(&out->a, ctx->drv));
+  if (b != NULL)
+    DLSYNC_TRY(dlsync__lane_refresh(&out->b, ctx->drv));
 cleanup:
   return st;
 }

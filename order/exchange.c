@@ -219,10 +219,8 @@ static dlsync_status verify_pool(dlsync_context *ctx, pool_pick *pk, dlsync__lan
     return DLSYNC_SUCCESS;
   DLSYNC_TRY(dlsync__pool_check(&pk->pool, &ctx->pools, pk->stream, pk->role));
   pk->from_memo = false;
-  if (first->kind == DLSYNC_LANE_CAPTURING && !first->deps_inline)
-    DLSYNC_TRY(dlsync__lane_read_full(first, ctx->drv, first->lane, first->role));
-  if (then->kind == DLSYNC_LANE_CAPTURING && !then->deps_inline)
-    DLSYNC_TRY(dlsync__lane_read_full(then, ctx->drv, then->lane, then->role));
+  DLSYNC_TRY(dlsync__lane_refresh(first, ctx->drv));
+  DLSYNC_TRY(dlsync__lane_refresh(then, ctx->drv));
 cleanup:
   return st;
 }
@@ -454,50 +452,6 @@ cleanup:
   return st;
 }
 
-/* A capture whose dependencies were too many to copy, read again (cold). */
-static DLSYNC__COLD dlsync_status read_again(dlsync_context *ctx, dlsync_lane *first,
-                                             const char *first_role, dlsync_lane *then,
-                                             const char *then_role, dlsync__lanes_opened *opened) {
-  dlsync_status st = DLSYNC_SUCCESS;
-  if (opened->a.kind == DLSYNC_LANE_CAPTURING && !opened->a.deps_inline)
-    DLSYNC_TRY(dlsync__lane_read_full(&opened->a, ctx->drv, first, first_role));
-  if (opened->b.kind == DLSYNC_LANE_CAPTURING && !opened->b.deps_inline)
-    DLSYNC_TRY(dlsync__lane_read_full(&opened->b, ctx->drv, then, then_role));
-cleanup:
-  return st;
-}
-
-/* order_lanes for two lanes the fast path read: two distinct stream lanes,
- * neither a special handle. What is left is first's pool (a memo answer,
- * checked by its first use: the fast path's, opened->pool, when it had
- * one), and a capture's dependencies again if they were too many to copy
- * (the memo may have asked the driver about the stream). */
-static DLSYNC__INLINE dlsync_status order_read(dlsync_context *ctx, dlsync_lane *first,
-                                               const char *first_role, dlsync_lane *then,
-                                               const char *then_role, dlsync__lanes_opened *opened,
-                                               pool_pick *pool) {
-  dlsync_status st = DLSYNC_SUCCESS;
-  dlsync__lane_now *a = &opened->a, *b = &opened->b;
-  pool->stream = first->stream;
-  pool->role = first_role;
-  if (opened->pool != NULL) {
-    pool->pool = opened->pool;
-    pool->from_memo = true;
-  } else {
-    DLSYNC_TRY(dlsync__pool_for_stream(&pool->pool, &pool->from_memo, &ctx->pools, first->stream,
-                                       first_role));
-  }
-  opened->pool = pool->pool;
-  opened->from_memo = pool->from_memo;
-  opened->pool_stream = first->stream;
-  opened->pool_role = first_role;
-  if (DLSYNC__UNLIKELY((a->kind == DLSYNC_LANE_CAPTURING && !a->deps_inline) ||
-                       (b->kind == DLSYNC_LANE_CAPTURING && !b->deps_inline)))
-    return read_again(ctx, first, first_role, then, then_role, opened);
-cleanup:
-  return st;
-}
-
 /* Checks both lanes and reads their states; *same when they are one stream
  * (the table's SAME_STREAM row: nothing to do). *pool is the pool order_now
  * takes an event from. The lanes' states are opened->a and ->b; `read`: the
@@ -510,8 +464,8 @@ static DLSYNC__INLINE dlsync_status order_lanes(dlsync_context *ctx, dlsync__op 
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__lane_now *a = &opened->a, *b = &opened->b;
   *same = false;
-  if (read)
-    return order_read(ctx, first, first_role, then, then_role, opened, pool);
+  if (read) /* two distinct stream lanes, neither special: checked by the fast path */
+    goto open;
   memset(pool, 0, sizeof *pool);
   DLSYNC_TRY(dlsync__lane_check(first, first_role));
   DLSYNC_TRY(dlsync__lane_check(then, then_role));
@@ -526,8 +480,9 @@ static DLSYNC__INLINE dlsync_status order_lanes(dlsync_context *ctx, dlsync__op 
       trace_row(op, DLSYNC__ROW_SAME_STREAM, a, b, DLSYNC_SUCCESS);
     goto cleanup;
   }
+open:
   DLSYNC_TRY(dlsync__lanes_open(opened, ctx, first, first_role, then, then_role,
-                                "both lanes are graph lanes", true, false));
+                                "both lanes are graph lanes", true, read));
   pool->pool = opened->pool;
   pool->from_memo = opened->from_memo;
   pool->stream = opened->pool_stream;
@@ -702,7 +657,7 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
    * the queries while they find captures (a capture's rows other than
    * SAME_CAPTURE need no scratch event, and the general path reuses the
    * reads). */
-  ev = dlsync__thread_scratch_of(t, &ctx->pools, first, &memo_pool);
+  ev = dlsync__thread_scratch(t, &ctx->pools, first, &memo_pool);
   if (pre != NULL) /* for the general path, should it take over */
     pre->opened.pool = memo_pool;
   if (DLSYNC__UNLIKELY(ev == NULL) && query != FAST_QUERY_THEN_FULL)

@@ -56,12 +56,7 @@ dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role)
 
 dlsync_status dlsync__lane_read_failed(dlsync__lane_now *out, const dlsync__driver *d, CUresult r,
                                        dlsync_lane *lane, const char *role) {
-  out->kind = DLSYNC_LANE_EAGER;
-  out->capture_id = 0;
-  out->graph = NULL;
-  out->deps = NULL;
-  out->ndeps = 0;
-  out->deps_inline = false;
+  dlsync__lane_read_eager(out, lane, role);
   if (d->StreamGetCaptureInfo == NULL)
     return dlsync__driver_require(d, DLSYNC__NEED_CAPTURE, "a capture-aware exchange");
   if (r == CUDA_SUCCESS) /* a capture that an earlier call invalidated */
@@ -77,6 +72,10 @@ dlsync_status dlsync__lane_read_failed(dlsync__lane_now *out, const dlsync__driv
                                role);
   return dlsync__fail_driver(d, r, "cuStreamGetCaptureInfo", "%s stream %p", role,
                              (void *)lane->stream);
+}
+
+dlsync_status dlsync__lane_refresh_slow(dlsync__lane_now *l, const dlsync__driver *d) {
+  return dlsync__lane_read_full(l, d, l->lane, l->role);
 }
 
 dlsync_status dlsync__lane_read_stream(dlsync__lane_now *out, const dlsync__driver *d,

@@ -725,6 +725,53 @@ static void eager_producer_capturing_consumer_gets_a_wait_node(void **state) {
   assert_int_equal(ps.graph_owned, 0);
 }
 
+/* A capture whose frontier is longer than dlsync copies (more than
+ * DLSYNC__DEPS_INLINE nodes): the driver's array is valid only until the
+ * next call on its stream, and checking the memo's pool makes one
+ * (cuStreamGetCtx), so the lane is read again before its record node goes
+ * in. The node follows every node of the frontier (under ASan a stale array
+ * is a use after free in the fake). */
+static void long_capture_frontier_is_read_again_before_its_node(void **state) {
+  enum { SIDES = DLSYNC__DEPS_INLINE + 2 };
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  CUstream side[SIDES];
+  CUevent fork = fake_event_create(0, CU_EVENT_DISABLE_TIMING), joins[SIDES];
+  CUgraphNode work[SIDES], rec = NULL;
+  CUgraph g1, g2;
+  unsigned queries;
+  (void)state;
+  warm_pair(&lp, &lc, 0);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  assert_int_equal(D->EventRecord(fork, P), CUDA_SUCCESS);
+  for (int i = 0; i < SIDES; i++) { /* P's frontier: SIDES nodes of side streams */
+    side[i] = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+    joins[i] = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+    assert_int_equal(D->StreamWaitEvent(side[i], fork, 0), CUDA_SUCCESS);
+    fake_work(side[i], "side", &work[i]);
+    assert_int_equal(D->EventRecord(joins[i], side[i]), CUDA_SUCCESS);
+    assert_int_equal(D->StreamWaitEvent(P, joins[i], 0), CUDA_SUCCESS);
+  }
+  assert_int_equal(fake_capture_deps(P, NULL, 0), SIDES);
+  fake_log_reset();
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS); /* TWO_CAPTURES */
+  queries = fake_call_count("cuStreamGetCaptureInfo");
+  assert_int_equal(queries, 3); /* both lanes, then P again after cuStreamGetCtx */
+  assert_int_equal(fake_capture_deps(P, &rec, 1), 1);
+  assert_int_equal(fake_node_type(rec), CU_GRAPH_NODE_TYPE_EVENT_RECORD);
+  g2 = end_capture_ok(C);
+  g1 = end_capture_ok(P);
+  for (int i = 0; i < SIDES; i++)
+    assert_true(fake_graph_has_edge(g1, work[i], rec));
+  destroy_graph(g1);
+  destroy_graph(g2);
+  for (int i = 0; i < SIDES; i++) {
+    fake_event_destroy(joins[i]);
+    fake_stream_destroy(side[i]);
+  }
+  fake_event_destroy(fork);
+}
+
 static void two_captures_get_record_and_wait_nodes(void **state) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync_exchange *ex = NULL;
@@ -1432,6 +1479,7 @@ int main(void) {
       T(join_without_end_leaves_capture_unjoined),
       T(eager_producer_capturing_consumer_gets_a_wait_node),
       T(two_captures_get_record_and_wait_nodes),
+      T(long_capture_frontier_is_read_again_before_its_node),
       T(same_built_graph_merges_frontiers),
       T(two_built_graphs_get_record_and_wait_nodes),
       T(eager_producer_built_consumer),

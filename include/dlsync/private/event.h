@@ -167,8 +167,8 @@ CUevent dlsync__thread_scratch_fill(dlsync__thread *t, dlsync__stream_memo *m);
  * full path, which fills both). *pool: the stream's pool as the memo knows
  * it (not checked with the driver: a stream handle may have been reused in
  * another context), NULL when the memo does not know the stream. */
-static inline CUevent dlsync__thread_scratch_of(dlsync__thread *t, const dlsync__pools *ps,
-                                                CUstream stream, dlsync__pool **pool) {
+static inline CUevent dlsync__thread_scratch(dlsync__thread *t, const dlsync__pools *ps,
+                                             CUstream stream, dlsync__pool **pool) {
   dlsync__event_thread *h = dlsync__event_thread_of(t);
   for (unsigned i = 0; i < DLSYNC__MEMO_SLOTS; i++) {
     if (h->memo_key[i] == stream) {
@@ -181,13 +181,6 @@ static inline CUevent dlsync__thread_scratch_of(dlsync__thread *t, const dlsync_
   }
   *pool = NULL;
   return NULL;
-}
-
-/* The scratch event alone. */
-static inline CUevent dlsync__thread_scratch(dlsync__thread *t, const dlsync__pools *ps,
-                                             CUstream stream) {
-  dlsync__pool *pool;
-  return dlsync__thread_scratch_of(t, ps, stream, &pool);
 }
 
 #ifdef __cplusplus

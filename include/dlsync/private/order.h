@@ -49,7 +49,9 @@ size_t dlsync__exchanges_abandon(const dlsync_context *ctx);
  * `graph_what` saying why it is needed; none for two lanes of one graph),
  * then reads the lanes (a capture's dependency array is valid only until the
  * next call on its stream). `read`: out->a and out->b hold the lanes as the
- * exchange's fast path read them (stream lanes only), not read again. */
+ * exchange's fast path read them (two distinct stream lanes, neither a
+ * special handle), not read again, and out->pool the memo's pool for a's
+ * stream when the fast path had one (NULL: looked up). */
 typedef struct dlsync__lanes_opened {
   dlsync__lane_now a, b; /* b: when a second lane was given */
   dlsync__pool *pool;
@@ -60,12 +62,29 @@ typedef struct dlsync__lanes_opened {
 
 dlsync_status dlsync__lanes_open_streams(dlsync__lanes_opened *out, dlsync_context *ctx,
                                          dlsync_lane *a, const char *ra, dlsync_lane *b,
-                                         const char *rb, const char *graph_what, bool memo,
-                                         bool read);
+                                         const char *rb, const char *graph_what, bool memo);
 static inline dlsync_status dlsync__lanes_open(dlsync__lanes_opened *out, dlsync_context *ctx,
                                                dlsync_lane *a, const char *ra, dlsync_lane *b,
                                                const char *rb, const char *graph_what, bool memo,
                                                bool read) {
+  if (read) {
+    /* What is left: a's pool, the fast path's memo answer (checked by its
+     * first use) or looked up, which may ask the driver about the stream: a
+     * capture's long dependency array is read again then. */
+    dlsync_status st = DLSYNC_SUCCESS;
+    out->pool_stream = a->stream;
+    out->pool_role = ra;
+    if (DLSYNC__LIKELY(out->pool != NULL)) {
+      out->from_memo = true;
+      return DLSYNC_SUCCESS;
+    }
+    st = dlsync__pool_for_stream(&out->pool, &out->from_memo, &ctx->pools, a->stream, ra);
+    if (st == DLSYNC_SUCCESS)
+      st = dlsync__lane_refresh(&out->a, ctx->drv);
+    if (st == DLSYNC_SUCCESS)
+      st = dlsync__lane_refresh(&out->b, ctx->drv);
+    return st;
+  }
   if (a->kind == DLSYNC_LANE_GRAPH && b != NULL && b->kind == DLSYNC_LANE_GRAPH) {
     /* Two graph lanes: nothing to ask the driver about them; the pool is
      * that of the thread's current context (none for one graph: edges). */
@@ -79,7 +98,7 @@ static inline dlsync_status dlsync__lanes_open(dlsync__lanes_opened *out, dlsync
                                 : dlsync__pool_for_current(&out->pool, &ctx->pools, graph_what);
   }
   /* Any lane on a stream (order/context.c). */
-  return dlsync__lanes_open_streams(out, ctx, a, ra, b, rb, graph_what, memo, read);
+  return dlsync__lanes_open_streams(out, ctx, a, ra, b, rb, graph_what, memo);
 }
 
 /* ---- releases (order/release.c) ---- */

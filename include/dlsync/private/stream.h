@@ -93,6 +93,16 @@ static inline dlsync_status dlsync__lane_read_stream_full(dlsync__lane_now *out,
   }
   return dlsync__lane_read_failed(out, d, r, lane, role);
 }
+/* A lane read before, read again if it is a capture whose dependencies
+ * were too many to copy (the driver's array is valid only until the next
+ * call on its stream): for callers that made other calls on the stream
+ * since the read. */
+DLSYNC__COLD dlsync_status dlsync__lane_refresh_slow(dlsync__lane_now *l, const dlsync__driver *d);
+static inline dlsync_status dlsync__lane_refresh(dlsync__lane_now *l, const dlsync__driver *d) {
+  if (DLSYNC__LIKELY(l->kind != DLSYNC_LANE_CAPTURING || l->deps_inline))
+    return DLSYNC_SUCCESS;
+  return dlsync__lane_refresh_slow(l, d);
+}
 /* Reads a lane's state (one or two capture queries for a stream; none for a
  * graph lane). The lane must have passed dlsync__lane_check. Errors name
  * `role`. */
