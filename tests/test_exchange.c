@@ -729,8 +729,9 @@ static void eager_producer_capturing_consumer_gets_a_wait_node(void **state) {
  * DLSYNC__DEPS_INLINE nodes): the driver's array is valid only until the
  * next call on its stream, and checking the memo's pool makes one
  * (cuStreamGetCtx), so the lane is read again before its record node goes
- * in. The node follows every node of the frontier (under ASan a stale array
- * is a use after free in the fake). */
+ * in; a failure of that read is the driver's error, with nothing added. The
+ * node follows every node of the frontier (under ASan a stale array is a use
+ * after free in the fake). */
 static void long_capture_frontier_is_read_again_before_its_node(void **state) {
   enum { SIDES = DLSYNC__DEPS_INLINE + 2 };
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
@@ -753,6 +754,12 @@ static void long_capture_frontier_is_read_again_before_its_node(void **state) {
     assert_int_equal(D->StreamWaitEvent(P, joins[i], 0), CUDA_SUCCESS);
   }
   assert_int_equal(fake_capture_deps(P, NULL, 0), SIDES);
+  /* The second read failing: the driver's error, nothing added. */
+  fake_fail_nth("cuStreamGetCaptureInfo", 3, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_ERROR_DRIVER);
+  assert_non_null(strstr(dlsync_last_error(), "cuStreamGetCaptureInfo"));
+  assert_int_equal(fake_capture_deps(P, NULL, 0), SIDES);
+  assert_int_equal(fake_capture_deps(C, NULL, 0), 0);
   fake_log_reset();
   assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS); /* TWO_CAPTURES */
   queries = fake_call_count("cuStreamGetCaptureInfo");
