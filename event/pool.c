@@ -33,6 +33,12 @@ struct dlsync__pool {
   atomic_size_t destroyed;
   CUevent *scratch; /* lent to threads for plain record/wait, see below */
   size_t nscratch;
+  /* Holds (see below), all under `lock`: events in them, the free holds
+   * and pairs (recycled, freed with the pool), the holds' generations. */
+  size_t hold_owned;
+  dlsync__hold *free_holds;
+  struct hold_pair *free_pairs;
+  uint64_t hold_gens;
 };
 
 /* ---- orphans: events whose context died while graphs held them ---- */
@@ -74,7 +80,10 @@ static void pool_unref(dlsync__pool *p);
 
 #define POOL_OWNED_ONE (UINT64_C(1) << 32)
 
+static void holds_free(dlsync__pool *p);
+
 static void pool_free(dlsync__pool *p) {
+  holds_free(p);
   dlsync__free(p->scratch);
   dlsync__free(p->free_events);
   dlsync__free(p);
@@ -377,6 +386,29 @@ void dlsync__pool_unborrow(dlsync__pool *p, CUevent event, bool lent) {
     dlsync__pool_put(p, event);
 }
 
+/* An event that cannot go back to its pool (dead, or out of memory): to the
+ * orphan list, destroyed by the next call that may make CUDA calls. */
+static void orphan_event(dlsync__pool *p, CUevent event) {
+  orphan *o = dlsync__malloc(sizeof *o);
+  if (o != NULL) {
+    o->drv = p->drv;
+    o->event = event;
+    o->pool = p;
+    dlsync__pool_ref(p);
+    pthread_mutex_lock(&orphan_lock);
+    o->next = orphans;
+    orphans = o;
+    atomic_store_explicit(&orphans_pending, 1, memory_order_release);
+    pthread_mutex_unlock(&orphan_lock);
+  } else {
+    /* Out of memory on a driver thread: the event handle is lost (the
+     * driver frees it with its context). */
+    DLSYNC__LOG(DLSYNC__LOG_WARN,
+                "event %p of CUDA context %p lost: out of memory while a graph gave it back",
+                (void *)event, (void *)p->cuctx);
+  }
+}
+
 void dlsync__pool_return_from_graph(dlsync__pool *p, CUevent event) {
   bool kept = false;
   dlsync__spin_lock(&p->lock);
@@ -385,31 +417,323 @@ void dlsync__pool_return_from_graph(dlsync__pool *p, CUevent event) {
   if (!p->dead)
     kept = keep_locked(p, event, false);
   dlsync__spin_unlock(&p->lock);
-  if (!kept) {
-    orphan *o = dlsync__malloc(sizeof *o);
-    if (o != NULL) {
-      o->drv = p->drv;
-      o->event = event;
-      o->pool = p;
-      dlsync__pool_ref(p);
-      pthread_mutex_lock(&orphan_lock);
-      o->next = orphans;
-      orphans = o;
-      atomic_store_explicit(&orphans_pending, 1, memory_order_release);
-      pthread_mutex_unlock(&orphan_lock);
-    } else {
-      /* Out of memory on a driver thread: the event handle is lost (the
-       * driver frees it with its context). */
-      DLSYNC__LOG(DLSYNC__LOG_WARN,
-                  "event %p of CUDA context %p lost: out of memory while a graph gave it back",
-                  (void *)event, (void *)p->cuctx);
-    }
-  }
+  if (!kept)
+    orphan_event(p, event);
   /* No longer held, and the reference it took let go: the last may free
    * the pool. */
   if (atomic_fetch_sub_explicit(&p->refs, POOL_OWNED_ONE + 1, memory_order_acq_rel) ==
       POOL_OWNED_ONE + 1)
     pool_free(p);
+}
+
+/* ---- holds: the events one graph holds, given back together ----
+ *
+ * A capture's graph holds every event dlsync put into it. Instead of a
+ * count per event, the graph holds one hold (through a user object, made by
+ * graph/), a list of the pool's events that comes back all at once when the
+ * graph is gone. Taking an event into a hold is one section under the
+ * pool's lock: the event off the free list, onto the hold, counted. An event
+ * two captures hold (TWO_CAPTURES) is a pair, counted by its two holds under
+ * the same lock. A held event (built graphs and fences share it, counted
+ * with atomics) can be put in a hold too.
+ *
+ * Hold and pair memory belongs to the pool: recycled, never freed before the
+ * pool (each live hold holds a pool reference), so that a thread holding a
+ * stale pointer to a hold (from its cache, graph/) can check it under the
+ * lock: the hold is still the one it made when its generation is the same and
+ * it is live. Everything in a hold is written under the lock of its pool. */
+#define HOLD_INLINE 16
+#define HOLD_CHUNK 128
+
+typedef enum hold_kind {
+  HOLD_EVENT, /* the hold's alone */
+  HOLD_PAIR,  /* shared with another hold */
+  HOLD_HELD,  /* a held event's reference */
+  HOLD_DONE   /* handled already (while the hold is given back) */
+} hold_kind;
+
+typedef struct hold_pair {
+  unsigned holds; /* under the pool's lock */
+  CUevent event;
+  struct hold_pair *next_free;
+} hold_pair;
+
+typedef struct hold_item {
+  CUevent event;
+  void *ref; /* HOLD_PAIR: the pair; HOLD_HELD: the held event */
+  unsigned char kind;
+} hold_item;
+
+typedef struct hold_chunk {
+  struct hold_chunk *next;
+  size_t n;
+  hold_item items[HOLD_CHUNK];
+} hold_chunk;
+
+struct dlsync__hold {
+  dlsync__pool *pool; /* fixed for the hold's memory's life */
+  uint64_t gen;       /* a new one each time the hold is made */
+  bool live;          /* made and not given back */
+  size_t n;           /* items in `first` */
+  hold_item first[HOLD_INLINE];
+  hold_chunk *chunks; /* the newest first */
+  dlsync__hold *next_free;
+};
+
+static void holds_free(dlsync__pool *p) {
+  while (p->free_holds != NULL) {
+    dlsync__hold *h = p->free_holds;
+    p->free_holds = h->next_free;
+    dlsync__free(h);
+  }
+  while (p->free_pairs != NULL) {
+    hold_pair *pr = p->free_pairs;
+    p->free_pairs = pr->next_free;
+    dlsync__free(pr);
+  }
+}
+
+dlsync_status dlsync__hold_new(dlsync__hold **out, uint64_t *gen, dlsync__pool *p) {
+  dlsync__hold *h;
+  *out = NULL;
+  dlsync__spin_lock(&p->lock);
+  h = p->free_holds;
+  if (h != NULL)
+    p->free_holds = h->next_free;
+  dlsync__spin_unlock(&p->lock);
+  if (h == NULL) {
+    h = dlsync__calloc(1, sizeof *h);
+    if (h == NULL)
+      return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
+                          "giving events to a capture: out of memory (its hold)");
+    h->pool = p;
+  }
+  /* A recycled hold may be named by a thread's stale cache entry, which
+   * reads it under the lock. */
+  dlsync__spin_lock(&p->lock);
+  h->gen = ++p->hold_gens;
+  h->live = true;
+  h->n = 0;
+  h->chunks = NULL;
+  h->next_free = NULL;
+  *gen = h->gen;
+  dlsync__spin_unlock(&p->lock);
+  dlsync__pool_ref(p);
+  *out = h;
+  return DLSYNC_SUCCESS;
+}
+
+static DLSYNC__NOINLINE bool hold_grow_locked(dlsync__hold *h) {
+  hold_chunk *c = dlsync__malloc(sizeof *c);
+  if (c == NULL)
+    return false;
+  c->n = 0;
+  c->next = h->chunks;
+  h->chunks = c;
+  return true;
+}
+
+/* Room for one more item in a live hold (lock held): false when a chunk is
+ * needed and cannot be allocated. */
+static DLSYNC__INLINE bool hold_room_locked(dlsync__hold *h) {
+  if (DLSYNC__LIKELY(h->n < HOLD_INLINE))
+    return true;
+  if (h->chunks != NULL && h->chunks->n < HOLD_CHUNK)
+    return true;
+  return hold_grow_locked(h);
+}
+
+/* Appends to a hold with room (hold_room_locked). */
+static DLSYNC__INLINE void hold_add_locked(dlsync__hold *h, hold_item it) {
+  if (DLSYNC__LIKELY(h->n < HOLD_INLINE))
+    h->first[h->n++] = it;
+  else
+    h->chunks->items[h->chunks->n++] = it;
+}
+
+static DLSYNC__INLINE bool hold_is(const dlsync__hold *h, uint64_t gen) {
+  return h->gen == gen && h->live;
+}
+
+static DLSYNC__COLD dlsync_status hold_out_of_memory(void) {
+  return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an event to a capture: out of memory");
+}
+
+/* Takes `ev` (off the free list already) into h1, and into h2 as pair `pr`
+ * when h2 is non-NULL (lock held; both live). False, nothing taken, when a
+ * hold has no room. */
+static DLSYNC__INLINE bool hold_put_locked(dlsync__pool *p, CUevent ev, dlsync__hold *h1,
+                                           dlsync__hold *h2, hold_pair *pr) {
+  hold_item it = {ev, NULL, HOLD_EVENT};
+  if (DLSYNC__UNLIKELY(!hold_room_locked(h1) || (h2 != NULL && !hold_room_locked(h2))))
+    return false;
+  if (h2 != NULL) {
+    pr->holds = 2;
+    pr->event = ev;
+    it.ref = pr;
+    it.kind = HOLD_PAIR;
+    hold_add_locked(h2, it);
+  }
+  hold_add_locked(h1, it);
+  p->hold_owned++;
+  return true;
+}
+
+/* hold_take when the pool has no free event, or a pair is needed and none
+ * is free: made outside the lock, then taken. */
+static DLSYNC__NOINLINE dlsync_status hold_take_slow(CUevent *out, dlsync__pool *p,
+                                                     dlsync__hold *h1, uint64_t g1,
+                                                     dlsync__hold *h2, uint64_t g2) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  CUevent ev = NULL;
+  hold_pair *pr = NULL;
+  dlsync__spin_lock(&p->lock);
+  if (p->nfree > 0)
+    ev = p->free_events[--p->nfree];
+  if (h2 != NULL && p->free_pairs != NULL) {
+    pr = p->free_pairs;
+    p->free_pairs = pr->next_free;
+  }
+  dlsync__spin_unlock(&p->lock);
+  if (h2 != NULL && pr == NULL && (pr = dlsync__malloc(sizeof *pr)) == NULL) {
+    st = hold_out_of_memory();
+    goto cleanup;
+  }
+  if (ev == NULL)
+    DLSYNC_TRY(pool_get_new(&ev, p));
+  dlsync__spin_lock(&p->lock);
+  if (hold_is(h1, g1) && (h2 == NULL || hold_is(h2, g2))) { /* else stale: *out stays NULL */
+    if (hold_put_locked(p, ev, h1, h2, pr)) {
+      *out = ev;
+      ev = NULL;
+      pr = NULL;
+    } else {
+      st = hold_out_of_memory();
+    }
+  }
+  dlsync__spin_unlock(&p->lock);
+cleanup:
+  if (ev != NULL)
+    dlsync__pool_put(p, ev);
+  if (pr != NULL) {
+    dlsync__spin_lock(&p->lock);
+    pr->next_free = p->free_pairs;
+    p->free_pairs = pr;
+    dlsync__spin_unlock(&p->lock);
+  }
+  return st;
+}
+
+dlsync_status dlsync__hold_take(CUevent *out, dlsync__pool *p, dlsync__hold *h1, uint64_t g1,
+                                dlsync__hold *h2, uint64_t g2) {
+  CUevent ev;
+  hold_pair *pr = NULL;
+  *out = NULL;
+  dlsync__spin_lock(&p->lock);
+  if (DLSYNC__UNLIKELY(!hold_is(h1, g1) || (h2 != NULL && !hold_is(h2, g2)))) {
+    dlsync__spin_unlock(&p->lock);
+    return DLSYNC_SUCCESS; /* stale */
+  }
+  if (DLSYNC__UNLIKELY(p->nfree == 0 || (h2 != NULL && p->free_pairs == NULL))) {
+    dlsync__spin_unlock(&p->lock);
+    return hold_take_slow(out, p, h1, g1, h2, g2);
+  }
+  ev = p->free_events[p->nfree - 1];
+  if (h2 != NULL)
+    pr = p->free_pairs;
+  if (DLSYNC__UNLIKELY(!hold_put_locked(p, ev, h1, h2, pr))) {
+    dlsync__spin_unlock(&p->lock);
+    return hold_out_of_memory();
+  }
+  p->nfree--;
+  if (h2 != NULL)
+    p->free_pairs = pr->next_free;
+  dlsync__spin_unlock(&p->lock);
+  *out = ev;
+  return DLSYNC_SUCCESS;
+}
+
+dlsync_status dlsync__hold_add_held(dlsync__hold *h, uint64_t gen, dlsync__held_event *he,
+                                    bool *stale) {
+  dlsync__pool *p = h->pool;
+  bool ok = false;
+  hold_item it = {he->event, he, HOLD_HELD};
+  dlsync__spin_lock(&p->lock);
+  *stale = !hold_is(h, gen);
+  if (!*stale && (ok = hold_room_locked(h))) {
+    hold_add_locked(h, it);
+    dlsync__held_event_ref(he);
+  }
+  dlsync__spin_unlock(&p->lock);
+  return *stale || ok ? DLSYNC_SUCCESS : hold_out_of_memory();
+}
+
+/* Gives a hold's items back (lock held): its own events to the free list
+ * (those that cannot be kept left as HOLD_EVENT for the caller to orphan),
+ * a pair's event once its second hold lets go. Held events are left to the
+ * caller (their count takes the lock). */
+static void hold_items_back_locked(dlsync__pool *p, hold_item *items, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    hold_item *it = &items[i];
+    if (it->kind == HOLD_PAIR) {
+      hold_pair *pr = it->ref;
+      if (--pr->holds > 0) {
+        it->kind = HOLD_DONE;
+        continue;
+      }
+      pr->next_free = p->free_pairs;
+      p->free_pairs = pr;
+      it->kind = HOLD_EVENT;
+    }
+    if (it->kind == HOLD_EVENT) {
+      p->hold_owned--;
+      if (!p->dead && keep_locked(p, it->event, false))
+        it->kind = HOLD_DONE;
+    }
+  }
+}
+
+/* What hold_items_back_locked left: held events let go, events that could
+ * not be kept orphaned. */
+static void hold_items_finish(dlsync__pool *p, const hold_item *items, size_t n) {
+  for (size_t i = 0; i < n; i++) {
+    if (items[i].kind == HOLD_HELD)
+      dlsync__held_event_unref(items[i].ref);
+    else if (items[i].kind == HOLD_EVENT)
+      orphan_event(p, items[i].event);
+  }
+}
+
+void dlsync__hold_release(dlsync__hold *h) {
+  dlsync__pool *p = h->pool;
+  hold_item first[HOLD_INLINE];
+  hold_chunk *chunks;
+  size_t n;
+  dlsync__spin_lock(&p->lock);
+  h->live = false;
+  n = h->n;
+  chunks = h->chunks;
+  memcpy(first, h->first, n * sizeof first[0]);
+  hold_items_back_locked(p, first, n);
+  dlsync__spin_unlock(&p->lock);
+  hold_items_finish(p, first, n);
+  /* Chunk by chunk, so that the lock is never held long. */
+  while (chunks != NULL) {
+    hold_chunk *next = chunks->next;
+    dlsync__spin_lock(&p->lock);
+    hold_items_back_locked(p, chunks->items, chunks->n);
+    dlsync__spin_unlock(&p->lock);
+    hold_items_finish(p, chunks->items, chunks->n);
+    dlsync__free(chunks);
+    chunks = next;
+  }
+  dlsync__spin_lock(&p->lock);
+  h->n = 0;
+  h->chunks = NULL;
+  h->next_free = p->free_holds;
+  p->free_holds = h;
+  dlsync__spin_unlock(&p->lock);
+  pool_unref(p); /* the hold's: the last frees the pool, and the hold with it */
 }
 
 /* ---- teardown and stats ---- */
@@ -460,9 +784,10 @@ void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync__pools *ps) {
        p = p->next) {
     dlsync__spin_lock(&p->lock);
     out->free_events += p->nfree + p->nscratch; /* scratch events are idle between calls */
-    dlsync__spin_unlock(&p->lock);
     out->created += atomic_load(&p->created);
     out->destroyed += atomic_load(&p->destroyed);
+    out->graph_owned += p->hold_owned;
+    dlsync__spin_unlock(&p->lock);
     out->graph_owned += (size_t)(atomic_load(&p->refs) / POOL_OWNED_ONE);
   }
 }

@@ -113,218 +113,172 @@ dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_eve
   return st;
 }
 
-/* ---- one holder per capture ----
+/* ---- one hold per capture (and thread) ----
  *
  * Every event dlsync puts into a capture must live as long as the captured
  * graph. Instead of a user object per event (two driver calls each time), a
- * capture gets one holder, a user object its graph retains (two calls, once
- * per capture); later events of that capture are added to the holder's list
- * with no driver call. Holders are found by capture id, which the driver
- * makes unique for the life of the process, so an id never names another
- * capture. When the graph (and its executables) are gone the driver runs
- * holder_destroy, which hands every event back.
+ * capture gets a hold of the event's pool (event/pool.c): a list of events
+ * that its graph owns through one user object (two calls, once per capture),
+ * given back all at once when the graph and its executables are gone. Later
+ * events cost no driver call and one section under the pool's lock.
  *
- * Holder memory is recycled, never freed: a thread that found a holder in the
- * table checks, under the lock, that it is still the same live holder (its
- * generation) before adding to it. */
-/* What a holder keeps: a held event it shares with other graphs (one
- * reference), or an event it alone holds (pool and event, counted in the
- * pool's graph_owned: dlsync__pool_note_graph_owned). */
-typedef struct held_item {
-  dlsync__held_event *he; /* NULL: pool and event */
-  dlsync__pool *pool;
-  CUevent event;
-} held_item;
+ * Each thread remembers the holds it made for its last captures (capture id,
+ * pool and the context generation the pool belongs to), in its block: no
+ * lock to find one. A capture that several threads order into gets a hold
+ * per thread. Capture ids are unique for the life of the process, and a
+ * capture's graph cannot be destroyed while the capture records, so a
+ * remembered hold is the capture's own; the pool checks it anyway, under its
+ * lock (the hold's life), so that a graph destroyed by another thread while
+ * this one orders into its capture costs a new hold, not a stale one. */
+#define HOLD_MEMOS 4
 
-static void held_item_release(held_item it) {
-  if (it.he != NULL)
-    dlsync__held_event_unref(it.he);
-  else
-    dlsync__pool_return_from_graph(it.pool, it.event);
-}
-
-/* A holder's items: the first HOLDER_INLINE in the holder itself (recycled
- * with it: a capture of few exchanges allocates nothing), the rest in chunks
- * (nothing copied as a capture grows). */
-#define HOLDER_INLINE 16
-#define HOLDER_CHUNK 128
-
-typedef struct held_chunk {
-  struct held_chunk *next;
-  size_t n;
-  held_item items[HOLDER_CHUNK];
-} held_chunk;
-
-typedef struct capture_holder {
-  uint64_t gen;        /* changes each time the holder is reused */
+typedef struct hold_memo {
+  uint64_t generation; /* of the dlsync context whose pool it is */
+  const dlsync__pool *pool;
   uint64_t capture_id; /* 0: free */
-  bool dead;           /* its graph is gone: add nothing */
-  size_t n;            /* items in `first` */
-  held_item first[HOLDER_INLINE];
-  held_chunk *chunks; /* the newest first */
-  struct capture_holder *next_free;
-} capture_holder;
+  dlsync__hold *hold;
+  uint64_t life;
+} hold_memo;
 
-#define HOLDER_SLOTS 16
+typedef struct DLSYNC__MAY_ALIAS graph_thread {
+  hold_memo memo[HOLD_MEMOS];
+  unsigned next;
+} graph_thread;
 
-/* A spin lock: every section under it is a few loads and stores (a chunk's
- * allocation, once per 128 events, at most). */
-static atomic_int holders_lock;
-static struct {
-  uint64_t capture_id;
-  capture_holder *h;
-  uint64_t gen;
-} holder_table[HOLDER_SLOTS];
-static unsigned holder_next;
-static capture_holder *holders_free;
-static uint64_t holder_gens;
+_Static_assert(sizeof(graph_thread) <= DLSYNC__THREAD_GRAPH_BYTES,
+               "graph/'s per-thread block does not fit its slot in dlsync__thread");
 
-/* Adds `it` to h's list (a held event: one reference taken, or with
- * `adopt` the caller's own); false when out of memory (nothing taken).
- * holders_lock held, or h not shared yet. */
-static bool holder_add_locked(capture_holder *h, held_item it, bool adopt) {
-  if (h->n < HOLDER_INLINE) {
-    h->first[h->n++] = it;
-  } else {
-    held_chunk *c = h->chunks;
-    if (c == NULL || c->n == HOLDER_CHUNK) {
-      c = dlsync__malloc(sizeof *c);
-      if (c == NULL)
-        return false;
-      c->n = 0;
-      c->next = h->chunks;
-      h->chunks = c;
-    }
-    c->items[c->n++] = it;
+static inline graph_thread *graph_thread_of(dlsync__thread *t) {
+  return (graph_thread *)(void *)t->graph.bytes;
+}
+
+static void hold_destroy(void *p) {
+  dlsync__hold_release(p);
+}
+
+static DLSYNC__INLINE hold_memo *hold_find(graph_thread *gt, uint64_t generation,
+                                           const dlsync__pool *pool, uint64_t capture_id) {
+  for (unsigned i = 0; i < HOLD_MEMOS; i++) {
+    hold_memo *m = &gt->memo[i];
+    if (m->capture_id == capture_id && m->pool == pool && m->generation == generation)
+      return m;
   }
-  if (it.he != NULL && !adopt)
-    dlsync__held_event_ref(it.he);
-  return true;
+  return NULL;
 }
 
-/* The user object's destructor (a driver thread: no CUDA calls). */
-static void holder_destroy(void *p) {
-  capture_holder *h = p;
-  held_item first[HOLDER_INLINE];
-  held_chunk *chunks;
-  size_t n;
-  dlsync__spin_lock(&holders_lock);
-  h->dead = true;
-  for (unsigned i = 0; i < HOLDER_SLOTS; i++)
-    if (holder_table[i].h == h)
-      holder_table[i].h = NULL;
-  n = h->n;
-  memcpy(first, h->first, n * sizeof first[0]);
-  chunks = h->chunks;
-  h->n = 0;
-  h->chunks = NULL;
-  h->capture_id = 0;
-  h->next_free = holders_free;
-  holders_free = h;
-  dlsync__spin_unlock(&holders_lock);
-  for (size_t i = 0; i < n; i++)
-    held_item_release(first[i]);
-  while (chunks != NULL) {
-    held_chunk *next = chunks->next;
-    for (size_t i = 0; i < chunks->n; i++)
-      held_item_release(chunks->items[i]);
-    dlsync__free(chunks);
-    chunks = next;
-  }
-}
-
-static DLSYNC__COLD dlsync_status holder_out_of_memory(uint64_t capture_id) {
-  return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an event to capture %llu: out of memory",
-                      (unsigned long long)capture_id);
-}
-
-/* capture_hold when the capture has no holder yet (holders_lock held; this
- * function lets it go). */
-static DLSYNC__NOINLINE dlsync_status capture_hold_new(const dlsync__driver *d, uint64_t capture_id,
-                                                       CUgraph graph, held_item it, bool adopt,
-                                                       bool *kept) {
+/* A new hold for lane's capture, owned by its graph and remembered by the
+ * thread (*out: a copy of the memo). */
+static DLSYNC__NOINLINE dlsync_status hold_make(hold_memo *out, graph_thread *gt,
+                                                const dlsync__pools *ps, dlsync__pool *pool,
+                                                const dlsync__lane_now *lane) {
   dlsync_status st = DLSYNC_SUCCESS;
-  capture_holder *h = NULL;
-  uint64_t gen = 0;
+  dlsync__hold *h = NULL;
+  uint64_t life = 0;
   bool taken = false;
-  /* A new holder, with the event in it already: once the graph has it, its
-   * destructor hands the event back, whatever happens next. */
-  h = holders_free;
-  if (h != NULL)
-    holders_free = h->next_free;
-  gen = ++holder_gens;
-  dlsync__spin_unlock(&holders_lock);
-  if (h == NULL) {
-    h = dlsync__calloc(1, sizeof *h);
-    if (h == NULL)
-      return holder_out_of_memory(capture_id);
-  }
-  h->gen = gen;
-  h->capture_id = capture_id;
-  h->dead = false;
-  h->n = 0;
-  h->chunks = NULL;
-  h->next_free = NULL;
-  if (!holder_add_locked(h, it, adopt)) { /* h is not shared yet */
-    st = holder_out_of_memory(capture_id);
+  CUgraph graph = lane->graph;
+  hold_memo *m;
+  DLSYNC_TRY(dlsync__hold_new(&h, &life, pool));
+  st = dlsync__graph_hold(ps->drv, &graph, 1, hold_destroy, h, &taken);
+  if (!taken)
+    dlsync__hold_release(h); /* empty: nothing to give back */
+  /* taken with an error: the graph did not take it, and its destructor gave
+   * it back already. */
+  if (st != DLSYNC_SUCCESS)
     goto cleanup;
-  }
-  st = dlsync__graph_hold(d, &graph, 1, holder_destroy, h, &taken);
-  if (!taken) {
-    if (it.he != NULL && !adopt)
-      dlsync__held_event_unref(it.he); /* the holder's reference */
-    h->n = 0;
-    goto cleanup;
-  }
-  *kept = true;
-  if (st == DLSYNC_SUCCESS) {
-    /* Published only if its graph has not let it go already. */
-    dlsync__spin_lock(&holders_lock);
-    if (h->gen == gen && !h->dead) {
-      unsigned i = holder_next++ % HOLDER_SLOTS;
-      holder_table[i].capture_id = capture_id;
-      holder_table[i].h = h;
-      holder_table[i].gen = gen;
-    }
-    dlsync__spin_unlock(&holders_lock);
-  }
-  h = NULL; /* the graph's */
+  m = &gt->memo[gt->next++ % HOLD_MEMOS];
+  m->generation = ps->generation;
+  m->pool = pool;
+  m->capture_id = lane->capture_id;
+  m->hold = h;
+  m->life = life;
+  *out = *m;
 cleanup:
-  if (h != NULL) { /* holds nothing (its one item was taken back) */
-    h->n = 0;
-    dlsync__spin_lock(&holders_lock);
-    h->next_free = holders_free;
-    holders_free = h;
-    dlsync__spin_unlock(&holders_lock);
-  }
   return st;
 }
 
-/* The capture `capture_id` (graph `graph`) holds `it` (a reference to a held
- * event, or the event itself). *kept: the capture's holder has it, and
- * gives it back when the graph is gone, whatever the status; false: it is
- * still the caller's. A held event: the holder takes a reference of its
- * own, or with `adopt` the caller's (which, when *kept, is no longer the
- * caller's). */
-static DLSYNC__INLINE dlsync_status capture_hold(const dlsync__driver *d, uint64_t capture_id,
-                                                 CUgraph graph, held_item it, bool adopt,
-                                                 bool *kept) {
-  unsigned next;
-  *kept = false;
-  dlsync__spin_lock(&holders_lock);
-  /* Newest first: the captures being recorded now published theirs last. */
-  next = holder_next;
-  for (unsigned k = 1; k <= HOLDER_SLOTS; k++) {
-    unsigned i = (next - k) % HOLDER_SLOTS;
-    capture_holder *t = holder_table[i].h;
-    if (holder_table[i].capture_id == capture_id && t != NULL && t->gen == holder_table[i].gen &&
-        !t->dead) {
-      *kept = holder_add_locked(t, it, adopt);
-      dlsync__spin_unlock(&holders_lock);
-      return DLSYNC__LIKELY(*kept) ? DLSYNC_SUCCESS : holder_out_of_memory(capture_id);
-    }
+/* The thread's hold for lane's capture (a copy of its memo), made if none. */
+static dlsync_status hold_for(hold_memo *out, graph_thread *gt, const dlsync__pools *ps,
+                              dlsync__pool *pool, const dlsync__lane_now *lane) {
+  hold_memo *m = hold_find(gt, ps->generation, pool, lane->capture_id);
+  if (m != NULL) {
+    *out = *m;
+    return DLSYNC_SUCCESS;
   }
-  return capture_hold_new(d, capture_id, graph, it, adopt, kept);
+  return hold_make(out, gt, ps, pool, lane);
+}
+
+static void hold_forget(graph_thread *gt, const hold_memo *m) {
+  for (unsigned i = 0; i < HOLD_MEMOS; i++)
+    if (gt->memo[i].hold == m->hold && gt->memo[i].life == m->life)
+      gt->memo[i].capture_id = 0;
+}
+
+static DLSYNC__COLD dlsync_status hold_lost(const dlsync__lane_now *lane) {
+  return dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
+                      "the %s lane's capture %llu (graph %p) gave back dlsync's events while "
+                      "it was capturing: was its graph destroyed by another thread?",
+                      lane->role, (unsigned long long)lane->capture_id, (void *)lane->graph);
+}
+
+/* dlsync__graph_capture_event when the thread has no hold yet for a capture
+ * (or a remembered one is not live any more): made, then taken from. */
+static DLSYNC__NOINLINE dlsync_status capture_event_slow(CUevent *out, graph_thread *gt,
+                                                         const dlsync__pools *ps,
+                                                         dlsync__pool *pool,
+                                                         const dlsync__lane_now *a,
+                                                         const dlsync__lane_now *b) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  for (int tries = 0; tries < 2; tries++) {
+    hold_memo ma, mb = {0, NULL, 0, NULL, 0};
+    DLSYNC_TRY(hold_for(&ma, gt, ps, pool, a));
+    if (b != NULL)
+      DLSYNC_TRY(hold_for(&mb, gt, ps, pool, b));
+    DLSYNC_TRY(dlsync__hold_take(out, pool, ma.hold, ma.life, mb.hold, mb.life));
+    if (*out != NULL)
+      return DLSYNC_SUCCESS;
+    hold_forget(gt, &ma); /* not live: made again next time round */
+    if (b != NULL)
+      hold_forget(gt, &mb);
+  }
+  st = hold_lost(a);
+cleanup:
+  return st;
+}
+
+dlsync_status dlsync__graph_capture_event(CUevent *out, const dlsync__pools *ps, dlsync__pool *pool,
+                                          const dlsync__lane_now *a, const dlsync__lane_now *b) {
+  dlsync_status st;
+  graph_thread *gt = graph_thread_of(dlsync__thread_get());
+  const hold_memo *ma = hold_find(gt, ps->generation, pool, a->capture_id);
+  const hold_memo *mb = NULL;
+  if (b != NULL)
+    mb = hold_find(gt, ps->generation, pool, b->capture_id);
+  if (DLSYNC__UNLIKELY(ma == NULL || (b != NULL && mb == NULL)))
+    return capture_event_slow(out, gt, ps, pool, a, b);
+  st = dlsync__hold_take(out, pool, ma->hold, ma->life, mb != NULL ? mb->hold : NULL,
+                         mb != NULL ? mb->life : 0);
+  if (DLSYNC__LIKELY(*out != NULL) || st != DLSYNC_SUCCESS)
+    return st;
+  return capture_event_slow(out, gt, ps, pool, a, b);
+}
+
+/* Lane's capture holds a reference to `he` (an event of `pool`). */
+static dlsync_status capture_add_held(const dlsync__pools *ps, dlsync__pool *pool,
+                                      const dlsync__lane_now *lane, dlsync__held_event *he) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  graph_thread *gt = graph_thread_of(dlsync__thread_get());
+  for (int tries = 0; tries < 2; tries++) {
+    hold_memo m;
+    bool stale = false;
+    DLSYNC_TRY(hold_for(&m, gt, ps, pool, lane));
+    DLSYNC_TRY(dlsync__hold_add_held(m.hold, m.life, he, &stale));
+    if (!stale)
+      return DLSYNC_SUCCESS;
+    hold_forget(gt, &m);
+  }
+  st = hold_lost(lane);
+cleanup:
+  return st;
 }
 
 /* An event that built graphs alone hold: its count lives in the user
@@ -354,20 +308,7 @@ static dlsync_status own_event_built(const dlsync__driver *d, dlsync__pool *pool
   return st;
 }
 
-dlsync_status dlsync__graph_own_event_capture(const dlsync__driver *d, dlsync__pool *pool,
-                                              CUevent event, const dlsync__lane_now *lane) {
-  /* One capture holds the event alone: no count of holders. */
-  held_item it = {NULL, pool, event};
-  bool kept = false;
-  dlsync_status st;
-  dlsync__pool_note_graph_owned(pool);
-  st = capture_hold(d, lane->capture_id, lane->graph, it, false, &kept);
-  if (DLSYNC__UNLIKELY(!kept))
-    dlsync__pool_return_from_graph(pool, event);
-  return st;
-}
-
-dlsync_status dlsync__graph_own_event_lanes(const dlsync__driver *d, dlsync__pool *pool,
+dlsync_status dlsync__graph_own_event_lanes(const dlsync__pools *ps, dlsync__pool *pool,
                                             CUevent event, dlsync__lane_now *const *lanes,
                                             int nlanes) {
   dlsync_status st = DLSYNC_SUCCESS;
@@ -375,41 +316,31 @@ dlsync_status dlsync__graph_own_event_lanes(const dlsync__driver *d, dlsync__poo
   int nbuilt = 0;
   bool ours = true;
   dlsync__held_event *he;
+  if (nlanes > 2)
+    nlanes = 2;
   if (lanes[0]->kind == DLSYNC_LANE_BUILT && (nlanes < 2 || lanes[1]->kind == DLSYNC_LANE_BUILT)) {
-    for (int i = 0; i < nlanes && i < 2; i++)
+    for (int i = 0; i < nlanes; i++)
       built[i] = lanes[i]->graph;
-    return own_event_built(d, pool, event, built, nlanes < 2 ? nlanes : 2);
+    return own_event_built(ps->drv, pool, event, built, nlanes);
   }
-  if (nlanes == 1)
-    return dlsync__graph_own_event_capture(d, pool, event, lanes[0]);
   he = dlsync__held_event_new(pool, event);
   if (he == NULL) {
     dlsync__pool_put(pool, event);
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an event to a graph: out of memory");
   }
-  /* he's one reference is this function's (`ours`) until a holder adopts
-   * it; later holders take their own. */
-  for (int i = 0; i < nlanes && i < 2; i++) {
-    if (lanes[i]->kind == DLSYNC_LANE_CAPTURING) {
-      held_item it = {he, NULL, NULL};
-      bool kept = false;
-      st = capture_hold(d, lanes[i]->capture_id, lanes[i]->graph, it, ours, &kept);
-      if (kept)
-        ours = false;
-      if (st != DLSYNC_SUCCESS)
-        goto cleanup;
-    } else
+  /* he's one reference is this function's (`ours`) until the built graphs
+   * take it; a capture's hold takes one of its own. */
+  for (int i = 0; i < nlanes; i++) {
+    if (lanes[i]->kind == DLSYNC_LANE_CAPTURING)
+      DLSYNC_TRY(capture_add_held(ps, pool, lanes[i], he));
+    else
       built[nbuilt++] = lanes[i]->graph;
   }
   if (nbuilt > 0) {
-    /* The built graphs take a reference (one user object for them all);
-     * from then on their destructor lets it go. */
+    /* One user object for them all; from then on its destructor lets the
+     * reference go. */
     bool taken = false;
-    if (!ours) {
-      dlsync__held_event_ref(he);
-      ours = true;
-    }
-    st = dlsync__graph_hold(d, built, nbuilt, held_event_destroy, he, &taken);
+    st = dlsync__graph_hold(ps->drv, built, nbuilt, held_event_destroy, he, &taken);
     if (taken)
       ours = false;
   }

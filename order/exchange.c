@@ -249,16 +249,6 @@ cleanup:
   return st;
 }
 
-/* A pool event for a graph to own, from a pool checked with the driver. */
-static dlsync_status graph_event(CUevent *ev, dlsync_context *ctx, pool_pick *pk,
-                                 dlsync__lane_now *first, dlsync__lane_now *then) {
-  dlsync_status st = DLSYNC_SUCCESS;
-  DLSYNC_TRY(verify_pool(ctx, pk, first, then));
-  DLSYNC_TRY(dlsync__pool_get(ev, pk->pool));
-cleanup:
-  return st;
-}
-
 /* A pool event recorded eagerly on `first`, for a graph to own. The pool may
  * come from the memo unchecked: the record itself says whether the event is
  * of the stream's context (a stream handle reused in another context fails
@@ -293,18 +283,36 @@ cleanup:
   return st;
 }
 
-/* EAGER_TO_CAPTURE: an eager record, then an external wait node in then's
- * capture, whose graph owns the event (through the capture's holder). The
- * record comes first also because the driver refuses an external wait on a
- * pooled event whose last record was made in an earlier capture
- * (CUDA_ERROR_INVALID_VALUE, seen on the H200). */
+/* EAGER_TO_CAPTURE: an event that then's capture holds (its hold takes it
+ * from the pool), recorded eagerly on first, then an external wait node in
+ * then's capture. The record comes before the wait also because the driver
+ * refuses an external wait on a pooled event whose last record was made in an
+ * earlier capture (CUDA_ERROR_INVALID_VALUE, seen on the H200). The pool may
+ * come from the memo unchecked: the record itself says whether the event is
+ * of first's context (a stream handle reused in another context fails it with
+ * INVALID_HANDLE / INVALID_CONTEXT); then the memo is forgotten and an event
+ * of the right pool taken (the first one stays with the capture, unused, and
+ * comes back with its graph). */
 static dlsync_status row_eager_to_capture(dlsync_context *ctx, pool_pick *pk,
                                           dlsync__lane_now *first, dlsync__lane_now *then) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ctx->drv;
   CUevent ev = NULL;
-  DLSYNC_TRY(record_for_graph(&ev, ctx, pk, first));
-  DLSYNC_TRY(dlsync__graph_own_event_capture(ctx->drv, pk->pool, ev, then));
+  CUresult r;
+  DLSYNC_TRY(dlsync__graph_capture_event(&ev, &ctx->pools, pk->pool, then, NULL));
+  r = d->EventRecord(ev, first->stream);
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
+    dlsync__pool_memo_forget(&ctx->pools, pk->stream);
+    DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, &ctx->pools, pk->stream, pk->role));
+    pk->from_memo = false;
+    DLSYNC_TRY(dlsync__graph_capture_event(&ev, &ctx->pools, pk->pool, then, NULL));
+    r = d->EventRecord(ev, first->stream);
+  }
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+    st = dlsync__fail_driver(d, r, "cuEventRecord", "%s stream %p", first->role,
+                             (void *)first->stream);
+    goto cleanup;
+  }
   DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(then->stream, ev, CU_EVENT_WAIT_EXTERNAL),
             "%s stream %p is capturing (capture %llu); adding an external wait for eager %s "
             "stream %p",
@@ -321,23 +329,29 @@ static dlsync_status row_eager_to_built(dlsync_context *ctx, pool_pick *pk, dlsy
   dlsync_status st = DLSYNC_SUCCESS;
   CUevent ev = NULL;
   DLSYNC_TRY(record_for_graph(&ev, ctx, pk, first));
-  DLSYNC_TRY(dlsync__graph_own_event_lanes(ctx->drv, pk->pool, ev, &then, 1));
+  DLSYNC_TRY(dlsync__graph_own_event_lanes(&ctx->pools, pk->pool, ev, &then, 1));
   DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, then, ev, false));
 cleanup:
   return st;
 }
 
 /* TWO_CAPTURES, CAPTURE_TO_BUILT, BUILT_TO_CAPTURE, TWO_BUILT: a record node
- * in first's graph, a wait node in then's, both owning the event. */
+ * in first's graph, a wait node in then's, both owning the event (two
+ * captures: through their holds, which take it from the pool at once). */
 static dlsync_status row_two_graphs(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
                                     dlsync__lane_now *then) {
   dlsync_status st = DLSYNC_SUCCESS;
   CUevent ev = NULL;
-  dlsync__lane_now *lanes[2];
-  DLSYNC_TRY(graph_event(&ev, ctx, pk, first, then));
-  lanes[0] = first;
-  lanes[1] = then;
-  DLSYNC_TRY(dlsync__graph_own_event_lanes(ctx->drv, pk->pool, ev, lanes, 2));
+  DLSYNC_TRY(verify_pool(ctx, pk, first, then));
+  if (first->kind == DLSYNC_LANE_CAPTURING && then->kind == DLSYNC_LANE_CAPTURING) {
+    DLSYNC_TRY(dlsync__graph_capture_event(&ev, &ctx->pools, pk->pool, first, then));
+  } else {
+    dlsync__lane_now *lanes[2];
+    DLSYNC_TRY(dlsync__pool_get(&ev, pk->pool));
+    lanes[0] = first;
+    lanes[1] = then;
+    DLSYNC_TRY(dlsync__graph_own_event_lanes(&ctx->pools, pk->pool, ev, lanes, 2));
+  }
   DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, first, ev, true));
   DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, then, ev, false));
 cleanup:

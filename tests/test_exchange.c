@@ -255,10 +255,12 @@ static void warm_eager_to_capture_reads_each_stream_once(void **state) {
   assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
   fake_log_reset();
   assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  /* The capture's hold first (a user object its graph retains), then the
+   * record and the wait. */
   assert_string_equal(fake_call_log(),
                       "cuStreamGetCaptureInfo,cuStreamGetCaptureInfo,"
-                      "cuEventRecord,cuUserObjectCreate,cuGraphRetainUserObject,cuStreamWaitEvent");
-  /* A second order into the same capture: its holder takes the event, no
+                      "cuUserObjectCreate,cuGraphRetainUserObject,cuEventRecord,cuStreamWaitEvent");
+  /* A second order into the same capture: its hold takes the event, no
    * user object. */
   fake_log_reset();
   assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
@@ -820,6 +822,124 @@ static void two_captures_get_record_and_wait_nodes(void **state) {
     assert_int_equal(ps.graph_owned, 1); /* g2 still holds it */
   }
   destroy_graph(g2);
+}
+
+/* Orders both ways between two captures, past a hold's own items and its
+ * first chunk: each event is a pair that both captures hold, so it comes
+ * back only when the second graph is gone, whichever goes first; one hold
+ * (one user object) per capture. */
+static void two_captures_both_ways_hold_each_event_until_both_graphs_are_gone(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync__pool_stats ps;
+  CUgraph gp, gc;
+  const int n = 150;
+  (void)state;
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  fake_log_reset();
+  for (int i = 0; i < n; i++) {
+    assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+    assert_int_equal(dlsync_order(ctx, &lc, &lp), DLSYNC_SUCCESS);
+  }
+  assert_int_equal(fake_call_count("cuUserObjectCreate"), 2);
+  gc = end_capture_ok(C);
+  gp = end_capture_ok(P);
+  assert_int_equal(fake_graph_count_nodes(gp, CU_GRAPH_NODE_TYPE_EVENT_RECORD), n);
+  assert_int_equal(fake_graph_count_nodes(gp, CU_GRAPH_NODE_TYPE_WAIT_EVENT), n);
+  assert_int_equal(fake_graph_count_nodes(gc, CU_GRAPH_NODE_TYPE_EVENT_RECORD), n);
+  assert_int_equal(fake_graph_count_nodes(gc, CU_GRAPH_NODE_TYPE_WAIT_EVENT), n);
+  dlsync__pool_stats_get(&ps, &ctx->pools);
+  assert_int_equal(ps.graph_owned, 2 * n);
+  destroy_graph(gc); /* the consumer's first this time */
+  fake_run_destructors();
+  dlsync__pool_stats_get(&ps, &ctx->pools);
+  assert_int_equal(ps.graph_owned, 2 * n); /* gp still holds every pair */
+  assert_int_equal(fake_dangling_event_uses(), 0);
+  destroy_graph(gp); /* the teardown checks that all are back */
+}
+
+/* Two threads ordering into one capture: each makes a hold of its own (a
+ * user object each), and the graph gives back every event of both. */
+typedef struct orders_into {
+  int n;
+  dlsync_status st;
+} orders_into;
+
+static void *thread_orders_into_c(void *p) {
+  orders_into *o = p;
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  o->st = DLSYNC_SUCCESS;
+  for (int i = 0; i < o->n && o->st == DLSYNC_SUCCESS; i++)
+    o->st = dlsync_order(ctx, &lp, &lc);
+  return NULL;
+}
+
+static void each_thread_holds_its_events_in_a_capture_through_its_own_hold(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  orders_into o = {20, DLSYNC_ERROR_INVALID_ARGUMENT};
+  dlsync__pool_stats ps;
+  pthread_t th;
+  CUgraph g;
+  (void)state;
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  fake_log_reset();
+  for (int i = 0; i < 20; i++)
+    assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS); /* EAGER_TO_CAPTURE */
+  assert_int_equal(pthread_create(&th, NULL, thread_orders_into_c, &o), 0);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_int_equal(o.st, DLSYNC_SUCCESS);
+  assert_int_equal(fake_call_count("cuUserObjectCreate"), 2);
+  g = end_capture_ok(C);
+  assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 40);
+  dlsync__pool_stats_get(&ps, &ctx->pools);
+  assert_int_equal(ps.graph_owned, 40);
+  destroy_graph(g);
+}
+
+/* The pool's check of a hold a thread remembers: a hold given back, or made
+ * again (the same memory, recycled), takes nothing in its old life; a pair
+ * comes back when its second hold does. */
+static void a_hold_takes_only_in_its_own_life(void **state) {
+  dlsync__pool *pool = NULL;
+  dlsync__hold *h = NULL, *h2 = NULL, *h3 = NULL;
+  uint64_t life = 0, life2 = 0, life3 = 0;
+  dlsync__pool_stats ps;
+  CUcontext cu = NULL;
+  CUevent ev = NULL, pair = NULL;
+  (void)state;
+  assert_int_equal(D->StreamGetCtx(P, &cu), CUDA_SUCCESS);
+  assert_int_equal(dlsync__pool_for_cuctx(&pool, &ctx->pools, cu), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync__hold_new(&h, &life, pool), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync__hold_take(&ev, pool, h, life, NULL, 0), DLSYNC_SUCCESS);
+  assert_non_null(ev);
+  dlsync__pool_stats_get(&ps, &ctx->pools);
+  assert_int_equal(ps.graph_owned, 1);
+  dlsync__hold_release(h);
+  dlsync__pool_stats_get(&ps, &ctx->pools);
+  assert_int_equal(ps.graph_owned, 0);
+  assert_int_equal(dlsync__hold_take(&ev, pool, h, life, NULL, 0), DLSYNC_SUCCESS);
+  assert_null(ev); /* given back: stale */
+  assert_int_equal(dlsync__hold_new(&h2, &life2, pool), DLSYNC_SUCCESS);
+  assert_ptr_equal(h2, h); /* recycled */
+  assert_true(life2 != life);
+  assert_int_equal(dlsync__hold_take(&ev, pool, h, life, NULL, 0), DLSYNC_SUCCESS);
+  assert_null(ev); /* its old life */
+  assert_int_equal(dlsync__hold_new(&h3, &life3, pool), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync__hold_take(&ev, pool, h2, life2, NULL, 0), DLSYNC_SUCCESS);
+  assert_non_null(ev);
+  assert_int_equal(dlsync__hold_take(&pair, pool, h2, life2, h3, life3), DLSYNC_SUCCESS);
+  assert_non_null(pair);
+  assert_ptr_not_equal(pair, ev);
+  assert_int_equal(dlsync__hold_take(&ev, pool, h3, life3, h, life), DLSYNC_SUCCESS);
+  assert_null(ev); /* one of the two stale: nothing taken */
+  dlsync__pool_stats_get(&ps, &ctx->pools);
+  assert_int_equal(ps.graph_owned, 2);
+  dlsync__hold_release(h2); /* its own event back, the pair still h3's */
+  dlsync__pool_stats_get(&ps, &ctx->pools);
+  assert_int_equal(ps.graph_owned, 1);
+  dlsync__hold_release(h3);
+  dlsync__pool_stats_get(&ps, &ctx->pools);
+  assert_int_equal(ps.graph_owned, 0);
 }
 
 /* ---- B: graphs built by hand ---- */
@@ -1486,6 +1606,9 @@ int main(void) {
       T(join_without_end_leaves_capture_unjoined),
       T(eager_producer_capturing_consumer_gets_a_wait_node),
       T(two_captures_get_record_and_wait_nodes),
+      T(two_captures_both_ways_hold_each_event_until_both_graphs_are_gone),
+      T(each_thread_holds_its_events_in_a_capture_through_its_own_hold),
+      T(a_hold_takes_only_in_its_own_life),
       T(long_capture_frontier_is_read_again_before_its_node),
       T(same_built_graph_merges_frontiers),
       T(two_built_graphs_get_record_and_wait_nodes),

@@ -144,9 +144,11 @@ static inline void dlsync__spin_unlock(atomic_int *l) {
  * block (one access through __tls_get_addr in the shared library). The base
  * holds each module's slot without knowing its type: event/ keeps its
  * stream->pool memo and scratch events in `event` (dlsync__event_thread,
- * private/event.h, which checks that it fits); order/ keeps one free
- * exchange handle in `spare`. */
-#define DLSYNC__THREAD_EVENT_BYTES 512
+ * private/event.h, which checks that it fits); graph/ the holds of the
+ * thread's last captures in `graph` (graph.c checks it); order/ keeps one
+ * free exchange handle in `spare`. */
+#define DLSYNC__THREAD_EVENT_BYTES 400
+#define DLSYNC__THREAD_GRAPH_BYTES 168
 
 #if defined(__GNUC__)
 /* A type that may view another object's bytes (the slots below). */
@@ -160,7 +162,12 @@ typedef struct dlsync__thread {
     unsigned char bytes[DLSYNC__THREAD_EVENT_BYTES];
     void *align_p;
     uint64_t align_u;
-  } event;           /* event/: its per-thread block */
+  } event; /* event/: its per-thread block */
+  union {
+    unsigned char bytes[DLSYNC__THREAD_GRAPH_BYTES];
+    void *align_p;
+    uint64_t align_u;
+  } graph;           /* graph/: the holds of its last captures */
   void *spare;       /* order/: one free exchange record */
   bool spare_keyed;  /* order/: the thread-exit hook that gives it back is set */
   bool end_capture;  /* order/: this thread's last exchange end found its consumer capturing */

@@ -100,6 +100,27 @@ void dlsync__held_event_init(dlsync__held_event *he, dlsync__pool *pool, CUevent
 void dlsync__held_event_ref(dlsync__held_event *he);
 void dlsync__held_event_unref(dlsync__held_event *he); /* NULL: no-op */
 
+/* ---- holds: the events one graph holds, given back together ----
+ * (pool.c). A hold holds a pool reference while it lives; its memory is the
+ * pool's (recycled, freed with the pool), so a pointer to it stays readable
+ * as long as the pool lives; `gen` names one life of it. */
+typedef struct dlsync__hold dlsync__hold;
+/* A new, empty hold of `pool` (*gen: the life it begins). */
+dlsync_status dlsync__hold_new(dlsync__hold **out, uint64_t *gen, dlsync__pool *pool);
+/* Gives back everything the hold holds and ends its life (no CUDA call: a
+ * driver thread may call it, from a user object's destructor). */
+void dlsync__hold_release(dlsync__hold *h);
+/* Takes an event of `pool` into h1 (life g1), and also into h2 (life g2)
+ * when h2 is non-NULL: the event then comes back once both are given back.
+ * Both holds must be of `pool`. DLSYNC_SUCCESS with *out NULL: h1 or h2 is
+ * not in that life any more (given back, or made again), nothing taken. */
+dlsync_status dlsync__hold_take(CUevent *out, dlsync__pool *pool, dlsync__hold *h1, uint64_t g1,
+                                dlsync__hold *h2, uint64_t g2);
+/* h (life gen) takes a reference to `he`, an event of h's pool (*stale as
+ * for dlsync__hold_take: nothing taken). */
+dlsync_status dlsync__hold_add_held(dlsync__hold *h, uint64_t gen, dlsync__held_event *he,
+                                    bool *stale);
+
 typedef struct dlsync__pool_stats {
   size_t free_events; /* in the pool now */
   size_t created;     /* cuEventCreate calls made */

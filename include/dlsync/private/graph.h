@@ -40,18 +40,21 @@ dlsync_status dlsync__graph_hold(const dlsync__driver *d, CUgraph *graphs, int n
  * one; the caller keeps its own). */
 dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_event *he,
                                        CUgraph *graphs, int ngraphs);
-/* Gives `event` to the graphs of 1 or 2 lanes (it returns to `pool` once all
- * are destroyed; on failure it is back in the pool or held by the graphs that
- * did take it): a capturing lane's
- * capture holds it through one holder per capture (created, as a user object
- * its graph retains, by the first event of that capture; later events cost
- * no driver call); built lanes' graphs through a user object of their own. */
-dlsync_status dlsync__graph_own_event_lanes(const dlsync__driver *d, dlsync__pool *pool,
+/* Gives `event` (of `pool`) to the graphs of 1 or 2 lanes, built or one
+ * built and one capturing (it returns to `pool` once all are destroyed; on
+ * failure it is back in the pool or held by the graphs that did take it):
+ * built graphs through a user object of their own, a capture through its
+ * hold (below). */
+dlsync_status dlsync__graph_own_event_lanes(const dlsync__pools *ps, dlsync__pool *pool,
                                             CUevent event, dlsync__lane_now *const *lanes,
                                             int nlanes);
-/* The same for one capturing lane. */
-dlsync_status dlsync__graph_own_event_capture(const dlsync__driver *d, dlsync__pool *pool,
-                                              CUevent event, const dlsync__lane_now *lane);
+/* An event of `pool` that a's capture holds, and b's too when b is non-NULL
+ * (another capture): it returns to the pool once their graphs are gone.
+ * Each capture holds dlsync's events through one hold per thread (made, as
+ * a user object its graph retains, by the thread's first event of that
+ * capture; later events cost no driver call). */
+dlsync_status dlsync__graph_capture_event(CUevent *out, const dlsync__pools *ps, dlsync__pool *pool,
+                                          const dlsync__lane_now *a, const dlsync__lane_now *b);
 
 #ifdef __cplusplus
 }
