@@ -673,7 +673,7 @@ dlsync_status dlsync__hold_add_held(dlsync__hold *h, uint64_t gen, dlsync__held_
  * a pair's event once its second hold lets go. Held events are left to the
  * caller (their count takes the lock). */
 static void hold_items_back_locked(dlsync__pool *p, hold_item *items, size_t n) {
-  for (size_t i = 0; i < n; i++) {
+  for (size_t i = n; i-- > 0;) { /* the last taken first: see dlsync__hold_release */
     hold_item *it = &items[i];
     if (it->kind == HOLD_PAIR) {
       hold_pair *pr = it->ref;
@@ -704,6 +704,12 @@ static void hold_items_finish(dlsync__pool *p, const hold_item *items, size_t n)
   }
 }
 
+/* The events go back in the reverse of the order they were taken, so that
+ * the free list (last in, first out) hands them out again in that order: a
+ * capture recorded again and again (a training step) records the same
+ * events in the same order each time, as a hand-made one with events made
+ * for it would (the driver's own event objects then stay in the caches the
+ * same way). Chunks hold the later items, newest first. */
 void dlsync__hold_release(dlsync__hold *h) {
   dlsync__pool *p = h->pool;
   hold_item first[HOLD_INLINE];
@@ -714,9 +720,7 @@ void dlsync__hold_release(dlsync__hold *h) {
   n = h->n;
   chunks = h->chunks;
   memcpy(first, h->first, n * sizeof first[0]);
-  hold_items_back_locked(p, first, n);
   dlsync__spin_unlock(&p->lock);
-  hold_items_finish(p, first, n);
   /* Chunk by chunk, so that the lock is never held long. */
   while (chunks != NULL) {
     hold_chunk *next = chunks->next;
@@ -727,6 +731,10 @@ void dlsync__hold_release(dlsync__hold *h) {
     dlsync__free(chunks);
     chunks = next;
   }
+  dlsync__spin_lock(&p->lock);
+  hold_items_back_locked(p, first, n);
+  dlsync__spin_unlock(&p->lock);
+  hold_items_finish(p, first, n);
   dlsync__spin_lock(&p->lock);
   h->n = 0;
   h->chunks = NULL;

@@ -942,6 +942,42 @@ static void a_hold_takes_only_in_its_own_life(void **state) {
   assert_int_equal(ps.graph_owned, 0);
 }
 
+/* The events of a capture's wait nodes, in the order the nodes were made. */
+static size_t wait_events_of(CUgraph g, CUevent *out, size_t max) {
+  CUgraphNode nodes[512];
+  size_t n = 512, k = 0;
+  assert_int_equal(D->GraphGetNodes(g, nodes, &n), CUDA_SUCCESS);
+  for (size_t i = 0; i < n && k < max; i++)
+    if (fake_node_type(nodes[i]) == CU_GRAPH_NODE_TYPE_WAIT_EVENT)
+      out[k++] = fake_node_event(nodes[i]);
+  return k;
+}
+
+/* A capture made again (as a training step is) takes the same events in the
+ * same order as the last time: its hold gives them back last first, and the
+ * pool hands out the last given back first. Past the hold's own items, into
+ * two chunks. */
+static void a_capture_made_again_records_the_same_events_in_order(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  enum { N = 200 };
+  static CUevent first[N], again[N];
+  (void)state;
+  for (int round = 0; round < 3; round++) {
+    CUgraph g;
+    assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    for (int i = 0; i < N; i++)
+      assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS); /* EAGER_TO_CAPTURE */
+    g = end_capture_ok(C);
+    assert_int_equal(wait_events_of(g, round == 0 ? first : again, N), N);
+    destroy_graph(g);
+    fake_run_destructors();
+    if (round == 0)
+      continue;
+    for (int i = 0; i < N; i++)
+      assert_ptr_equal(again[i], first[i]);
+  }
+}
+
 /* ---- B: graphs built by hand ---- */
 
 static void same_built_graph_merges_frontiers(void **state) {
@@ -1609,6 +1645,7 @@ int main(void) {
       T(two_captures_both_ways_hold_each_event_until_both_graphs_are_gone),
       T(each_thread_holds_its_events_in_a_capture_through_its_own_hold),
       T(a_hold_takes_only_in_its_own_life),
+      T(a_capture_made_again_records_the_same_events_in_order),
       T(long_capture_frontier_is_read_again_before_its_node),
       T(same_built_graph_merges_frontiers),
       T(two_built_graphs_get_record_and_wait_nodes),
