@@ -27,6 +27,10 @@
 
 static gpu_env E;
 static const dlsync__driver *D;
+/* The split section (run_split): while split_on, the timing copy of the
+ * driver table adds up the time spent inside its calls. */
+static bool split_active, split_on;
+static double split_total_ns;
 static CUstream P, C;
 static CUevent e1, e2;
 static CUdeviceptr scale_buf; /* 8 bytes: the scale runs' own nodes write here */
@@ -58,9 +62,12 @@ static double time_op(op_fn fn) {
   D->CtxSynchronize();
   for (int b = 0; b < BATCHES; b++) {
     double t0 = gpu_now_ns();
+    split_on = split_active;
     for (int i = 0; i < OPS; i++)
       fn();
+    split_on = false;
     t[b] = (gpu_now_ns() - t0) / OPS;
+    split_total_ns += t[b] * OPS;
     D->CtxSynchronize();
   }
   return median(t, BATCHES);
@@ -334,15 +341,19 @@ static void own_by(CUgraph *g, int n) {
           "retain");
 }
 
-static void wait_events_back(void) {
+static void wait_events_back_of(dlsync_context *c) {
   for (int i = 0; i < 4000; i++) {
     dlsync__pool_stats ps;
-    dlsync__pool_stats_get(&ps, &E.ctx->pools);
+    dlsync__pool_stats_get(&ps, &c->pools);
     if (ps.graph_owned == 0)
       return;
     struct timespec ts = {0, 250000};
     nanosleep(&ts, NULL);
   }
+}
+
+static void wait_events_back(void) {
+  wait_events_back_of(E.ctx);
 }
 
 /* In a capture (the thread's calls find captures): begin reads both lanes in
@@ -506,9 +517,12 @@ static double time_row(row_kind rk, row_side side) {
     l1 = dlsync_lane_graph(g1, d1, 1, 2);
     l2 = dlsync_lane_graph(g2, d2, 1, 2);
     t0 = gpu_now_ns();
+    split_on = split_active;
     for (int i = 0; i < K_ROWS; i++)
       row_op(rk, side, i, &l1, &l2);
+    split_on = false;
     t[b] = (gpu_now_ns() - t0) / K_ROWS;
+    split_total_ns += t[b] * K_ROWS;
     if (in_capture) {
       CHECK(D->EventRecord(e2, C) == CUDA_SUCCESS, "join");
       CHECK(D->StreamWaitEvent(P, e2, 0) == CUDA_SUCCESS, "join");
@@ -563,6 +577,143 @@ static void run_rows(row_result *res) {
     (void)median(r->vs_raw, ROW_ROUNDS); /* sorts */
     (void)median(r->own, ROW_ROUNDS);
   }
+}
+
+/* ---- where a row's time goes ----
+ *
+ * The same rows, dlsync and its floor, through a copy of the driver table
+ * whose entries the rows use time each call (rdtsc on x86, else the clock):
+ * the time inside the driver's calls, and the rest. When dlsync's calls take
+ * longer than the floor's same calls, the driver is slower for what dlsync
+ * asks (its events, its arguments); the rest is dlsync's own code (and the
+ * floor's loop). The timing costs each call the same on both sides. */
+static dlsync__driver split_drv;
+static const dlsync__driver *split_real;
+static uint64_t split_ticks;
+static unsigned long split_calls;
+
+static inline uint64_t split_now(void) {
+#if defined(__x86_64__)
+  unsigned lo, hi;
+  __asm__ volatile("rdtsc" : "=a"(lo), "=d"(hi));
+  return ((uint64_t)hi << 32) | lo;
+#else
+  struct timespec ts;
+  clock_gettime(CLOCK_MONOTONIC, &ts);
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+#endif
+}
+
+#define SPLIT_WRAP(name, params, args)          \
+  static CUresult CUDAAPI split_##name params { \
+    uint64_t t0;                                \
+    CUresult r;                                 \
+    if (!split_on)                              \
+      return split_real->name args;             \
+    t0 = split_now();                           \
+    r = split_real->name args;                  \
+    split_ticks += split_now() - t0;            \
+    split_calls++;                              \
+    return r;                                   \
+  }
+SPLIT_WRAP(StreamGetCaptureInfo,
+           (CUstream s, CUstreamCaptureStatus *st, cuuint64_t *id, CUgraph *g,
+            const CUgraphNode **d, const CUgraphEdgeData **e, size_t *n),
+           (s, st, id, g, d, e, n))
+SPLIT_WRAP(StreamIsCapturing, (CUstream s, CUstreamCaptureStatus *st), (s, st))
+SPLIT_WRAP(StreamGetCtx, (CUstream s, CUcontext *c), (s, c))
+SPLIT_WRAP(EventRecord, (CUevent e, CUstream s), (e, s))
+SPLIT_WRAP(StreamWaitEvent, (CUstream s, CUevent e, unsigned f), (s, e, f))
+SPLIT_WRAP(GraphAddEventRecordNode,
+           (CUgraphNode * o, CUgraph g, const CUgraphNode *d, size_t n, CUevent e), (o, g, d, n, e))
+SPLIT_WRAP(GraphAddEventWaitNode,
+           (CUgraphNode * o, CUgraph g, const CUgraphNode *d, size_t n, CUevent e), (o, g, d, n, e))
+SPLIT_WRAP(StreamUpdateCaptureDependencies,
+           (CUstream s, CUgraphNode *d, const CUgraphEdgeData *e, size_t n, unsigned f),
+           (s, d, e, n, f))
+
+/* Ticks per ns of split_now, against the clock over 20 ms. */
+static double split_rate(void) {
+  struct timespec ts = {0, 20000000};
+  double t0 = gpu_now_ns();
+  uint64_t k0 = split_now();
+  nanosleep(&ts, NULL);
+  return (double)(split_now() - k0) / (gpu_now_ns() - t0);
+}
+
+typedef struct split_side {
+  double total, in, calls; /* per operation: ns, ns inside the calls, calls */
+} split_side;
+
+#define SPLIT_ROUNDS 5
+
+/* Row rk (RK_COUNT: the eager begin+end, against the raw fork+join and its
+ * status queries), one side, medians over SPLIT_ROUNDS rounds. */
+static split_side split_measure(int rk, row_side side, double rate) {
+  double total[SPLIT_ROUNDS], in[SPLIT_ROUNDS], calls = 0;
+  for (int k = 0; k < SPLIT_ROUNDS; k++) {
+    double ops = rk == RK_COUNT ? (double)BATCHES * OPS : (double)BATCHES * K_ROWS;
+    split_ticks = 0;
+    split_calls = 0;
+    split_total_ns = 0;
+    split_active = true;
+    if (rk == RK_COUNT)
+      (void)time_op(side == SIDE_DLSYNC ? op_dlsync_eager : op_raw_with_queries);
+    else
+      (void)time_row((row_kind)rk, side);
+    split_active = false;
+    total[k] = split_total_ns / ops;
+    in[k] = (double)split_ticks / rate / ops;
+    calls = (double)split_calls / ops;
+  }
+  return (split_side){median(total, SPLIT_ROUNDS), median(in, SPLIT_ROUNDS), calls};
+}
+
+static void run_split(void) {
+  static const int rows[] = {RK_COUNT, RK_IN_CAPTURE, RK_TWO_CAPTURES, RK_EAGER_TO_CAPTURE};
+  dlsync_context *sctx = NULL, *real_ctx = E.ctx;
+  double rate = split_rate();
+  split_real = D;
+  split_drv = *D;
+  split_drv.StreamGetCaptureInfo = split_StreamGetCaptureInfo;
+  split_drv.StreamIsCapturing = split_StreamIsCapturing;
+  split_drv.StreamGetCtx = split_StreamGetCtx;
+  split_drv.EventRecord = split_EventRecord;
+  split_drv.StreamWaitEvent = split_StreamWaitEvent;
+  split_drv.GraphAddEventRecordNode = split_GraphAddEventRecordNode;
+  split_drv.GraphAddEventWaitNode = split_GraphAddEventWaitNode;
+  split_drv.StreamUpdateCaptureDependencies = split_StreamUpdateCaptureDependencies;
+  CHECK(dlsync__context_create_with_driver(&sctx, NULL, &split_drv) == DLSYNC_SUCCESS,
+        "split context");
+  D = &split_drv;
+  E.ctx = sctx;
+  for (int i = 0; i < 200; i++) /* this thread's scratch event and memo of sctx */
+    op_dlsync_eager();
+  printf("\nwhere the time goes (host ns per operation, medians over %d rounds; dlsync and its "
+         "floor through one copy of the driver table that times each call: inside the calls, "
+         "and the rest)\n",
+         SPLIT_ROUNDS);
+  printf("%-40s %-7s %8s %9s %8s %8s\n", "row", "side", "total", "in calls", "rest", "calls");
+  for (size_t r = 0; r < sizeof rows / sizeof rows[0]; r++) {
+    int rk = rows[r];
+    const char *label = rk == RK_COUNT ? row_label(DLSYNC__ROW_EAGER_EAGER, "begin+end")
+                                       : row_label(row_info[rk].row, row_info[rk].what);
+    split_side ds, fl;
+    if (rk != RK_COUNT)
+      (void)time_row((row_kind)rk, SIDE_DLSYNC); /* warm */
+    ds = split_measure(rk, SIDE_DLSYNC, rate);
+    fl = split_measure(rk, rk == RK_COUNT ? SIDE_RAW : SIDE_FLOOR, rate);
+    printf("%-40s %-7s %8.1f %9.1f %8.1f %8.2f\n", label, "dlsync", ds.total, ds.in,
+           ds.total - ds.in, ds.calls);
+    printf("%-40s %-7s %8.1f %9.1f %8.1f %8.2f\n", "", "floor", fl.total, fl.in, fl.total - fl.in,
+           fl.calls);
+    printf("%-40s %-7s %8.1f %9.1f %8.1f\n", "", "ds-flr", ds.total - fl.total, ds.in - fl.in,
+           (ds.total - ds.in) - (fl.total - fl.in));
+  }
+  D = split_real;
+  E.ctx = real_ctx;
+  wait_events_back_of(sctx);
+  dlsync_context_destroy(sctx);
 }
 
 /* Inside a capture: the raw fork+join with one event for both orders
@@ -1132,6 +1283,7 @@ int main(void) {
   printf("%-44s %10zu %10zu\n", "  nodes in the two graphs", nc, nb);
   print_rows(rows);
   run_capture_events();
+  run_split();
   if (have_base)
     run_before_after();
   else if (getenv("DLSYNC_BASELINE_LIBRARY") != NULL)

@@ -130,40 +130,12 @@ dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_eve
  * remembered hold is the capture's own; the pool checks it anyway, under its
  * lock (the hold's life), so that a graph destroyed by another thread while
  * this one orders into its capture costs a new hold, not a stale one. */
-#define HOLD_MEMOS 4
-
-typedef struct hold_memo {
-  uint64_t generation; /* of the dlsync context whose pool it is */
-  const dlsync__pool *pool;
-  uint64_t capture_id; /* 0: free */
-  dlsync__hold *hold;
-  uint64_t life;
-} hold_memo;
-
-typedef struct DLSYNC__MAY_ALIAS graph_thread {
-  hold_memo memo[HOLD_MEMOS];
-  unsigned next;
-} graph_thread;
-
-_Static_assert(sizeof(graph_thread) <= DLSYNC__THREAD_GRAPH_BYTES,
-               "graph/'s per-thread block does not fit its slot in dlsync__thread");
-
-static inline graph_thread *graph_thread_of(dlsync__thread *t) {
-  return (graph_thread *)(void *)t->graph.bytes;
-}
+typedef dlsync__hold_memo hold_memo;
+typedef dlsync__graph_thread graph_thread;
+#define HOLD_MEMOS DLSYNC__HOLD_MEMOS
 
 static void hold_destroy(void *p) {
   dlsync__hold_release(p);
-}
-
-static DLSYNC__INLINE hold_memo *hold_find(graph_thread *gt, uint64_t generation,
-                                           const dlsync__pool *pool, uint64_t capture_id) {
-  for (unsigned i = 0; i < HOLD_MEMOS; i++) {
-    hold_memo *m = &gt->memo[i];
-    if (m->capture_id == capture_id && m->pool == pool && m->generation == generation)
-      return m;
-  }
-  return NULL;
 }
 
 /* A new hold for lane's capture, owned by its graph and remembered by the
@@ -199,7 +171,7 @@ cleanup:
 /* The thread's hold for lane's capture (a copy of its memo), made if none. */
 static dlsync_status hold_for(hold_memo *out, graph_thread *gt, const dlsync__pools *ps,
                               dlsync__pool *pool, const dlsync__lane_now *lane) {
-  hold_memo *m = hold_find(gt, ps->generation, pool, lane->capture_id);
+  const hold_memo *m = dlsync__hold_find(gt, ps->generation, pool, lane->capture_id);
   if (m != NULL) {
     *out = *m;
     return DLSYNC_SUCCESS;
@@ -220,14 +192,12 @@ static DLSYNC__COLD dlsync_status hold_lost(const dlsync__lane_now *lane) {
                       lane->role, (unsigned long long)lane->capture_id, (void *)lane->graph);
 }
 
-/* dlsync__graph_capture_event when the thread has no hold yet for a capture
- * (or a remembered one is not live any more): made, then taken from. */
-static DLSYNC__NOINLINE dlsync_status capture_event_slow(CUevent *out, graph_thread *gt,
-                                                         const dlsync__pools *ps,
-                                                         dlsync__pool *pool,
-                                                         const dlsync__lane_now *a,
-                                                         const dlsync__lane_now *b) {
+dlsync_status dlsync__graph_capture_event_slow(CUevent *out, dlsync__thread *t,
+                                               const dlsync__pools *ps, dlsync__pool *pool,
+                                               const dlsync__lane_now *a,
+                                               const dlsync__lane_now *b) {
   dlsync_status st = DLSYNC_SUCCESS;
+  graph_thread *gt = dlsync__graph_thread_of(t);
   for (int tries = 0; tries < 2; tries++) {
     hold_memo ma, mb = {0, NULL, 0, NULL, 0};
     DLSYNC_TRY(hold_for(&ma, gt, ps, pool, a));
@@ -245,28 +215,11 @@ cleanup:
   return st;
 }
 
-dlsync_status dlsync__graph_capture_event(CUevent *out, const dlsync__pools *ps, dlsync__pool *pool,
-                                          const dlsync__lane_now *a, const dlsync__lane_now *b) {
-  dlsync_status st;
-  graph_thread *gt = graph_thread_of(dlsync__thread_get());
-  const hold_memo *ma = hold_find(gt, ps->generation, pool, a->capture_id);
-  const hold_memo *mb = NULL;
-  if (b != NULL)
-    mb = hold_find(gt, ps->generation, pool, b->capture_id);
-  if (DLSYNC__UNLIKELY(ma == NULL || (b != NULL && mb == NULL)))
-    return capture_event_slow(out, gt, ps, pool, a, b);
-  st = dlsync__hold_take(out, pool, ma->hold, ma->life, mb != NULL ? mb->hold : NULL,
-                         mb != NULL ? mb->life : 0);
-  if (DLSYNC__LIKELY(*out != NULL) || st != DLSYNC_SUCCESS)
-    return st;
-  return capture_event_slow(out, gt, ps, pool, a, b);
-}
-
 /* Lane's capture holds a reference to `he` (an event of `pool`). */
 static dlsync_status capture_add_held(const dlsync__pools *ps, dlsync__pool *pool,
                                       const dlsync__lane_now *lane, dlsync__held_event *he) {
   dlsync_status st = DLSYNC_SUCCESS;
-  graph_thread *gt = graph_thread_of(dlsync__thread_get());
+  graph_thread *gt = dlsync__graph_thread_of(dlsync__thread_get());
   for (int tries = 0; tries < 2; tries++) {
     hold_memo m;
     bool stale = false;

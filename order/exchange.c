@@ -89,7 +89,14 @@ typedef struct pool_pick {
   bool from_memo;  /* not checked against the driver yet */
   CUstream stream; /* the stream whose context it is, if any */
   const char *role;
+  dlsync__thread *t; /* the calling thread's block, NULL: not looked up yet */
 } pool_pick;
+
+static DLSYNC__INLINE dlsync__thread *pick_thread(pool_pick *pk) {
+  if (DLSYNC__UNLIKELY(pk->t == NULL))
+    pk->t = dlsync__thread_get();
+  return pk->t;
+}
 
 /* then.frontier := then.frontier U first.frontier (both graph lanes, same graph). */
 static dlsync_status merge_frontiers(dlsync__lane_now *first, dlsync__lane_now *then) {
@@ -299,13 +306,14 @@ static dlsync_status row_eager_to_capture(dlsync_context *ctx, pool_pick *pk,
   const dlsync__driver *d = ctx->drv;
   CUevent ev = NULL;
   CUresult r;
-  DLSYNC_TRY(dlsync__graph_capture_event(&ev, &ctx->pools, pk->pool, then, NULL));
+  DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, then, NULL));
   r = d->EventRecord(ev, first->stream);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
     dlsync__pool_memo_forget(&ctx->pools, pk->stream);
     DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, &ctx->pools, pk->stream, pk->role));
     pk->from_memo = false;
-    DLSYNC_TRY(dlsync__graph_capture_event(&ev, &ctx->pools, pk->pool, then, NULL));
+    DLSYNC_TRY(
+        dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, then, NULL));
     r = d->EventRecord(ev, first->stream);
   }
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
@@ -344,7 +352,8 @@ static dlsync_status row_two_graphs(dlsync_context *ctx, pool_pick *pk, dlsync__
   CUevent ev = NULL;
   DLSYNC_TRY(verify_pool(ctx, pk, first, then));
   if (first->kind == DLSYNC_LANE_CAPTURING && then->kind == DLSYNC_LANE_CAPTURING) {
-    DLSYNC_TRY(dlsync__graph_capture_event(&ev, &ctx->pools, pk->pool, first, then));
+    DLSYNC_TRY(
+        dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, first, then));
   } else {
     dlsync__lane_now *lanes[2];
     DLSYNC_TRY(dlsync__pool_get(&ev, pk->pool));
@@ -497,6 +506,7 @@ static DLSYNC__INLINE dlsync_status order_lanes(dlsync_context *ctx, dlsync__op 
 open:
   DLSYNC_TRY(dlsync__lanes_open(opened, ctx, first, first_role, then, then_role,
                                 "both lanes are graph lanes", true, read));
+  pool->t = NULL;
   pool->pool = opened->pool;
   pool->from_memo = opened->from_memo;
   pool->stream = opened->pool_stream;
@@ -543,8 +553,41 @@ typedef enum fast_query {
 typedef struct fast_pre {
   dlsync_lane *first, *then;
   bool have;
+  bool graph_rows;             /* dlsync_order: the graph rows of two streams go on here */
   dlsync__lanes_opened opened; /* .a: first, .b: then */
 } fast_pre;
+
+/* dlsync_order, both lanes read in full and not plain: the table's rows
+ * that two stream lanes make and a graph takes part in (EAGER_TO_CAPTURE,
+ * TWO_CAPTURES) are carried out here, with the memo's pool, checked as the
+ * general path checks it (the same row functions); the general path takes
+ * the others, and a stream whose pool the memo does not know. */
+static DLSYNC__INLINE bool fast_graph_rows(dlsync_context *ctx, dlsync__thread *th, fast_pre *pre,
+                                           const char *first_role, dlsync_status *st) {
+  dlsync__lane_now *f = &pre->opened.a, *t = &pre->opened.b;
+  dlsync__table_in in;
+  pool_pick pk;
+  dlsync__row row;
+  if (!pre->graph_rows || pre->opened.pool == NULL)
+    return false;
+  in.op = DLSYNC__OP_ORDER;
+  in.first = f->kind;
+  in.then = t->kind;
+  in.same_stream = false; /* two distinct streams: checked by the fast path */
+  in.same_graph = same_graph_now(f, t);
+  in.first_pending = false;
+  row = dlsync__table_classify(&in);
+  if (row != DLSYNC__ROW_EAGER_TO_CAPTURE && row != DLSYNC__ROW_TWO_CAPTURES)
+    return false;
+  pk.pool = pre->opened.pool;
+  pk.from_memo = true;
+  pk.stream = pre->first->stream;
+  pk.role = first_role;
+  pk.t = th;
+  *st = row == DLSYNC__ROW_EAGER_TO_CAPTURE ? row_eager_to_capture(ctx, &pk, f, t)
+                                            : row_two_graphs(ctx, &pk, f, t);
+  return true;
+}
 
 /* `then` read in full (FAST_QUERY_THEN_FULL, or FAST_QUERY_THEN once its
  * status said it captures). Eager: true, *plain (no more queries).
@@ -572,7 +615,7 @@ static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *t
     *plain = true;
     return true;
   }
-  return false;
+  return fast_graph_rows(ctx, th, pre, first_role, st);
 }
 
 /* What the fast path's out-of-line steps say. */
@@ -926,6 +969,7 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
   pre.first = first;
   pre.then = then;
   pre.have = false;
+  pre.graph_rows = true;
   if (plain_stream_lane(first) && plain_stream_lane(then)) {
     t = dlsync__thread_get();
     if (order_fast(t, ctx, first->stream, then->stream,
@@ -1058,6 +1102,7 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
   pre.first = producer;
   pre.then = consumer;
   pre.have = false;
+  pre.graph_rows = false;
   if (!order_fast(t, ctx, producer->stream, consumer->stream,
                   t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, "producer", "consumer",
                   &st, &pre))

@@ -5,6 +5,7 @@
 #define DLSYNC_PRIVATE_GRAPH_H
 
 #include <stdbool.h>
+#include <stdint.h>
 
 #include "dlsync/private/driver.h"
 #include "dlsync/private/event.h"
@@ -48,13 +49,75 @@ dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_eve
 dlsync_status dlsync__graph_own_event_lanes(const dlsync__pools *ps, dlsync__pool *pool,
                                             CUevent event, dlsync__lane_now *const *lanes,
                                             int nlanes);
-/* An event of `pool` that a's capture holds, and b's too when b is non-NULL
- * (another capture): it returns to the pool once their graphs are gone.
+/* ---- a capture's events: one hold per capture and thread (graph.c) ----
  * Each capture holds dlsync's events through one hold per thread (made, as
  * a user object its graph retains, by the thread's first event of that
- * capture; later events cost no driver call). */
-dlsync_status dlsync__graph_capture_event(CUevent *out, const dlsync__pools *ps, dlsync__pool *pool,
-                                          const dlsync__lane_now *a, const dlsync__lane_now *b);
+ * capture; later events cost no driver call). The thread remembers the
+ * holds of its last captures in its block (graph/'s slot). */
+#define DLSYNC__HOLD_MEMOS 4
+
+typedef struct dlsync__hold_memo {
+  uint64_t generation; /* of the dlsync context whose pool it is */
+  const dlsync__pool *pool;
+  uint64_t capture_id; /* 0: free */
+  dlsync__hold *hold;
+  uint64_t life;
+} dlsync__hold_memo;
+
+typedef struct DLSYNC__MAY_ALIAS dlsync__graph_thread {
+  dlsync__hold_memo memo[DLSYNC__HOLD_MEMOS];
+  unsigned next;
+} dlsync__graph_thread;
+
+#ifndef __cplusplus
+_Static_assert(sizeof(dlsync__graph_thread) <= DLSYNC__THREAD_GRAPH_BYTES,
+               "graph/'s per-thread block does not fit its slot in dlsync__thread");
+#endif
+
+static inline dlsync__graph_thread *dlsync__graph_thread_of(dlsync__thread *t) {
+  return (dlsync__graph_thread *)(void *)t->graph.bytes;
+}
+
+static inline const dlsync__hold_memo *dlsync__hold_find(const dlsync__graph_thread *gt,
+                                                         uint64_t generation,
+                                                         const dlsync__pool *pool,
+                                                         uint64_t capture_id) {
+  for (unsigned i = 0; i < DLSYNC__HOLD_MEMOS; i++) {
+    const dlsync__hold_memo *m = &gt->memo[i];
+    if (m->capture_id == capture_id && m->pool == pool && m->generation == generation)
+      return m;
+  }
+  return NULL;
+}
+
+/* dlsync__graph_capture_event without a live hold remembered for a or b:
+ * makes it, then takes. */
+dlsync_status dlsync__graph_capture_event_slow(CUevent *out, dlsync__thread *t,
+                                               const dlsync__pools *ps, dlsync__pool *pool,
+                                               const dlsync__lane_now *a,
+                                               const dlsync__lane_now *b);
+
+/* An event of `pool` that a's capture holds, and b's too when b is non-NULL
+ * (another capture): it returns to the pool once their graphs are gone. t:
+ * the calling thread's block. */
+static inline dlsync_status dlsync__graph_capture_event(CUevent *out, dlsync__thread *t,
+                                                        const dlsync__pools *ps, dlsync__pool *pool,
+                                                        const dlsync__lane_now *a,
+                                                        const dlsync__lane_now *b) {
+  const dlsync__graph_thread *gt = dlsync__graph_thread_of(t);
+  const dlsync__hold_memo *ma = dlsync__hold_find(gt, ps->generation, pool, a->capture_id);
+  const dlsync__hold_memo *mb = NULL;
+  dlsync_status st;
+  if (b != NULL)
+    mb = dlsync__hold_find(gt, ps->generation, pool, b->capture_id);
+  if (DLSYNC__UNLIKELY(ma == NULL || (b != NULL && mb == NULL)))
+    return dlsync__graph_capture_event_slow(out, t, ps, pool, a, b);
+  st = dlsync__hold_take(out, pool, ma->hold, ma->life, mb != NULL ? mb->hold : NULL,
+                         mb != NULL ? mb->life : 0);
+  if (DLSYNC__LIKELY(*out != NULL) || st != DLSYNC_SUCCESS)
+    return st;
+  return dlsync__graph_capture_event_slow(out, t, ps, pool, a, b); /* not live any more */
+}
 
 #ifdef __cplusplus
 }
