@@ -343,24 +343,33 @@ cleanup:
   return st;
 }
 
-/* TWO_CAPTURES, CAPTURE_TO_BUILT, BUILT_TO_CAPTURE, TWO_BUILT: a record node
- * in first's graph, a wait node in then's, both owning the event (two
- * captures: through their holds, which take it from the pool at once). */
+/* TWO_CAPTURES: a record node in first's capture, a wait node in then's,
+ * both holding the event (their holds take it from the pool at once). */
+static DLSYNC__INLINE dlsync_status row_two_captures(dlsync_context *ctx, pool_pick *pk,
+                                                     dlsync__lane_now *first,
+                                                     dlsync__lane_now *then) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  CUevent ev = NULL;
+  DLSYNC_TRY(verify_pool(ctx, pk, first, then));
+  DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, first, then));
+  DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, first, ev, true));
+  DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, then, ev, false));
+cleanup:
+  return st;
+}
+
+/* CAPTURE_TO_BUILT, BUILT_TO_CAPTURE, TWO_BUILT: a record node in first's
+ * graph, a wait node in then's, both owning the event. */
 static dlsync_status row_two_graphs(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
                                     dlsync__lane_now *then) {
   dlsync_status st = DLSYNC_SUCCESS;
   CUevent ev = NULL;
+  dlsync__lane_now *lanes[2];
   DLSYNC_TRY(verify_pool(ctx, pk, first, then));
-  if (first->kind == DLSYNC_LANE_CAPTURING && then->kind == DLSYNC_LANE_CAPTURING) {
-    DLSYNC_TRY(
-        dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, first, then));
-  } else {
-    dlsync__lane_now *lanes[2];
-    DLSYNC_TRY(dlsync__pool_get(&ev, pk->pool));
-    lanes[0] = first;
-    lanes[1] = then;
-    DLSYNC_TRY(dlsync__graph_own_event_lanes(&ctx->pools, pk->pool, ev, lanes, 2));
-  }
+  DLSYNC_TRY(dlsync__pool_get(&ev, pk->pool));
+  lanes[0] = first;
+  lanes[1] = then;
+  DLSYNC_TRY(dlsync__graph_own_event_lanes(&ctx->pools, pk->pool, ev, lanes, 2));
   DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, first, ev, true));
   DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, then, ev, false));
 cleanup:
@@ -447,6 +456,8 @@ static dlsync_status order_now(dlsync_context *ctx, dlsync__op op, pool_pick *pk
     st = row_eager_to_built(ctx, pk, first, then);
     break;
   case DLSYNC__ROW_TWO_CAPTURES:
+    st = row_two_captures(ctx, pk, first, then);
+    break;
   case DLSYNC__ROW_CAPTURE_TO_BUILT:
   case DLSYNC__ROW_BUILT_TO_CAPTURE:
   case DLSYNC__ROW_TWO_BUILT:
@@ -550,6 +561,14 @@ typedef enum fast_query {
 
 /* What FAST_QUERY_THEN read when `then` was capturing: both lanes in full
  * (have), handed to the general path, which then reads neither again. */
+/* The two lanes' names in messages, for each entry point. */
+typedef struct fast_roles {
+  const char *first, *then;
+} fast_roles;
+static const fast_roles ROLES_ORDER = {"first", "then"};
+static const fast_roles ROLES_BEGIN = {"producer", "consumer"};
+static const fast_roles ROLES_END = {"consumer", "producer"};
+
 typedef struct fast_pre {
   dlsync_lane *first, *then;
   bool have;
@@ -585,7 +604,7 @@ static DLSYNC__INLINE bool fast_graph_rows(dlsync_context *ctx, dlsync__thread *
   pk.role = first_role;
   pk.t = th;
   *st = row == DLSYNC__ROW_EAGER_TO_CAPTURE ? row_eager_to_capture(ctx, &pk, f, t)
-                                            : row_two_graphs(ctx, &pk, f, t);
+                                            : row_two_captures(ctx, &pk, f, t);
   return true;
 }
 
@@ -597,24 +616,34 @@ static DLSYNC__INLINE bool fast_graph_rows(dlsync_context *ctx, dlsync__thread *
 static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *th, fast_pre *pre,
                                           const char *first_role, const char *then_role,
                                           dlsync_status *st, bool *plain) {
-  dlsync__lane_now *f = &pre->opened.a, *t = &pre->opened.b;
+  const dlsync__driver *d = ctx->drv;
+  dlsync__capture_info ct, cf;
   *plain = false;
-  *st = dlsync__lane_read_full(t, ctx->drv, pre->then, then_role);
-  if (*st != DLSYNC_SUCCESS)
-    return true;
-  th->then_capture = t->kind != DLSYNC_LANE_EAGER;
-  if (t->kind == DLSYNC_LANE_EAGER) {
+  *st = DLSYNC_SUCCESS;
+  dlsync__lane_query(&ct, d, pre->then->stream);
+  if (DLSYNC__LIKELY(dlsync__capture_info_eager(&ct))) {
+    th->then_capture = false;
     *plain = true;
     return true;
   }
-  *st = dlsync__lane_read_full(f, ctx->drv, pre->first, first_role);
+  if (DLSYNC__UNLIKELY(!dlsync__capture_info_active(&ct))) {
+    *st = dlsync__lane_take(&pre->opened.b, d, pre->then, then_role, &ct); /* why not */
+    return true;
+  }
+  th->then_capture = true;
+  dlsync__lane_query(&cf, d, pre->first->stream);
+  if (dlsync__capture_info_active(&cf) && cf.id == ct.id) { /* SAME_CAPTURE */
+    *plain = true;
+    return true;
+  }
+  /* Not plain: both lanes written for the graph rows or the general path
+   * (then's dependency array is still valid: the query since was of
+   * another stream). */
+  (void)dlsync__lane_take(&pre->opened.b, d, pre->then, then_role, &ct);
+  *st = dlsync__lane_take(&pre->opened.a, d, pre->first, first_role, &cf);
   if (*st != DLSYNC_SUCCESS)
     return true;
   pre->have = true;
-  if (f->kind == DLSYNC_LANE_CAPTURING && f->capture_id == t->capture_id) {
-    *plain = true;
-    return true;
-  }
   return fast_graph_rows(ctx, th, pre, first_role, st);
 }
 
@@ -635,46 +664,45 @@ static DLSYNC__COLD fast_next fast_query_failed(const dlsync__driver *d, CUresul
 
 /* The fast path's queries when a lane captures, or may (the modes other
  * than FAST_QUERY_THEN and FAST_QUERY_NONE with both eager): out of line, so
- * that the eager path stays short. For FAST_QUERY_BOTH_EAGER `first` was
- * found capturing by its status query already. */
-static DLSYNC__NOINLINE fast_next fast_capture_queries(dlsync__thread *t, dlsync_context *ctx,
-                                                       CUstream first, CUstream then,
-                                                       fast_query query, const char *first_role,
-                                                       const char *then_role, dlsync_status *st,
-                                                       fast_pre *pre) {
-  const dlsync__driver *d = ctx->drv;
+ * that the eager path stays short, in two functions of few arguments (all
+ * in registers). For FAST_QUERY_BOTH_EAGER `first` was found capturing by
+ * its status query already. */
+static DLSYNC__NOINLINE fast_next fast_then_queries(dlsync__thread *t, dlsync_context *ctx,
+                                                    const fast_roles *roles, dlsync_status *st,
+                                                    fast_pre *pre) {
+  /* FAST_QUERY_THEN: its status query said `then` captures. */
+  bool plain;
+  if (!fast_then_full(ctx, t, pre, roles->first, roles->then, st, &plain))
+    return FAST_GENERAL;
+  return plain ? FAST_GO : FAST_DONE;
+}
+
+/* FAST_QUERY_BOTH (and BOTH_EAGER with `first` capturing): the full query
+ * of `first`; when it captures, its id tells whether `then` is in the same
+ * capture (SAME_CAPTURE, the end of a join: plain too), for one more query of
+ * `then`. */
+static DLSYNC__NOINLINE fast_next fast_both_queries(dlsync__thread *t, const dlsync__driver *d,
+                                                    CUstream first, CUstream then,
+                                                    const fast_roles *roles, dlsync_status *st) {
   CUstreamCaptureStatus cs;
   CUresult r;
-  if (query == FAST_QUERY_THEN_FULL || query == FAST_QUERY_THEN) {
-    /* THEN: its status query said `then` captures. */
-    bool plain;
-    if (pre == NULL || !fast_then_full(ctx, t, pre, first_role, then_role, st, &plain))
-      return FAST_GENERAL;
-    return plain ? FAST_GO : FAST_DONE;
-  }
-  /* FAST_QUERY_BOTH (and BOTH_EAGER with `first` capturing): the full query
-   * of `first`; when it captures, its id tells whether `then` is in the
-   * same capture (SAME_CAPTURE, the end of a join: plain too), for one more
-   * query of `then`. */
-  {
-    cuuint64_t id_first = 0, id_then = 0;
-    r = d->StreamGetCaptureInfo(first, &cs, &id_first, NULL, NULL, NULL, NULL);
+  cuuint64_t id_first = 0, id_then = 0;
+  r = d->StreamGetCaptureInfo(first, &cs, &id_first, NULL, NULL, NULL, NULL);
+  if (r != CUDA_SUCCESS)
+    return fast_query_failed(d, r, true, first, roles->first, st);
+  t->end_capture = cs != CU_STREAM_CAPTURE_STATUS_NONE;
+  if (cs == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+    r = d->StreamGetCaptureInfo(then, &cs, &id_then, NULL, NULL, NULL, NULL);
     if (r != CUDA_SUCCESS)
-      return fast_query_failed(d, r, true, first, first_role, st);
-    t->end_capture = cs != CU_STREAM_CAPTURE_STATUS_NONE;
-    if (cs == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
-      r = d->StreamGetCaptureInfo(then, &cs, &id_then, NULL, NULL, NULL, NULL);
-      if (r != CUDA_SUCCESS)
-        return fast_query_failed(d, r, true, then, then_role, st);
-      return cs == CU_STREAM_CAPTURE_STATUS_ACTIVE && id_then == id_first ? FAST_GO : FAST_GENERAL;
-    }
-    if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
-      return FAST_GENERAL; /* invalidated: the general path says so */
+      return fast_query_failed(d, r, true, then, roles->then, st);
+    return cs == CU_STREAM_CAPTURE_STATUS_ACTIVE && id_then == id_first ? FAST_GO : FAST_GENERAL;
   }
+  if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
+    return FAST_GENERAL; /* invalidated: the general path says so */
   /* `first` eager: `then` must be (its status). */
   r = d->StreamIsCapturing(then, &cs);
   if (r != CUDA_SUCCESS)
-    return fast_query_failed(d, r, false, then, then_role, st);
+    return fast_query_failed(d, r, false, then, roles->then, st);
   return cs == CU_STREAM_CAPTURE_STATUS_NONE ? FAST_GO : FAST_GENERAL;
 }
 
@@ -694,9 +722,10 @@ static DLSYNC__COLD bool fast_record_failed(dlsync_context *ctx, CUresult r, CUs
 }
 
 static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CUstream first,
-                                      CUstream then, fast_query query, const char *first_role,
-                                      const char *then_role, dlsync_status *st, fast_pre *pre) {
+                                      CUstream then, fast_query query, const fast_roles *roles,
+                                      dlsync_status *st, fast_pre *pre) {
   const dlsync__driver *d = ctx->drv;
+  const char *first_role = roles->first, *then_role = roles->then;
   CUstreamCaptureStatus cs;
   CUevent ev;
   CUresult r;
@@ -750,10 +779,12 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
        * first inside a capture) is plain too. */
       if (cs != CU_STREAM_CAPTURE_STATUS_ACTIVE)
         return false;
-      next = fast_capture_queries(t, ctx, first, then, query, first_role, then_role, st, pre);
+      next = pre != NULL ? fast_then_queries(t, ctx, roles, st, pre) : FAST_GENERAL;
     }
+  } else if (query == FAST_QUERY_THEN_FULL) {
+    next = pre != NULL ? fast_then_queries(t, ctx, roles, st, pre) : FAST_GENERAL;
   } else if (query != FAST_QUERY_NONE) {
-    next = fast_capture_queries(t, ctx, first, then, query, first_role, then_role, st, pre);
+    next = fast_both_queries(t, d, first, then, roles, st);
   }
   if (DLSYNC__UNLIKELY(next != FAST_GO))
     return next == FAST_DONE;
@@ -973,7 +1004,7 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
   if (plain_stream_lane(first) && plain_stream_lane(then)) {
     t = dlsync__thread_get();
     if (order_fast(t, ctx, first->stream, then->stream,
-                   t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, "first", "then", &st,
+                   t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, &ROLES_ORDER, &st,
                    &pre))
       return st;
   }
@@ -1104,8 +1135,8 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
   pre.have = false;
   pre.graph_rows = false;
   if (!order_fast(t, ctx, producer->stream, consumer->stream,
-                  t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, "producer", "consumer",
-                  &st, &pre))
+                  t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, &ROLES_BEGIN, &st,
+                  &pre))
     return begin_general(out, ctx, producer, consumer, flags, pre.have ? &pre.opened : NULL);
   *out = NULL;
   if (DLSYNC__UNLIKELY(st != DLSYNC_SUCCESS))
@@ -1298,7 +1329,7 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
                    (bits & EX_STABLE) ? FAST_QUERY_NONE
                    : t->end_capture   ? FAST_QUERY_BOTH
                                       : FAST_QUERY_BOTH_EAGER,
-                   "consumer", "producer", &st, NULL)) {
+                   &ROLES_END, &st, NULL)) {
       exchange_free(t, ex);
       return st;
     }

@@ -57,41 +57,74 @@ static inline void dlsync__lane_read_eager(dlsync__lane_now *out, dlsync_lane *l
 DLSYNC__COLD dlsync_status dlsync__lane_read_failed(dlsync__lane_now *out, const dlsync__driver *d,
                                                     CUresult r, dlsync_lane *lane,
                                                     const char *role);
+/* What one full capture query of a stream said, before it is written into
+ * a dlsync__lane_now (dlsync__lane_take): the fast path looks at the status
+ * and the id first, and writes a lane only when it goes on with it. The
+ * dependency array stays valid until the next call that operates on that
+ * stream (a query of another stream does not). */
+typedef struct dlsync__capture_info {
+  CUresult r;
+  CUstreamCaptureStatus status;
+  cuuint64_t id;
+  CUgraph graph;
+  const CUgraphNode *deps;
+  size_t n;
+} dlsync__capture_info;
+
+static inline void dlsync__lane_query(dlsync__capture_info *ci, const dlsync__driver *d,
+                                      CUstream s) {
+  const CUgraphEdgeData *edges = NULL;
+  ci->status = CU_STREAM_CAPTURE_STATUS_NONE;
+  ci->id = 0;
+  ci->graph = NULL;
+  ci->deps = NULL;
+  ci->n = 0;
+  ci->r =
+      DLSYNC__UNLIKELY(d->StreamGetCaptureInfo == NULL)
+          ? CUDA_ERROR_NOT_SUPPORTED
+          : d->StreamGetCaptureInfo(s, &ci->status, &ci->id, &ci->graph, &ci->deps, &edges, &ci->n);
+}
+static inline bool dlsync__capture_info_active(const dlsync__capture_info *ci) {
+  return ci->r == CUDA_SUCCESS && ci->status == CU_STREAM_CAPTURE_STATUS_ACTIVE;
+}
+static inline bool dlsync__capture_info_eager(const dlsync__capture_info *ci) {
+  return ci->r == CUDA_SUCCESS && ci->status == CU_STREAM_CAPTURE_STATUS_NONE;
+}
+/* The lane as the query `ci` of its stream found it (an error when the query
+ * failed or found an invalidated capture). */
+static inline dlsync_status dlsync__lane_take(dlsync__lane_now *out, const dlsync__driver *d,
+                                              dlsync_lane *lane, const char *role,
+                                              const dlsync__capture_info *ci) {
+  out->stream = lane->stream;
+  out->lane = lane;
+  out->role = role;
+  if (DLSYNC__LIKELY(dlsync__capture_info_active(ci))) {
+    size_t n = ci->n;
+    out->kind = DLSYNC_LANE_CAPTURING;
+    out->capture_id = ci->id;
+    out->graph = ci->graph;
+    out->deps = ci->deps;
+    out->ndeps = n;
+    out->deps_inline = n <= DLSYNC__DEPS_INLINE;
+    if (out->deps_inline)
+      for (size_t i = 0; i < n; i++)
+        out->dep_buf[i] = ci->deps[i];
+    return DLSYNC_SUCCESS;
+  }
+  if (DLSYNC__LIKELY(dlsync__capture_info_eager(ci))) {
+    dlsync__lane_read_eager(out, lane, role);
+    return DLSYNC_SUCCESS;
+  }
+  return dlsync__lane_read_failed(out, d, ci->r, lane, role);
+}
 /* A stream lane's full capture query (status, id, graph, dependencies),
  * inline: one cuStreamGetCaptureInfo. */
 static inline dlsync_status dlsync__lane_read_stream_full(dlsync__lane_now *out,
                                                           const dlsync__driver *d,
                                                           dlsync_lane *lane, const char *role) {
-  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
-  cuuint64_t id = 0;
-  CUgraph graph = NULL;
-  const CUgraphNode *deps = NULL;
-  const CUgraphEdgeData *edges = NULL;
-  size_t n = 0;
-  CUresult r;
-  out->stream = lane->stream;
-  out->lane = lane;
-  out->role = role;
-  if (DLSYNC__UNLIKELY(d->StreamGetCaptureInfo == NULL))
-    return dlsync__lane_read_failed(out, d, CUDA_ERROR_NOT_SUPPORTED, lane, role);
-  r = d->StreamGetCaptureInfo(lane->stream, &cs, &id, &graph, &deps, &edges, &n);
-  if (DLSYNC__LIKELY(r == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_ACTIVE)) {
-    out->kind = DLSYNC_LANE_CAPTURING;
-    out->capture_id = id;
-    out->graph = graph;
-    out->deps = deps;
-    out->ndeps = n;
-    out->deps_inline = n <= DLSYNC__DEPS_INLINE;
-    if (out->deps_inline)
-      for (size_t i = 0; i < n; i++)
-        out->dep_buf[i] = deps[i];
-    return DLSYNC_SUCCESS;
-  }
-  if (DLSYNC__LIKELY(r == CUDA_SUCCESS && cs == CU_STREAM_CAPTURE_STATUS_NONE)) {
-    dlsync__lane_read_eager(out, lane, role);
-    return DLSYNC_SUCCESS;
-  }
-  return dlsync__lane_read_failed(out, d, r, lane, role);
+  dlsync__capture_info ci;
+  dlsync__lane_query(&ci, d, lane->stream);
+  return dlsync__lane_take(out, d, lane, role, &ci);
 }
 /* A lane read before, read again if it is a capture whose dependencies
  * were too many to copy (the driver's array is valid only until the next
