@@ -594,6 +594,40 @@ static void reused_stream_handle_in_two_captures_gets_its_contexts_event(void **
   fake_stream_destroy(c1);
 }
 
+static size_t wait_events_of(CUgraph g, CUevent *out, size_t max);
+
+/* The same reuse, then an eager producer ordered into a capture
+ * (EAGER_TO_CAPTURE): the event the memo's pool gave fails its record, so
+ * it stays, unused, with the capture's hold of that pool (back with the
+ * graph), and the wait node gets an event of the stream's new context. */
+static void reused_stream_handle_into_a_capture_gets_its_contexts_event(void **state) {
+  CUstream s = fake_stream_create(0, CU_STREAM_NON_BLOCKING), s2;
+  CUstream c1 = fake_stream_create(1, CU_STREAM_NON_BLOCKING);
+  dlsync_lane ls = dlsync_lane_stream(s), lc = dlsync_lane_stream(C), lc1;
+  dlsync_exchange *ex = NULL;
+  CUevent ev = NULL;
+  CUgraph g;
+  (void)state;
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &ls, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS); /* the memo: s -> device 0 */
+  fake_stream_destroy(s);
+  s2 = fake_stream_create(1, CU_STREAM_NON_BLOCKING);
+  assert_ptr_equal(s, s2);
+  lc1 = dlsync_lane_stream(c1);
+  assert_int_equal(D->StreamBeginCapture(c1, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  fake_log_reset();
+  assert_int_equal(dlsync_order(ctx, &ls, &lc1), DLSYNC_SUCCESS); /* EAGER_TO_CAPTURE */
+  assert_int_equal(fake_call_count("cuEventRecord"), 2); /* the memo's pool's, then the right one */
+  assert_int_equal(fake_call_count("cuUserObjectCreate"), 2); /* a hold of each pool */
+  g = end_capture_ok(c1);
+  assert_int_equal(wait_events_of(g, &ev, 1), 1);
+  assert_int_equal(D->EventRecord(ev, c1), CUDA_SUCCESS); /* device 1's */
+  assert_int_not_equal(D->EventRecord(ev, P), CUDA_SUCCESS);
+  destroy_graph(g); /* both events back in their pools: the teardown checks */
+  fake_stream_destroy(s2);
+  fake_stream_destroy(c1);
+}
+
 /* ---- C: stream capture ---- */
 
 static void warm_streams_still_notice_a_capture(void **state) {
@@ -1636,6 +1670,7 @@ int main(void) {
       T(cross_device_refusal_is_its_own_status),
       T(reused_stream_handle_in_another_context_is_noticed),
       T(reused_stream_handle_in_two_captures_gets_its_contexts_event),
+      T(reused_stream_handle_into_a_capture_gets_its_contexts_event),
       T(warm_streams_still_notice_a_capture),
       T(same_capture_is_edges_only),
       T(eager_consumer_joins_and_is_joined_back),
