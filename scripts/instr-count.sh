@@ -44,7 +44,9 @@ build_lib() {
 lib_this=$(build_lib "$root" this)
 lib_base=
 if [ -n "${BASELINE:-}" ]; then
-  lib_base=$(build_lib "$(cd "$BASELINE" && pwd)" baseline)
+  # A build folder per baseline tree: CMake keeps a folder's first source tree.
+  base_src=$(cd "$BASELINE" && pwd)
+  lib_base=$(build_lib "$base_src" "baseline-$(echo "$base_src" | cksum | cut -d' ' -f1)")
 fi
 
 # The fake driver as libcuda.so.1, and the harness.
