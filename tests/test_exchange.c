@@ -560,21 +560,30 @@ static void reused_stream_handle_in_another_context_is_noticed(void **state) {
 /* The same reuse, then an order into two captures: the memo's pool is
  * checked with the driver before its event goes into a graph node, so the
  * nodes get an event of the stream's new context. */
-static void reused_stream_handle_in_two_captures_gets_its_contexts_event(void **state) {
+/* A stream of device 0 that this thread's memo knows (one exchange with C),
+ * destroyed, and its handle made again on device 1 (the fake reuses it):
+ * returned, and *lane names it. */
+static CUstream stream_reused_on_device_1(dlsync_lane *lane) {
   CUstream s = fake_stream_create(0, CU_STREAM_NON_BLOCKING), s2;
-  CUstream c1 = fake_stream_create(1, CU_STREAM_NON_BLOCKING);
-  dlsync_lane ls = dlsync_lane_stream(s), lc = dlsync_lane_stream(C), lc1;
+  dlsync_lane lc = dlsync_lane_stream(C);
   dlsync_exchange *ex = NULL;
-  CUgraphNode dep = NULL;
-  CUevent ev;
-  CUgraph g1, g2;
-  (void)state;
-  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &ls, &lc), DLSYNC_SUCCESS);
+  *lane = dlsync_lane_stream(s);
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, lane, &lc), DLSYNC_SUCCESS);
   assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS); /* the memo: s -> device 0 */
   fake_stream_destroy(s);
   s2 = fake_stream_create(1, CU_STREAM_NON_BLOCKING);
   assert_ptr_equal(s, s2);
-  lc1 = dlsync_lane_stream(c1);
+  return s2;
+}
+
+static void reused_stream_handle_in_two_captures_gets_its_contexts_event(void **state) {
+  CUstream c1 = fake_stream_create(1, CU_STREAM_NON_BLOCKING), s2;
+  dlsync_lane ls, lc1 = dlsync_lane_stream(c1);
+  CUgraphNode dep = NULL;
+  CUevent ev;
+  CUgraph g1, g2;
+  (void)state;
+  s2 = stream_reused_on_device_1(&ls);
   assert_int_equal(D->StreamBeginCapture(s2, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
   assert_int_equal(D->StreamBeginCapture(c1, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
   assert_int_equal(dlsync_order(ctx, &ls, &lc1), DLSYNC_SUCCESS); /* TWO_CAPTURES */
@@ -601,19 +610,12 @@ static size_t wait_events_of(CUgraph g, CUevent *out, size_t max);
  * it stays, unused, with the capture's hold of that pool (back with the
  * graph), and the wait node gets an event of the stream's new context. */
 static void reused_stream_handle_into_a_capture_gets_its_contexts_event(void **state) {
-  CUstream s = fake_stream_create(0, CU_STREAM_NON_BLOCKING), s2;
-  CUstream c1 = fake_stream_create(1, CU_STREAM_NON_BLOCKING);
-  dlsync_lane ls = dlsync_lane_stream(s), lc = dlsync_lane_stream(C), lc1;
-  dlsync_exchange *ex = NULL;
+  CUstream c1 = fake_stream_create(1, CU_STREAM_NON_BLOCKING), s2;
+  dlsync_lane ls, lc1 = dlsync_lane_stream(c1);
   CUevent ev = NULL;
   CUgraph g;
   (void)state;
-  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &ls, &lc), DLSYNC_SUCCESS);
-  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS); /* the memo: s -> device 0 */
-  fake_stream_destroy(s);
-  s2 = fake_stream_create(1, CU_STREAM_NON_BLOCKING);
-  assert_ptr_equal(s, s2);
-  lc1 = dlsync_lane_stream(c1);
+  s2 = stream_reused_on_device_1(&ls);
   assert_int_equal(D->StreamBeginCapture(c1, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
   fake_log_reset();
   assert_int_equal(dlsync_order(ctx, &ls, &lc1), DLSYNC_SUCCESS); /* EAGER_TO_CAPTURE */
