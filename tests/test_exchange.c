@@ -315,11 +315,11 @@ static void cold_thread_reads_each_capture_lane_once(void **state) {
   }
 }
 
-/* A capture's holder keeps its first events in itself and the rest in chunks:
+/* A capture's hold keeps its first events in itself and the rest in chunks:
  * many orders into one capture all hold their events; a chunk that cannot be
  * allocated fails that order with DLSYNC_ERROR_OUT_OF_MEMORY (no wait node,
  * the event back in its pool), and the capture goes on. */
-static void capture_holder_grows_and_reports_a_failed_chunk(void **state) {
+static void capture_hold_grows_and_reports_a_failed_chunk(void **state) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   CUgraph g;
   int ok = 0;
@@ -976,6 +976,89 @@ static void a_hold_takes_only_in_its_own_life(void **state) {
   dlsync__hold_release(h3);
   dlsync__pool_stats_get(&ps, &ctx->pools);
   assert_int_equal(ps.graph_owned, 0);
+}
+
+static size_t graph_owned_now(void) {
+  dlsync__pool_stats ps;
+  dlsync__pool_stats_get(&ps, &ctx->pools);
+  return ps.graph_owned;
+}
+
+/* An event of two captures needs room in both holds: with the consumer's
+ * hold full of its own events (16, from an eager producer), each allocation
+ * of a first TWO_CAPTURES order fails in turn (the producer's hold, the
+ * pair, the consumer's chunk): DLSYNC_ERROR_OUT_OF_MEMORY, nothing held, no
+ * node, both captures going on; then it goes through. */
+static void a_pair_needs_room_in_both_holds(void **state) {
+  CUstream e = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  dlsync_lane le = dlsync_lane_stream(e), lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  CUgraph gp, gc;
+  unsigned n, faults = 0;
+  (void)state;
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  for (int i = 0; i < 16; i++) /* EAGER_TO_CAPTURE: the consumer's hold is full */
+    assert_int_equal(dlsync_order(ctx, &le, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(graph_owned_now(), 16);
+  for (n = 1; n < 20; n++) {
+    dlsync_status st;
+    fake_fail_alloc(n);
+    st = dlsync_order(ctx, &lp, &lc); /* TWO_CAPTURES */
+    if (fake_fail_pending()) {
+      fake_fail_clear();
+      assert_int_equal(st, DLSYNC_SUCCESS);
+      break;
+    }
+    faults++;
+    assert_int_equal(st, DLSYNC_ERROR_OUT_OF_MEMORY);
+    assert_non_null(strstr(dlsync_last_error(), "out of memory"));
+    assert_int_equal(graph_owned_now(), 16);
+    assert_int_equal(fake_capture_status(P), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+    assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  }
+  assert_true(faults >= 2); /* at least the pair and the chunk */
+  assert_int_equal(graph_owned_now(), 17);
+  gc = end_capture_ok(C);
+  gp = end_capture_ok(P);
+  assert_int_equal(fake_graph_count_nodes(gp, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 1);
+  assert_int_equal(fake_graph_count_nodes(gc, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 17);
+  destroy_graph(gp);
+  fake_run_destructors();
+  assert_int_equal(graph_owned_now(), 17); /* the pair is still the consumer's */
+  destroy_graph(gc);
+  fake_stream_destroy(e);
+}
+
+/* A capture and a graph built by hand share an event (CAPTURE_TO_BUILT, then
+ * BUILT_TO_CAPTURE): the capture's hold takes a reference to the held event,
+ * the built graph's user object another; it comes back when the second of
+ * the two graphs is gone, whichever that is. */
+static void a_capture_and_a_built_graph_share_an_event_until_both_are_gone(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P);
+  (void)state;
+  for (int built_first = 0; built_first < 2; built_first++) {
+    CUgraph gb, gp;
+    CUgraphNode deps[4];
+    dlsync_lane lb;
+    assert_int_equal(D->GraphCreate(&gb, 0), CUDA_SUCCESS);
+    assert_int_equal(D->GraphAddEmptyNode(&deps[0], gb, NULL, 0), CUDA_SUCCESS);
+    lb = dlsync_lane_graph(gb, deps, 1, 4);
+    assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    assert_int_equal(dlsync_order(ctx, &lp, &lb), DLSYNC_SUCCESS); /* CAPTURE_TO_BUILT */
+    assert_int_equal(dlsync_order(ctx, &lb, &lp), DLSYNC_SUCCESS); /* BUILT_TO_CAPTURE */
+    gp = end_capture_ok(P);
+    assert_int_equal(fake_graph_count_nodes(gp, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 1);
+    assert_int_equal(fake_graph_count_nodes(gp, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 1);
+    assert_int_equal(fake_graph_count_nodes(gb, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 1);
+    assert_int_equal(fake_graph_count_nodes(gb, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 1);
+    assert_int_equal(graph_owned_now(), 2);
+    destroy_graph(built_first ? gb : gp);
+    fake_run_destructors();
+    assert_int_equal(graph_owned_now(), 2); /* the other graph holds both */
+    destroy_graph(built_first ? gp : gb);
+    fake_run_destructors();
+    assert_int_equal(graph_owned_now(), 0);
+  }
 }
 
 /* The events of a capture's wait nodes, in the order the nodes were made. */
@@ -1661,7 +1744,7 @@ int main(void) {
       T(warm_same_capture_is_plain),
       T(warm_eager_to_capture_reads_each_stream_once),
       T(cold_thread_reads_each_capture_lane_once),
-      T(capture_holder_grows_and_reports_a_failed_chunk),
+      T(capture_hold_grows_and_reports_a_failed_chunk),
       T(warm_end_in_two_captures_takes_the_general_path),
       T(stable_end_asks_nothing),
       T(stable_join_is_joined_back_without_queries),
@@ -1683,6 +1766,8 @@ int main(void) {
       T(each_thread_holds_its_events_in_a_capture_through_its_own_hold),
       T(a_hold_takes_only_in_its_own_life),
       T(a_capture_made_again_records_the_same_events_in_order),
+      T(a_pair_needs_room_in_both_holds),
+      T(a_capture_and_a_built_graph_share_an_event_until_both_are_gone),
       T(long_capture_frontier_is_read_again_before_its_node),
       T(same_built_graph_merges_frontiers),
       T(two_built_graphs_get_record_and_wait_nodes),
