@@ -1061,6 +1061,39 @@ static void a_capture_and_a_built_graph_share_an_event_until_both_are_gone(void 
   }
 }
 
+/* Captured graphs that outlive their dlsync context: destroying the context
+ * succeeds, the graphs keep their events (their holds keep the pool), and
+ * once the graphs are gone every event the context made is destroyed (by the
+ * library's next collection of orphans); nothing leaks. */
+static void capture_graphs_outliving_their_context_lose_no_event_and_leak_none(void **state) {
+  CUstream e = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  dlsync_lane le = dlsync_lane_stream(e), lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_context *c2 = NULL;
+  unsigned before = fake_live_events();
+  CUgraph gp, gc;
+  (void)state;
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, D), DLSYNC_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  for (int i = 0; i < 20; i++) {
+    assert_int_equal(dlsync_order(c2, &le, &lc), DLSYNC_SUCCESS); /* EAGER_TO_CAPTURE */
+    assert_int_equal(dlsync_order(c2, &lp, &lc), DLSYNC_SUCCESS); /* TWO_CAPTURES */
+  }
+  gc = end_capture_ok(C);
+  gp = end_capture_ok(P);
+  assert_true(fake_live_events() >= before + 40);
+  assert_int_equal(dlsync_context_destroy(c2), DLSYNC_SUCCESS);
+  assert_true(fake_live_events() >= before + 40); /* the graphs' */
+  assert_int_equal(fake_dangling_event_uses(), 0);
+  destroy_graph(gp);
+  fake_run_destructors();
+  destroy_graph(gc);
+  fake_run_destructors();
+  dlsync__orphans_collect();
+  assert_int_equal(fake_live_events(), before);
+  fake_stream_destroy(e);
+}
+
 /* The events of a capture's wait nodes, in the order the nodes were made. */
 static size_t wait_events_of(CUgraph g, CUevent *out, size_t max) {
   CUgraphNode nodes[512];
@@ -1768,6 +1801,7 @@ int main(void) {
       T(a_capture_made_again_records_the_same_events_in_order),
       T(a_pair_needs_room_in_both_holds),
       T(a_capture_and_a_built_graph_share_an_event_until_both_are_gone),
+      T(capture_graphs_outliving_their_context_lose_no_event_and_leak_none),
       T(long_capture_frontier_is_read_again_before_its_node),
       T(same_built_graph_merges_frontiers),
       T(two_built_graphs_get_record_and_wait_nodes),
