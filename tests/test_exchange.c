@@ -1743,6 +1743,64 @@ static void *exchange_loop(void *arg) {
   return NULL;
 }
 
+/* Threads ordering into captures of their own while the others' graphs give
+ * their holds back (destructors inline: on the thread that destroys the
+ * graph), all on one pool: every order succeeds, every event comes back
+ * (ThreadSanitizer runs this too). */
+typedef struct capture_loop {
+  CUstream e, p, c;
+  int failures;
+} capture_loop;
+
+static void *capture_orders_loop(void *arg) {
+  capture_loop *t = arg;
+  dlsync_lane le = dlsync_lane_stream(t->e), lp = dlsync_lane_stream(t->p),
+              lc = dlsync_lane_stream(t->c);
+  for (int round = 0; round < 30; round++) {
+    CUgraph gp = NULL, gc = NULL;
+    if (D->StreamBeginCapture(t->p, CU_STREAM_CAPTURE_MODE_RELAXED) != CUDA_SUCCESS ||
+        D->StreamBeginCapture(t->c, CU_STREAM_CAPTURE_MODE_RELAXED) != CUDA_SUCCESS) {
+      t->failures++;
+      return NULL;
+    }
+    for (int i = 0; i < 40; i++) {
+      t->failures += dlsync_order(ctx, &le, &lc) != DLSYNC_SUCCESS; /* EAGER_TO_CAPTURE */
+      t->failures += dlsync_order(ctx, &lp, &lc) != DLSYNC_SUCCESS; /* TWO_CAPTURES */
+    }
+    t->failures += D->StreamEndCapture(t->c, &gc) != CUDA_SUCCESS;
+    t->failures += D->StreamEndCapture(t->p, &gp) != CUDA_SUCCESS;
+    t->failures += gc == NULL || D->GraphDestroy(gc) != CUDA_SUCCESS;
+    t->failures += gp == NULL || D->GraphDestroy(gp) != CUDA_SUCCESS;
+  }
+  return NULL;
+}
+
+static void threads_ordering_into_captures_share_one_pool(void **state) {
+  enum { N = 4 };
+  capture_loop t[N];
+  pthread_t th[N];
+  (void)state;
+  fake_set_destructors_inline(true);
+  for (int i = 0; i < N; i++) {
+    t[i].e = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+    t[i].p = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+    t[i].c = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+    t[i].failures = 0;
+    assert_int_equal(pthread_create(&th[i], NULL, capture_orders_loop, &t[i]), 0);
+  }
+  for (int i = 0; i < N; i++) {
+    assert_int_equal(pthread_join(th[i], NULL), 0);
+    assert_int_equal(t[i].failures, 0);
+  }
+  fake_set_destructors_inline(false);
+  assert_int_equal(graph_owned_now(), 0);
+  for (int i = 0; i < N; i++) {
+    fake_stream_destroy(t[i].e);
+    fake_stream_destroy(t[i].p);
+    fake_stream_destroy(t[i].c);
+  }
+}
+
 static void many_threads_one_context(void **state) {
   pthread_t th[THREADS];
   tdata td[THREADS];
@@ -1821,6 +1879,7 @@ int main(void) {
       T(every_driver_failure_in_begin_and_end_is_a_status),
       T(every_allocation_failure_in_begin_and_end_is_a_status),
       T(many_threads_one_context),
+      T(threads_ordering_into_captures_share_one_pool),
   };
 #undef T
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
