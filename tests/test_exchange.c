@@ -330,7 +330,7 @@ static void capture_hold_grows_and_reports_a_failed_chunk(void **state) {
     assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
   destroy_graph(end_capture_ok(C));
   assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  for (; ok < 16; ok++) /* the holder's own items */
+  for (; ok < 16; ok++) /* the hold's own items */
     assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
   fake_fail_alloc(1); /* the first chunk */
   assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_ERROR_OUT_OF_MEMORY);

@@ -614,7 +614,7 @@ static void test_warm_path_query_failure_names_the_stream(void **state) {
  * table in test_context.c.
  *
  * The allocation sweep runs first in this binary: allocations made once per
- * process (the first exchange records, capture holders, the reclaimer
+ * process (the first exchange records, capture holds, the reclaimer
  * thread) are then among those failed. */
 
 static struct {
@@ -754,7 +754,7 @@ static dlsync_status scene_device_get_info(void) {
   return st;
 }
 
-/* P eager, C capturing: EAGER_TO_CAPTURE (a capture holder). */
+/* P eager, C capturing: EAGER_TO_CAPTURE (a capture's hold). */
 static dlsync_status scene_order(void) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync_status st;
@@ -1164,8 +1164,8 @@ static void sweep_entries(fake_fault kind) {
     most = n > most ? n : most;
   }
   /* The sweep went deep: the deepest entry points make at least 3
-   * allocations (a first order into a capture: its holder, the holder's
-   * list, the user object's box) and as many driver calls. */
+   * allocations (a first order into two captures: two holds, their user
+   * objects' boxes, a pair) and as many driver calls. */
   assert_true(most > 3);
   fixture_open(NULL);
 }
