@@ -420,20 +420,27 @@ static DLSYNC__NOINLINE void trace_row(dlsync__op op, dlsync__row row,
       st == DLSYNC_SUCCESS ? "" : ", failed: ", st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
 }
 
+/* The table's row for two lanes as they are now (two distinct streams, or
+ * lanes that are not one stream: order_lanes handles SAME_STREAM). The fast
+ * path's graph rows classify with it too. */
+static DLSYNC__INLINE dlsync__row classify_now(dlsync__op op, const dlsync__lane_now *first,
+                                               const dlsync__lane_now *then, bool first_pending) {
+  dlsync__table_in in;
+  in.op = op;
+  in.first = first->kind;
+  in.then = then->kind;
+  in.same_stream = false;
+  in.same_graph = same_graph_now(first, then);
+  in.first_pending = first_pending;
+  return dlsync__table_classify(&in);
+}
+
 /* The table: classify, then carry out the row. */
 static dlsync_status order_now(dlsync_context *ctx, dlsync__op op, pool_pick *pk,
                                dlsync__lane_now *first, dlsync__lane_now *then, bool first_pending,
                                dlsync__row *row_out) {
   dlsync_status st = DLSYNC_SUCCESS;
-  dlsync__table_in in;
-  dlsync__row row;
-  in.op = op;
-  in.first = first->kind;
-  in.then = then->kind;
-  in.same_stream = false; /* handled by order_lanes */
-  in.same_graph = same_graph_now(first, then);
-  in.first_pending = first_pending;
-  row = dlsync__table_classify(&in);
+  dlsync__row row = classify_now(op, first, then, first_pending);
   *row_out = row;
   if (dlsync__row_nodes(row) > 0) {
     /* A built lane that gets a node must have room for its new frontier:
@@ -584,18 +591,11 @@ typedef struct fast_pre {
 static DLSYNC__INLINE bool fast_graph_rows(dlsync_context *ctx, dlsync__thread *th, fast_pre *pre,
                                            const char *first_role, dlsync_status *st) {
   dlsync__lane_now *f = &pre->opened.a, *t = &pre->opened.b;
-  dlsync__table_in in;
   pool_pick pk;
   dlsync__row row;
   if (!pre->graph_rows || pre->opened.pool == NULL)
     return false;
-  in.op = DLSYNC__OP_ORDER;
-  in.first = f->kind;
-  in.then = t->kind;
-  in.same_stream = false; /* two distinct streams: checked by the fast path */
-  in.same_graph = same_graph_now(f, t);
-  in.first_pending = false;
-  row = dlsync__table_classify(&in);
+  row = classify_now(DLSYNC__OP_ORDER, f, t, false);
   if (row != DLSYNC__ROW_EAGER_TO_CAPTURE && row != DLSYNC__ROW_TWO_CAPTURES)
     return false;
   pk.pool = pre->opened.pool;
