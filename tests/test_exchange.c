@@ -1094,6 +1094,46 @@ static void capture_graphs_outliving_their_context_lose_no_event_and_leak_none(v
   fake_stream_destroy(e);
 }
 
+/* A thread's remembered hold that is not live any more (its graph gave it
+ * back while the thread still saw the capture: the graph destroyed by another
+ * thread) is found stale by the pool, forgotten, and made again: the event
+ * goes into the new hold. White-box: the graph layer is called with the old
+ * capture's id and a graph that stands in for its capture graph. */
+static void a_stale_hold_is_made_again(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync__lane_now lane;
+  dlsync__pool *pool = NULL;
+  CUcontext cu = NULL;
+  CUevent ev = NULL;
+  CUgraph stand_in;
+  uint64_t id;
+  (void)state;
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  id = fake_capture_id(C);
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS); /* the thread's hold of it */
+  destroy_graph(end_capture_ok(C));                              /* the hold given back */
+  assert_int_equal(graph_owned_now(), 0);
+  assert_int_equal(D->StreamGetCtx(P, &cu), CUDA_SUCCESS);
+  assert_int_equal(dlsync__pool_for_cuctx(&pool, &ctx->pools, cu), DLSYNC_SUCCESS);
+  assert_int_equal(D->GraphCreate(&stand_in, 0), CUDA_SUCCESS);
+  memset(&lane, 0, sizeof lane);
+  lane.kind = DLSYNC_LANE_CAPTURING;
+  lane.stream = C;
+  lane.capture_id = id;
+  lane.graph = stand_in;
+  lane.lane = &lc;
+  lane.role = "then";
+  fake_log_reset();
+  assert_int_equal(
+      dlsync__graph_capture_event(&ev, dlsync__thread_get(), &ctx->pools, pool, &lane, NULL),
+      DLSYNC_SUCCESS);
+  assert_non_null(ev);
+  assert_int_equal(fake_call_count("cuUserObjectCreate"), 1); /* a new hold */
+  assert_int_equal(graph_owned_now(), 1);
+  destroy_graph(stand_in); /* its hold gives the event back */
+  assert_int_equal(graph_owned_now(), 0);
+}
+
 /* The events of a capture's wait nodes, in the order the nodes were made. */
 static size_t wait_events_of(CUgraph g, CUevent *out, size_t max) {
   CUgraphNode nodes[512];
@@ -1860,6 +1900,7 @@ int main(void) {
       T(a_pair_needs_room_in_both_holds),
       T(a_capture_and_a_built_graph_share_an_event_until_both_are_gone),
       T(capture_graphs_outliving_their_context_lose_no_event_and_leak_none),
+      T(a_stale_hold_is_made_again),
       T(long_capture_frontier_is_read_again_before_its_node),
       T(same_built_graph_merges_frontiers),
       T(two_built_graphs_get_record_and_wait_nodes),
