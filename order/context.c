@@ -160,31 +160,84 @@ dlsync_status dlsync_context_destroy(dlsync_context *ctx) {
 
 /* ---- the default context ---- */
 
-static pthread_once_t default_once = PTHREAD_ONCE_INIT;
-static dlsync_context *default_ctx;
+/* Made once and kept: after that, a call is one acquire load. Until then
+ * each call takes default_lock and tries dlsync_context_create(NULL), so
+ * threads calling at once make one context between them. A failure is kept
+ * only when trying again in this process cannot change it (default_stays);
+ * any other is returned to the caller that met it, and the next call tries
+ * again. What is kept is written under the lock before default_kept is
+ * stored (release), and never written again. */
+static pthread_mutex_t default_lock = PTHREAD_MUTEX_INITIALIZER;
+static _Atomic(dlsync_context *) default_ctx;
+static atomic_bool default_kept;
 static dlsync_status default_status;
 static char default_message[512];
 static int default_driver_result;
 
-static void default_init(void) {
-  default_status = dlsync_context_create(&default_ctx, NULL);
-  if (default_status == DLSYNC_SUCCESS) {
-    default_ctx->is_default = true;
-  } else {
-    snprintf(default_message, sizeof default_message, "%s", dlsync_last_error());
-    default_driver_result = dlsync_last_driver_result();
-  }
+/* The failures of dlsync_context_create(NULL) that stay. NO_DRIVER:
+ * libcuda.so.1 is not on the loader's path (which a running process does not
+ * change), or cuInit failed, whose result the driver itself keeps for the
+ * process. DRIVER_TOO_OLD: the driver lacks entry points, and the library
+ * loaded is the one every later attempt would load. Everything else it can
+ * return is worth another try: OUT_OF_MEMORY (an allocation, a mutex,
+ * CUDA_ERROR_OUT_OF_MEMORY) and a driver call's error (DLSYNC_ERROR_DRIVER
+ * and the other statuses of dlsync__fail_driver); INVALID_ARGUMENT comes only
+ * from a configuration, and the default one has none. */
+static bool default_stays(dlsync_status st) {
+  return st == DLSYNC_ERROR_NO_DRIVER || st == DLSYNC_ERROR_DRIVER_TOO_OLD;
+}
+
+static dlsync_status default_fail(dlsync_status st, int driver_result, const char *why) {
+  return dlsync__fail_result(st, driver_result, "the default context could not be created: %s",
+                             why);
 }
 
 dlsync_status dlsync_context_default(dlsync_context **out) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync_context *ctx;
+  int driver_result = 0;
+  char why[sizeof default_message];
   if (out == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_context_default: out is NULL");
-  pthread_once(&default_once, default_init);
-  *out = default_ctx;
-  if (default_status != DLSYNC_SUCCESS)
-    return dlsync__fail(default_status, "the default context could not be created: %s",
-                        default_message);
-  return DLSYNC_SUCCESS;
+  ctx = atomic_load_explicit(&default_ctx, memory_order_acquire);
+  if (DLSYNC__LIKELY(ctx != NULL)) {
+    *out = ctx;
+    return DLSYNC_SUCCESS;
+  }
+  *out = NULL;
+  if (!atomic_load_explicit(&default_kept, memory_order_acquire)) {
+    pthread_mutex_lock(&default_lock);
+    /* Another thread may have made it, or kept a failure, while this one
+     * waited for the lock. */
+    ctx = atomic_load_explicit(&default_ctx, memory_order_relaxed);
+    if (ctx == NULL && !atomic_load_explicit(&default_kept, memory_order_relaxed)) {
+      st = dlsync_context_create(&ctx, NULL);
+      if (st == DLSYNC_SUCCESS) {
+        ctx->is_default = true; /* before it is published: destroy refuses it */
+        atomic_store_explicit(&default_ctx, ctx, memory_order_release);
+      } else {
+        /* Copied: default_fail writes the thread's message, where it is. */
+        snprintf(why, sizeof why, "%s", dlsync_last_error());
+        driver_result = dlsync_last_driver_result();
+        if (default_stays(st)) {
+          default_status = st;
+          default_driver_result = driver_result;
+          snprintf(default_message, sizeof default_message, "%s", why);
+          atomic_store_explicit(&default_kept, true, memory_order_release);
+        }
+      }
+    }
+    pthread_mutex_unlock(&default_lock);
+    if (ctx != NULL) {
+      *out = ctx;
+      return DLSYNC_SUCCESS;
+    }
+    if (st != DLSYNC_SUCCESS && !default_stays(st))
+      return default_fail(st, driver_result, why); /* not kept: the next call tries again */
+  }
+  /* Kept (by this call or an earlier one): the same status, message and
+   * driver result every time, whatever this thread's last error was. */
+  return default_fail(default_status, default_driver_result, default_message);
 }
 
 /* ---- facts ---- */

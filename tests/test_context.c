@@ -4,6 +4,7 @@
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
+#include <stdio.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -241,19 +242,30 @@ static void devices_are_reported(void **state) {
 }
 
 static void default_context_without_driver_remembers_why(void **state) {
-  dlsync_context *ctx = (dlsync_context *)0x1;
+  dlsync_context *ctx = (dlsync_context *)0x1, *again = (dlsync_context *)0x1;
   dlsync_status first, second;
+  char why[512];
+  int result;
   (void)state;
-  /* This machine may or may not have libcuda; both answers must be stable. */
+  /* This machine may or may not have libcuda; both answers must be stable:
+   * the context, or a failure that stays (NO_DRIVER without libcuda.so.1),
+   * returned again whole. test_context_default.c covers the rest, on a fake
+   * libcuda.so.1. */
   first = dlsync_context_default(&ctx);
-  second = dlsync_context_default(&ctx);
+  snprintf(why, sizeof why, "%s", dlsync_last_error());
+  result = dlsync_last_driver_result();
+  second = dlsync_context_default(&again);
   assert_int_equal(first, second);
+  assert_ptr_equal(ctx, again);
   if (first == DLSYNC_SUCCESS) {
     assert_non_null(ctx);
     assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_ERROR_INVALID_ARGUMENT);
   } else {
+    assert_true(first == DLSYNC_ERROR_NO_DRIVER || first == DLSYNC_ERROR_DRIVER_TOO_OLD);
     assert_null(ctx);
     assert_non_null(strstr(dlsync_last_error(), "default context"));
+    assert_string_equal(dlsync_last_error(), why);
+    assert_int_equal(dlsync_last_driver_result(), result);
   }
 }
 

@@ -15,7 +15,8 @@
  *
  * Ownership: a context is destroyed once with dlsync_context_destroy. The
  * default context (dlsync_context_default) belongs to the library and lives
- * until the process ends; never destroy it.
+ * until the process ends; never destroy it (dlsync_context_destroy refuses it
+ * with DLSYNC_ERROR_INVALID_ARGUMENT).
  *
  * Lifetime of what was made with a context: dlsync_context_destroy always
  * destroys it (the handle is gone when it returns, whatever the status) and
@@ -78,9 +79,18 @@ DLSYNC_API dlsync_status dlsync_context_create(dlsync_context **out,
  * regardless. */
 DLSYNC_API dlsync_status dlsync_context_destroy(dlsync_context *ctx);
 
-/* The process-wide default context, created on first use (thread-safe) with
- * the default configuration. A failure (no driver, say) is remembered and
- * returned, with its message, by every later call. */
+/* The process-wide default context, created with the default configuration
+ * by the first call that succeeds. Thread-safe: threads calling at once get
+ * the same context, made once. Once made, every call returns it (one atomic
+ * load); it lives until the process ends (see "Ownership" above). On failure
+ * *out is NULL, and the message begins "the default context could not be
+ * created". A failure that trying again cannot change within the process is
+ * remembered: every later call returns it, with the same message and
+ * dlsync_last_driver_result, and tries nothing. Those are
+ * DLSYNC_ERROR_NO_DRIVER (libcuda.so.1 could not be loaded, or cuInit failed,
+ * which the driver keeps for the process) and DLSYNC_ERROR_DRIVER_TOO_OLD.
+ * Any other failure (DLSYNC_ERROR_OUT_OF_MEMORY, DLSYNC_ERROR_DRIVER, ...) is
+ * returned to that call only, keeps nothing, and the next call tries again. */
 DLSYNC_API dlsync_status dlsync_context_default(dlsync_context **out);
 
 /* Driver facts. */
