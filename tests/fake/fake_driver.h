@@ -71,6 +71,12 @@
  *       the INVALID_VALUE written here before was not what the driver does).
  *       A plain wait from another capture on such an event: INVALID_VALUE
  *       and that capture invalidated (not checked).
+ *   [R11 STAYS-IN-CAPTURE] a stream that joined a capture leaves it only
+ *       when the capture ends, with all its other streams: ending it on a
+ *       stream that is not its origin (UNMATCHED), ending it with unjoined
+ *       work (UNJOINED) and a clean end each leave no stream in it; a new
+ *       capture never has an ended one's id. (To be checked on the GPU by
+ *       gpu_rules; end's fast path relies on it.)
  */
 #ifndef DLSYNC_TESTS_FAKE_DRIVER_H
 #define DLSYNC_TESTS_FAKE_DRIVER_H

@@ -367,6 +367,116 @@ done:
   return res;
 }
 
+/* How many of the n streams report capture `id` as active. */
+static int active_in(const dlsync__driver *d, const CUstream *s, int n, uint64_t id) {
+  int k = 0;
+  for (int i = 0; i < n; i++)
+    k += id != 0 && capture_id(d, s[i]) == id;
+  return k;
+}
+
+/* Some of the n streams in capture `id` and some not: what each says. */
+static const char *split_capture(const dlsync__driver *d, const CUstream *s, int n, uint64_t id,
+                                 const char *after, char *why, size_t size) {
+  int k = active_in(d, s, n, id);
+  if (k == 0 || k == n)
+    return NULL;
+  snprintf(why, size, "after %s, %d of the capture's %d streams still report it active", after, k,
+           n);
+  return why;
+}
+
+/* A stream that joined a capture leaves it only with all the others: no
+ * stream reports the capture active while another of its streams does not.
+ * Tried: ending it on a stream that is not its origin, ending it on its
+ * origin with a joined stream's work unjoined, ending it cleanly; and a new
+ * capture never has an ended one's id. (Why end's fast path may ask the
+ * consumer alone when begin found both streams in one capture.) */
+static const char *stays_in_capture_rule(const dlsync__driver *d, CUdeviceptr buf, char *why,
+                                         size_t n) {
+  scope sc;
+  const char *res = "setup failed";
+  CUresult r;
+  CUgraph g = NULL;
+  uint64_t id;
+  if (scope_open(&sc, d) != CUDA_SUCCESS)
+    goto done;
+  /* Ended on a joined stream (not the origin). */
+  if (BEGIN(sc.s[0]) != CUDA_SUCCESS || d->MemsetD32Async(buf, 1, 1, sc.s[0]) != CUDA_SUCCESS ||
+      d->EventRecord(sc.e[0], sc.s[0]) != CUDA_SUCCESS ||
+      d->StreamWaitEvent(sc.s[1], sc.e[0], 0) != CUDA_SUCCESS ||
+      d->StreamWaitEvent(sc.s[2], sc.e[0], 0) != CUDA_SUCCESS)
+    goto done;
+  id = capture_id(d, sc.s[0]);
+  if (active_in(d, sc.s, 3, id) != 3) {
+    res = "the joined streams do not report the origin's capture";
+    goto done;
+  }
+  r = d->StreamEndCapture(sc.s[1], &g);
+  scope_keep(&sc, g);
+  if (r == CUDA_SUCCESS) {
+    res = said(why, n, d, "cuStreamEndCapture on a joined stream", r, "an error");
+    goto done;
+  }
+  if ((res = split_capture(d, sc.s, 3, id, "cuStreamEndCapture on a joined stream", why, n)))
+    goto done;
+  if (active_in(d, sc.s, 3, id) == 3) { /* still going: end it on its origin */
+    if (d->EventRecord(sc.e[1], sc.s[1]) != CUDA_SUCCESS ||
+        d->StreamWaitEvent(sc.s[0], sc.e[1], 0) != CUDA_SUCCESS)
+      goto done;
+    (void)d->StreamEndCapture(sc.s[0], &g);
+    scope_keep(&sc, g);
+  }
+  for (int i = 0; i < 3; i++) /* a failed end may leave them invalidated: end that too */
+    if (capture_status(d, sc.s[i]) != CU_STREAM_CAPTURE_STATUS_NONE) {
+      g = NULL;
+      (void)d->StreamEndCapture(sc.s[i], &g);
+      scope_keep(&sc, g);
+    }
+  /* Ended on its origin with a joined stream's work unjoined. */
+  res = "setup failed";
+  if (BEGIN(sc.s[0]) != CUDA_SUCCESS || d->EventRecord(sc.e[0], sc.s[0]) != CUDA_SUCCESS ||
+      d->StreamWaitEvent(sc.s[1], sc.e[0], 0) != CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 2, 1, sc.s[1]) != CUDA_SUCCESS)
+    goto done;
+  id = capture_id(d, sc.s[0]);
+  g = NULL;
+  r = d->StreamEndCapture(sc.s[0], &g);
+  scope_keep(&sc, g);
+  if (r != CUDA_ERROR_STREAM_CAPTURE_UNJOINED) {
+    res = said(why, n, d, "cuStreamEndCapture with unjoined work", r,
+               "CUDA_ERROR_STREAM_CAPTURE_UNJOINED");
+    goto done;
+  }
+  if (active_in(d, sc.s, 2, id) != 0) {
+    snprintf(why, n, "after an UNJOINED end, %d stream(s) still report the capture active",
+             active_in(d, sc.s, 2, id));
+    res = why;
+    goto done;
+  }
+  /* Ended cleanly; a new capture on the joined stream has a new id. */
+  res = "setup failed";
+  if (BEGIN(sc.s[0]) != CUDA_SUCCESS || d->EventRecord(sc.e[0], sc.s[0]) != CUDA_SUCCESS ||
+      d->StreamWaitEvent(sc.s[1], sc.e[0], 0) != CUDA_SUCCESS ||
+      d->EventRecord(sc.e[1], sc.s[1]) != CUDA_SUCCESS ||
+      d->StreamWaitEvent(sc.s[0], sc.e[1], 0) != CUDA_SUCCESS)
+    goto done;
+  id = capture_id(d, sc.s[0]);
+  if ((res = end_clean(&sc, sc.s[0], -1, NULL, why, n)))
+    goto done;
+  if (active_in(d, sc.s, 2, id) != 0) {
+    res = "after a clean end, a joined stream still reports the capture active";
+    goto done;
+  }
+  res = "setup failed";
+  if (BEGIN(sc.s[1]) != CUDA_SUCCESS)
+    goto done;
+  res = capture_id(d, sc.s[1]) != id ? NULL : "a new capture has the id of an ended one";
+done:
+  scope_close(&sc);
+  return res;
+}
+
 const driver_rule driver_rules[] = {
     {"R1 JOIN", "a plain wait on an event of an active capture joins it", join_rule},
     {"R2 UNJOINED", "ending with a joined stream's work not joined back: UNJOINED", unjoined_rule},
@@ -388,6 +498,9 @@ const driver_rule driver_rules[] = {
     {"R10 RECORD-NODE-WAIT",
      "an eager plain wait on an active record node's event: an eager wait, no join",
      record_node_wait_rule},
+    {"R11 STAYS-IN-CAPTURE",
+     "a joined stream leaves its capture only with the others, whichever way it ends",
+     stays_in_capture_rule},
 };
 
 const size_t driver_rule_count = sizeof driver_rules / sizeof driver_rules[0];
