@@ -704,6 +704,14 @@ static void hold_items_finish(dlsync__pool *p, const hold_item *items, size_t n)
   }
 }
 
+/* Items back under one short lock section, then what that left. */
+static void hold_items_give_back(dlsync__pool *p, hold_item *items, size_t n) {
+  dlsync__spin_lock(&p->lock);
+  hold_items_back_locked(p, items, n);
+  dlsync__spin_unlock(&p->lock);
+  hold_items_finish(p, items, n);
+}
+
 /* The events go back in the reverse of the order they were taken, so that
  * the free list (last in, first out) hands them out again in that order: a
  * capture recorded again and again (a training step) records the same
@@ -724,17 +732,11 @@ void dlsync__hold_release(dlsync__hold *h) {
   /* Chunk by chunk, so that the lock is never held long. */
   while (chunks != NULL) {
     hold_chunk *next = chunks->next;
-    dlsync__spin_lock(&p->lock);
-    hold_items_back_locked(p, chunks->items, chunks->n);
-    dlsync__spin_unlock(&p->lock);
-    hold_items_finish(p, chunks->items, chunks->n);
+    hold_items_give_back(p, chunks->items, chunks->n);
     dlsync__free(chunks);
     chunks = next;
   }
-  dlsync__spin_lock(&p->lock);
-  hold_items_back_locked(p, first, n);
-  dlsync__spin_unlock(&p->lock);
-  hold_items_finish(p, first, n);
+  hold_items_give_back(p, first, n);
   dlsync__spin_lock(&p->lock);
   h->n = 0;
   h->chunks = NULL;
