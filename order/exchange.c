@@ -31,9 +31,13 @@ struct dlsync_exchange {
   CUstream consumer_stream;
   dlsync_lane *producer_ref; /* graph lanes: the caller's (EX_REFS) */
   dlsync_lane *consumer_ref;
-  /* dlsync_exchange_begin_many: the exchanges of the distinct producers, in
-   * begin order (EX_MANY). */
-  dlsync_exchange **many;
+  union {
+    /* dlsync_exchange_begin_many: the exchanges of the distinct producers,
+     * in begin order (EX_MANY). */
+    dlsync_exchange **many;
+    /* The capture begin found both streams in (EX_ONE_CAPTURE). */
+    uint64_t capture_id;
+  };
   uint8_t bits; /* EX_*: what end must do; one load on the fast path */
   uint32_t index;
   /* The rest. */
@@ -55,7 +59,15 @@ enum {
   EX_MANY = 4,   /* dlsync_exchange_begin_many: many, nmany */
   EX_REFS = 8,   /* a graph lane: producer_ref, consumer_ref (either may be NULL) */
   EX_CROSS = 16, /* begin added a record node and a wait node: the domains */
+  /* Begin found both streams in one capture, capture_id: end asks the
+   * consumer alone. While the consumer is in that capture, so is the
+   * producer: a stream leaves a capture only when the capture ends, with all
+   * its streams (rule R11, checked on the H200), and capture ids are never
+   * reused. */
+  EX_ONE_CAPTURE = 32,
 };
+_Static_assert((unsigned)EX_STABLE == (unsigned)DLSYNC_EXCHANGE_CAPTURE_STABLE,
+               "begin's fast path copies the flag into the record's bits");
 
 static domain domain_of(const dlsync__lane_now *l) {
   domain dm;
@@ -563,7 +575,8 @@ typedef enum fast_query {
   FAST_QUERY_THEN,
   FAST_QUERY_THEN_FULL,
   FAST_QUERY_BOTH,
-  FAST_QUERY_BOTH_EAGER
+  FAST_QUERY_BOTH_EAGER,
+  FAST_QUERY_FIRST_IN /* end after EX_ONE_CAPTURE: `first` in the capture begin found? */
 } fast_query;
 
 /* What FAST_QUERY_THEN read when `then` was capturing: both lanes in full
@@ -579,7 +592,10 @@ static const fast_roles ROLES_END = {"consumer", "producer"};
 typedef struct fast_pre {
   dlsync_lane *first, *then;
   bool have;
-  bool graph_rows;             /* dlsync_order: the graph rows of two streams go on here */
+  bool graph_rows; /* dlsync_order: the graph rows of two streams go on here */
+  /* begin's record (else NULL): a row that is plain because both streams
+   * are in one capture (SAME_CAPTURE) marks it EX_ONE_CAPTURE, with the id. */
+  struct dlsync_exchange *ex;
   dlsync__lanes_opened opened; /* .a: first, .b: then */
 } fast_pre;
 
@@ -633,6 +649,10 @@ static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *t
   th->then_capture = true;
   dlsync__lane_query(&cf, d, pre->first->stream);
   if (dlsync__capture_info_active(&cf) && cf.id == ct.id) { /* SAME_CAPTURE */
+    if (pre->ex != NULL) {
+      pre->ex->bits |= EX_ONE_CAPTURE;
+      pre->ex->capture_id = ct.id;
+    }
     *plain = true;
     return true;
   }
@@ -704,6 +724,22 @@ static DLSYNC__NOINLINE fast_next fast_both_queries(dlsync__thread *t, const dls
   if (r != CUDA_SUCCESS)
     return fast_query_failed(d, r, false, then, roles->then, st);
   return cs == CU_STREAM_CAPTURE_STATUS_NONE ? FAST_GO : FAST_GENERAL;
+}
+
+/* FAST_QUERY_FIRST_IN (an end after a begin that found both streams in
+ * capture t->end_capture_id): the full query of `first` (the consumer) alone; in that
+ * capture still, the producer is too (EX_ONE_CAPTURE), so the end is plain
+ * (SAME_CAPTURE). Anything else goes to the general path, which reads both. */
+static DLSYNC__NOINLINE fast_next fast_first_in(dlsync__thread *t, const dlsync__driver *d,
+                                                CUstream first, const fast_roles *roles,
+                                                dlsync_status *st) {
+  CUstreamCaptureStatus cs;
+  cuuint64_t now = 0;
+  CUresult r = d->StreamGetCaptureInfo(first, &cs, &now, NULL, NULL, NULL, NULL);
+  if (r != CUDA_SUCCESS)
+    return fast_query_failed(d, r, true, first, roles->first, st);
+  t->end_capture = cs != CU_STREAM_CAPTURE_STATUS_NONE;
+  return cs == CU_STREAM_CAPTURE_STATUS_ACTIVE && now == t->end_capture_id ? FAST_GO : FAST_GENERAL;
 }
 
 /* A failed record or wait of the fast path (cold). */
@@ -784,7 +820,8 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
   } else if (query == FAST_QUERY_THEN_FULL) {
     next = pre != NULL ? fast_then_queries(t, ctx, roles, st, pre) : FAST_GENERAL;
   } else if (query != FAST_QUERY_NONE) {
-    next = fast_both_queries(t, d, first, then, roles, st);
+    next = query == FAST_QUERY_FIRST_IN ? fast_first_in(t, d, first, roles, st)
+                                        : fast_both_queries(t, d, first, then, roles, st);
   }
   if (DLSYNC__UNLIKELY(next != FAST_GO))
     return next == FAST_DONE;
@@ -1001,6 +1038,7 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
   pre.then = then;
   pre.have = false;
   pre.graph_rows = true;
+  pre.ex = NULL;
   if (plain_stream_lane(first) && plain_stream_lane(then)) {
     t = dlsync__thread_get();
     if (order_fast(t, ctx, first->stream, then->stream,
@@ -1134,6 +1172,10 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
   pre.then = consumer;
   pre.have = false;
   pre.graph_rows = false;
+  /* EX_STABLE is the flag's bit; with it, end trusts begin (and looks at
+   * nothing else). The fast path may add EX_ONE_CAPTURE. */
+  pre.ex = ex;
+  ex->bits = (uint8_t)flags;
   if (!order_fast(t, ctx, producer->stream, consumer->stream,
                   t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, &ROLES_BEGIN, &st,
                   &pre))
@@ -1144,7 +1186,6 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
   t->spare = NULL;
   ex->producer_stream = producer->stream;
   ex->consumer_stream = consumer->stream;
-  ex->bits = (flags & DLSYNC_EXCHANGE_CAPTURE_STABLE) != 0 ? EX_STABLE : 0;
   *out = exchange_publish(ex, ctx);
   return DLSYNC_SUCCESS;
 }
@@ -1321,15 +1362,21 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
   ctx = atomic_load_explicit(&ex->ctx, memory_order_relaxed);
   /* Stream lanes: both eager now, or in one capture (two queries: status
    * queries while this thread's ends find eager consumers, full queries
-   * while they find captures), or, when begin may be trusted
-   * (DLSYNC_EXCHANGE_CAPTURE_STABLE), eager or one capture as begin found
-   * them (no query). */
+   * while they find captures; one full query of the consumer when begin
+   * found both in one capture, EX_ONE_CAPTURE), or, when begin may be
+   * trusted (DLSYNC_EXCHANGE_CAPTURE_STABLE), eager or one capture as begin
+   * found them (no query). */
   if (DLSYNC__LIKELY((bits & (EX_SAME | EX_MANY | EX_REFS)) == 0)) {
-    if (order_fast(t, ctx, ex->consumer_stream, ex->producer_stream,
-                   (bits & EX_STABLE) ? FAST_QUERY_NONE
-                   : t->end_capture   ? FAST_QUERY_BOTH
-                                      : FAST_QUERY_BOTH_EAGER,
-                   &ROLES_END, &st, NULL)) {
+    fast_query q;
+    if (DLSYNC__LIKELY((bits & (EX_STABLE | EX_ONE_CAPTURE)) == 0)) {
+      q = t->end_capture ? FAST_QUERY_BOTH : FAST_QUERY_BOTH_EAGER;
+    } else if (bits & EX_STABLE) {
+      q = FAST_QUERY_NONE;
+    } else {
+      q = FAST_QUERY_FIRST_IN;
+      t->end_capture_id = ex->capture_id;
+    }
+    if (order_fast(t, ctx, ex->consumer_stream, ex->producer_stream, q, &ROLES_END, &st, NULL)) {
       exchange_free(t, ex);
       return st;
     }

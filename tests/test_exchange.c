@@ -120,13 +120,12 @@ static void warm_join_is_three_queries(void **state) {
   assert_string_equal(fake_call_log(), "cuStreamIsCapturing,cuStreamGetCaptureInfo,"
                                        "cuStreamGetCaptureInfo,cuEventRecord,cuStreamWaitEvent");
   fake_work(P, "mutate", &n3);
-  /* Another exchange in the capture (both in it now: SAME_CAPTURE). */
+  /* Another exchange in the capture (both in it now: SAME_CAPTURE): begin
+   * found both in it, so end reads the consumer alone. */
   assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
   fake_log_reset();
   assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
-  assert_string_equal(
-      fake_call_log(),
-      "cuStreamGetCaptureInfo,cuStreamGetCaptureInfo,cuEventRecord,cuStreamWaitEvent");
+  assert_string_equal(fake_call_log(), "cuStreamGetCaptureInfo,cuEventRecord,cuStreamWaitEvent");
   end_join_checked(n1, n2, n3);
 }
 
@@ -201,8 +200,9 @@ static void begin_queries_follow_the_last_begin(void **state) {
 
 /* Warm, both streams in one capture (every exchange after the first inside a
  * capture): begin reads both in full (the first time after eager begins, the
- * consumer's status before) and orders with a plain record and wait; end the
- * same way. With CAPTURE_STABLE, end asks nothing. */
+ * consumer's status before) and orders with a plain record and wait; end
+ * reads the consumer alone (in that capture still, the producer is too: rule
+ * R11) and orders the same way. With CAPTURE_STABLE, end asks nothing. */
 static void warm_same_capture_is_plain(void **state) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync_exchange *ex = NULL;
@@ -225,10 +225,9 @@ static void warm_same_capture_is_plain(void **state) {
     fake_work(C, "consume", &n2);
     fake_log_reset();
     assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
-    assert_string_equal(fake_call_log(), flags != 0
-                                             ? "cuEventRecord,cuStreamWaitEvent"
-                                             : "cuStreamGetCaptureInfo,cuStreamGetCaptureInfo,"
-                                               "cuEventRecord,cuStreamWaitEvent");
+    assert_string_equal(fake_call_log(),
+                        flags != 0 ? "cuEventRecord,cuStreamWaitEvent"
+                                   : "cuStreamGetCaptureInfo,cuEventRecord,cuStreamWaitEvent");
   }
   fake_work(P, "mutate", &n3);
   g = end_capture_ok(P);
@@ -237,6 +236,83 @@ static void warm_same_capture_is_plain(void **state) {
   assert_true(fake_graph_has_path(g, n1, n2));
   assert_true(fake_graph_has_path(g, n2, n3));
   destroy_graph(g);
+}
+
+/* Both streams in capture X at begin; P's capture starts, C joins it and
+ * leaves begin's SAME_CAPTURE exchange open: the setup of the test below. */
+static dlsync_exchange *begin_in_one_capture(dlsync_lane *lp, dlsync_lane *lc) {
+  dlsync_exchange *ex = NULL;
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(P, "produce", NULL);
+  for (int i = 0; i < 2; i++) { /* the join, then one in the capture: the hints settle */
+    assert_int_equal(dlsync_exchange_begin(&ex, ctx, lp, lc), DLSYNC_SUCCESS);
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  }
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, lp, lc), DLSYNC_SUCCESS);
+  assert_string_equal(fake_call_log(), "cuStreamGetCaptureInfo,cuStreamGetCaptureInfo,"
+                                       "cuEventRecord,cuStreamWaitEvent");
+  fake_work(C, "consume", NULL);
+  return ex;
+}
+
+/* C joined back to P by hand and P's capture ended. */
+static void join_back_and_end(void) {
+  CUevent e = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+  assert_int_equal(D->EventRecord(e, C), CUDA_SUCCESS);
+  assert_int_equal(D->StreamWaitEvent(P, e, 0), CUDA_SUCCESS);
+  destroy_graph(end_capture_ok(P));
+  assert_int_equal(D->EventDestroy(e), CUDA_SUCCESS);
+}
+
+/* An end after a begin that found both streams in one capture reads the
+ * consumer alone, and trusts that read only while it names the same
+ * capture: once the capture has ended (both eager again) or the consumer is
+ * in another one, end reads both and takes the row they are in now, as an
+ * end that read both at once would. A failed read is a status naming the
+ * consumer, with nothing queued. */
+static void end_after_one_capture_trusts_only_that_capture(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex;
+  (void)state;
+  warm_pair(&lp, &lc, 0);
+  /* The capture ended between begin and end: both eager, a plain order. */
+  ex = begin_in_one_capture(&lp, &lc);
+  join_back_and_end();
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  assert_true(strncmp(fake_call_log(), "cuStreamGetCaptureInfo,", 23) == 0);
+  assert_true(fake_call_count("cuStreamGetCaptureInfo") + fake_call_count("cuStreamIsCapturing") >=
+              3); /* the consumer, then both again */
+  assert_int_equal(fake_call_count("cuEventRecord"), 1);
+  assert_int_equal(fake_call_count("cuStreamWaitEvent"), 1);
+  assert_int_equal(fake_capture_status(P), CU_STREAM_CAPTURE_STATUS_NONE);
+  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_NONE);
+  /* The consumer in a new capture by the end, the producer eager: refused
+   * (DLSYNC_ERROR_CAPTURE_ORDER), nothing queued, the new capture unharmed. */
+  ex = begin_in_one_capture(&lp, &lc);
+  join_back_and_end();
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_CAPTURE_ORDER);
+  assert_int_equal(fake_call_count("cuEventRecord"), 0);
+  assert_int_equal(fake_call_count("cuStreamWaitEvent"), 0);
+  assert_int_equal(fake_capture_status(P), CU_STREAM_CAPTURE_STATUS_NONE);
+  destroy_graph(end_capture_ok(C));
+  /* The consumer's read fails: a status that names the call and the
+   * consumer; nothing queued, so the capture still ends once joined back. */
+  ex = begin_in_one_capture(&lp, &lc);
+  fake_log_reset();
+  fake_fail_call(1, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_DRIVER);
+  assert_false(fake_fail_pending());
+  assert_int_equal(fake_call_count("cuStreamGetCaptureInfo"), 1);
+  assert_int_equal(fake_call_count("cuStreamIsCapturing"), 0);
+  assert_int_equal(fake_call_count("cuEventRecord"), 0);
+  assert_int_equal(fake_call_count("cuStreamWaitEvent"), 0);
+  assert_non_null(strstr(dlsync_last_error(), "cuStreamGetCaptureInfo"));
+  assert_non_null(strstr(dlsync_last_error(), "consumer"));
+  join_back_and_end();
 }
 
 /* Warm, eager producer, capturing consumer: what the fast path read is handed
@@ -1873,6 +1949,7 @@ int main(void) {
       T(end_queries_follow_the_last_end),
       T(begin_queries_follow_the_last_begin),
       T(warm_same_capture_is_plain),
+      T(end_after_one_capture_trusts_only_that_capture),
       T(warm_eager_to_capture_reads_each_stream_once),
       T(cold_thread_reads_each_capture_lane_once),
       T(capture_hold_grows_and_reports_a_failed_chunk),

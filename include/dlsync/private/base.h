@@ -167,8 +167,11 @@ typedef struct dlsync__thread {
     unsigned char bytes[DLSYNC__THREAD_GRAPH_BYTES];
     void *align_p;
     uint64_t align_u;
-  } graph;           /* graph/: the holds of its last captures */
-  void *spare;       /* order/: one free exchange record */
+  } graph;     /* graph/: the holds of its last captures */
+  void *spare; /* order/: one free exchange record */
+  /* order/: the capture an end after a begin that found both streams in one
+   * capture checks the consumer against (set by that end) */
+  uint64_t end_capture_id;
   bool spare_keyed;  /* order/: the thread-exit hook that gives it back is set */
   bool end_capture;  /* order/: this thread's last exchange end found its consumer capturing */
   bool then_capture; /* order/: its last begin or order found the later lane capturing */
