@@ -72,9 +72,12 @@ typedef struct dlsync_exchange dlsync_exchange;
 /* Orders the consumer after the producer (dlsync_order(ctx, producer,
  * consumer)) and returns a handle for the matching end.
  *
- * Stream lanes are copied. Graph lanes are kept by pointer: they must stay
- * valid until end, which reads their frontiers as they are then (the caller
- * moves them on while building) and writes the producer's new frontier.
+ * Stream lanes are copied; the streams must outlive the exchange (end orders
+ * whatever stream a handle names by then: one destroyed before end whose
+ * handle the driver gave to a new stream is not noticed inside a capture).
+ * Graph lanes are kept by pointer: they must stay valid until end, which
+ * reads their frontiers as they are then (the caller moves them on while
+ * building) and writes the producer's new frontier.
  *
  * If the producer is capturing and the consumer is an eager stream, the
  * consumer joins the producer's capture: the consumer's work until end is
