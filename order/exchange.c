@@ -202,6 +202,15 @@ static DLSYNC__COLD dlsync_status fail_wait(dlsync_context *ctx, CUresult r, CUs
                              then_role, (void *)then, first_role, (void *)first);
 }
 
+/* The memo's pool is not the stream's (the driver refused its event: a
+ * stream handle reused in another context): forget the memo and look up the
+ * stream's pool with the driver. */
+static DLSYNC__COLD dlsync_status repick_pool(dlsync_context *ctx, pool_pick *pk) {
+  dlsync__pool_memo_forget(&ctx->pools, pk->stream);
+  pk->from_memo = false;
+  return dlsync__pool_for_stream(&pk->pool, NULL, &ctx->pools, pk->stream, pk->role);
+}
+
 /* cuEventRecord of a pooled event on first's stream. When the pool came from
  * the per-thread memo and the driver says the event is not of the stream's
  * context (a stream handle reused in another context), forget the memo, take
@@ -214,9 +223,7 @@ static dlsync_status record_plain(dlsync_context *ctx, pool_pick *pk, CUevent *e
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
     dlsync__pool_unborrow(pk->pool, *ev, *lent);
     *ev = NULL;
-    dlsync__pool_memo_forget(&ctx->pools, pk->stream);
-    DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, &ctx->pools, pk->stream, pk->role));
-    pk->from_memo = false;
+    DLSYNC_TRY(repick_pool(ctx, pk));
     DLSYNC_TRY(dlsync__pool_borrow(ev, lent, &ctx->pools, pk->pool));
     r = d->EventRecord(*ev, first->stream);
   }
@@ -286,9 +293,7 @@ static dlsync_status record_for_graph(CUevent *ev, dlsync_context *ctx, pool_pic
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
     dlsync__pool_put(pk->pool, *ev);
     *ev = NULL;
-    dlsync__pool_memo_forget(&ctx->pools, pk->stream);
-    DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, &ctx->pools, pk->stream, pk->role));
-    pk->from_memo = false;
+    DLSYNC_TRY(repick_pool(ctx, pk));
     DLSYNC_TRY(dlsync__pool_get(ev, pk->pool));
     r = d->EventRecord(*ev, first->stream);
   }
@@ -321,9 +326,7 @@ static dlsync_status row_eager_to_capture(dlsync_context *ctx, pool_pick *pk,
   DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, then, NULL));
   r = d->EventRecord(ev, first->stream);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
-    dlsync__pool_memo_forget(&ctx->pools, pk->stream);
-    DLSYNC_TRY(dlsync__pool_for_stream(&pk->pool, NULL, &ctx->pools, pk->stream, pk->role));
-    pk->from_memo = false;
+    DLSYNC_TRY(repick_pool(ctx, pk));
     DLSYNC_TRY(
         dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, then, NULL));
     r = d->EventRecord(ev, first->stream);
@@ -576,7 +579,7 @@ typedef enum fast_query {
   FAST_QUERY_THEN_FULL,
   FAST_QUERY_BOTH,
   FAST_QUERY_BOTH_EAGER,
-  FAST_QUERY_FIRST_IN /* end after EX_ONE_CAPTURE: `first` in the capture begin found? */
+  FAST_QUERY_FIRST_IN /* FAST_QUERY_BOTH after EX_ONE_CAPTURE: `first` in that capture is enough */
 } fast_query;
 
 /* What FAST_QUERY_THEN read when `then` was capturing: both lanes in full
@@ -700,10 +703,13 @@ static DLSYNC__NOINLINE fast_next fast_then_queries(dlsync__thread *t, dlsync_co
 /* FAST_QUERY_BOTH (and BOTH_EAGER with `first` capturing): the full query
  * of `first`; when it captures, its id tells whether `then` is in the same
  * capture (SAME_CAPTURE, the end of a join: plain too), for one more query of
- * `then`. */
+ * `then`. With one_capture (FAST_QUERY_FIRST_IN: an end whose begin found
+ * both streams in capture t->end_capture_id, EX_ONE_CAPTURE), `first` still
+ * in that capture is enough: so is `then` (rule R11), and it is not asked. */
 static DLSYNC__NOINLINE fast_next fast_both_queries(dlsync__thread *t, const dlsync__driver *d,
-                                                    CUstream first, CUstream then,
-                                                    const fast_roles *roles, dlsync_status *st) {
+                                                    CUstream first, CUstream then, bool one_capture,
+                                                    dlsync_status *st) {
+  const fast_roles *roles = &ROLES_END; /* only end asks about both */
   CUstreamCaptureStatus cs;
   CUresult r;
   cuuint64_t id_first = 0, id_then = 0;
@@ -712,6 +718,8 @@ static DLSYNC__NOINLINE fast_next fast_both_queries(dlsync__thread *t, const dls
     return fast_query_failed(d, r, true, first, roles->first, st);
   t->end_capture = cs != CU_STREAM_CAPTURE_STATUS_NONE;
   if (cs == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+    if (one_capture && id_first == t->end_capture_id)
+      return FAST_GO;
     r = d->StreamGetCaptureInfo(then, &cs, &id_then, NULL, NULL, NULL, NULL);
     if (r != CUDA_SUCCESS)
       return fast_query_failed(d, r, true, then, roles->then, st);
@@ -724,22 +732,6 @@ static DLSYNC__NOINLINE fast_next fast_both_queries(dlsync__thread *t, const dls
   if (r != CUDA_SUCCESS)
     return fast_query_failed(d, r, false, then, roles->then, st);
   return cs == CU_STREAM_CAPTURE_STATUS_NONE ? FAST_GO : FAST_GENERAL;
-}
-
-/* FAST_QUERY_FIRST_IN (an end after a begin that found both streams in
- * capture t->end_capture_id): the full query of `first` (the consumer) alone; in that
- * capture still, the producer is too (EX_ONE_CAPTURE), so the end is plain
- * (SAME_CAPTURE). Anything else goes to the general path, which reads both. */
-static DLSYNC__NOINLINE fast_next fast_first_in(dlsync__thread *t, const dlsync__driver *d,
-                                                CUstream first, const fast_roles *roles,
-                                                dlsync_status *st) {
-  CUstreamCaptureStatus cs;
-  cuuint64_t now = 0;
-  CUresult r = d->StreamGetCaptureInfo(first, &cs, &now, NULL, NULL, NULL, NULL);
-  if (r != CUDA_SUCCESS)
-    return fast_query_failed(d, r, true, first, roles->first, st);
-  t->end_capture = cs != CU_STREAM_CAPTURE_STATUS_NONE;
-  return cs == CU_STREAM_CAPTURE_STATUS_ACTIVE && now == t->end_capture_id ? FAST_GO : FAST_GENERAL;
 }
 
 /* A failed record or wait of the fast path (cold). */
@@ -820,8 +812,7 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
   } else if (query == FAST_QUERY_THEN_FULL) {
     next = pre != NULL ? fast_then_queries(t, ctx, roles, st, pre) : FAST_GENERAL;
   } else if (query != FAST_QUERY_NONE) {
-    next = query == FAST_QUERY_FIRST_IN ? fast_first_in(t, d, first, roles, st)
-                                        : fast_both_queries(t, d, first, then, roles, st);
+    next = fast_both_queries(t, d, first, then, query == FAST_QUERY_FIRST_IN, st);
   }
   if (DLSYNC__UNLIKELY(next != FAST_GO))
     return next == FAST_DONE;
