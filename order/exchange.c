@@ -59,11 +59,10 @@ enum {
   EX_MANY = 4,   /* dlsync_exchange_begin_many: many, nmany */
   EX_REFS = 8,   /* a graph lane: producer_ref, consumer_ref (either may be NULL) */
   EX_CROSS = 16, /* begin added a record node and a wait node: the domains */
-  /* Begin found both streams in one capture, capture_id: end asks the
-   * consumer alone. While the consumer is in that capture, so is the
-   * producer: a stream leaves a capture only when the capture ends, with all
-   * its streams (rule R11, checked on the H200), and capture ids are never
-   * reused. */
+  /* Begin found both streams in one capture (or made the consumer join
+   * the producer's), capture_id: end asks the consumer alone. While the consumer is in that
+   * capture, so is the producer: a stream leaves a capture only when the capture ends, with all its
+   * streams (rule R11, checked on the H200), and capture ids are never reused. */
   EX_ONE_CAPTURE = 32,
 };
 _Static_assert((unsigned)EX_STABLE == (unsigned)DLSYNC_EXCHANGE_CAPTURE_STABLE,
@@ -255,9 +254,9 @@ cleanup:
  * `first` and `then` have been read (dlsync__lane_read); pk is the pool the
  * event comes from. */
 
-/* EAGER_EAGER, SAME_CAPTURE, JOIN: a plain record and wait leave the event
- * free at once, so the thread's own scratch event does. JOIN: `then` joins
- * first's capture. */
+/* EAGER_EAGER, JOIN: a plain record and wait leave the event free at once,
+ * so the thread's own scratch event does. JOIN: `then` joins first's
+ * capture (a dependency update cannot: an eager stream's is refused). */
 static dlsync_status row_record_wait(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
                                      dlsync__lane_now *then) {
   dlsync_status st = DLSYNC_SUCCESS;
@@ -272,6 +271,54 @@ static dlsync_status row_record_wait(dlsync_context *ctx, pool_pick *pk, dlsync_
 cleanup:
   if (ev != NULL)
     dlsync__pool_unborrow(pk->pool, ev, lent);
+  return st;
+}
+
+/* A failed dependency update of `then` (cold). */
+static DLSYNC__COLD dlsync_status fail_add(const dlsync__driver *d, CUresult r, CUstream first,
+                                           CUstream then, size_t n, const char *first_role,
+                                           const char *then_role) {
+  return dlsync__fail_driver(
+      d, r, "cuStreamUpdateCaptureDependencies",
+      "%s stream %p (capturing) taking the %zu dependencies of %s stream "
+      "%p, in its capture%s",
+      then_role, (void *)then, n, first_role, (void *)first,
+      r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ? ": the capture has been invalidated" : "");
+}
+
+/* SAME_CAPTURE's edges: `then`'s next node must come after what `first`
+ * captured so far. Adding first's dependencies to then's
+ * (cuStreamUpdateCaptureDependencies, ADD: rule R12) makes the edges a
+ * record on first and a wait on then make, in one call and without an event
+ * (a record inside a capture copies the stream's dependencies into the event,
+ * the wait copies them out again); nodes then already depends on are not
+ * added twice. An empty set (first has captured nothing since it began or
+ * joined) orders nothing: no call. `deps` may be the driver's array: valid,
+ * for no call on first's stream came since it was read. */
+static DLSYNC__INLINE dlsync_status add_deps(const dlsync__driver *d, CUstream first, CUstream then,
+                                             const CUgraphNode *deps, size_t n,
+                                             const char *first_role, const char *then_role) {
+  CUresult r;
+  if (n == 0)
+    return DLSYNC_SUCCESS;
+  /* The driver takes a non-const array that it only reads. */
+  r = d->StreamUpdateCaptureDependencies(then, (CUgraphNode *)(uintptr_t)deps, NULL, n,
+                                         CU_STREAM_ADD_CAPTURE_DEPENDENCIES);
+  if (DLSYNC__LIKELY(r == CUDA_SUCCESS))
+    return DLSYNC_SUCCESS;
+  return fail_add(d, r, first, then, n, first_role, then_role);
+}
+
+/* SAME_CAPTURE: first's dependencies added to then's (add_deps). Other
+ * calls may have been made on first's stream since its read (its pool's
+ * lookup): a set too large to have been copied is read again. */
+static dlsync_status row_same_capture(const dlsync__driver *d, dlsync__lane_now *first,
+                                      dlsync__lane_now *then) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  DLSYNC_TRY(dlsync__lane_refresh(first, d));
+  st = add_deps(d, first->stream, then->stream, dlsync__lane_deps(first), first->ndeps, first->role,
+                then->role);
+cleanup:
   return st;
 }
 
@@ -467,9 +514,11 @@ static dlsync_status order_now(dlsync_context *ctx, dlsync__op op, pool_pick *pk
   }
   switch (row) {
   case DLSYNC__ROW_EAGER_EAGER:
-  case DLSYNC__ROW_SAME_CAPTURE:
   case DLSYNC__ROW_JOIN:
     st = row_record_wait(ctx, pk, first, then);
+    break;
+  case DLSYNC__ROW_SAME_CAPTURE:
+    st = row_same_capture(ctx->drv, first, then);
     break;
   case DLSYNC__ROW_EAGER_TO_CAPTURE:
     st = row_eager_to_capture(ctx, pk, first, then);
@@ -549,9 +598,11 @@ cleanup:
 }
 
 /* The fast path: a plain row of the table (dlsync__row_is_plain: EAGER_EAGER,
- * JOIN, SAME_CAPTURE) and a warm thread. It is row_record_wait without the
- * general machinery: a plain record on `first` and a wait on `then`, with the
- * thread's scratch event of first's context and no lock. Asking the driver
+ * JOIN, SAME_CAPTURE) and a warm thread. It is row_record_wait (and
+ * row_same_capture) without the general machinery: a plain record on
+ * `first` and a wait on `then`, with the thread's scratch event of first's
+ * context and no lock, or, when both streams are in one capture
+ * (SAME_CAPTURE), first's dependencies added to then's. Asking the driver
  * about `then` is enough when it is eager: whether `first` is eager
  * (EAGER_EAGER) or capturing (JOIN), the row is plain, and the same two calls
  * carry it out (a capture of `first` that is invalidated fails the record,
@@ -596,8 +647,8 @@ typedef struct fast_pre {
   dlsync_lane *first, *then;
   bool have;
   bool graph_rows; /* dlsync_order: the graph rows of two streams go on here */
-  /* begin's record (else NULL): a row that is plain because both streams
-   * are in one capture (SAME_CAPTURE) marks it EX_ONE_CAPTURE, with the id. */
+  /* begin's record (else NULL): both streams in one capture
+   * (SAME_CAPTURE) mark it EX_ONE_CAPTURE, with the id. */
   struct dlsync_exchange *ex;
   dlsync__lanes_opened opened; /* .a: first, .b: then */
 } fast_pre;
@@ -629,8 +680,9 @@ static DLSYNC__INLINE bool fast_graph_rows(dlsync_context *ctx, dlsync__thread *
 
 /* `then` read in full (FAST_QUERY_THEN_FULL, or FAST_QUERY_THEN once its
  * status said it captures). Eager: true, *plain (no more queries).
- * Capturing: `first` read in full too (pre->have); one capture: true,
- * *plain. A failed read: true, *st says why. False: the general path goes on
+ * Capturing: `first` read in full too; one capture (SAME_CAPTURE): first's
+ * dependencies added to then's, true, *st says how it went. A failed read:
+ * true, *st says why. False: the general path goes on
  * with both reads, reading neither stream again. */
 static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *th, fast_pre *pre,
                                           const char *first_role, const char *then_role,
@@ -656,7 +708,8 @@ static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *t
       pre->ex->bits |= EX_ONE_CAPTURE;
       pre->ex->capture_id = ct.id;
     }
-    *plain = true;
+    /* first's array is valid: the query since was of `then`. */
+    *st = add_deps(d, pre->first->stream, pre->then->stream, cf.deps, cf.n, first_role, then_role);
     return true;
   }
   /* Not plain: both lanes written for the graph rows or the general path
@@ -673,7 +726,7 @@ static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *t
 /* What the fast path's out-of-line steps say. */
 typedef enum fast_next {
   FAST_GO,      /* plain: record and wait */
-  FAST_DONE,    /* *st says how it went (a failed query) */
+  FAST_DONE,    /* *st says how it went (a failed query, or SAME_CAPTURE's update) */
   FAST_GENERAL, /* the general path must (nothing queued) */
 } fast_next;
 
@@ -702,10 +755,10 @@ static DLSYNC__NOINLINE fast_next fast_then_queries(dlsync__thread *t, dlsync_co
 
 /* FAST_QUERY_BOTH (and BOTH_EAGER with `first` capturing): the full query
  * of `first`; when it captures, its id tells whether `then` is in the same
- * capture (SAME_CAPTURE, the end of a join: plain too), for one more query of
- * `then`. With one_capture (FAST_QUERY_FIRST_IN: an end whose begin found
- * both streams in capture t->end_capture_id, EX_ONE_CAPTURE), `first` still
- * in that capture is enough: so is `then` (rule R11), and it is not asked. */
+ * capture (SAME_CAPTURE, the end of a join: first's dependencies, from that
+ * query, are added to then's), for one more query of `then`. With one_capture (FAST_QUERY_FIRST_IN:
+ * an end whose begin found both streams in capture t->end_capture_id, EX_ONE_CAPTURE), `first`
+ * still in that capture is enough: so is `then` (rule R11), and it is not asked. */
 static DLSYNC__NOINLINE fast_next fast_both_queries(dlsync__thread *t, const dlsync__driver *d,
                                                     CUstream first, CUstream then, bool one_capture,
                                                     dlsync_status *st) {
@@ -713,17 +766,24 @@ static DLSYNC__NOINLINE fast_next fast_both_queries(dlsync__thread *t, const dls
   CUstreamCaptureStatus cs;
   CUresult r;
   cuuint64_t id_first = 0, id_then = 0;
-  r = d->StreamGetCaptureInfo(first, &cs, &id_first, NULL, NULL, NULL, NULL);
+  const CUgraphNode *deps = NULL;
+  const CUgraphEdgeData *edges = NULL; /* asked for, or an edge with data fails the query */
+  size_t n = 0;
+  r = d->StreamGetCaptureInfo(first, &cs, &id_first, NULL, &deps, &edges, &n);
   if (r != CUDA_SUCCESS)
     return fast_query_failed(d, r, true, first, roles->first, st);
   t->end_capture = cs != CU_STREAM_CAPTURE_STATUS_NONE;
   if (cs == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
-    if (one_capture && id_first == t->end_capture_id)
-      return FAST_GO;
-    r = d->StreamGetCaptureInfo(then, &cs, &id_then, NULL, NULL, NULL, NULL);
-    if (r != CUDA_SUCCESS)
-      return fast_query_failed(d, r, true, then, roles->then, st);
-    return cs == CU_STREAM_CAPTURE_STATUS_ACTIVE && id_then == id_first ? FAST_GO : FAST_GENERAL;
+    if (!one_capture || id_first != t->end_capture_id) {
+      r = d->StreamGetCaptureInfo(then, &cs, &id_then, NULL, NULL, NULL, NULL);
+      if (r != CUDA_SUCCESS)
+        return fast_query_failed(d, r, true, then, roles->then, st);
+      if (cs != CU_STREAM_CAPTURE_STATUS_ACTIVE || id_then != id_first)
+        return FAST_GENERAL;
+    }
+    /* SAME_CAPTURE; first's array is valid (the query since was of then). */
+    *st = add_deps(d, first, then, deps, n, roles->first, roles->then);
+    return FAST_DONE;
   }
   if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
     return FAST_GENERAL; /* invalidated: the general path says so */
@@ -1111,6 +1171,13 @@ static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsyn
   if (stable && (row == DLSYNC__ROW_EAGER_EAGER || row == DLSYNC__ROW_JOIN ||
                  row == DLSYNC__ROW_SAME_CAPTURE))
     ex->bits |= EX_STABLE;
+  /* A consumer that joined the producer's capture, or two streams of one
+   * capture: both in the producer's capture now, so end asks the consumer
+   * alone, and adds its dependencies to the producer's. */
+  if (row == DLSYNC__ROW_JOIN || row == DLSYNC__ROW_SAME_CAPTURE) {
+    ex->bits |= EX_ONE_CAPTURE;
+    ex->capture_id = p->capture_id;
+  }
   *out = exchange_publish(ex, ctx);
   ex = NULL;
 cleanup:
@@ -1361,11 +1428,14 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
     fast_query q;
     if (DLSYNC__LIKELY((bits & (EX_STABLE | EX_ONE_CAPTURE)) == 0)) {
       q = t->end_capture ? FAST_QUERY_BOTH : FAST_QUERY_BOTH_EAGER;
-    } else if (bits & EX_STABLE) {
-      q = FAST_QUERY_NONE;
-    } else {
+    } else if (bits & EX_ONE_CAPTURE) {
+      /* With CAPTURE_STABLE too: the query gives the consumer's
+       * dependencies, which the producer takes (cheaper than a record and
+       * a wait, which need no query). */
       q = FAST_QUERY_FIRST_IN;
       t->end_capture_id = ex->capture_id;
+    } else {
+      q = FAST_QUERY_NONE;
     }
     if (order_fast(t, ctx, ex->consumer_stream, ex->producer_stream, q, &ROLES_END, &st, NULL)) {
       exchange_free(t, ex);

@@ -99,10 +99,10 @@ static void warm_pool_makes_exactly_the_needed_calls(void **state) {
 }
 
 /* A warm join: begin asks about the consumer only; end finds both streams in
- * one capture and joins back with a plain record and wait (no general path,
- * no cuStreamGetCtx). The thread's ends so far found eager consumers, so this
- * end asks the consumer's status first and then reads both in full; from then
- * on its ends read both in full at once (three queries per join). */
+ * one capture and joins back by adding the consumer's dependencies to the
+ * producer's (no event, no general path, no cuStreamGetCtx). The thread's ends so far found eager
+ * consumers, so this end asks the consumer's status first and then reads both in full; from then on
+ * its ends read both in full at once (three queries per join). */
 static void warm_join_is_three_queries(void **state) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync_exchange *ex = NULL;
@@ -118,14 +118,14 @@ static void warm_join_is_three_queries(void **state) {
   fake_log_reset();
   assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
   assert_string_equal(fake_call_log(), "cuStreamIsCapturing,cuStreamGetCaptureInfo,"
-                                       "cuStreamGetCaptureInfo,cuEventRecord,cuStreamWaitEvent");
+                                       "cuStreamGetCaptureInfo,cuStreamUpdateCaptureDependencies");
   fake_work(P, "mutate", &n3);
   /* Another exchange in the capture (both in it now: SAME_CAPTURE): begin
    * found both in it, so end reads the consumer alone. */
   assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
   fake_log_reset();
   assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
-  assert_string_equal(fake_call_log(), "cuStreamGetCaptureInfo,cuEventRecord,cuStreamWaitEvent");
+  assert_string_equal(fake_call_log(), "cuStreamGetCaptureInfo,cuStreamUpdateCaptureDependencies");
   end_join_checked(n1, n2, n3);
 }
 
@@ -200,9 +200,11 @@ static void begin_queries_follow_the_last_begin(void **state) {
 
 /* Warm, both streams in one capture (every exchange after the first inside a
  * capture): begin reads both in full (the first time after eager begins, the
- * consumer's status before) and orders with a plain record and wait; end
- * reads the consumer alone (in that capture still, the producer is too: rule
- * R11) and orders the same way. With CAPTURE_STABLE, end asks nothing. */
+ * consumer's status before) and adds the producer's dependencies to the
+ * consumer's (one call, no event: rule R12); end reads the consumer alone (in
+ * that capture still, the producer is too: rule R11) and adds its
+ * dependencies to the producer's. With CAPTURE_STABLE the same: the query
+ * gives the dependencies (a record and a wait would cost more). */
 static void warm_same_capture_is_plain(void **state) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync_exchange *ex = NULL;
@@ -219,15 +221,14 @@ static void warm_same_capture_is_plain(void **state) {
     assert_int_equal(dlsync_exchange_begin_flags(&ex, ctx, &lp, &lc, flags), DLSYNC_SUCCESS);
     assert_string_equal(fake_call_log(),
                         flags == 0 ? "cuStreamIsCapturing,cuStreamGetCaptureInfo,"
-                                     "cuStreamGetCaptureInfo,cuEventRecord,cuStreamWaitEvent"
+                                     "cuStreamGetCaptureInfo,cuStreamUpdateCaptureDependencies"
                                    : "cuStreamGetCaptureInfo,cuStreamGetCaptureInfo,"
-                                     "cuEventRecord,cuStreamWaitEvent");
+                                     "cuStreamUpdateCaptureDependencies");
     fake_work(C, "consume", &n2);
     fake_log_reset();
     assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
     assert_string_equal(fake_call_log(),
-                        flags != 0 ? "cuEventRecord,cuStreamWaitEvent"
-                                   : "cuStreamGetCaptureInfo,cuEventRecord,cuStreamWaitEvent");
+                        "cuStreamGetCaptureInfo,cuStreamUpdateCaptureDependencies");
   }
   fake_work(P, "mutate", &n3);
   g = end_capture_ok(P);
@@ -251,7 +252,7 @@ static dlsync_exchange *begin_in_one_capture(dlsync_lane *lp, dlsync_lane *lc) {
   fake_log_reset();
   assert_int_equal(dlsync_exchange_begin(&ex, ctx, lp, lc), DLSYNC_SUCCESS);
   assert_string_equal(fake_call_log(), "cuStreamGetCaptureInfo,cuStreamGetCaptureInfo,"
-                                       "cuEventRecord,cuStreamWaitEvent");
+                                       "cuStreamUpdateCaptureDependencies");
   fake_work(C, "consume", NULL);
   return ex;
 }
@@ -311,6 +312,91 @@ static void end_after_one_capture_trusts_only_that_capture(void **state) {
   assert_non_null(strstr(dlsync_last_error(), "cuStreamGetCaptureInfo"));
   assert_non_null(strstr(dlsync_last_error(), "consumer"));
   join_back_and_end();
+}
+
+/* Inside one capture an exchange adds dependency sets (rule R12): begin gives
+ * the consumer the producer's (here more than the lane copies inline: the
+ * driver's array, passed as it came), end gives the producer the
+ * consumer's; no event, no record, no wait. An empty set (a consumer that
+ * joined and did nothing) is no call. A failed update is a status naming the
+ * call and both streams, with nothing added. */
+static void same_capture_adds_dependencies_without_an_event(void **state) {
+  enum { SIDES = DLSYNC__DEPS_INLINE + 2 };
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  CUstream side[SIDES];
+  CUevent fork = fake_event_create(0, CU_EVENT_DISABLE_TIMING), joins[SIDES];
+  CUgraphNode work[SIDES], consume = NULL, mutate = NULL;
+  CUgraph g;
+  (void)state;
+  warm_pair(&lp, &lc, 0);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  /* The join (a record and a wait: an eager consumer cannot take a set),
+   * then an end whose consumer has nothing: no call after the queries. */
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  assert_int_equal(fake_call_count("cuStreamUpdateCaptureDependencies"), 0);
+  assert_int_equal(fake_call_count("cuEventRecord"), 0);
+  assert_int_equal(fake_call_count("cuStreamWaitEvent"), 0);
+  /* P's frontier: SIDES nodes of side streams. */
+  assert_int_equal(D->EventRecord(fork, P), CUDA_SUCCESS);
+  for (int i = 0; i < SIDES; i++) {
+    side[i] = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+    joins[i] = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+    assert_int_equal(D->StreamWaitEvent(side[i], fork, 0), CUDA_SUCCESS);
+    fake_work(side[i], "side", &work[i]);
+    assert_int_equal(D->EventRecord(joins[i], side[i]), CUDA_SUCCESS);
+    assert_int_equal(D->StreamWaitEvent(P, joins[i], 0), CUDA_SUCCESS);
+  }
+  assert_int_equal(fake_capture_deps(P, NULL, 0), SIDES);
+  assert_int_equal(fake_capture_deps(C, NULL, 0), 0);
+  /* Begin's update refused: a status naming it, nothing added. */
+  fake_fail_nth("cuStreamUpdateCaptureDependencies", 1, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_ERROR_DRIVER);
+  assert_null(ex);
+  assert_false(fake_fail_pending());
+  assert_non_null(strstr(dlsync_last_error(), "cuStreamUpdateCaptureDependencies"));
+  assert_non_null(strstr(dlsync_last_error(), "consumer stream"));
+  assert_non_null(strstr(dlsync_last_error(), "producer stream"));
+  assert_int_equal(fake_capture_deps(C, NULL, 0), 0);
+  /* Begin: C takes P's SIDES nodes. */
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(fake_call_count("cuStreamUpdateCaptureDependencies"), 1);
+  assert_int_equal(fake_call_count("cuEventRecord"), 0);
+  assert_int_equal(fake_call_count("cuStreamWaitEvent"), 0);
+  assert_int_equal(fake_capture_deps(C, NULL, 0), SIDES);
+  fake_work(C, "consume", &consume);
+  /* End's update refused: named, P's set as it was; the exchange is over. */
+  fake_fail_nth("cuStreamUpdateCaptureDependencies", 1, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_DRIVER);
+  assert_non_null(strstr(dlsync_last_error(), "cuStreamUpdateCaptureDependencies"));
+  assert_non_null(strstr(dlsync_last_error(), "producer stream"));
+  assert_int_equal(fake_capture_deps(P, NULL, 0), SIDES);
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_INVALID_ARGUMENT);
+  /* Again, the end succeeding: P takes C's one node. */
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  assert_string_equal(fake_call_log(), "cuStreamGetCaptureInfo,cuStreamUpdateCaptureDependencies");
+  assert_int_equal(fake_capture_deps(P, NULL, 0), SIDES + 1);
+  fake_work(P, "mutate", &mutate);
+  g = end_capture_ok(P); /* C joined back by the update alone */
+  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_NONE);
+  assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 0);
+  assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 0);
+  for (int i = 0; i < SIDES; i++) {
+    assert_true(fake_graph_has_edge(g, work[i], consume));
+    assert_true(fake_graph_has_edge(g, work[i], mutate));
+  }
+  assert_true(fake_graph_has_edge(g, consume, mutate));
+  destroy_graph(g);
+  for (int i = 0; i < SIDES; i++) {
+    assert_int_equal(D->EventDestroy(joins[i]), CUDA_SUCCESS);
+    fake_stream_destroy(side[i]);
+  }
+  assert_int_equal(D->EventDestroy(fork), CUDA_SUCCESS);
 }
 
 /* Warm, eager producer, capturing consumer: what the fast path read is handed
@@ -1948,6 +2034,7 @@ int main(void) {
       T(begin_queries_follow_the_last_begin),
       T(warm_same_capture_is_plain),
       T(end_after_one_capture_trusts_only_that_capture),
+      T(same_capture_adds_dependencies_without_an_event),
       T(warm_eager_to_capture_reads_each_stream_once),
       T(cold_thread_reads_each_capture_lane_once),
       T(capture_hold_grows_and_reports_a_failed_chunk),

@@ -77,6 +77,14 @@
  *       work (UNJOINED) and a clean end each leave no stream in it; a new
  *       capture never has an ended one's id. Checked (2026-12-02, H200);
  *       end's fast path relies on it (EX_ONE_CAPTURE).
+ *   [R12 ADD-JOIN] inside one capture, cuStreamUpdateCaptureDependencies
+ *       (ADD) of one stream's dependency set into another's gives the
+ *       second stream's next node edges from both sets, as a record and a
+ *       wait would (a node already there is not added again), and the same
+ *       add back counts as the join for the capture's end (R2 looks at what
+ *       the origin's dependencies reach). On an eager stream: ILLEGAL_STATE,
+ *       nothing harmed; a node of another capture's graph: INVALID_VALUE.
+ *       Checked (2026-12-02, H200); SAME_CAPTURE relies on it.
  */
 #ifndef DLSYNC_TESTS_FAKE_DRIVER_H
 #define DLSYNC_TESTS_FAKE_DRIVER_H

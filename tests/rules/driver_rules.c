@@ -2,6 +2,7 @@
 /* The rule checks (driver_rules.h). Driver calls only: no fake helper. */
 #include "driver_rules.h"
 
+#include <stdint.h>
 #include <stdio.h>
 #include <string.h>
 
@@ -477,6 +478,125 @@ done:
   return res;
 }
 
+/* The dependency set of a capturing stream (full query): its first node
+ * in *node, the count returned (0 on failure). */
+static size_t deps_of(const dlsync__driver *d, CUstream s, const CUgraphNode **deps,
+                      CUgraphNode *node) {
+  CUstreamCaptureStatus cs;
+  cuuint64_t id;
+  const CUgraphEdgeData *edges = NULL;
+  size_t n = 0;
+  *deps = NULL;
+  if (d->StreamGetCaptureInfo(s, &cs, &id, NULL, deps, &edges, &n) != CUDA_SUCCESS ||
+      cs != CU_STREAM_CAPTURE_STATUS_ACTIVE)
+    return 0;
+  if (node != NULL && n > 0)
+    *node = (*deps)[0];
+  return n;
+}
+
+/* Does g hold the edge from -> to, and how many edges end at `to`? */
+static int edges_into(const dlsync__driver *d, CUgraph g, CUgraphNode to, CUgraphNode a,
+                      CUgraphNode b, int *total) {
+  CUgraphNode from[32], dst[32];
+  size_t n = 32;
+  int in = 0, hit = 0;
+  *total = -1;
+  if (d->GraphGetEdges(g, from, dst, NULL, &n) != CUDA_SUCCESS || n > 32)
+    return 0;
+  *total = (int)n;
+  for (size_t i = 0; i < n; i++)
+    if (dst[i] == to) {
+      in++;
+      hit += from[i] == a || from[i] == b;
+    }
+  return in == 2 && hit == 2;
+}
+
+static CUresult add_from(const dlsync__driver *d, CUstream to, const CUgraphNode *deps, size_t n) {
+  return d->StreamUpdateCaptureDependencies(to, (CUgraphNode *)(uintptr_t)deps, NULL, n,
+                                            CU_STREAM_ADD_CAPTURE_DEPENDENCIES);
+}
+
+/* Inside one capture, adding one stream's dependency set to another's
+ * (cuStreamUpdateCaptureDependencies, ADD, the first stream's array passed
+ * as the query gave it) orders them as a record on the first and a wait on
+ * the second would: the second's next node depends on both streams' last
+ * nodes, a node added twice is there once, and the same add back joins the
+ * second stream for the capture's end (it ends cleanly). On an eager stream
+ * it is refused (ILLEGAL_STATE) and the capture goes on. (Why SAME_CAPTURE
+ * adds dependencies in place of a record and a wait.) */
+static const char *add_join_rule(const dlsync__driver *d, CUdeviceptr buf, char *why, size_t n) {
+  scope sc;
+  const char *res = "setup failed";
+  CUresult r;
+  CUgraph g = NULL;
+  const CUgraphNode *deps;
+  CUgraphNode b = NULL, c = NULL, dn = NULL, e = NULL;
+  size_t nd;
+  int total = 0;
+  if (scope_open(&sc, d) != CUDA_SUCCESS || BEGIN(sc.s[0]) != CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 1, 1, sc.s[0]) != CUDA_SUCCESS ||
+      d->EventRecord(sc.e[0], sc.s[0]) != CUDA_SUCCESS ||
+      d->StreamWaitEvent(sc.s[1], sc.e[0], 0) != CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 2, 1, sc.s[1]) != CUDA_SUCCESS ||
+      deps_of(d, sc.s[1], &deps, &b) != 1 ||
+      d->MemsetD32Async(buf, 3, 1, sc.s[0]) != CUDA_SUCCESS ||
+      (nd = deps_of(d, sc.s[0], &deps, &c)) != 1)
+    goto done;
+  for (int twice = 0; twice < 2; twice++) {
+    nd = deps_of(d, sc.s[0], &deps, NULL);
+    r = add_from(d, sc.s[1], deps, nd);
+    if (r != CUDA_SUCCESS) {
+      res = said(why, n, d, "cuStreamUpdateCaptureDependencies(ADD)", r, "CUDA_SUCCESS");
+      goto done;
+    }
+  }
+  nd = deps_of(d, sc.s[1], &deps, NULL);
+  if (nd != 2) {
+    snprintf(why, n, "after adding the other stream's one node twice, %zu dependencies (want 2)",
+             nd);
+    res = why;
+    goto done;
+  }
+  res = "setup failed";
+  if (d->MemsetD32Async(buf, 4, 1, sc.s[1]) != CUDA_SUCCESS ||
+      (nd = deps_of(d, sc.s[1], &deps, &dn)) != 1)
+    goto done;
+  r = add_from(d, sc.s[0], deps, nd); /* the join back, by ADD alone */
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "cuStreamUpdateCaptureDependencies(ADD) back", r, "CUDA_SUCCESS");
+    goto done;
+  }
+  if (d->MemsetD32Async(buf, 5, 1, sc.s[0]) != CUDA_SUCCESS || deps_of(d, sc.s[0], &deps, &e) != 1)
+    goto done;
+  nd = deps_of(d, sc.s[0], &deps, NULL);
+  r = add_from(d, sc.s[2], deps, nd);
+  if (r != CUDA_ERROR_ILLEGAL_STATE) {
+    res = said(why, n, d, "cuStreamUpdateCaptureDependencies(ADD) on an eager stream", r,
+               "CUDA_ERROR_ILLEGAL_STATE");
+    goto done;
+  }
+  r = d->StreamEndCapture(sc.s[0], &g);
+  scope_keep(&sc, g);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "cuStreamEndCapture after a join back by ADD", r, "CUDA_SUCCESS");
+    goto done;
+  }
+  if (!edges_into(d, g, dn, b, c, &total) || !edges_into(d, g, e, c, dn, &total) || total != 6) {
+    snprintf(why, n,
+             "the graph's edges are not a record and wait's (%d edges, want 6: the second "
+             "stream's node after both streams' nodes, the first's after both again)",
+             total);
+    res = why;
+    goto done;
+  }
+  res = NULL;
+done:
+  scope_close(&sc);
+  return res;
+}
+
 const driver_rule driver_rules[] = {
     {"R1 JOIN", "a plain wait on an event of an active capture joins it", join_rule},
     {"R2 UNJOINED", "ending with a joined stream's work not joined back: UNJOINED", unjoined_rule},
@@ -501,6 +621,10 @@ const driver_rule driver_rules[] = {
     {"R11 STAYS-IN-CAPTURE",
      "a joined stream leaves its capture only with the others, whichever way it ends",
      stays_in_capture_rule},
+    {"R12 ADD-JOIN",
+     "in one capture, adding a stream's dependencies to another's orders them as a record and "
+     "wait would, and joins back for the end",
+     add_join_rule},
 };
 
 const size_t driver_rule_count = sizeof driver_rules / sizeof driver_rules[0];

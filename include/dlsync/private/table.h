@@ -25,7 +25,7 @@ extern "C" {
 #define DLSYNC__ROWS(X)                                                                           \
   X(SAME_STREAM, 0, "one stream: already ordered, nothing queued")                                \
   X(EAGER_EAGER, 0, "eager -> eager: record a pooled event on first, wait on then")               \
-  X(SAME_CAPTURE, 0, "capturing -> the same capture: plain record and wait, edges only")          \
+  X(SAME_CAPTURE, 0, "capturing -> the same capture: then takes first's dependencies (edges)")    \
   X(JOIN, 0, "capturing -> eager: then joins first's capture (plain record and wait)")            \
   X(EAGER_TO_CAPTURE, 1, "eager -> capturing: eager record, external wait node in the capture")   \
   X(EAGER_TO_BUILT, 1, "eager -> built graph: wait node in the graph, eager record")              \
@@ -136,8 +136,9 @@ static inline int dlsync__row_nodes(dlsync__row row) {
     return 0;
   }
 }
-/* The rows carried out by a plain record on first and a wait on then with
- * the thread's scratch event: the only rows of the fast path. */
+/* The rows the fast path carries out itself: a plain record on first and a
+ * wait on then with the thread's scratch event (EAGER_EAGER, JOIN), or
+ * first's dependencies added to then's (SAME_CAPTURE). */
 static inline bool dlsync__row_is_plain(dlsync__row row) {
   return row == DLSYNC__ROW_EAGER_EAGER || row == DLSYNC__ROW_SAME_CAPTURE ||
          row == DLSYNC__ROW_JOIN;
