@@ -44,6 +44,8 @@ typedef struct drv {
   CUresult (*event_create)(CUevent *, unsigned);
   CUresult (*retain_primary)(CUcontext *, CUdevice);
   CUresult (*push)(CUcontext);
+  CUresult (*mem_alloc)(CUdeviceptr *, size_t);
+  CUresult (*memset)(CUdeviceptr, unsigned, size_t, CUstream);
 } drv;
 
 typedef enum row {
@@ -101,6 +103,7 @@ int main(int argc, char **argv) {
   CUcontext cx = NULL;
   CUstream p, c;
   CUevent join;
+  CUdeviceptr buf;
   dlsync_lane lp, lc;
   row r = ROW_COUNT;
   long n;
@@ -143,6 +146,8 @@ int main(int argc, char **argv) {
   d.event_create = entry(gpa, "cuEventCreate");
   d.retain_primary = entry(gpa, "cuDevicePrimaryCtxRetain");
   d.push = entry(gpa, "cuCtxPushCurrent");
+  d.mem_alloc = entry(gpa, "cuMemAlloc");
+  d.memset = entry(gpa, "cuMemsetD32Async");
   if (a.create(&ctx, NULL) != DLSYNC_SUCCESS) {
     fprintf(stderr, "instr_rows: dlsync_context_create: %s\n", a.last_error());
     return 1;
@@ -151,6 +156,7 @@ int main(int argc, char **argv) {
   p = stream_create();
   c = stream_create();
   check(d.event_create(&join, 0) == CUDA_SUCCESS, "event");
+  check(d.mem_alloc(&buf, 8) == CUDA_SUCCESS, "memory");
   lp = dlsync_lane_stream(p);
   lc = dlsync_lane_stream(c);
   for (int i = 0; i < 2; i++) { /* warm, as the bench's thread is */
@@ -164,7 +170,10 @@ int main(int argc, char **argv) {
     bool in_capture = r == ROW_IN_CAPTURE || r == ROW_IN_CAPTURE_STABLE;
     if (in_capture) { /* C joins P's capture once: the batch is the steady state */
       check(d.begin_capture(p, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS, "capture");
+      /* a node on each stream, as in the bench: sets that are not empty */
+      check(d.memset(buf, 1, 1, p) == CUDA_SUCCESS, "memset");
       check(d.record(join, p) == CUDA_SUCCESS && d.wait(c, join, 0) == CUDA_SUCCESS, "fork");
+      check(d.memset(buf + 4, 2, 1, c) == CUDA_SUCCESS, "memset");
     }
     if (r == ROW_TWO_CAPTURES)
       check(d.begin_capture(p, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
