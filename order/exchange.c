@@ -364,8 +364,9 @@ cleanup:
  * INVALID_HANDLE / INVALID_CONTEXT); then the memo is forgotten and an event
  * of the right pool taken (the first one stays with the capture, unused, and
  * comes back with its graph). */
-static dlsync_status row_eager_to_capture(dlsync_context *ctx, pool_pick *pk,
-                                          dlsync__lane_now *first, dlsync__lane_now *then) {
+static DLSYNC__INLINE dlsync_status row_eager_to_capture(dlsync_context *ctx, pool_pick *pk,
+                                                         dlsync__lane_now *first,
+                                                         dlsync__lane_now *then) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ctx->drv;
   CUevent ev = NULL;
