@@ -549,8 +549,8 @@ static double time_row(row_kind rk, row_side side) {
        * of a capture does), so the batch is the steady state: both streams
        * in one capture. Each has a node of its own, as streams that
        * exchange tensors in a capture have (with empty dependency sets a
-       * record and a wait cost a quarter of what they cost with one node,
-       * and there is no edge to make). */
+       * record and a wait cost half or less of what they cost with one
+       * node, and there is no edge to make). */
       CHECK(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS, "capture");
       CHECK(D->MemsetD32Async(scale_buf, 1, 1, P) == CUDA_SUCCESS, "memset");
       CHECK(D->EventRecord(e1, P) == CUDA_SUCCESS, "fork");

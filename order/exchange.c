@@ -829,13 +829,13 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
   /* The thread's scratch event of first's pool; a thread that has none yet
    * (it has made no plain record and wait there) takes the general path,
    * which makes it: at once while its begins find eager consumers, after
-   * the queries while they find captures (a capture's rows other than
-   * SAME_CAPTURE need no scratch event, and the general path reuses the
-   * reads). */
+   * the queries while they find captures, or when an end expects one
+   * capture: no row inside a capture needs the scratch event (and after
+   * FAST_QUERY_THEN_FULL's reads the general path goes on with them). */
   ev = dlsync__thread_scratch(t, &ctx->pools, first, &memo_pool);
   if (pre != NULL) /* for the general path, should it take over */
     pre->opened.pool = memo_pool;
-  if (DLSYNC__UNLIKELY(ev == NULL) && query != FAST_QUERY_THEN_FULL)
+  if (DLSYNC__UNLIKELY(ev == NULL) && query != FAST_QUERY_THEN_FULL && query != FAST_QUERY_FIRST_IN)
     return false;
   /* Inline: the status queries of eager lanes; whatever captures goes out
    * of line. */

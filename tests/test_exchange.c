@@ -399,6 +399,26 @@ static void same_capture_adds_dependencies_without_an_event(void **state) {
   assert_int_equal(D->EventDestroy(fork), CUDA_SUCCESS);
 }
 
+/* A join made by the general path (a cold thread) is remembered as one
+ * capture: end reads the consumer alone and hands the producer its set. */
+static void general_join_ends_with_one_query(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  CUgraphNode n1, n2, n3;
+  (void)state;
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(P, "produce", &n1);
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(fake_call_count("cuStreamGetCtx"), 1); /* the general path ran */
+  assert_int_equal(fake_capture_id(C), fake_capture_id(P));
+  fake_work(C, "consume", &n2);
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  assert_string_equal(fake_call_log(), "cuStreamGetCaptureInfo,cuStreamUpdateCaptureDependencies");
+  fake_work(P, "mutate", &n3);
+  end_join_checked(n1, n2, n3);
+}
+
 /* Warm, eager producer, capturing consumer: what the fast path read is handed
  * to the general path, which reads neither stream again. (The thread's last
  * order found its later lane capturing: the fast path reads it in full at
@@ -2035,6 +2055,7 @@ int main(void) {
       T(warm_same_capture_is_plain),
       T(end_after_one_capture_trusts_only_that_capture),
       T(same_capture_adds_dependencies_without_an_event),
+      T(general_join_ends_with_one_query),
       T(warm_eager_to_capture_reads_each_stream_once),
       T(cold_thread_reads_each_capture_lane_once),
       T(capture_hold_grows_and_reports_a_failed_chunk),

@@ -95,9 +95,12 @@ typedef enum dlsync_exchange_flag {
   /* A promise by the caller: between begin and end, no capture begins or
    * ends on either stream and neither stream joins another capture. That is
    * true of the usual pattern, where one library call begins, queues its work
-   * and ends. With it, an end after a begin that found two eager streams (or
-   * a consumer that joined the producer's capture) trusts what begin found
-   * and asks the driver nothing: two status queries fewer per exchange.
+   * and ends. With it, an end after a begin that found two eager streams
+   * trusts what begin found and asks the driver nothing: two status queries
+   * fewer per exchange. Inside one capture (both streams in it at begin, or
+   * the consumer joined to the producer's there) end still reads the
+   * consumer once, for the dependency set it hands the producer; a query and
+   * that update cost less than a record and a wait.
    * Broken, the promise costs a capture: if the consumer began capturing in
    * between, end's wait makes the producer join that capture, so the
    * producer's later work is captured too and that capture's
