@@ -303,12 +303,9 @@ cleanup:
   return st;
 }
 
-/* A failed cuGraphAdd*Node: the error, and whether a dependency is from
- * another graph (cold path). */
-static DLSYNC__NOINLINE dlsync_status add_event_node_failed(const dlsync__driver *d, CUresult r,
-                                                            CUgraph graph, const CUgraphNode *deps,
-                                                            size_t ndeps, bool record,
-                                                            const char *role) {
+dlsync_status dlsync__graph_event_node_failed(const dlsync__driver *d, CUresult r, CUgraph graph,
+                                              const CUgraphNode *deps, size_t ndeps, bool record,
+                                              const char *role) {
   dlsync_status st =
       dlsync__fail_driver(d, r, record ? "cuGraphAddEventRecordNode" : "cuGraphAddEventWaitNode",
                           "%s lane, graph %p, after %zu node(s)", role, (void *)graph, ndeps);
@@ -345,7 +342,14 @@ static DLSYNC__INLINE dlsync_status add_event_node(const dlsync__driver *d, CUgr
                       : d->GraphAddEventWaitNode(out, graph, deps, ndeps, event);
   if (DLSYNC__LIKELY(r == CUDA_SUCCESS))
     return DLSYNC_SUCCESS;
-  return add_event_node_failed(d, r, graph, deps, ndeps, record, role);
+  return dlsync__graph_event_node_failed(d, r, graph, deps, ndeps, record, role);
+}
+
+dlsync_status dlsync__graph_capture_set_failed(const dlsync__driver *d, CUresult r,
+                                               const dlsync__lane_now *l) {
+  return dlsync__fail_driver(d, r, "cuStreamUpdateCaptureDependencies",
+                             "%s stream %p: putting the event node at the end of its capture",
+                             l->role, (void *)l->stream);
 }
 
 dlsync_status dlsync__graph_append_event_node(const dlsync__driver *d, dlsync__lane_now *l,
@@ -353,21 +357,8 @@ dlsync_status dlsync__graph_append_event_node(const dlsync__driver *d, dlsync__l
   dlsync_status st = DLSYNC_SUCCESS;
   CUgraphNode node = NULL;
   if (l->kind == DLSYNC_LANE_CAPTURING) {
-    /* The capture's dependency array is only valid until the next call on
-     * the stream; it is used right away. Edge data is not carried over: the
-     * event node takes full (default) dependencies, which is never weaker. */
-    DLSYNC_TRY(
-        add_event_node(d, &node, l->graph, dlsync__lane_deps(l), l->ndeps, event, record, l->role));
-    DLSYNC_CU(d, cuStreamUpdateCaptureDependencies,
-              d->StreamUpdateCaptureDependencies(l->stream, &node, NULL, 1,
-                                                 CU_STREAM_SET_CAPTURE_DEPENDENCIES),
-              "%s stream %p: putting the event node at the end of its capture", l->role,
-              (void *)l->stream);
-    /* The capture's dependencies are now the node alone. */
-    l->dep_buf[0] = node;
-    l->deps = l->dep_buf;
-    l->deps_inline = true;
-    l->ndeps = 1;
+    DLSYNC_TRY(dlsync__graph_append_capture_event(d, l, event, record));
+    node = l->dep_buf[0];
   } else {
     dlsync_lane *lane = l->lane; /* room for one node: checked by the caller (lane_fit) */
     DLSYNC_TRY(add_event_node(d, &node, l->graph, l->deps, l->ndeps, event, record, l->role));

@@ -415,8 +415,8 @@ static DLSYNC__INLINE dlsync_status row_two_captures(dlsync_context *ctx, pool_p
   CUevent ev = NULL;
   DLSYNC_TRY(verify_pool(ctx, pk, first, then));
   DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, first, then));
-  DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, first, ev, true));
-  DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, then, ev, false));
+  DLSYNC_TRY(dlsync__graph_append_capture_event(ctx->drv, first, ev, true));
+  DLSYNC_TRY(dlsync__graph_append_capture_event(ctx->drv, then, ev, false));
 cleanup:
   return st;
 }

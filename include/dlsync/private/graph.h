@@ -28,6 +28,39 @@ static inline dlsync_status dlsync__graph_append_event(const dlsync__driver *d,
                                                        bool record) {
   return dlsync__graph_append_event_node(d, lane, event, record, NULL);
 }
+/* A failed cuGraphAddEvent*Node (the error, and whether a dependency is
+ * from another graph), and a failed cuStreamUpdateCaptureDependencies after
+ * it (cold, graph.c). */
+DLSYNC__COLD dlsync_status dlsync__graph_event_node_failed(const dlsync__driver *d, CUresult r,
+                                                           CUgraph graph, const CUgraphNode *deps,
+                                                           size_t ndeps, bool record,
+                                                           const char *role);
+DLSYNC__COLD dlsync_status dlsync__graph_capture_set_failed(const dlsync__driver *d, CUresult r,
+                                                            const dlsync__lane_now *lane);
+/* dlsync__graph_append_event for a capturing lane, inline (the capture rows
+ * of the fast path): the node after the capture's dependencies (used at
+ * once: the driver's array is valid until the next call on the stream), then
+ * the capture's dependencies are the node alone. Edge data is not carried
+ * over: the node takes full (default) dependencies, which is never weaker. */
+static inline dlsync_status dlsync__graph_append_capture_event(const dlsync__driver *d,
+                                                               dlsync__lane_now *l, CUevent event,
+                                                               bool record) {
+  CUgraphNode node = NULL;
+  const CUgraphNode *deps = dlsync__lane_deps(l);
+  CUresult r = record ? d->GraphAddEventRecordNode(&node, l->graph, deps, l->ndeps, event)
+                      : d->GraphAddEventWaitNode(&node, l->graph, deps, l->ndeps, event);
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS))
+    return dlsync__graph_event_node_failed(d, r, l->graph, deps, l->ndeps, record, l->role);
+  r = d->StreamUpdateCaptureDependencies(l->stream, &node, NULL, 1,
+                                         CU_STREAM_SET_CAPTURE_DEPENDENCIES);
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS))
+    return dlsync__graph_capture_set_failed(d, r, l);
+  l->dep_buf[0] = node;
+  l->deps = l->dep_buf;
+  l->deps_inline = true;
+  l->ndeps = 1;
+  return DLSYNC_SUCCESS;
+}
 /* Adds one node to a graph lane's frontier (no node added to the graph). */
 dlsync_status dlsync__graph_lane_add_dep(dlsync__lane_now *lane, CUgraphNode node);
 /* Gives `ptr` to the graphs: one user object (destructor `destroy`, run on a
