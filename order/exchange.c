@@ -60,9 +60,10 @@ enum {
   EX_REFS = 8,   /* a graph lane: producer_ref, consumer_ref (either may be NULL) */
   EX_CROSS = 16, /* begin added a record node and a wait node: the domains */
   /* Begin found both streams in one capture (or made the consumer join
-   * the producer's), capture_id: end asks the consumer alone. While the consumer is in that
-   * capture, so is the producer: a stream leaves a capture only when the capture ends, with all its
-   * streams (rule R11, checked on the H200), and capture ids are never reused. */
+   * the producer's), capture_id: end asks the consumer alone. While the
+   * consumer is in that capture, so is the producer: a stream leaves a
+   * capture only when the capture ends, with all its streams (rule R11,
+   * checked on the H200), and capture ids are never reused. */
   EX_ONE_CAPTURE = 32,
 };
 _Static_assert((unsigned)EX_STABLE == (unsigned)DLSYNC_EXCHANGE_CAPTURE_STABLE,
@@ -757,9 +758,10 @@ static DLSYNC__NOINLINE fast_next fast_then_queries(dlsync__thread *t, dlsync_co
 /* FAST_QUERY_BOTH (and BOTH_EAGER with `first` capturing): the full query
  * of `first`; when it captures, its id tells whether `then` is in the same
  * capture (SAME_CAPTURE, the end of a join: first's dependencies, from that
- * query, are added to then's), for one more query of `then`. With one_capture (FAST_QUERY_FIRST_IN:
- * an end whose begin found both streams in capture t->end_capture_id, EX_ONE_CAPTURE), `first`
- * still in that capture is enough: so is `then` (rule R11), and it is not asked. */
+ * query, are added to then's), for one more query of `then`. With
+ * one_capture (FAST_QUERY_FIRST_IN: an end whose begin found both streams in
+ * capture t->end_capture_id, EX_ONE_CAPTURE), `first` still in that capture
+ * is enough: so is `then` (rule R11), and it is not asked. */
 static DLSYNC__NOINLINE fast_next fast_both_queries(dlsync__thread *t, const dlsync__driver *d,
                                                     CUstream first, CUstream then, bool one_capture,
                                                     dlsync_status *st) {
