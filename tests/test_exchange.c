@@ -27,6 +27,40 @@ static void warm_pair(dlsync_lane *lp, dlsync_lane *lc, uint32_t flags) {
   }
 }
 
+/* A frontier of n nodes on capturing stream s: n side streams forked from
+ * s (with `fork`), each with one node (work[i]), joined back to s. */
+typedef struct side_frontier {
+  CUevent fork;
+  CUstream side[8];
+  CUevent joins[8];
+  CUgraphNode work[8];
+  int n;
+} side_frontier;
+
+static void side_frontier_make(side_frontier *f, CUstream s, int n) {
+  assert_true(n <= 8);
+  f->n = n;
+  f->fork = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+  assert_int_equal(D->EventRecord(f->fork, s), CUDA_SUCCESS);
+  for (int i = 0; i < n; i++) {
+    f->side[i] = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+    f->joins[i] = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+    assert_int_equal(D->StreamWaitEvent(f->side[i], f->fork, 0), CUDA_SUCCESS);
+    fake_work(f->side[i], "side", &f->work[i]);
+    assert_int_equal(D->EventRecord(f->joins[i], f->side[i]), CUDA_SUCCESS);
+    assert_int_equal(D->StreamWaitEvent(s, f->joins[i], 0), CUDA_SUCCESS);
+  }
+  assert_int_equal(fake_capture_deps(s, NULL, 0), n);
+}
+
+static void side_frontier_free(side_frontier *f) {
+  for (int i = 0; i < f->n; i++) {
+    fake_event_destroy(f->joins[i]);
+    fake_stream_destroy(f->side[i]);
+  }
+  fake_event_destroy(f->fork);
+}
+
 /* Ends P's capture, which must end cleanly with C joined back (no longer
  * capturing), no event-record node, and produce -> consume -> mutate. */
 static void end_join_checked(CUgraphNode produce, CUgraphNode consume, CUgraphNode mutate) {
@@ -324,9 +358,8 @@ static void same_capture_adds_dependencies_without_an_event(void **state) {
   enum { SIDES = DLSYNC__DEPS_INLINE + 2 };
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync_exchange *ex = NULL;
-  CUstream side[SIDES];
-  CUevent fork = fake_event_create(0, CU_EVENT_DISABLE_TIMING), joins[SIDES];
-  CUgraphNode work[SIDES], consume = NULL, mutate = NULL;
+  side_frontier fr;
+  CUgraphNode consume = NULL, mutate = NULL;
   CUgraph g;
   (void)state;
   warm_pair(&lp, &lc, 0);
@@ -339,17 +372,7 @@ static void same_capture_adds_dependencies_without_an_event(void **state) {
   assert_int_equal(fake_call_count("cuStreamUpdateCaptureDependencies"), 0);
   assert_int_equal(fake_call_count("cuEventRecord"), 0);
   assert_int_equal(fake_call_count("cuStreamWaitEvent"), 0);
-  /* P's frontier: SIDES nodes of side streams. */
-  assert_int_equal(D->EventRecord(fork, P), CUDA_SUCCESS);
-  for (int i = 0; i < SIDES; i++) {
-    side[i] = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
-    joins[i] = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
-    assert_int_equal(D->StreamWaitEvent(side[i], fork, 0), CUDA_SUCCESS);
-    fake_work(side[i], "side", &work[i]);
-    assert_int_equal(D->EventRecord(joins[i], side[i]), CUDA_SUCCESS);
-    assert_int_equal(D->StreamWaitEvent(P, joins[i], 0), CUDA_SUCCESS);
-  }
-  assert_int_equal(fake_capture_deps(P, NULL, 0), SIDES);
+  side_frontier_make(&fr, P, SIDES); /* P's frontier: SIDES nodes of side streams */
   assert_int_equal(fake_capture_deps(C, NULL, 0), 0);
   /* Begin's update refused: a status naming it, nothing added. */
   fake_fail_nth("cuStreamUpdateCaptureDependencies", 1, CUDA_ERROR_UNKNOWN);
@@ -387,36 +410,12 @@ static void same_capture_adds_dependencies_without_an_event(void **state) {
   assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 0);
   assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 0);
   for (int i = 0; i < SIDES; i++) {
-    assert_true(fake_graph_has_edge(g, work[i], consume));
-    assert_true(fake_graph_has_edge(g, work[i], mutate));
+    assert_true(fake_graph_has_edge(g, fr.work[i], consume));
+    assert_true(fake_graph_has_edge(g, fr.work[i], mutate));
   }
   assert_true(fake_graph_has_edge(g, consume, mutate));
   destroy_graph(g);
-  for (int i = 0; i < SIDES; i++) {
-    assert_int_equal(D->EventDestroy(joins[i]), CUDA_SUCCESS);
-    fake_stream_destroy(side[i]);
-  }
-  assert_int_equal(D->EventDestroy(fork), CUDA_SUCCESS);
-}
-
-/* A join made by the general path (a cold thread) is remembered as one
- * capture: end reads the consumer alone and hands the producer its set. */
-static void general_join_ends_with_one_query(void **state) {
-  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
-  dlsync_exchange *ex = NULL;
-  CUgraphNode n1, n2, n3;
-  (void)state;
-  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
-  fake_work(P, "produce", &n1);
-  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
-  assert_int_equal(fake_call_count("cuStreamGetCtx"), 1); /* the general path ran */
-  assert_int_equal(fake_capture_id(C), fake_capture_id(P));
-  fake_work(C, "consume", &n2);
-  fake_log_reset();
-  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
-  assert_string_equal(fake_call_log(), "cuStreamGetCaptureInfo,cuStreamUpdateCaptureDependencies");
-  fake_work(P, "mutate", &n3);
-  end_join_checked(n1, n2, n3);
+  side_frontier_free(&fr);
 }
 
 /* Warm, eager producer, capturing consumer: what the fast path read is handed
@@ -866,6 +865,8 @@ static void same_capture_is_edges_only(void **state) {
   fake_event_destroy(fork);
 }
 
+/* A cold thread: begin's join goes the general path, which remembers the
+ * capture, so end reads the consumer alone and hands the producer its set. */
 static void eager_consumer_joins_and_is_joined_back(void **state) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync_exchange *ex = NULL;
@@ -874,11 +875,14 @@ static void eager_consumer_joins_and_is_joined_back(void **state) {
   assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
   fake_work(P, "produce", &n1);
   assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(fake_call_count("cuStreamGetCtx"), 1); /* the general path ran */
   assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_ACTIVE);
   assert_int_equal(fake_capture_id(C), fake_capture_id(P));
   fake_work(C, "consume", &n2);
   assert_non_null(n2);
+  fake_log_reset();
   assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  assert_string_equal(fake_call_log(), "cuStreamGetCaptureInfo,cuStreamUpdateCaptureDependencies");
   fake_work(P, "mutate", &n3);
   end_join_checked(n1, n2, n3);
 }
@@ -953,25 +957,15 @@ static void eager_producer_capturing_consumer_gets_a_wait_node(void **state) {
 static void long_capture_frontier_is_read_again_before_its_node(void **state) {
   enum { SIDES = DLSYNC__DEPS_INLINE + 2 };
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
-  CUstream side[SIDES];
-  CUevent fork = fake_event_create(0, CU_EVENT_DISABLE_TIMING), joins[SIDES];
-  CUgraphNode work[SIDES], rec = NULL;
+  side_frontier fr;
+  CUgraphNode rec = NULL;
   CUgraph g1, g2;
   unsigned queries;
   (void)state;
   warm_pair(&lp, &lc, 0);
   assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
   assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-  assert_int_equal(D->EventRecord(fork, P), CUDA_SUCCESS);
-  for (int i = 0; i < SIDES; i++) { /* P's frontier: SIDES nodes of side streams */
-    side[i] = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
-    joins[i] = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
-    assert_int_equal(D->StreamWaitEvent(side[i], fork, 0), CUDA_SUCCESS);
-    fake_work(side[i], "side", &work[i]);
-    assert_int_equal(D->EventRecord(joins[i], side[i]), CUDA_SUCCESS);
-    assert_int_equal(D->StreamWaitEvent(P, joins[i], 0), CUDA_SUCCESS);
-  }
-  assert_int_equal(fake_capture_deps(P, NULL, 0), SIDES);
+  side_frontier_make(&fr, P, SIDES); /* P's frontier: SIDES nodes of side streams */
   /* The second read failing: the driver's error, nothing added. */
   fake_fail_nth("cuStreamGetCaptureInfo", 3, CUDA_ERROR_UNKNOWN);
   assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_ERROR_DRIVER);
@@ -987,14 +981,10 @@ static void long_capture_frontier_is_read_again_before_its_node(void **state) {
   g2 = end_capture_ok(C);
   g1 = end_capture_ok(P);
   for (int i = 0; i < SIDES; i++)
-    assert_true(fake_graph_has_edge(g1, work[i], rec));
+    assert_true(fake_graph_has_edge(g1, fr.work[i], rec));
   destroy_graph(g1);
   destroy_graph(g2);
-  for (int i = 0; i < SIDES; i++) {
-    fake_event_destroy(joins[i]);
-    fake_stream_destroy(side[i]);
-  }
-  fake_event_destroy(fork);
+  side_frontier_free(&fr);
 }
 
 static void two_captures_get_record_and_wait_nodes(void **state) {
@@ -2055,7 +2045,6 @@ int main(void) {
       T(warm_same_capture_is_plain),
       T(end_after_one_capture_trusts_only_that_capture),
       T(same_capture_adds_dependencies_without_an_event),
-      T(general_join_ends_with_one_query),
       T(warm_eager_to_capture_reads_each_stream_once),
       T(cold_thread_reads_each_capture_lane_once),
       T(capture_hold_grows_and_reports_a_failed_chunk),
