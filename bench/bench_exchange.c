@@ -134,17 +134,10 @@ static void op_raw_fork_join_one_event(void) {
   rec_wait(e1, C, P);
 }
 
-/* Status queries as dlsync makes them: q_is (cuStreamIsCapturing) and q_id
- * (cuStreamGetCaptureInfo for the status and capture id only). */
+/* A status query as dlsync makes it (cuStreamIsCapturing). */
 static inline __attribute__((always_inline)) void q_is(CUstream s) {
   CUstreamCaptureStatus cs;
   CHECK(D->StreamIsCapturing(s, &cs) == CUDA_SUCCESS, "is capturing");
-}
-
-static inline __attribute__((always_inline)) void q_id(CUstream s) {
-  CUstreamCaptureStatus cs;
-  cuuint64_t id;
-  CHECK(D->StreamGetCaptureInfo(s, &cs, &id, NULL, NULL, NULL, NULL) == CUDA_SUCCESS, "query");
 }
 
 /* The full query (graph and dependencies too), as the general path reads a

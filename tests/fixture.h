@@ -102,4 +102,38 @@ static inline void destroy_graph(CUgraph g) {
   fake_run_destructors();
 }
 
+/* A frontier of n nodes on capturing stream s: n side streams forked from
+ * s (with `fork`), each with one node (work[i]), joined back to s. */
+typedef struct side_frontier {
+  CUevent fork;
+  CUstream side[8];
+  CUevent joins[8];
+  CUgraphNode work[8];
+  int n;
+} side_frontier;
+
+static inline void side_frontier_make(side_frontier *f, CUstream s, int n) {
+  assert_true(n <= 8);
+  f->n = n;
+  f->fork = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+  assert_int_equal(D->EventRecord(f->fork, s), CUDA_SUCCESS);
+  for (int i = 0; i < n; i++) {
+    f->side[i] = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+    f->joins[i] = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+    assert_int_equal(D->StreamWaitEvent(f->side[i], f->fork, 0), CUDA_SUCCESS);
+    fake_work(f->side[i], "side", &f->work[i]);
+    assert_int_equal(D->EventRecord(f->joins[i], f->side[i]), CUDA_SUCCESS);
+    assert_int_equal(D->StreamWaitEvent(s, f->joins[i], 0), CUDA_SUCCESS);
+  }
+  assert_int_equal(fake_capture_deps(s, NULL, 0), n);
+}
+
+static inline void side_frontier_free(side_frontier *f) {
+  for (int i = 0; i < f->n; i++) {
+    fake_event_destroy(f->joins[i]);
+    fake_stream_destroy(f->side[i]);
+  }
+  fake_event_destroy(f->fork);
+}
+
 #endif

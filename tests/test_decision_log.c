@@ -77,6 +77,36 @@ static void stream_rows(void **state) {
   destroy_graph(end_capture_ok(C));
 }
 
+/* SAME_CAPTURE on the general path (the fast path is off at TRACE), with a
+ * producer set larger than the lane's inline copy: handed to the consumer
+ * whole, with no event. */
+static void same_capture_wide_set_on_the_general_path(void **state) {
+  enum { SIDES = DLSYNC__DEPS_INLINE + 2 };
+  dlsync_lane p = dlsync_lane_stream(P), c = dlsync_lane_stream(C);
+  side_frontier fr;
+  CUgraphNode consume = NULL;
+  CUgraph g;
+  (void)state;
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  order_ok(&p, &c);
+  expect_line("order", DLSYNC__ROW_JOIN, NULL);
+  side_frontier_make(&fr, P, SIDES);
+  fake_log_reset();
+  order_ok(&p, &c);
+  expect_line("order", DLSYNC__ROW_SAME_CAPTURE, NULL);
+  assert_int_equal(fake_call_count("cuStreamUpdateCaptureDependencies"), 1);
+  assert_int_equal(fake_call_count("cuEventRecord"), 0);
+  assert_int_equal(fake_call_count("cuStreamWaitEvent"), 0);
+  assert_true(fake_capture_deps(C, NULL, 0) >= SIDES);
+  fake_work(C, "consume", &consume);
+  order_ok(&c, &p); /* the join back */
+  g = end_capture_ok(P);
+  for (int i = 0; i < SIDES; i++)
+    assert_true(fake_graph_has_edge(g, fr.work[i], consume));
+  destroy_graph(g);
+  side_frontier_free(&fr);
+}
+
 static void built_rows(void **state) {
   dlsync_lane p = dlsync_lane_stream(P), c = dlsync_lane_stream(C);
   CUgraph g1 = NULL, g2 = NULL;
@@ -225,6 +255,8 @@ int main(void) {
   const char *file;
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(stream_rows, fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(same_capture_wide_set_on_the_general_path, fixture_setup,
+                                      fixture_teardown),
       cmocka_unit_test_setup_teardown(built_rows, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(exchange_rows, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(fence_rows, fixture_setup, fixture_teardown),

@@ -27,40 +27,6 @@ static void warm_pair(dlsync_lane *lp, dlsync_lane *lc, uint32_t flags) {
   }
 }
 
-/* A frontier of n nodes on capturing stream s: n side streams forked from
- * s (with `fork`), each with one node (work[i]), joined back to s. */
-typedef struct side_frontier {
-  CUevent fork;
-  CUstream side[8];
-  CUevent joins[8];
-  CUgraphNode work[8];
-  int n;
-} side_frontier;
-
-static void side_frontier_make(side_frontier *f, CUstream s, int n) {
-  assert_true(n <= 8);
-  f->n = n;
-  f->fork = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
-  assert_int_equal(D->EventRecord(f->fork, s), CUDA_SUCCESS);
-  for (int i = 0; i < n; i++) {
-    f->side[i] = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
-    f->joins[i] = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
-    assert_int_equal(D->StreamWaitEvent(f->side[i], f->fork, 0), CUDA_SUCCESS);
-    fake_work(f->side[i], "side", &f->work[i]);
-    assert_int_equal(D->EventRecord(f->joins[i], f->side[i]), CUDA_SUCCESS);
-    assert_int_equal(D->StreamWaitEvent(s, f->joins[i], 0), CUDA_SUCCESS);
-  }
-  assert_int_equal(fake_capture_deps(s, NULL, 0), n);
-}
-
-static void side_frontier_free(side_frontier *f) {
-  for (int i = 0; i < f->n; i++) {
-    fake_event_destroy(f->joins[i]);
-    fake_stream_destroy(f->side[i]);
-  }
-  fake_event_destroy(f->fork);
-}
-
 /* Ends P's capture, which must end cleanly with C joined back (no longer
  * capturing), no event-record node, and produce -> consume -> mutate. */
 static void end_join_checked(CUgraphNode produce, CUgraphNode consume, CUgraphNode mutate) {
