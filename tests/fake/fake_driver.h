@@ -84,7 +84,9 @@
  *       add back counts as the join for the capture's end (R2 looks at what
  *       the origin's dependencies reach). On an eager stream: ILLEGAL_STATE,
  *       nothing harmed; a node of another capture's graph: INVALID_VALUE.
- *       Checked (2026-12-02, H200); SAME_CAPTURE relies on it.
+ *       Checked (2026-12-02, H200; the rule checks all but the last case,
+ *       which a probe saw: docs/results/2026-12-02-h200/session8/probes);
+ *       SAME_CAPTURE relies on it.
  */
 #ifndef DLSYNC_TESTS_FAKE_DRIVER_H
 #define DLSYNC_TESTS_FAKE_DRIVER_H
