@@ -641,20 +641,38 @@ static void test_external_wait_on_record_node_of_other_capture(void **state) {
   CUgraph g1 = NULL, g2 = NULL;
   CU_OK(D->StreamBeginCapture(s1, CU_STREAM_CAPTURE_MODE_GLOBAL));
   CU_OK(D->StreamBeginCapture(s2, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CUgraph g3 = NULL;
+  CUgraphExec x1 = NULL, x2 = NULL;
+  fake_work(s1, "before the record", NULL);
   CU_OK(D->EventRecordWithFlags(e, s1, CU_EVENT_RECORD_EXTERNAL));
-  CU_IS(D->StreamWaitEvent(s2, e, CU_EVENT_WAIT_EXTERNAL), CUDA_ERROR_INVALID_VALUE);
-  assert_int_equal(fake_capture_status(s2), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  /* R13: an external wait in another, active capture takes the record
+   * node's event, and neither capture is harmed. */
+  CU_OK(D->StreamWaitEvent(s2, e, CU_EVENT_WAIT_EXTERNAL));
+  fake_work(s2, "after the wait", NULL);
+  assert_int_equal(fake_capture_status(s2), CU_STREAM_CAPTURE_STATUS_ACTIVE);
   assert_int_equal(fake_capture_status(s1), CU_STREAM_CAPTURE_STATUS_ACTIVE);
-  CU_IS(D->StreamEndCapture(s2, &g2), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  CU_OK(D->StreamEndCapture(s2, &g2));
   CU_OK(D->StreamEndCapture(s1, &g1));
   assert_int_equal(fake_graph_count_nodes(g1, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 1);
+  assert_int_equal(fake_graph_count_nodes(g2, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 1);
+  /* Launched in that order on two streams, the second graph's work follows
+   * the first's. */
+  CU_OK(D->GraphInstantiateWithFlags(&x1, g1, 0));
+  CU_OK(D->GraphInstantiateWithFlags(&x2, g2, 0));
+  CU_OK(D->GraphLaunch(x1, s1));
+  uint64_t l1 = fake_stream_last_op(s1);
+  CU_OK(D->GraphLaunch(x2, s2));
+  assert_true(fake_happens_before(l1, fake_stream_last_op(s2)));
   /* Once the record's capture has ended, an external wait in a new capture is fine. */
   CU_OK(D->StreamBeginCapture(s2, CU_STREAM_CAPTURE_MODE_GLOBAL));
   CU_OK(D->StreamWaitEvent(s2, e, CU_EVENT_WAIT_EXTERNAL));
-  CU_OK(D->StreamEndCapture(s2, &g2));
-  assert_int_equal(fake_graph_count_nodes(g2, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 1);
+  CU_OK(D->StreamEndCapture(s2, &g3));
+  assert_int_equal(fake_graph_count_nodes(g3, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 1);
+  CU_OK(D->GraphExecDestroy(x1));
+  CU_OK(D->GraphExecDestroy(x2));
   CU_OK(D->GraphDestroy(g1));
   CU_OK(D->GraphDestroy(g2));
+  CU_OK(D->GraphDestroy(g3));
   CU_OK(D->EventDestroy(e));
   CU_OK(D->StreamDestroy(s1));
   CU_OK(D->StreamDestroy(s2));

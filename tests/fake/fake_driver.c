@@ -1641,7 +1641,10 @@ static CUresult event_record(CUevent he, CUstream hs, unsigned flags) {
   CUresult r = get_stream(hs, true, &s);
   if (r != CUDA_SUCCESS)
     return r;
-  if (e->ctx != s->ctx)
+  /* An eager or plain record refuses another context's event; an external
+   * record during capture takes it (seen on the H200, 2026-12-02: the node
+   * is added and the graph launches). */
+  if (e->ctx != s->ctx && !((flags & CU_EVENT_RECORD_EXTERNAL) && s->cap))
     return CUDA_ERROR_INVALID_HANDLE;
   if (s->legacy && legacy_conflict(s->ctx, true))
     return CUDA_ERROR_STREAM_CAPTURE_IMPLICIT;
@@ -1699,11 +1702,8 @@ static CUresult stream_wait_event(CUstream hs, CUevent he, unsigned flags) {
       return CUDA_ERROR_ILLEGAL_STATE; /* [R7 EXTERNAL-OUTSIDE-CAPTURE] */
     if (s->cap->invalidated)
       return CUDA_ERROR_STREAM_CAPTURE_INVALIDATED;
-    if (event_node_active(e) && e->cap_id != s->cap->id) {
-      s->cap->invalidated = true;
-      return CUDA_ERROR_INVALID_VALUE;
-    }
-    /* [R5 EXTERNAL-WAIT] */
+    /* [R5 EXTERNAL-WAIT], also on the record node of another capture still
+     * active: [R13 EXTERNAL-PAIR] */
     fnode *n = capture_append(s, CU_GRAPH_NODE_TYPE_WAIT_EVENT);
     n->ev = e->h;
     n->ev_serial = e->serial;

@@ -87,6 +87,15 @@
  *       Checked (2026-12-02, H200; the rule checks all but the last case,
  *       which a probe saw: docs/results/2026-12-02-h200/session8/probes);
  *       SAME_CAPTURE relies on it.
+ *   [R13 EXTERNAL-PAIR] an external record (CU_EVENT_RECORD_EXTERNAL) in one
+ *       capture and an external wait (CU_EVENT_WAIT_EXTERNAL) on that event
+ *       in another, active capture: both accepted, in every capture mode; an
+ *       event-record node in the first graph, an event-wait node in the
+ *       second, both captures end cleanly, whichever ends first. Checked
+ *       (2026-12-02, H200; our notes had said INVALID_VALUE, which the driver
+ *       does not return; a probe also saw the second graph wait for the
+ *       first's node at launch: docs/results/2026-12-02-h200/session9/probes);
+ *       TWO_CAPTURES relies on it.
  */
 #ifndef DLSYNC_TESTS_FAKE_DRIVER_H
 #define DLSYNC_TESTS_FAKE_DRIVER_H
@@ -377,13 +386,16 @@ unsigned fake_user_object_refs(CUuserObject o);
  *      capturing stream, another active capture: MERGE, both invalidated;
  *      capturing stream, event eager, never recorded, or of an ended capture:
  *        ISOLATION, invalidated (never-recorded/ended: not observed, loud);
- *      any stream, event NODE of a capture still active: INVALID_VALUE (the
- *        waiter's capture, if any, invalidated).
+ *      capturing stream, event NODE of a capture still active: INVALID_VALUE,
+ *        the waiter's capture invalidated (not checked); eager stream: R10.
  *  - CU_EVENT_RECORD_EXTERNAL: capturing: an event-record node appended, the
  *    event becomes NODE; eager: CUDA_ERROR_ILLEGAL_STATE.
- *    CU_EVENT_WAIT_EXTERNAL: capturing: an event-wait node appended, except
- *    for an event NODE of another capture still active (INVALID_VALUE, the
- *    waiter's capture invalidated); eager: CUDA_ERROR_ILLEGAL_STATE.
+ *    An external record during capture takes an event of another context
+ *    too (the driver does: H200, 2026-12-02); a plain or eager record
+ *    refuses it (INVALID_HANDLE).
+ *    CU_EVENT_WAIT_EXTERNAL: capturing: an event-wait node appended, also
+ *    for an event NODE of another capture still active (R13); eager:
+ *    CUDA_ERROR_ILLEGAL_STATE.
  *  - Illegal during capture (cuStreamQuery, cuStreamSynchronize, cuEventQuery,
  *    cuEventSynchronize, cuCtxSynchronize, cuMemAlloc, cuMemcpyHtoD,
  *    cuMemcpyDtoH), following cuThreadExchangeStreamCaptureMode's rules: a

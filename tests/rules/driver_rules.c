@@ -597,6 +597,78 @@ done:
   return res;
 }
 
+/* The first node of s's dependency set is of `type`, and the set is that
+ * one node. */
+static bool deps_one_of(const dlsync__driver *d, CUstream s, CUgraphNodeType type) {
+  const CUgraphNode *deps;
+  CUgraphNode node = NULL;
+  CUgraphNodeType t;
+  return deps_of(d, s, &deps, &node) == 1 && d->GraphNodeGetType(node, &t) == CUDA_SUCCESS &&
+         t == type;
+}
+
+/* An external record in one capture and an external wait on that event in
+ * another, active capture: both accepted, each in every capture mode and
+ * whichever capture ends first; the first stream's next node follows an
+ * event-record node, the second's an event-wait node, and both end cleanly.
+ * (How TWO_CAPTURES links two captures.) */
+static const char *external_pair_rule(const dlsync__driver *d, CUdeviceptr buf, char *why,
+                                      size_t n) {
+  static const char *mode_names[] = {"GLOBAL", "THREAD_LOCAL", "RELAXED"};
+  static const CUstreamCaptureMode modes[] = {CU_STREAM_CAPTURE_MODE_GLOBAL,
+                                              CU_STREAM_CAPTURE_MODE_THREAD_LOCAL,
+                                              CU_STREAM_CAPTURE_MODE_RELAXED};
+  const char *res = NULL;
+  for (int k = 0; k < 6 && res == NULL; k++) {
+    scope sc;
+    CUresult r;
+    CUstream first_end, second_end;
+    char what[96];
+    res = "setup failed";
+    if (scope_open(&sc, d) != CUDA_SUCCESS ||
+        d->StreamBeginCapture(sc.s[0], modes[k / 2]) != CUDA_SUCCESS ||
+        d->StreamBeginCapture(sc.s[1], modes[k / 2]) != CUDA_SUCCESS ||
+        d->MemsetD32Async(buf, 1, 1, sc.s[0]) != CUDA_SUCCESS ||
+        d->MemsetD32Async(buf, 2, 1, sc.s[1]) != CUDA_SUCCESS ||
+        capture_id(d, sc.s[0]) == capture_id(d, sc.s[1]))
+      goto next;
+    snprintf(what, sizeof what, "cuEventRecordWithFlags(EXTERNAL) in a %s capture",
+             mode_names[k / 2]);
+    r = d->EventRecordWithFlags(sc.e[0], sc.s[0], CU_EVENT_RECORD_EXTERNAL);
+    if (r != CUDA_SUCCESS) {
+      res = said(why, n, d, what, r, "CUDA_SUCCESS");
+      goto next;
+    }
+    snprintf(what, sizeof what,
+             "cuStreamWaitEvent(EXTERNAL) in another %s capture on its record node's event",
+             mode_names[k / 2]);
+    r = d->StreamWaitEvent(sc.s[1], sc.e[0], CU_EVENT_WAIT_EXTERNAL);
+    if (r != CUDA_SUCCESS) {
+      res = said(why, n, d, what, r, "CUDA_SUCCESS");
+      goto next;
+    }
+    if (!deps_one_of(d, sc.s[0], CU_GRAPH_NODE_TYPE_EVENT_RECORD) ||
+        !deps_one_of(d, sc.s[1], CU_GRAPH_NODE_TYPE_WAIT_EVENT)) {
+      res = "the streams' dependencies are not the record node and the wait node";
+      goto next;
+    }
+    first_end = k % 2 == 0 ? sc.s[0] : sc.s[1];
+    second_end = k % 2 == 0 ? sc.s[1] : sc.s[0];
+    res = end_clean(&sc, first_end, -1, NULL, why, n);
+    if (res == NULL)
+      res = end_clean(&sc, second_end, -1, NULL, why, n);
+    if (res == NULL &&
+        (!has_node(d, sc.g[0],
+                   k % 2 == 0 ? CU_GRAPH_NODE_TYPE_EVENT_RECORD : CU_GRAPH_NODE_TYPE_WAIT_EVENT) ||
+         !has_node(d, sc.g[1],
+                   k % 2 == 0 ? CU_GRAPH_NODE_TYPE_WAIT_EVENT : CU_GRAPH_NODE_TYPE_EVENT_RECORD)))
+      res = "a graph lacks its event-record or event-wait node";
+  next:
+    scope_close(&sc);
+  }
+  return res;
+}
+
 const driver_rule driver_rules[] = {
     {"R1 JOIN", "a plain wait on an event of an active capture joins it", join_rule},
     {"R2 UNJOINED", "ending with a joined stream's work not joined back: UNJOINED", unjoined_rule},
@@ -625,6 +697,10 @@ const driver_rule driver_rules[] = {
      "in one capture, adding a stream's dependencies to another's orders them as a record and "
      "wait would, and joins back for the end",
      add_join_rule},
+    {"R13 EXTERNAL-PAIR",
+     "an external record in one capture and an external wait on it in another: both accepted, "
+     "in every mode",
+     external_pair_rule},
 };
 
 const size_t driver_rule_count = sizeof driver_rules / sizeof driver_rules[0];
