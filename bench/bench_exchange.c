@@ -313,7 +313,8 @@ static const struct {
      "= 3 queries + 2 ADDs, no raw call"},
     {DLSYNC__ROW_SAME_CAPTURE, "  with CAPTURE_STABLE", "record+wait x2",
      "= 3 queries + 2 ADDs, no raw call"},
-    {DLSYNC__ROW_TWO_CAPTURES, "order", "2 queries, 2 nodes, 2 updates", "+ cuStreamGetCtx"},
+    {DLSYNC__ROW_TWO_CAPTURES, "order", "2 queries, 2 nodes, 2 updates",
+     "= 2 queries, cuStreamGetCtx, external record + wait"},
     {DLSYNC__ROW_EAGER_TO_CAPTURE, "order", "record + external wait", "+ 2 capture queries"},
     {DLSYNC__ROW_EAGER_TO_BUILT, "order", "wait node + record", "+ 1 query, user object + retain"},
     {DLSYNC__ROW_TWO_BUILT, "order", "record node + wait node",
@@ -426,6 +427,10 @@ static void ds_exchange(uint32_t flags) {
  * rather than records and waits (run_capture_add). */
 static bool raw_by_add;
 
+/* TWO_CAPTURES' raw side by the external flags rather than nodes added by
+ * hand (run_two_captures_flags). */
+static bool raw_by_flags;
+
 /* What ends each batch: the graphs' events back in the pool (dlsync's side
  * waits for the driver's destructor thread, in steps of 250 us), then a rest
  * of DLSYNC_BENCH_ROW_REST_US on every side (default 0: none). With a rest,
@@ -478,8 +483,17 @@ static void row_op(row_kind rk, row_side side, int i, dlsync_lane *l1, dlsync_la
       ds_order(&lp, &lc);
       return;
     }
-    if (side == SIDE_FLOOR) /* dlsync's reads of both are the raw calls' own */
+    if (side == SIDE_FLOOR) { /* dlsync's own calls */
+      q_full(C);
+      q_full(P);
       CHECK(D->StreamGetCtx(P, &cur) == CUDA_SUCCESS, "get ctx");
+    }
+    if (side == SIDE_FLOOR || raw_by_flags) {
+      /* The same nodes by the external flags (rule R13). */
+      CHECK(D->EventRecordWithFlags(kev[i], P, CU_EVENT_RECORD_EXTERNAL) == CUDA_SUCCESS, "record");
+      CHECK(D->StreamWaitEvent(C, kev[i], CU_EVENT_WAIT_EXTERNAL) == CUDA_SUCCESS, "wait");
+      return;
+    }
     append_by_hand(P, kev[i], true);
     append_by_hand(C, kev[i], false);
     return;
@@ -781,6 +795,30 @@ static void run_capture_add(void) {
   printf("  in capture, dlsync begin+end vs query+ADD x2:      %7.1f %7.1f %6.2f [%.2f-%.2f] "
          "(against the cheapest hand-made calls; dlsync adds one query)\n",
          median(ds, ROW_ROUNDS), median(add, ROW_ROUNDS), m2, r2[0], r2[ROW_ROUNDS - 1]);
+}
+
+/* TWO_CAPTURES' raw side both ways, paired: the external record and wait
+ * against the nodes added by hand (the same nodes), and dlsync against the
+ * cheaper of the two. */
+static void run_two_captures_flags(void) {
+  double fl[ROW_ROUNDS], hand[ROW_ROUNDS], ds[ROW_ROUNDS], r1[ROW_ROUNDS], r2[ROW_ROUNDS];
+  for (int k = 0; k < ROW_ROUNDS; k++) {
+    raw_by_flags = k % 2 == 0;
+    (raw_by_flags ? fl : hand)[k] = time_row(RK_TWO_CAPTURES, SIDE_RAW);
+    raw_by_flags = !raw_by_flags;
+    (raw_by_flags ? fl : hand)[k] = time_row(RK_TWO_CAPTURES, SIDE_RAW);
+    raw_by_flags = false;
+    ds[k] = time_row(RK_TWO_CAPTURES, SIDE_DLSYNC);
+    r1[k] = fl[k] / hand[k];
+    r2[k] = ds[k] / fl[k];
+  }
+  double m1 = median(r1, ROW_ROUNDS), m2 = median(r2, ROW_ROUNDS);
+  printf("  two captures, by hand: external record+wait vs nodes: %7.1f %7.1f %6.2f [%.2f-%.2f] "
+         "(reference: the same nodes)\n",
+         median(fl, ROW_ROUNDS), median(hand, ROW_ROUNDS), m1, r1[0], r1[ROW_ROUNDS - 1]);
+  printf("  two captures, dlsync order vs external record+wait:   %7.1f %7.1f %6.2f [%.2f-%.2f] "
+         "(against the cheapest hand-made calls; dlsync adds 2 queries and cuStreamGetCtx)\n",
+         median(ds, ROW_ROUNDS), median(fl, ROW_ROUNDS), m2, r2[0], r2[ROW_ROUNDS - 1]);
 }
 
 static void print_rows(const row_result *res) {
@@ -1334,6 +1372,7 @@ int main(void) {
   printf("%-44s %10zu %10zu\n", "  nodes in the two graphs", nc, nb);
   print_rows(rows);
   run_capture_add();
+  run_two_captures_flags();
   run_split();
   if (have_base)
     run_before_after();

@@ -407,17 +407,38 @@ cleanup:
   return st;
 }
 
-/* TWO_CAPTURES: a record node in first's capture, a wait node in then's,
- * both holding the event (their holds take it from the pool at once). */
+/* TWO_CAPTURES: an external record in first's capture (an event-record
+ * node) and an external wait in then's (an event-wait node), both holding
+ * the event (their holds take it from the pool at once). Two calls where
+ * nodes added by hand take four (rule R13: the driver takes an external wait
+ * on the record node of another capture still active). The driver does not
+ * check the event's context there (a probe on the H200 saw an event of
+ * another context taken), so a pool from the memo is checked first. A
+ * failed wait leaves a record node no one waits for: harmless. */
 static DLSYNC__INLINE dlsync_status row_two_captures(dlsync_context *ctx, pool_pick *pk,
                                                      dlsync__lane_now *first,
                                                      dlsync__lane_now *then) {
   dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = ctx->drv;
   CUevent ev = NULL;
-  DLSYNC_TRY(verify_pool(ctx, pk, first, then));
+  if (pk->from_memo) {
+    DLSYNC_TRY(dlsync__pool_check(&pk->pool, &ctx->pools, pk->stream, pk->role));
+    pk->from_memo = false;
+  }
   DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, first, then));
-  DLSYNC_TRY(dlsync__graph_append_capture_event(ctx->drv, first, ev, true));
-  DLSYNC_TRY(dlsync__graph_append_capture_event(ctx->drv, then, ev, false));
+  DLSYNC_CU(d, cuEventRecordWithFlags,
+            d->EventRecordWithFlags(ev, first->stream, CU_EVENT_RECORD_EXTERNAL),
+            "%s stream %p is capturing (capture %llu); adding an event-record node for %s "
+            "stream %p (capture %llu)",
+            first->role, (void *)first->stream, (unsigned long long)first->capture_id, then->role,
+            (void *)then->stream, (unsigned long long)then->capture_id);
+  dlsync__lane_deps_moved(first);
+  DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(then->stream, ev, CU_EVENT_WAIT_EXTERNAL),
+            "%s stream %p is capturing (capture %llu); adding an event-wait node on %s stream "
+            "%p's record (capture %llu)",
+            then->role, (void *)then->stream, (unsigned long long)then->capture_id, first->role,
+            (void *)first->stream, (unsigned long long)first->capture_id);
+  dlsync__lane_deps_moved(then);
 cleanup:
   return st;
 }

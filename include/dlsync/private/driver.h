@@ -66,7 +66,7 @@ enum {
   X(EventCreate, PFN_cuEventCreate_v2000, 2000, DLSYNC__NEED_CORE)                              \
   X(EventDestroy, PFN_cuEventDestroy_v4000, 4000, DLSYNC__NEED_CORE)                            \
   X(EventRecord, PFN_cuEventRecord_v2000, 2000, DLSYNC__NEED_CORE)                              \
-  X(EventRecordWithFlags, PFN_cuEventRecordWithFlags_v11010, 11010, DLSYNC__NEED_SUPPORT)       \
+  X(EventRecordWithFlags, PFN_cuEventRecordWithFlags_v11010, 11010, DLSYNC__NEED_CAPTURE)       \
   X(EventQuery, PFN_cuEventQuery_v2000, 2000, DLSYNC__NEED_SUPPORT)                             \
   X(EventSynchronize, PFN_cuEventSynchronize_v2000, 2000, DLSYNC__NEED_CORE)                    \
   X(LaunchHostFunc, PFN_cuLaunchHostFunc_v10000, 10000, DLSYNC__NEED_SUPPORT)                   \

@@ -38,6 +38,15 @@ static inline const CUgraphNode *dlsync__lane_deps(const dlsync__lane_now *l) {
   return l->deps_inline ? l->dep_buf : l->deps;
 }
 
+/* A capturing lane's stream got a node by a call that does not say which
+ * (an external record or wait): its dependencies are that node now, unknown
+ * here, so a later user reads them again (dlsync__lane_refresh). */
+static inline void dlsync__lane_deps_moved(dlsync__lane_now *l) {
+  l->deps = NULL;
+  l->ndeps = 0;
+  l->deps_inline = false;
+}
+
 /* A stream lane found eager. */
 static inline void dlsync__lane_read_eager(dlsync__lane_now *out, dlsync_lane *lane,
                                            const char *role) {
