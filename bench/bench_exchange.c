@@ -679,6 +679,7 @@ SPLIT_WRAP(StreamGetCaptureInfo,
 SPLIT_WRAP(StreamIsCapturing, (CUstream s, CUstreamCaptureStatus *st), (s, st))
 SPLIT_WRAP(StreamGetCtx, (CUstream s, CUcontext *c), (s, c))
 SPLIT_WRAP(EventRecord, (CUevent e, CUstream s), (e, s))
+SPLIT_WRAP(EventRecordWithFlags, (CUevent e, CUstream s, unsigned f), (e, s, f))
 SPLIT_WRAP(StreamWaitEvent, (CUstream s, CUevent e, unsigned f), (s, e, f))
 SPLIT_WRAP(GraphAddEventRecordNode,
            (CUgraphNode * o, CUgraph g, const CUgraphNode *d, size_t n, CUevent e), (o, g, d, n, e))
@@ -735,6 +736,7 @@ static void run_split(void) {
   split_drv.StreamIsCapturing = split_StreamIsCapturing;
   split_drv.StreamGetCtx = split_StreamGetCtx;
   split_drv.EventRecord = split_EventRecord;
+  split_drv.EventRecordWithFlags = split_EventRecordWithFlags;
   split_drv.StreamWaitEvent = split_StreamWaitEvent;
   split_drv.GraphAddEventRecordNode = split_GraphAddEventRecordNode;
   split_drv.GraphAddEventWaitNode = split_GraphAddEventWaitNode;
