@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The capture rules of tests/fake/fake_driver.h ([R1]..[R12]) as checks that
+/* The capture rules of tests/fake/fake_driver.h ([R1]..[R13]) as checks that
  * make driver calls only, so that the same checks run on the fake
  * (tests/test_driver_rules.c) and on the real libcuda (tests/gpu/gpu_rules.c):
  * where both pass, the fake and the driver agree rule by rule. */
