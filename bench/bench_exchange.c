@@ -774,53 +774,58 @@ static void run_split(void) {
   dlsync_context_destroy(sctx);
 }
 
-/* Inside a capture, paired rounds: the same edges made by hand with
- * dependency sets (query + ADD each way) against records and waits (the
- * row's raw side), and dlsync against the first, the cheapest way to make
- * them by hand. */
-static void run_capture_add(void) {
-  double add[ROW_ROUNDS], rw[ROW_ROUNDS], ds[ROW_ROUNDS], r1[ROW_ROUNDS], r2[ROW_ROUNDS];
+/* A row's raw side two ways, paired: the cheaper way to make the same nodes
+ * or edges by hand (*cheap set) against the row's raw side, and dlsync
+ * against the cheaper way. The two lines say what was timed. */
+typedef struct reference_lines {
+  row_kind rk;
+  bool *cheap; /* the switch row_op reads for rk's raw side */
+  const char *cheap_vs_raw, *what_cheap, *dlsync_vs_cheap, *what_dlsync;
+} reference_lines;
+
+static void run_reference(const reference_lines *rl) {
+  double ch[ROW_ROUNDS], raw[ROW_ROUNDS], ds[ROW_ROUNDS], r1[ROW_ROUNDS], r2[ROW_ROUNDS];
   for (int k = 0; k < ROW_ROUNDS; k++) {
-    raw_by_add = k % 2 == 0;
-    (raw_by_add ? add : rw)[k] = time_row(RK_IN_CAPTURE, SIDE_RAW);
-    raw_by_add = !raw_by_add;
-    (raw_by_add ? add : rw)[k] = time_row(RK_IN_CAPTURE, SIDE_RAW);
-    raw_by_add = false;
-    ds[k] = time_row(RK_IN_CAPTURE, SIDE_DLSYNC);
-    r1[k] = add[k] / rw[k];
-    r2[k] = ds[k] / add[k];
+    *rl->cheap = k % 2 == 0; /* each pair in both orders */
+    (*rl->cheap ? ch : raw)[k] = time_row(rl->rk, SIDE_RAW);
+    *rl->cheap = !*rl->cheap;
+    (*rl->cheap ? ch : raw)[k] = time_row(rl->rk, SIDE_RAW);
+    *rl->cheap = false;
+    ds[k] = time_row(rl->rk, SIDE_DLSYNC);
+    r1[k] = ch[k] / raw[k];
+    r2[k] = ds[k] / ch[k];
   }
   double m1 = median(r1, ROW_ROUNDS), m2 = median(r2, ROW_ROUNDS);
-  printf("  in capture, by hand: query+ADD x2 vs record+wait x2: %7.1f %7.1f %6.2f [%.2f-%.2f] "
-         "(reference: the same edges)\n",
-         median(add, ROW_ROUNDS), median(rw, ROW_ROUNDS), m1, r1[0], r1[ROW_ROUNDS - 1]);
-  printf("  in capture, dlsync begin+end vs query+ADD x2:      %7.1f %7.1f %6.2f [%.2f-%.2f] "
-         "(against the cheapest hand-made calls; dlsync adds one query)\n",
-         median(ds, ROW_ROUNDS), median(add, ROW_ROUNDS), m2, r2[0], r2[ROW_ROUNDS - 1]);
+  printf("  %-53s %7.1f %7.1f %6.2f [%.2f-%.2f] (%s)\n", rl->cheap_vs_raw, median(ch, ROW_ROUNDS),
+         median(raw, ROW_ROUNDS), m1, r1[0], r1[ROW_ROUNDS - 1], rl->what_cheap);
+  printf("  %-53s %7.1f %7.1f %6.2f [%.2f-%.2f] (%s)\n", rl->dlsync_vs_cheap,
+         median(ds, ROW_ROUNDS), median(ch, ROW_ROUNDS), m2, r2[0], r2[ROW_ROUNDS - 1],
+         rl->what_dlsync);
 }
 
-/* TWO_CAPTURES' raw side both ways, paired: the external record and wait
- * against the nodes added by hand (the same nodes), and dlsync against the
- * cheaper of the two. */
+/* Inside a capture: the same edges made by hand with dependency sets (query
+ * + ADD each way) against records and waits (the row's raw side). */
+static void run_capture_add(void) {
+  const reference_lines rl = {RK_IN_CAPTURE,
+                              &raw_by_add,
+                              "in capture, by hand: query+ADD x2 vs record+wait x2:",
+                              "reference: the same edges",
+                              "in capture, dlsync begin+end vs query+ADD x2:",
+                              "against the cheapest hand-made calls; dlsync adds one query"};
+  run_reference(&rl);
+}
+
+/* Two captures: the external record and wait against the nodes added by
+ * hand (the row's raw side). */
 static void run_two_captures_flags(void) {
-  double fl[ROW_ROUNDS], hand[ROW_ROUNDS], ds[ROW_ROUNDS], r1[ROW_ROUNDS], r2[ROW_ROUNDS];
-  for (int k = 0; k < ROW_ROUNDS; k++) {
-    raw_by_flags = k % 2 == 0;
-    (raw_by_flags ? fl : hand)[k] = time_row(RK_TWO_CAPTURES, SIDE_RAW);
-    raw_by_flags = !raw_by_flags;
-    (raw_by_flags ? fl : hand)[k] = time_row(RK_TWO_CAPTURES, SIDE_RAW);
-    raw_by_flags = false;
-    ds[k] = time_row(RK_TWO_CAPTURES, SIDE_DLSYNC);
-    r1[k] = fl[k] / hand[k];
-    r2[k] = ds[k] / fl[k];
-  }
-  double m1 = median(r1, ROW_ROUNDS), m2 = median(r2, ROW_ROUNDS);
-  printf("  two captures, by hand: external record+wait vs nodes: %7.1f %7.1f %6.2f [%.2f-%.2f] "
-         "(reference: the same nodes)\n",
-         median(fl, ROW_ROUNDS), median(hand, ROW_ROUNDS), m1, r1[0], r1[ROW_ROUNDS - 1]);
-  printf("  two captures, dlsync order vs external record+wait:   %7.1f %7.1f %6.2f [%.2f-%.2f] "
-         "(against the cheapest hand-made calls; dlsync adds 2 queries and cuStreamGetCtx)\n",
-         median(ds, ROW_ROUNDS), median(fl, ROW_ROUNDS), m2, r2[0], r2[ROW_ROUNDS - 1]);
+  const reference_lines rl = {
+      RK_TWO_CAPTURES,
+      &raw_by_flags,
+      "two captures, by hand: external record+wait vs nodes:",
+      "reference: the same nodes",
+      "two captures, dlsync order vs external record+wait:",
+      "against the cheapest hand-made calls; dlsync adds 2 queries and cuStreamGetCtx"};
+  run_reference(&rl);
 }
 
 static void print_rows(const row_result *res) {
