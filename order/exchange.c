@@ -235,16 +235,28 @@ cleanup:
 }
 
 /* Before an event goes into a graph node, make sure the pool is the one of the
- * stream's context (a memo answer is checked with cuStreamGetCtx); a
- * capturing lane whose dependencies were too many to copy is read again (the
- * driver's array is only valid until the next call on its stream). */
-static dlsync_status verify_pool(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
-                                 dlsync__lane_now *then) {
+ * stream's context: a memo answer is checked with cuStreamGetCtx (the driver
+ * does not check an event node's context, nor an external record's). */
+static dlsync_status check_memo_pool(dlsync_context *ctx, pool_pick *pk) {
   dlsync_status st = DLSYNC_SUCCESS;
   if (!pk->from_memo)
     return DLSYNC_SUCCESS;
   DLSYNC_TRY(dlsync__pool_check(&pk->pool, &ctx->pools, pk->stream, pk->role));
   pk->from_memo = false;
+cleanup:
+  return st;
+}
+
+/* check_memo_pool, then, since its call was on a stream, a capturing lane
+ * whose dependencies were too many to copy is read again (the driver's array
+ * is only valid until the next call on its stream): for rows that hand the
+ * lanes' dependencies to a node. */
+static dlsync_status verify_pool(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
+                                 dlsync__lane_now *then) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  if (!pk->from_memo)
+    return DLSYNC_SUCCESS;
+  DLSYNC_TRY(check_memo_pool(ctx, pk));
   DLSYNC_TRY(dlsync__lane_refresh(first, ctx->drv));
   DLSYNC_TRY(dlsync__lane_refresh(then, ctx->drv));
 cleanup:
@@ -413,7 +425,8 @@ cleanup:
  * nodes added by hand take four (rule R13: the driver takes an external wait
  * on the record node of another capture still active). The driver does not
  * check the event's context there (a probe on the H200 saw an event of
- * another context taken), so a pool from the memo is checked first. A
+ * another context taken), so a pool from the memo is checked first
+ * (check_memo_pool). A
  * failed wait leaves a record node no one waits for: harmless. */
 static DLSYNC__INLINE dlsync_status row_two_captures(dlsync_context *ctx, pool_pick *pk,
                                                      dlsync__lane_now *first,
@@ -421,10 +434,7 @@ static DLSYNC__INLINE dlsync_status row_two_captures(dlsync_context *ctx, pool_p
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ctx->drv;
   CUevent ev = NULL;
-  if (pk->from_memo) {
-    DLSYNC_TRY(dlsync__pool_check(&pk->pool, &ctx->pools, pk->stream, pk->role));
-    pk->from_memo = false;
-  }
+  DLSYNC_TRY(check_memo_pool(ctx, pk)); /* no dependencies handed over: none read again */
   DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, first, then));
   DLSYNC_CU(d, cuEventRecordWithFlags,
             d->EventRecordWithFlags(ev, first->stream, CU_EVENT_RECORD_EXTERNAL),

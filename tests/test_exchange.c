@@ -956,6 +956,84 @@ static void long_capture_frontier_needs_no_second_read(void **state) {
   side_frontier_free(&fr);
 }
 
+/* The rows that hand a capture's dependencies to a node they add
+ * (CAPTURE_TO_BUILT here) read a frontier longer than dlsync copies again
+ * after checking the memo's pool (cuStreamGetCtx, a call on the stream: the
+ * driver's array is valid only until then); a failure of that read is the
+ * driver's error, with nothing added. The record node follows every node of
+ * the frontier (under ASan a stale array is a use after free in the fake). */
+static void long_capture_frontier_is_read_again_before_its_node(void **state) {
+  enum { SIDES = DLSYNC__DEPS_INLINE + 2 };
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C), lb;
+  side_frontier fr;
+  CUgraphNode rec = NULL, bdeps[2];
+  CUgraph g1, gb;
+  (void)state;
+  warm_pair(&lp, &lc, 0); /* P's pool in the memo */
+  assert_int_equal(D->GraphCreate(&gb, 0), CUDA_SUCCESS);
+  bdeps[0] = fake_graph_add_work(gb, NULL, 0, "built's own");
+  lb = dlsync_lane_graph(gb, bdeps, 1, 2);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  side_frontier_make(&fr, P, SIDES); /* P's frontier: SIDES nodes of side streams */
+  /* The read after cuStreamGetCtx failing: the driver's error, nothing added. */
+  fake_log_reset();
+  fake_fail_nth("cuStreamGetCaptureInfo", 3, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_order(ctx, &lp, &lb), DLSYNC_ERROR_DRIVER);
+  assert_non_null(strstr(dlsync_last_error(), "cuStreamGetCaptureInfo"));
+  assert_int_equal(fake_call_count("cuStreamGetCtx"), 1);
+  assert_int_equal(fake_capture_deps(P, NULL, 0), SIDES);
+  assert_int_equal(fake_graph_count_nodes(gb, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 0);
+  fake_log_reset();
+  assert_int_equal(dlsync_order(ctx, &lp, &lb), DLSYNC_SUCCESS); /* CAPTURE_TO_BUILT */
+  /* P read, the memo's pool checked, P read again (the general path reads P
+   * twice before the check). */
+  assert_int_equal(fake_call_count("cuStreamGetCaptureInfo"), 3);
+  assert_int_equal(fake_call_count("cuStreamGetCtx"), 1);
+  assert_int_equal(fake_capture_deps(P, &rec, 1), 1);
+  assert_int_equal(fake_node_type(rec), CU_GRAPH_NODE_TYPE_EVENT_RECORD);
+  assert_int_equal(fake_graph_count_nodes(gb, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 1);
+  g1 = end_capture_ok(P);
+  for (int i = 0; i < SIDES; i++)
+    assert_true(fake_graph_has_edge(g1, fr.work[i], rec));
+  destroy_graph(g1);
+  destroy_graph(gb);
+  side_frontier_free(&fr);
+}
+
+/* TWO_CAPTURES' two calls failing: the driver's error, naming the call, the
+ * node it was adding and both streams; neither capture harmed (both end
+ * cleanly), and the event comes back with the graphs (the teardown checks
+ * the pool). A failed wait leaves the record node alone in the producer's
+ * graph, waited for by nothing. */
+static void two_captures_external_calls_failing_say_which(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  char want_p[32], want_c[32];
+  CUgraph g1, g2;
+  (void)state;
+  snprintf(want_p, sizeof want_p, "%p", (void *)P);
+  snprintf(want_c, sizeof want_c, "%p", (void *)C);
+  for (int which = 0; which < 2; which++) {
+    const char *call = which == 0 ? "cuEventRecordWithFlags" : "cuStreamWaitEvent";
+    assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    fake_work(P, "produce", NULL);
+    fake_fail_nth(call, 1, CUDA_ERROR_UNKNOWN);
+    assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_ERROR_DRIVER);
+    assert_non_null(strstr(dlsync_last_error(), call));
+    assert_non_null(strstr(dlsync_last_error(), which == 0 ? "adding an event-record node"
+                                                           : "adding an event-wait node"));
+    assert_non_null(strstr(dlsync_last_error(), want_p));
+    assert_non_null(strstr(dlsync_last_error(), want_c));
+    fake_fail_clear();
+    g2 = end_capture_ok(C);
+    g1 = end_capture_ok(P);
+    assert_int_equal(fake_graph_count_nodes(g1, CU_GRAPH_NODE_TYPE_EVENT_RECORD), which);
+    assert_int_equal(fake_graph_count_nodes(g2, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 0);
+    destroy_graph(g1);
+    destroy_graph(g2);
+  }
+}
+
 static void two_captures_get_record_and_wait_nodes(void **state) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync_exchange *ex = NULL;
@@ -2043,6 +2121,8 @@ int main(void) {
       T(capture_graphs_outliving_their_context_lose_no_event_and_leak_none),
       T(a_stale_hold_is_made_again),
       T(long_capture_frontier_needs_no_second_read),
+      T(long_capture_frontier_is_read_again_before_its_node),
+      T(two_captures_external_calls_failing_say_which),
       T(same_built_graph_merges_frontiers),
       T(two_built_graphs_get_record_and_wait_nodes),
       T(eager_producer_built_consumer),
