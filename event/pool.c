@@ -471,9 +471,11 @@ typedef struct hold_chunk {
 } hold_chunk;
 
 struct dlsync__hold {
+  /* First (event.h reads it): its life, a new one each time the hold is
+   * made, times two, plus one while live (made and not given back). Written
+   * under the lock; read without it by dlsync__hold_live. */
+  dlsync__hold_head head;
   dlsync__pool *pool; /* fixed for the hold's memory's life */
-  uint64_t gen;       /* a new one each time the hold is made */
-  bool live;          /* made and not given back */
   size_t n;           /* items in `first` */
   hold_item first[HOLD_INLINE];
   hold_chunk *chunks; /* the newest first */
@@ -511,12 +513,11 @@ dlsync_status dlsync__hold_new(dlsync__hold **out, uint64_t *gen, dlsync__pool *
   /* A recycled hold may be named by a thread's stale cache entry, which
    * reads it under the lock. */
   dlsync__spin_lock(&p->lock);
-  h->gen = ++p->hold_gens;
-  h->live = true;
+  *gen = ++p->hold_gens;
+  atomic_store_explicit(&h->head.life, *gen * 2 + 1, memory_order_release);
   h->n = 0;
   h->chunks = NULL;
   h->next_free = NULL;
-  *gen = h->gen;
   dlsync__spin_unlock(&p->lock);
   dlsync__pool_ref(p);
   *out = h;
@@ -552,7 +553,7 @@ static DLSYNC__INLINE void hold_add_locked(dlsync__hold *h, hold_item it) {
 }
 
 static DLSYNC__INLINE bool hold_is(const dlsync__hold *h, uint64_t gen) {
-  return h->gen == gen && h->live;
+  return atomic_load_explicit(&h->head.life, memory_order_relaxed) == gen * 2 + 1;
 }
 
 static DLSYNC__COLD dlsync_status hold_out_of_memory(void) {
@@ -653,6 +654,37 @@ dlsync_status dlsync__hold_take(CUevent *out, dlsync__pool *p, dlsync__hold *h1,
   return DLSYNC_SUCCESS;
 }
 
+dlsync_status dlsync__hold_take_some(CUevent *out, size_t max, size_t *n, dlsync__pool *p,
+                                     dlsync__hold *h, uint64_t gen) {
+  size_t k = 0;
+  *n = 0;
+  dlsync__spin_lock(&p->lock);
+  if (DLSYNC__UNLIKELY(!hold_is(h, gen))) {
+    dlsync__spin_unlock(&p->lock);
+    return DLSYNC_SUCCESS; /* stale */
+  }
+  if (DLSYNC__UNLIKELY(p->nfree == 0)) { /* one, made outside the lock */
+    dlsync_status st;
+    dlsync__spin_unlock(&p->lock);
+    out[0] = NULL;
+    st = hold_take_slow(out, p, h, gen, NULL, 0);
+    *n = out[0] != NULL ? 1 : 0;
+    return st;
+  }
+  while (k < max && p->nfree > 0) {
+    hold_item it = {p->free_events[p->nfree - 1], NULL, HOLD_EVENT};
+    if (DLSYNC__UNLIKELY(!hold_room_locked(h)))
+      break;
+    hold_add_locked(h, it);
+    p->hold_owned++;
+    p->nfree--;
+    out[k++] = it.event;
+  }
+  dlsync__spin_unlock(&p->lock);
+  *n = k;
+  return k > 0 ? DLSYNC_SUCCESS : hold_out_of_memory();
+}
+
 dlsync_status dlsync__hold_add_held(dlsync__hold *h, uint64_t gen, dlsync__held_event *he,
                                     bool *stale) {
   dlsync__pool *p = h->pool;
@@ -724,7 +756,9 @@ void dlsync__hold_release(dlsync__hold *h) {
   hold_chunk *chunks;
   size_t n;
   dlsync__spin_lock(&p->lock);
-  h->live = false;
+  atomic_store_explicit(&h->head.life,
+                        atomic_load_explicit(&h->head.life, memory_order_relaxed) & ~(uint64_t)1,
+                        memory_order_release);
   n = h->n;
   chunks = h->chunks;
   memcpy(first, h->first, n * sizeof first[0]);

@@ -157,12 +157,15 @@ static DLSYNC__NOINLINE dlsync_status hold_make(hold_memo *out, graph_thread *gt
    * it back already. */
   if (st != DLSYNC_SUCCESS)
     goto cleanup;
+  gt->keys[gt->next % HOLD_MEMOS] = lane->capture_id;
   m = &gt->memo[gt->next++ % HOLD_MEMOS];
   m->generation = ps->generation;
   m->pool = pool;
   m->capture_id = lane->capture_id;
   m->hold = h;
   m->life = life;
+  m->nreserve = 0;
+  m->taken = 0;
   *out = *m;
 cleanup:
   return st;
@@ -181,8 +184,42 @@ static dlsync_status hold_for(hold_memo *out, graph_thread *gt, const dlsync__po
 
 static void hold_forget(graph_thread *gt, const hold_memo *m) {
   for (unsigned i = 0; i < HOLD_MEMOS; i++)
-    if (gt->memo[i].hold == m->hold && gt->memo[i].life == m->life)
+    if (gt->memo[i].hold == m->hold && gt->memo[i].life == m->life) {
+      gt->keys[i] = 0;
       gt->memo[i].capture_id = 0;
+      gt->memo[i].nreserve = 0;
+    }
+}
+
+/* One capture's event, taken into its hold with as many more as the thread
+ * has taken for it so far (at most DLSYNC__HOLD_RESERVE in all, under one
+ * lock): the first for now, the rest kept in the thread's memo of it, next
+ * one last (*out NULL: the hold was not live). */
+static dlsync_status hold_take_reserve(CUevent *out, graph_thread *gt, dlsync__pool *pool,
+                                       const hold_memo *m) {
+  CUevent got[DLSYNC__HOLD_RESERVE];
+  hold_memo *mine = NULL;
+  size_t n = 0, want = 1;
+  dlsync_status st;
+  *out = NULL;
+  for (unsigned i = 0; i < HOLD_MEMOS && mine == NULL; i++)
+    if (gt->memo[i].hold == m->hold && gt->memo[i].life == m->life &&
+        gt->memo[i].capture_id == m->capture_id)
+      mine = &gt->memo[i];
+  if (mine != NULL && mine->taken > 1)
+    want = mine->taken < DLSYNC__HOLD_RESERVE ? mine->taken : DLSYNC__HOLD_RESERVE;
+  st = dlsync__hold_take_some(got, want, &n, pool, m->hold, m->life);
+  if (st != DLSYNC_SUCCESS || n == 0)
+    return st;
+  *out = got[0];
+  if (mine != NULL) {
+    for (size_t j = 0; j + 1 < n; j++)
+      mine->reserve[j] = got[n - 1 - j];
+    mine->nreserve = (unsigned)(n - 1);
+    mine->taken =
+        mine->taken + n < DLSYNC__HOLD_RESERVE ? mine->taken + (unsigned)n : DLSYNC__HOLD_RESERVE;
+  }
+  return DLSYNC_SUCCESS;
 }
 
 static DLSYNC__COLD dlsync_status hold_lost(const dlsync__lane_now *lane) {
@@ -199,11 +236,14 @@ dlsync_status dlsync__graph_capture_event_slow(CUevent *out, dlsync__thread *t,
   dlsync_status st = DLSYNC_SUCCESS;
   graph_thread *gt = dlsync__graph_thread_of(t);
   for (int tries = 0; tries < 2; tries++) {
-    hold_memo ma, mb = {0, NULL, 0, NULL, 0};
+    hold_memo ma, mb = {0};
     DLSYNC_TRY(hold_for(&ma, gt, ps, pool, a));
-    if (b != NULL)
+    if (b != NULL) {
       DLSYNC_TRY(hold_for(&mb, gt, ps, pool, b));
-    DLSYNC_TRY(dlsync__hold_take(out, pool, ma.hold, ma.life, mb.hold, mb.life));
+      DLSYNC_TRY(dlsync__hold_take(out, pool, ma.hold, ma.life, mb.hold, mb.life));
+    } else {
+      DLSYNC_TRY(hold_take_reserve(out, gt, pool, &ma));
+    }
     if (*out != NULL)
       return DLSYNC_SUCCESS;
     hold_forget(gt, &ma); /* not live: made again next time round */

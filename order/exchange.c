@@ -367,6 +367,18 @@ cleanup:
   return st;
 }
 
+/* EAGER_TO_CAPTURE's external wait failed (cold). */
+static DLSYNC__COLD dlsync_status fail_external_wait(const dlsync__driver *d, CUresult r,
+                                                     CUstream first, CUstream then, uint64_t id,
+                                                     const char *first_role,
+                                                     const char *then_role) {
+  return dlsync__fail_driver(d, r, "cuStreamWaitEvent",
+                             "%s stream %p is capturing (capture %llu); adding an external wait "
+                             "for eager %s stream %p",
+                             then_role, (void *)then, (unsigned long long)id, first_role,
+                             (void *)first);
+}
+
 /* EAGER_TO_CAPTURE: an event that then's capture holds (its hold takes it
  * from the pool), recorded eagerly on first, then an external wait node in
  * then's capture. The record comes before the wait also because the driver
@@ -397,11 +409,10 @@ static DLSYNC__INLINE dlsync_status row_eager_to_capture(dlsync_context *ctx, po
                              (void *)first->stream);
     goto cleanup;
   }
-  DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(then->stream, ev, CU_EVENT_WAIT_EXTERNAL),
-            "%s stream %p is capturing (capture %llu); adding an external wait for eager %s "
-            "stream %p",
-            then->role, (void *)then->stream, (unsigned long long)then->capture_id, first->role,
-            (void *)first->stream);
+  r = d->StreamWaitEvent(then->stream, ev, CU_EVENT_WAIT_EXTERNAL);
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS))
+    st = fail_external_wait(d, r, first->stream, then->stream, then->capture_id, first->role,
+                            then->role);
 cleanup:
   return st;
 }
@@ -711,6 +722,49 @@ static DLSYNC__INLINE bool fast_graph_rows(dlsync_context *ctx, dlsync__thread *
   return true;
 }
 
+/* dlsync_order's EAGER_TO_CAPTURE (`first` eager, `then` in capture ct)
+ * with an event of the memo's pool at hand in the thread's reserve for that
+ * capture (dlsync__graph_capture_event_reserved): row_eager_to_capture's two
+ * calls, without writing the lanes or classifying. False, nothing queued:
+ * no event at hand (row_eager_to_capture goes on, which takes some under
+ * the pool's lock), or the record says the memo's pool is not first's (a
+ * stream handle reused in another context: the event stays with the
+ * capture, unused; the memo is forgotten and the general path looks the
+ * pool up). */
+static DLSYNC__INLINE bool fast_eager_to_capture(dlsync_context *ctx, dlsync__thread *th,
+                                                 fast_pre *pre, const dlsync__capture_info *ct,
+                                                 const char *first_role, const char *then_role,
+                                                 dlsync_status *st) {
+  const dlsync__driver *d = ctx->drv;
+  CUstream first = pre->first->stream, then = pre->then->stream;
+  CUevent ev;
+  CUresult r;
+  if (DLSYNC__UNLIKELY(pre->opened.pool == NULL))
+    return false;
+  ev = dlsync__graph_capture_event_reserved(th, &ctx->pools, pre->opened.pool, ct->id);
+  if (DLSYNC__UNLIKELY(ev == NULL))
+    return false;
+  r = d->EventRecord(ev, first);
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+    if (!context_mismatch(r)) {
+      *st = dlsync__fail_driver(d, r, "cuEventRecord", "%s stream %p", first_role, (void *)first);
+      return true;
+    }
+    /* A stream handle reused in another context: the general path asks the
+     * driver which pool is first's now. */
+    dlsync__pool_memo_forget(&ctx->pools, first);
+    pre->opened.pool = NULL;
+    return false;
+  }
+  /* *st is DLSYNC_SUCCESS (fast_then_full): written only on failure, which
+   * keeps the way out of success in line (with the store merged into the
+   * failure's, gcc 13 sent it through the cold section). */
+  r = d->StreamWaitEvent(then, ev, CU_EVENT_WAIT_EXTERNAL);
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS))
+    *st = fail_external_wait(d, r, first, then, ct->id, first_role, then_role);
+  return true;
+}
+
 /* `then` read in full (FAST_QUERY_THEN_FULL, or FAST_QUERY_THEN once its
  * status said it captures). Eager: true, *plain (no more queries).
  * Capturing: `first` read in full too; one capture (SAME_CAPTURE): first's
@@ -745,6 +799,9 @@ static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *t
     *st = add_deps(d, pre->first->stream, pre->then->stream, cf.deps, cf.n, first_role, then_role);
     return true;
   }
+  if (DLSYNC__LIKELY(dlsync__capture_info_eager(&cf)) && pre->graph_rows &&
+      fast_eager_to_capture(ctx, th, pre, &ct, first_role, then_role, st))
+    return true;
   /* Not plain: both lanes written for the graph rows or the general path
    * (then's dependency array is still valid: the query since was of
    * another stream). */

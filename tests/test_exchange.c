@@ -1387,6 +1387,322 @@ static void a_capture_made_again_records_the_same_events_in_order(void **state) 
   }
 }
 
+/* ---- the thread's reserve of a capture's events ---- */
+
+/* The pool of P's context (device 0). */
+static dlsync__pool *pool_of_p(void) {
+  dlsync__pool *pool = NULL;
+  CUcontext cu = NULL;
+  assert_int_equal(D->StreamGetCtx(P, &cu), CUDA_SUCCESS);
+  assert_int_equal(dlsync__pool_for_cuctx(&pool, &ctx->pools, cu), DLSYNC_SUCCESS);
+  return pool;
+}
+
+/* The calling thread's memo of its hold of `pool` for capture `id` (NULL
+ * when it remembers none): its reserve is reserve[0..nreserve). */
+static dlsync__hold_memo *reserve_memo(dlsync__pool *pool, uint64_t id) {
+  return dlsync__hold_find(dlsync__graph_thread_of(dlsync__thread_get()), ctx->pools.generation,
+                           pool, id);
+}
+
+/* Device 0's pool made warm: 40 EAGER_TO_CAPTURE orders into a capture of C,
+ * its graph destroyed, so that 40 events are free for the next capture. */
+static void warm_capture_pool(void) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  for (int i = 0; i < 40; i++)
+    assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  destroy_graph(end_capture_ok(C));
+  assert_int_equal(graph_owned_now(), 0);
+}
+
+static bool event_in(CUevent ev, const CUevent *set, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (set[i] == ev)
+      return true;
+  return false;
+}
+
+/* A capture's hold takes, for each order that finds the thread's reserve
+ * empty, as many free events as the thread has taken for that capture so
+ * far (1, 1, 2, 4, then 8 each time), so that it never holds more unused
+ * events than it has used; only events already free: fewer when fewer are
+ * free, and with none free exactly one, made. Every wait node has its own
+ * event, and the graph gives them all back, the unused ones too. */
+static void a_capture_takes_its_events_in_growing_batches(void **state) {
+  /* graph_owned after k orders into a capture, the pool warm */
+  static const size_t owned_after[] = {0,  1,  2,  4,  4,  8,  8,  8,  8,
+                                       16, 16, 16, 16, 16, 16, 16, 16, 24};
+  enum { FREE = 37, N = 40 };
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync__pool_stats before, after;
+  CUevent evs[N + 1];
+  CUgraph g;
+  (void)state;
+  /* A cold pool: nothing free, so each order makes its one event, and the
+   * capture holds exactly what it used. */
+  dlsync__pool_stats_get(&before, &ctx->pools);
+  assert_int_equal(before.free_events, 0);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  fake_log_reset();
+  for (size_t k = 1; k <= FREE; k++) {
+    assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+    assert_int_equal(graph_owned_now(), k);
+    assert_int_equal(fake_call_count("cuEventCreate"), k);
+  }
+  destroy_graph(end_capture_ok(C));
+  dlsync__pool_stats_get(&before, &ctx->pools);
+  assert_int_equal(before.free_events, FREE);
+  /* Warm: batches off the free list, no event made while it has some. */
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  fake_log_reset();
+  for (size_t k = 1; k <= N; k++) {
+    size_t owned;
+    assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+    owned = graph_owned_now();
+    if (k < sizeof owned_after / sizeof owned_after[0])
+      assert_int_equal(owned, owned_after[k]);
+    else if (k <= 32) /* 8 more at the 25th */
+      assert_int_equal(owned, k <= 24 ? 24 : 32);
+    else if (k <= FREE) /* the 33rd wants 8, 5 are free: those */
+      assert_int_equal(owned, FREE);
+    else /* none free: exactly one made each time, nothing kept */
+      assert_int_equal(owned, k);
+    assert_true(owned - k <= k); /* never more unused than used */
+    assert_true(owned - k < DLSYNC__HOLD_RESERVE);
+    assert_int_equal(fake_call_count("cuEventCreate"), k <= FREE ? 0 : k - FREE);
+  }
+  g = end_capture_ok(C);
+  assert_int_equal(wait_events_of(g, evs, N + 1), N);
+  for (size_t i = 0; i < N; i++)
+    assert_false(event_in(evs[i], evs, i)); /* distinct */
+  destroy_graph(g);
+  assert_int_equal(graph_owned_now(), 0);
+  dlsync__pool_stats_get(&after, &ctx->pools);
+  assert_int_equal(after.free_events, before.free_events + (N - FREE)); /* and those made */
+  assert_int_equal(after.created, before.created + (N - FREE));
+}
+
+/* A thread's reserve for a capture whose hold was given back (its graph
+ * destroyed while the thread still names the capture: the stand-in graph,
+ * as in a_stale_hold_is_made_again) is dropped: its events are back in the
+ * pool, the liveness check says so, and the event comes from a new hold. */
+static void a_reserve_is_dropped_with_its_hold(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync__pool *pool = pool_of_p();
+  dlsync__pool_stats before, now;
+  dlsync__hold_memo *m;
+  dlsync__lane_now lane;
+  CUevent ev = NULL;
+  CUgraph stand_in;
+  uint64_t id;
+  (void)state;
+  warm_capture_pool();
+  dlsync__pool_stats_get(&before, &ctx->pools);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  id = fake_capture_id(C);
+  for (int i = 0; i < 5; i++) /* 1, 1, 2, 4 taken: 8, 3 of them not used */
+    assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(graph_owned_now(), 8);
+  m = reserve_memo(pool, id);
+  assert_non_null(m);
+  assert_int_equal(m->nreserve, 3);
+  destroy_graph(end_capture_ok(C)); /* the hold given back, the reserve with it */
+  assert_int_equal(graph_owned_now(), 0);
+  dlsync__pool_stats_get(&now, &ctx->pools);
+  assert_int_equal(now.free_events, before.free_events);
+  /* The thread still remembers the reserve; its hold is not live. */
+  assert_ptr_equal(reserve_memo(pool, id), m);
+  assert_int_equal(m->nreserve, 3);
+  assert_false(dlsync__hold_live(m->hold, m->life));
+  assert_int_equal(D->GraphCreate(&stand_in, 0), CUDA_SUCCESS);
+  memset(&lane, 0, sizeof lane);
+  lane.kind = DLSYNC_LANE_CAPTURING;
+  lane.stream = C;
+  lane.capture_id = id;
+  lane.graph = stand_in;
+  lane.lane = &lc;
+  lane.role = "then";
+  fake_log_reset();
+  assert_int_equal(
+      dlsync__graph_capture_event(&ev, dlsync__thread_get(), &ctx->pools, pool, &lane, NULL),
+      DLSYNC_SUCCESS);
+  assert_non_null(ev);
+  assert_int_equal(fake_call_count("cuUserObjectCreate"), 1); /* a new hold */
+  assert_int_equal(graph_owned_now(), 1);                     /* its one event only */
+  m = reserve_memo(pool, id);
+  assert_non_null(m);
+  assert_int_equal(m->nreserve, 0);
+  assert_true(dlsync__hold_live(m->hold, m->life));
+  destroy_graph(stand_in);
+  assert_int_equal(graph_owned_now(), 0);
+}
+
+/* An event in a capture's hold, used by a wait node or kept in the thread's
+ * reserve, is not on the pool's free list: taking every free event (until
+ * the pool makes a new one) never gives one of them. */
+static void a_reserved_event_is_never_free_at_the_same_time(void **state) {
+  enum { N = 20 };
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync__pool *pool = pool_of_p();
+  dlsync__hold_memo *m;
+  CUevent held[N + DLSYNC__HOLD_RESERVE], got[64];
+  size_t nheld, ngot = 0;
+  uint64_t id;
+  CUgraph g;
+  (void)state;
+  warm_capture_pool();
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  id = fake_capture_id(C);
+  for (int i = 0; i < N; i++) /* 24 taken: 20 used, 4 kept */
+    assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  g = end_capture_ok(C);
+  assert_int_equal(wait_events_of(g, held, N), N);
+  m = reserve_memo(pool, id);
+  assert_non_null(m);
+  assert_int_equal(m->nreserve, 4);
+  assert_true(dlsync__hold_live(m->hold, m->life)); /* the graph still holds it */
+  nheld = N;
+  for (unsigned i = 0; i < m->nreserve; i++)
+    held[nheld++] = m->reserve[i];
+  for (size_t i = 0; i < nheld; i++)
+    assert_false(event_in(held[i], held, i));
+  assert_int_equal(graph_owned_now(), nheld);
+  fake_log_reset();
+  while (fake_call_count("cuEventCreate") == 0) {
+    assert_true(ngot < 64);
+    assert_int_equal(dlsync__pool_get(&got[ngot], pool), DLSYNC_SUCCESS);
+    assert_false(event_in(got[ngot], held, nheld));
+    ngot++;
+  }
+  assert_int_equal(ngot, 40 - nheld + 1); /* every free one, then a new one */
+  for (size_t i = 0; i < ngot; i++)
+    dlsync__pool_put(pool, got[i]);
+  destroy_graph(g);
+  assert_int_equal(graph_owned_now(), 0);
+}
+
+/* An order served from the thread's reserve (no lock, no new event taken)
+ * whose external wait fails: the driver's status, a message naming the
+ * call, the capturing stream and the capture; the capture goes on, and
+ * every event comes back with the graph. A failed record from the reserve
+ * likewise names cuEventRecord. */
+static void eager_to_capture_from_the_reserve_reports_a_failed_wait(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync__pool *pool = pool_of_p();
+  dlsync__pool_stats before, after;
+  dlsync__hold_memo *m;
+  char capture[48];
+  uint64_t id;
+  CUgraph g;
+  (void)state;
+  warm_capture_pool();
+  dlsync__pool_stats_get(&before, &ctx->pools);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  id = fake_capture_id(C);
+  snprintf(capture, sizeof capture, "capture %llu", (unsigned long long)id);
+  for (int i = 0; i < 3; i++) /* 1, 1, 2 taken: one kept */
+    assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  m = reserve_memo(pool, id);
+  assert_non_null(m);
+  assert_int_equal(m->nreserve, 1);
+  assert_int_equal(graph_owned_now(), 4);
+  fake_log_reset();
+  fake_fail_nth("cuStreamWaitEvent", 1, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_ERROR_DRIVER);
+  assert_false(fake_fail_pending());
+  assert_int_equal(m->nreserve, 0);       /* from the reserve */
+  assert_int_equal(graph_owned_now(), 4); /* nothing new taken */
+  assert_int_equal(fake_call_count("cuEventRecord"), 1);
+  assert_int_equal(fake_call_count("cuStreamWaitEvent"), 1);
+  assert_int_equal(fake_call_count("cuUserObjectCreate"), 0);
+  assert_int_equal(fake_call_count("cuEventCreate"), 0);
+  assert_non_null(strstr(dlsync_last_error(), "cuStreamWaitEvent"));
+  assert_non_null(strstr(dlsync_last_error(), "CUDA_ERROR_UNKNOWN"));
+  assert_non_null(strstr(dlsync_last_error(), "capturing"));
+  assert_non_null(strstr(dlsync_last_error(), capture));
+  assert_int_equal(dlsync_last_driver_result(), CUDA_ERROR_UNKNOWN);
+  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  /* The capture goes on: 4 more taken, 3 kept; a failed record from the
+   * reserve. */
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(graph_owned_now(), 8);
+  assert_int_equal(m->nreserve, 3);
+  fake_fail_nth("cuEventRecord", 1, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_ERROR_DRIVER);
+  assert_false(fake_fail_pending());
+  assert_int_equal(m->nreserve, 2);
+  assert_int_equal(graph_owned_now(), 8);
+  assert_non_null(strstr(dlsync_last_error(), "cuEventRecord"));
+  assert_non_null(strstr(dlsync_last_error(), "first stream"));
+  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  g = end_capture_ok(C);
+  assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 5);
+  destroy_graph(g);
+  assert_int_equal(graph_owned_now(), 0);
+  dlsync__pool_stats_get(&after, &ctx->pools);
+  assert_int_equal(after.free_events, before.free_events);
+  assert_int_equal(after.created, before.created);
+}
+
+/* As reused_stream_handle_into_a_capture_gets_its_contexts_event, with the
+ * thread holding a reserve for the capture in the memo's pool (device 0's,
+ * from orders of the stream before its handle was reused on device 1): the
+ * fast path's record of a reserved event fails with a context mismatch, the
+ * event stays, unused, with the capture's hold of device 0's pool, the
+ * memo is forgotten and the general path takes an event of device 1's pool
+ * (one record more, a hold of that pool); every event comes back with the
+ * graph. */
+static void reused_stream_handle_with_a_reserve_gets_its_contexts_event(void **state) {
+  CUstream c1 = fake_stream_create(1, CU_STREAM_NON_BLOCKING);
+  CUstream s = fake_stream_create(0, CU_STREAM_NON_BLOCKING), s2;
+  dlsync_lane ls = dlsync_lane_stream(s), lc = dlsync_lane_stream(C), lc1 = dlsync_lane_stream(c1);
+  dlsync__pool *pool0 = pool_of_p();
+  dlsync__hold_memo *m;
+  CUevent evs[8];
+  size_t owned;
+  uint64_t id;
+  CUgraph g;
+  (void)state;
+  warm_capture_pool();
+  warm_pair(&ls, &lc, 0); /* the memo: s -> device 0's pool */
+  assert_int_equal(D->StreamBeginCapture(c1, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  id = fake_capture_id(c1);
+  for (int i = 0; i < 5; i++) /* EAGER_TO_CAPTURE, device 0's events: 8 taken, 3 kept */
+    assert_int_equal(dlsync_order(ctx, &ls, &lc1), DLSYNC_SUCCESS);
+  m = reserve_memo(pool0, id);
+  assert_non_null(m);
+  assert_int_equal(m->nreserve, 3);
+  fake_stream_destroy(s);
+  s2 = fake_stream_create(1, CU_STREAM_NON_BLOCKING); /* the fake reuses the handle */
+  assert_ptr_equal(s, s2);
+  owned = graph_owned_now();
+  fake_log_reset();
+  assert_int_equal(dlsync_order(ctx, &ls, &lc1), DLSYNC_SUCCESS);
+  assert_int_equal(m->nreserve, 2); /* the fast path's try: kept by the hold, unused */
+  assert_int_equal(fake_call_count("cuEventRecord"), 2); /* the reserved one, then the right one */
+  assert_int_equal(fake_call_count("cuUserObjectCreate"), 1); /* a hold of device 1's pool */
+  assert_int_equal(fake_call_count("cuStreamWaitEvent"), 1);
+  assert_int_equal(graph_owned_now(), owned + 1);
+  /* The memo now says device 1: the next order's event is device 1's too,
+   * and the device 0 reserve is left alone. */
+  fake_log_reset();
+  assert_int_equal(dlsync_order(ctx, &ls, &lc1), DLSYNC_SUCCESS);
+  assert_int_equal(fake_call_count("cuEventRecord"), 1);
+  assert_int_equal(m->nreserve, 2);
+  g = end_capture_ok(c1);
+  assert_int_equal(wait_events_of(g, evs, 8), 7);
+  for (int i = 5; i < 7; i++) { /* device 1's */
+    assert_int_equal(D->EventRecord(evs[i], c1), CUDA_SUCCESS);
+    assert_int_not_equal(D->EventRecord(evs[i], P), CUDA_SUCCESS);
+  }
+  destroy_graph(g); /* every event back in its pool: the teardown checks too */
+  assert_int_equal(graph_owned_now(), 0);
+  fake_stream_destroy(s2);
+  fake_stream_destroy(c1);
+}
+
 /* ---- B: graphs built by hand ---- */
 
 static void same_built_graph_merges_frontiers(void **state) {
@@ -2120,6 +2436,11 @@ int main(void) {
       T(a_capture_and_a_built_graph_share_an_event_until_both_are_gone),
       T(capture_graphs_outliving_their_context_lose_no_event_and_leak_none),
       T(a_stale_hold_is_made_again),
+      T(a_capture_takes_its_events_in_growing_batches),
+      T(a_reserve_is_dropped_with_its_hold),
+      T(a_reserved_event_is_never_free_at_the_same_time),
+      T(eager_to_capture_from_the_reserve_reports_a_failed_wait),
+      T(reused_stream_handle_with_a_reserve_gets_its_contexts_event),
       T(long_capture_frontier_needs_no_second_read),
       T(long_capture_frontier_is_read_again_before_its_node),
       T(two_captures_external_calls_failing_say_which),

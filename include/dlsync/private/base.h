@@ -148,7 +148,7 @@ static inline void dlsync__spin_unlock(atomic_int *l) {
  * thread's last captures in `graph` (graph.c checks it); order/ keeps one
  * free exchange handle in `spare`. */
 #define DLSYNC__THREAD_EVENT_BYTES 400
-#define DLSYNC__THREAD_GRAPH_BYTES 168
+#define DLSYNC__THREAD_GRAPH_BYTES 456
 
 #if defined(__GNUC__)
 /* A type that may view another object's bytes (the slots below). */

@@ -105,6 +105,20 @@ void dlsync__held_event_unref(dlsync__held_event *he); /* NULL: no-op */
  * pool's (recycled, freed with the pool), so a pointer to it stays readable
  * as long as the pool lives; `gen` names one life of it. */
 typedef struct dlsync__hold dlsync__hold;
+/* The start of every hold: its life word (pool.c keeps the rest). */
+typedef struct dlsync__hold_head {
+  atomic_uint_fast64_t life; /* the life's number times two, plus one while live */
+} dlsync__hold_head;
+/* Whether h is still in life `gen` (not given back, not made again): one
+ * load, no lock. For the thread whose hold it is, before it uses an event
+ * the hold took for it earlier (dlsync__hold_take_some): a hold is given
+ * back only once its graph is gone, which a capture still active (the
+ * caller has just asked) has not, so a yes holds for as long as a locked
+ * take's would. */
+static inline bool dlsync__hold_live(const dlsync__hold *h, uint64_t gen) {
+  return atomic_load_explicit(&((const dlsync__hold_head *)(const void *)h)->life,
+                              memory_order_acquire) == gen * 2 + 1;
+}
 /* A new, empty hold of `pool` (*gen: the life it begins). */
 dlsync_status dlsync__hold_new(dlsync__hold **out, uint64_t *gen, dlsync__pool *pool);
 /* Gives back everything the hold holds and ends its life (no CUDA call: a
@@ -116,6 +130,14 @@ void dlsync__hold_release(dlsync__hold *h);
  * not in that life any more (given back, or made again), nothing taken. */
 dlsync_status dlsync__hold_take(CUevent *out, dlsync__pool *pool, dlsync__hold *h1, uint64_t g1,
                                 dlsync__hold *h2, uint64_t g2);
+/* Takes up to `max` events of `pool` into h (life gen) at once, under one
+ * lock: out[0..*n), in the order they came off the free list (at least one,
+ * made when none is free). *n = 0 with DLSYNC_SUCCESS: h is not in that
+ * life any more, nothing taken. For a thread that keeps the rest for its
+ * next orders into the same capture (graph.h): each is the hold's from now
+ * on, used or not, and comes back with it. */
+dlsync_status dlsync__hold_take_some(CUevent *out, size_t max, size_t *n, dlsync__pool *pool,
+                                     dlsync__hold *h, uint64_t gen);
 /* h (life gen) takes a reference to `he`, an event of h's pool (*stale as
  * for dlsync__hold_take: nothing taken). */
 dlsync_status dlsync__hold_add_held(dlsync__hold *h, uint64_t gen, dlsync__held_event *he,

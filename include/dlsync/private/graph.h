@@ -86,18 +86,35 @@ dlsync_status dlsync__graph_own_event_lanes(const dlsync__pools *ps, dlsync__poo
  * Each capture holds dlsync's events through one hold per thread (made, as
  * a user object its graph retains, by the thread's first event of that
  * capture; later events cost no driver call). The thread remembers the
- * holds of its last captures in its block (graph/'s slot). */
+ * holds of its last captures in its block (graph/'s slot). An order that
+ * takes one event for one capture (EAGER_TO_CAPTURE) takes several free
+ * events into the hold under one lock and keeps the rest in the memo, for
+ * its next orders into that capture: those take no lock, one load says the
+ * hold is still live. How many: as many as the thread has taken for that
+ * capture so far (one, one, two, four, ...), at most DLSYNC__HOLD_RESERVE,
+ * so a capture holds events it does not use (they come back with its graph
+ * like the others) only once it has used more: at most
+ * DLSYNC__HOLD_RESERVE - 1 per thread, and never more than it used. */
 #define DLSYNC__HOLD_MEMOS 4
+#define DLSYNC__HOLD_RESERVE 8
 
 typedef struct dlsync__hold_memo {
-  uint64_t generation; /* of the dlsync context whose pool it is */
   const dlsync__pool *pool;
-  uint64_t capture_id; /* 0: free */
+  uint64_t generation; /* of the dlsync context whose pool it is */
   dlsync__hold *hold;
   uint64_t life;
+  uint64_t capture_id; /* 0: free (the thread's keys[] has it too) */
+  unsigned nreserve;
+  unsigned taken; /* events taken for this capture so far, up to DLSYNC__HOLD_RESERVE */
+  /* Events the hold took for this thread and it has not used yet, the next
+   * one last. Valid while the hold is in `life`. */
+  CUevent reserve[DLSYNC__HOLD_RESERVE - 1];
 } dlsync__hold_memo;
 
 typedef struct DLSYNC__MAY_ALIAS dlsync__graph_thread {
+  /* The memos' capture ids, side by side: a lookup reads one cache line,
+   * then the memo it finds. */
+  uint64_t keys[DLSYNC__HOLD_MEMOS];
   dlsync__hold_memo memo[DLSYNC__HOLD_MEMOS];
   unsigned next;
 } dlsync__graph_thread;
@@ -111,20 +128,37 @@ static inline dlsync__graph_thread *dlsync__graph_thread_of(dlsync__thread *t) {
   return (dlsync__graph_thread *)(void *)t->graph.bytes;
 }
 
-static inline const dlsync__hold_memo *dlsync__hold_find(const dlsync__graph_thread *gt,
-                                                         uint64_t generation,
-                                                         const dlsync__pool *pool,
-                                                         uint64_t capture_id) {
+static inline dlsync__hold_memo *dlsync__hold_find(dlsync__graph_thread *gt, uint64_t generation,
+                                                   const dlsync__pool *pool, uint64_t capture_id) {
   for (unsigned i = 0; i < DLSYNC__HOLD_MEMOS; i++) {
-    const dlsync__hold_memo *m = &gt->memo[i];
-    if (m->capture_id == capture_id && m->pool == pool && m->generation == generation)
+    dlsync__hold_memo *m = &gt->memo[i];
+    if (gt->keys[i] == capture_id && m->pool == pool && m->generation == generation)
       return m;
   }
   return NULL;
 }
 
-/* dlsync__graph_capture_event without a live hold remembered for a or b:
- * makes it, then takes. */
+/* An event of `pool` that the capture `capture_id` holds from the thread's
+ * reserve for it (no lock, no driver call); NULL when there is none (no
+ * hold remembered, the reserve used up, or the hold given back: then its
+ * reserve is dropped). */
+static inline CUevent dlsync__graph_capture_event_reserved(dlsync__thread *t,
+                                                           const dlsync__pools *ps,
+                                                           const dlsync__pool *pool,
+                                                           uint64_t capture_id) {
+  dlsync__hold_memo *m =
+      dlsync__hold_find(dlsync__graph_thread_of(t), ps->generation, pool, capture_id);
+  if (DLSYNC__UNLIKELY(m == NULL || m->nreserve == 0))
+    return NULL;
+  if (DLSYNC__UNLIKELY(!dlsync__hold_live(m->hold, m->life))) {
+    m->nreserve = 0; /* given back with the hold */
+    return NULL;
+  }
+  return m->reserve[--m->nreserve];
+}
+
+/* dlsync__graph_capture_event without an event at hand (reserved, or a
+ * live hold remembered for a and b): makes the holds, then takes. */
 dlsync_status dlsync__graph_capture_event_slow(CUevent *out, dlsync__thread *t,
                                                const dlsync__pools *ps, dlsync__pool *pool,
                                                const dlsync__lane_now *a,
@@ -132,21 +166,26 @@ dlsync_status dlsync__graph_capture_event_slow(CUevent *out, dlsync__thread *t,
 
 /* An event of `pool` that a's capture holds, and b's too when b is non-NULL
  * (another capture): it returns to the pool once their graphs are gone. t:
- * the calling thread's block. */
+ * the calling thread's block. For one capture, from the thread's reserve
+ * when it has one (dlsync__graph_capture_event_reserved). */
 static inline dlsync_status dlsync__graph_capture_event(CUevent *out, dlsync__thread *t,
                                                         const dlsync__pools *ps, dlsync__pool *pool,
                                                         const dlsync__lane_now *a,
                                                         const dlsync__lane_now *b) {
-  const dlsync__graph_thread *gt = dlsync__graph_thread_of(t);
-  const dlsync__hold_memo *ma = dlsync__hold_find(gt, ps->generation, pool, a->capture_id);
-  const dlsync__hold_memo *mb = NULL;
+  dlsync__graph_thread *gt = dlsync__graph_thread_of(t);
+  const dlsync__hold_memo *ma, *mb;
   dlsync_status st;
-  if (b != NULL)
-    mb = dlsync__hold_find(gt, ps->generation, pool, b->capture_id);
-  if (DLSYNC__UNLIKELY(ma == NULL || (b != NULL && mb == NULL)))
+  if (b == NULL) {
+    *out = dlsync__graph_capture_event_reserved(t, ps, pool, a->capture_id);
+    if (DLSYNC__LIKELY(*out != NULL))
+      return DLSYNC_SUCCESS;
+    return dlsync__graph_capture_event_slow(out, t, ps, pool, a, NULL);
+  }
+  ma = dlsync__hold_find(gt, ps->generation, pool, a->capture_id);
+  mb = dlsync__hold_find(gt, ps->generation, pool, b->capture_id);
+  if (DLSYNC__UNLIKELY(ma == NULL || mb == NULL))
     return dlsync__graph_capture_event_slow(out, t, ps, pool, a, b);
-  st = dlsync__hold_take(out, pool, ma->hold, ma->life, mb != NULL ? mb->hold : NULL,
-                         mb != NULL ? mb->life : 0);
+  st = dlsync__hold_take(out, pool, ma->hold, ma->life, mb->hold, mb->life);
   if (DLSYNC__LIKELY(*out != NULL) || st != DLSYNC_SUCCESS)
     return st;
   return dlsync__graph_capture_event_slow(out, t, ps, pool, a, b); /* not live any more */
