@@ -12,9 +12,10 @@
 #   BASELINE=.baseline bash scripts/instr-count.sh   # and another source tree, side by side
 #   N=2000 ROWS="eager two-captures" bash scripts/instr-count.sh
 #
-# Needs valgrind (callgrind_annotate) and a C compiler; builds into
+# Needs valgrind (callgrind_annotate), python3 and a C compiler; builds into
 # $BUILD_DIR (default /tmp/dlsync-instr). Prints, per row, the instructions
-# per operation and the driver calls of one operation.
+# per operation, how many of them ran in .cold code (gcc's split-off
+# unlikely parts: 0 on a hot path) and the driver calls of one operation.
 set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-/tmp/dlsync-instr}
@@ -66,7 +67,7 @@ count() {
     toggles="--toggle-collect=dlsync_exchange_begin_flags --toggle-collect=dlsync_exchange_end" ;;
   *) toggles="--toggle-collect=dlsync_order" ;;
   esac
-  LD_LIBRARY_PATH="$build/fake" valgrind --tool=callgrind --collect-atstart=no $toggles \
+  LD_LIBRARY_PATH="$build/fake" valgrind --tool=callgrind --dump-instr=yes --collect-atstart=no $toggles \
     --callgrind-out-file="$out" "$build/instr_rows" "$lib" "$row" "$n" >/dev/null 2>"$out.log" || {
     echo "instr-count: $row failed under valgrind (see $out.log)" >&2
     exit 1
@@ -76,17 +77,58 @@ count() {
       END {printf "%d", s / n}'
 }
 
+# Instructions per operation that ran in the library's .cold parts (gcc's
+# split-off unlikely code, a far page of the text): 0 on every row's hot path,
+# or a branch sends success through an error path's code.
+cold() {
+  local lib=$1 out="$build/cg.$3.$2"
+  nm -S --defined-only "$lib" | awk '$4 ~ /\.cold$/ {print $1, $2}' >"$out.cold"
+  python3 - "$out" "$out.cold" "$n" <<'PY'
+import sys
+out, syms, n = sys.argv[1], sys.argv[2], int(sys.argv[3])
+ranges = []
+for line in open(syms):
+    a, size = line.split()
+    ranges.append((int(a, 16), int(a, 16) + int(size, 16)))
+total, addr, ours = 0, 0, False
+for line in open(out):
+    if line.startswith("ob="):
+        ours = "libdlsync" in line
+        continue
+    if line.startswith(("fl=", "fi=", "fe=", "fn=")):
+        continue
+    if line.startswith("calls="):
+        continue
+    parts = line.split()
+    if not parts:
+        continue
+    t = parts[0]
+    if t.startswith("0x"):
+        addr = int(t, 16)
+    elif t[0] in "+-" and t[1:].isdigit():
+        addr += int(t)
+    elif t != "*":
+        continue
+    if ours and len(parts) >= 3 and parts[2].isdigit():
+        if any(lo <= addr < hi for lo, hi in ranges):
+            total += int(parts[2])
+print("%.1f" % (total / n) if total else "0")
+PY
+}
+
 calls() {
   LD_LIBRARY_PATH="$build/fake" "$build/instr_rows" "$1" "$2" 200 --log | tail -1 | tr ',' ' ' | wc -w
 }
 
-printf '%-20s %12s %8s' row "this" calls
-[ -n "$lib_base" ] && printf ' %12s %8s' baseline calls
-printf '   (instructions in libdlsync per operation, %d operations)\n' "$n"
+printf '%-20s %12s %6s %8s' row "this" cold calls
+[ -n "$lib_base" ] && printf ' %12s %6s %8s' baseline cold calls
+printf '   (instructions in libdlsync per operation, %d operations; cold: of them in .cold code)\n' "$n"
 for r in $rows; do
-  printf '%-20s %12s %8s' "$r" "$(count "$lib_this" "$r" this)" "$(calls "$lib_this" "$r")"
+  printf '%-20s %12s' "$r" "$(count "$lib_this" "$r" this)"
+  printf ' %6s %8s' "$(cold "$lib_this" "$r" this)" "$(calls "$lib_this" "$r")"
   if [ -n "$lib_base" ]; then
-    printf ' %12s %8s' "$(count "$lib_base" "$r" baseline)" "$(calls "$lib_base" "$r")"
+    printf ' %12s' "$(count "$lib_base" "$r" baseline)"
+    printf ' %6s %8s' "$(cold "$lib_base" "$r" baseline)" "$(calls "$lib_base" "$r")"
   fi
   printf '\n'
 done
