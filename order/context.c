@@ -396,8 +396,9 @@ dlsync_status dlsync__lanes_open_streams(dlsync__lanes_opened *out, dlsync_conte
    * H200, invalidate that capture). A capture's dependencies are copied by the
    * read (up to DLSYNC__DEPS_INLINE); a longer array is valid only until the
    * next call on its stream, so such a lane is read again after the pool is
-   * found. With `memo` (the exchange's general path, which a capture sends
-   * there) one full capture query per stream. */
+   * found, unless the per-thread memo named the pool (no call made). With
+   * `memo` (the exchange's general path, which a capture sends there) one
+   * full capture query per stream. */
   DLSYNC_TRY(dlsync__lane_read_as(&out->a, ctx->drv, a, ra, memo));
   if (b != NULL)
     DLSYNC_TRY(dlsync__lane_read_as(&out->b, ctx->drv, b, rb, memo));
@@ -407,6 +408,8 @@ dlsync_status dlsync__lanes_open_streams(dlsync__lanes_opened *out, dlsync_conte
     out->pool_stream = which->stream;
     out->pool_role = which == a ? ra : rb;
   }
+  if (out->from_memo)
+    goto cleanup; /* no driver call since the reads: their arrays are valid */
   DLSYNC_TRY(dlsync__lane_refresh(&out->a, ctx->drv));
   if (b != NULL)
     DLSYNC_TRY(dlsync__lane_refresh(&out->b, ctx->drv));
