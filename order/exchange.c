@@ -464,8 +464,24 @@ cleanup:
   return st;
 }
 
-/* CAPTURE_TO_BUILT, BUILT_TO_CAPTURE, TWO_BUILT: a record node in first's
- * graph, a wait node in then's, both owning the event. */
+/* CAPTURE_TO_BUILT's external record failed (cold). */
+static DLSYNC__COLD dlsync_status fail_external_record_for_graph(const dlsync__driver *d,
+                                                                 CUresult r,
+                                                                 const dlsync__lane_now *first,
+                                                                 const dlsync__lane_now *then) {
+  return dlsync__fail_driver(d, r, "cuEventRecordWithFlags",
+                             "%s stream %p is capturing (capture %llu); adding an event-record "
+                             "node for the %s lane's graph %p",
+                             first->role, (void *)first->stream,
+                             (unsigned long long)first->capture_id, then->role,
+                             (void *)then->graph);
+}
+
+/* BUILT_TO_CAPTURE, TWO_BUILT: a record node in first's graph, a wait node
+ * in then's, both owning the event. A capturing `then` (BUILT_TO_CAPTURE)
+ * gets its wait node by hand: an external wait is refused on an event whose
+ * last record was made in an ended capture (seen on the H200), which a pooled
+ * one may be. */
 static dlsync_status row_two_graphs(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
                                     dlsync__lane_now *then) {
   dlsync_status st = DLSYNC_SUCCESS;
@@ -478,6 +494,33 @@ static dlsync_status row_two_graphs(dlsync_context *ctx, pool_pick *pk, dlsync__
   DLSYNC_TRY(dlsync__graph_own_event_lanes(&ctx->pools, pk->pool, ev, lanes, 2));
   DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, first, ev, true));
   DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, then, ev, false));
+cleanup:
+  return st;
+}
+
+/* CAPTURE_TO_BUILT: as row_two_graphs, with the capture's record node made
+ * by an external record (one call where a node added by hand takes two, and
+ * no dependency array handed over, so none read again; the driver takes any
+ * pooled event there, as rule R13's probe saw). */
+static dlsync_status row_capture_to_built(dlsync_context *ctx, pool_pick *pk,
+                                          dlsync__lane_now *first, dlsync__lane_now *then) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = ctx->drv;
+  CUevent ev = NULL;
+  dlsync__lane_now *lanes[2];
+  CUresult r;
+  DLSYNC_TRY(check_memo_pool(ctx, pk)); /* then is built: no dependencies read again */
+  DLSYNC_TRY(dlsync__pool_get(&ev, pk->pool));
+  lanes[0] = first;
+  lanes[1] = then;
+  DLSYNC_TRY(dlsync__graph_own_event_lanes(&ctx->pools, pk->pool, ev, lanes, 2));
+  r = d->EventRecordWithFlags(ev, first->stream, CU_EVENT_RECORD_EXTERNAL);
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+    st = fail_external_record_for_graph(d, r, first, then);
+    goto cleanup;
+  }
+  dlsync__lane_deps_moved(first);
+  DLSYNC_TRY(dlsync__graph_append_event(d, then, ev, false));
 cleanup:
   return st;
 }
@@ -574,6 +617,8 @@ static dlsync_status order_now(dlsync_context *ctx, dlsync__op op, pool_pick *pk
     st = row_two_captures(ctx, pk, first, then);
     break;
   case DLSYNC__ROW_CAPTURE_TO_BUILT:
+    st = row_capture_to_built(ctx, pk, first, then);
+    break;
   case DLSYNC__ROW_BUILT_TO_CAPTURE:
   case DLSYNC__ROW_TWO_BUILT:
     st = row_two_graphs(ctx, pk, first, then);

@@ -957,16 +957,18 @@ static void long_capture_frontier_needs_no_second_read(void **state) {
 }
 
 /* The rows that hand a capture's dependencies to a node they add
- * (CAPTURE_TO_BUILT here) read a frontier longer than dlsync copies again
- * after checking the memo's pool (cuStreamGetCtx, a call on the stream: the
- * driver's array is valid only until then); a failure of that read is the
- * driver's error, with nothing added. The record node follows every node of
- * the frontier (under ASan a stale array is a use after free in the fake). */
+ * (BUILT_TO_CAPTURE: the wait node, by hand) read a frontier longer than
+ * dlsync copies again after checking the memo's pool (cuStreamGetCtx, a call
+ * on the stream: the driver's array is valid only until then), and only
+ * then: the pool came from the memo, with no call before the check. A
+ * failure of that read is the driver's error, with nothing added. The wait
+ * node follows every node of the frontier (under ASan a stale array is a use
+ * after free in the fake). */
 static void long_capture_frontier_is_read_again_before_its_node(void **state) {
   enum { SIDES = DLSYNC__DEPS_INLINE + 2 };
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C), lb;
   side_frontier fr;
-  CUgraphNode rec = NULL, bdeps[2];
+  CUgraphNode wait = NULL, bdeps[2];
   CUgraph g1, gb;
   (void)state;
   warm_pair(&lp, &lc, 0); /* P's pool in the memo */
@@ -978,26 +980,87 @@ static void long_capture_frontier_is_read_again_before_its_node(void **state) {
   /* The read after cuStreamGetCtx failing: the driver's error, nothing added. */
   fake_log_reset();
   fake_fail_nth("cuStreamGetCaptureInfo", 2, CUDA_ERROR_UNKNOWN);
-  assert_int_equal(dlsync_order(ctx, &lp, &lb), DLSYNC_ERROR_DRIVER);
+  assert_int_equal(dlsync_order(ctx, &lb, &lp), DLSYNC_ERROR_DRIVER);
   assert_non_null(strstr(dlsync_last_error(), "cuStreamGetCaptureInfo"));
   assert_int_equal(fake_call_count("cuStreamGetCtx"), 1);
   assert_int_equal(fake_capture_deps(P, NULL, 0), SIDES);
-  assert_int_equal(fake_graph_count_nodes(gb, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 0);
+  assert_int_equal(fake_graph_count_nodes(gb, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 0);
   fake_log_reset();
-  assert_int_equal(dlsync_order(ctx, &lp, &lb), DLSYNC_SUCCESS); /* CAPTURE_TO_BUILT */
-  /* P read, the memo's pool checked, P read again: no other read (the pool
-   * came from the memo with no driver call, so the first read's array was
-   * still valid until the check). */
+  assert_int_equal(dlsync_order(ctx, &lb, &lp), DLSYNC_SUCCESS); /* BUILT_TO_CAPTURE */
+  /* P read, the memo's pool checked, P read again: no other read. */
   assert_int_equal(fake_call_count("cuStreamGetCaptureInfo"), 2);
   assert_int_equal(fake_call_count("cuStreamGetCtx"), 1);
+  assert_int_equal(fake_capture_deps(P, &wait, 1), 1);
+  assert_int_equal(fake_node_type(wait), CU_GRAPH_NODE_TYPE_WAIT_EVENT);
+  assert_int_equal(fake_graph_count_nodes(gb, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 1);
+  g1 = end_capture_ok(P);
+  for (int i = 0; i < SIDES; i++)
+    assert_true(fake_graph_has_edge(g1, fr.work[i], wait));
+  destroy_graph(g1);
+  destroy_graph(gb);
+  side_frontier_free(&fr);
+}
+
+static size_t graph_owned_now(void);
+
+/* CAPTURE_TO_BUILT puts its record node into the capture by an external
+ * record (cuEventRecordWithFlags, no node added by hand, no dependency
+ * update, so a long frontier is read once): the record node follows every
+ * node of the frontier and the capture's next node follows it; the built
+ * graph's wait node waits for the same event, which both graphs hold until
+ * both are gone. A failed external record is the driver's error naming the
+ * call, the capture and the graph, with nothing added; the capture goes on. */
+static void capture_to_built_records_by_the_external_flag(void **state) {
+  enum { SIDES = DLSYNC__DEPS_INLINE + 2 };
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C), lb;
+  side_frontier fr;
+  CUgraphNode rec = NULL, next = NULL, own, bdeps[2];
+  CUevent waited = NULL;
+  char capture[48];
+  CUgraph g1, gb;
+  (void)state;
+  warm_pair(&lp, &lc, 0); /* P's pool in the memo */
+  assert_int_equal(D->GraphCreate(&gb, 0), CUDA_SUCCESS);
+  own = bdeps[0] = fake_graph_add_work(gb, NULL, 0, "built's own");
+  lb = dlsync_lane_graph(gb, bdeps, 1, 2);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  snprintf(capture, sizeof capture, "capture %llu", (unsigned long long)fake_capture_id(P));
+  side_frontier_make(&fr, P, SIDES);
+  fake_log_reset();
+  fake_fail_nth("cuEventRecordWithFlags", 1, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_order(ctx, &lp, &lb), DLSYNC_ERROR_DRIVER);
+  assert_false(fake_fail_pending());
+  assert_non_null(strstr(dlsync_last_error(), "cuEventRecordWithFlags"));
+  assert_non_null(strstr(dlsync_last_error(), capture));
+  assert_non_null(strstr(dlsync_last_error(), "graph"));
+  assert_int_equal(fake_capture_status(P), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  assert_int_equal(fake_capture_deps(P, NULL, 0), SIDES);
+  assert_int_equal(fake_graph_count_nodes(gb, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 0);
+  assert_ptr_equal(lb.deps[0], own); /* the frontier unchanged */
+  fake_log_reset();
+  assert_int_equal(dlsync_order(ctx, &lp, &lb), DLSYNC_SUCCESS); /* CAPTURE_TO_BUILT */
+  assert_int_equal(fake_call_count("cuStreamGetCaptureInfo"), 1);
+  assert_int_equal(fake_call_count("cuStreamGetCtx"), 1);
+  assert_int_equal(fake_call_count("cuEventRecordWithFlags"), 1);
+  assert_int_equal(fake_call_count("cuGraphAddEventRecordNode"), 0);
+  assert_int_equal(fake_call_count("cuStreamUpdateCaptureDependencies"), 0);
+  assert_int_equal(fake_call_count("cuGraphAddEventWaitNode"), 1);
   assert_int_equal(fake_capture_deps(P, &rec, 1), 1);
   assert_int_equal(fake_node_type(rec), CU_GRAPH_NODE_TYPE_EVENT_RECORD);
-  assert_int_equal(fake_graph_count_nodes(gb, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 1);
+  assert_int_equal(lb.ndeps, 1);
+  assert_int_equal(fake_node_type(lb.deps[0]), CU_GRAPH_NODE_TYPE_WAIT_EVENT);
+  waited = fake_node_event(lb.deps[0]);
+  assert_ptr_equal(waited, fake_node_event(rec));
+  assert_true(fake_graph_has_edge(gb, own, lb.deps[0]));
+  fake_work(P, "next", &next);
   g1 = end_capture_ok(P);
   for (int i = 0; i < SIDES; i++)
     assert_true(fake_graph_has_edge(g1, fr.work[i], rec));
+  assert_true(fake_graph_has_edge(g1, rec, next));
   destroy_graph(g1);
+  assert_int_not_equal(graph_owned_now(), 0); /* the built graph still holds it */
   destroy_graph(gb);
+  assert_int_equal(graph_owned_now(), 0);
   side_frontier_free(&fr);
 }
 
@@ -2444,6 +2507,7 @@ int main(void) {
       T(reused_stream_handle_with_a_reserve_gets_its_contexts_event),
       T(long_capture_frontier_needs_no_second_read),
       T(long_capture_frontier_is_read_again_before_its_node),
+      T(capture_to_built_records_by_the_external_flag),
       T(two_captures_external_calls_failing_say_which),
       T(same_built_graph_merges_frontiers),
       T(two_built_graphs_get_record_and_wait_nodes),
