@@ -131,6 +131,13 @@ dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_eve
  * lock (the hold's life), so that a graph destroyed by another thread while
  * this one orders into its capture costs a new hold, not a stale one. */
 typedef dlsync__hold_memo hold_memo;
+/* What a caller keeps of a memo (the memo itself may be replaced by the next
+ * hold_make): the hold, its life and its capture. */
+typedef struct hold_ref {
+  dlsync__hold *hold;
+  uint64_t life;
+  uint64_t capture_id;
+} hold_ref;
 typedef dlsync__graph_thread graph_thread;
 #define HOLD_MEMOS DLSYNC__HOLD_MEMOS
 
@@ -140,7 +147,7 @@ static void hold_destroy(void *p) {
 
 /* A new hold for lane's capture, owned by its graph and remembered by the
  * thread (*out: a copy of the memo). */
-static DLSYNC__NOINLINE dlsync_status hold_make(hold_memo *out, graph_thread *gt,
+static DLSYNC__NOINLINE dlsync_status hold_make(hold_ref *out, graph_thread *gt,
                                                 const dlsync__pools *ps, dlsync__pool *pool,
                                                 const dlsync__lane_now *lane) {
   dlsync_status st = DLSYNC_SUCCESS;
@@ -166,23 +173,27 @@ static DLSYNC__NOINLINE dlsync_status hold_make(hold_memo *out, graph_thread *gt
   m->life = life;
   m->nreserve = 0;
   m->taken = 0;
-  *out = *m;
+  out->hold = h;
+  out->life = life;
+  out->capture_id = lane->capture_id;
 cleanup:
   return st;
 }
 
-/* The thread's hold for lane's capture (a copy of its memo), made if none. */
-static dlsync_status hold_for(hold_memo *out, graph_thread *gt, const dlsync__pools *ps,
+/* The thread's hold for lane's capture (what its memo names), made if none. */
+static dlsync_status hold_for(hold_ref *out, graph_thread *gt, const dlsync__pools *ps,
                               dlsync__pool *pool, const dlsync__lane_now *lane) {
   const hold_memo *m = dlsync__hold_find(gt, ps->generation, pool, lane->capture_id);
   if (m != NULL) {
-    *out = *m;
+    out->hold = m->hold;
+    out->life = m->life;
+    out->capture_id = m->capture_id;
     return DLSYNC_SUCCESS;
   }
   return hold_make(out, gt, ps, pool, lane);
 }
 
-static void hold_forget(graph_thread *gt, const hold_memo *m) {
+static void hold_forget(graph_thread *gt, const hold_ref *m) {
   for (unsigned i = 0; i < HOLD_MEMOS; i++)
     if (gt->memo[i].hold == m->hold && gt->memo[i].life == m->life) {
       gt->keys[i] = 0;
@@ -196,7 +207,7 @@ static void hold_forget(graph_thread *gt, const hold_memo *m) {
  * lock): the first for now, the rest kept in the thread's memo of it, next
  * one last (*out NULL: the hold was not live). */
 static dlsync_status hold_take_reserve(CUevent *out, graph_thread *gt, dlsync__pool *pool,
-                                       const hold_memo *m) {
+                                       const hold_ref *m) {
   CUevent got[DLSYNC__HOLD_RESERVE];
   hold_memo *mine = NULL;
   size_t n = 0, want = 1;
@@ -236,7 +247,7 @@ dlsync_status dlsync__graph_capture_event_slow(CUevent *out, dlsync__thread *t,
   dlsync_status st = DLSYNC_SUCCESS;
   graph_thread *gt = dlsync__graph_thread_of(t);
   for (int tries = 0; tries < 2; tries++) {
-    hold_memo ma, mb = {0};
+    hold_ref ma, mb = {NULL, 0, 0};
     DLSYNC_TRY(hold_for(&ma, gt, ps, pool, a));
     if (b != NULL) {
       DLSYNC_TRY(hold_for(&mb, gt, ps, pool, b));
@@ -261,7 +272,7 @@ static dlsync_status capture_add_held(const dlsync__pools *ps, dlsync__pool *poo
   dlsync_status st = DLSYNC_SUCCESS;
   graph_thread *gt = dlsync__graph_thread_of(dlsync__thread_get());
   for (int tries = 0; tries < 2; tries++) {
-    hold_memo m;
+    hold_ref m;
     bool stale = false;
     DLSYNC_TRY(hold_for(&m, gt, ps, pool, lane));
     DLSYNC_TRY(dlsync__hold_add_held(m.hold, m.life, he, &stale));
