@@ -298,6 +298,8 @@ typedef enum row_kind {
   RK_EAGER_TO_CAPTURE,
   RK_EAGER_TO_BUILT,
   RK_TWO_BUILT,
+  RK_CAPTURE_TO_BUILT,
+  RK_BUILT_TO_CAPTURE,
   RK_COUNT
 } row_kind;
 
@@ -319,6 +321,10 @@ static const struct {
     {DLSYNC__ROW_EAGER_TO_BUILT, "order", "wait node + record", "+ 1 query, user object + retain"},
     {DLSYNC__ROW_TWO_BUILT, "order", "record node + wait node",
      "+ cuCtxGetCurrent, user object + 2 retains"},
+    {DLSYNC__ROW_CAPTURE_TO_BUILT, "order", "query, record node, update; wait node",
+     "= query, cuStreamGetCtx, user object + retain, external record, wait node"},
+    {DLSYNC__ROW_BUILT_TO_CAPTURE, "order", "record node; query, wait node, update",
+     "+ cuStreamGetCtx, user object + retain"},
 };
 
 static void noop_destructor(void *p) {
@@ -522,6 +528,35 @@ static void row_op(row_kind rk, row_side side, int i, dlsync_lane *l1, dlsync_la
     CHECK(D->GraphAddEventWaitNode(&n, l2->graph, l2->deps, 1, kev[i]) == CUDA_SUCCESS, "node");
     l2->deps[0] = n;
     return;
+  case RK_CAPTURE_TO_BUILT:
+    if (side == SIDE_DLSYNC) {
+      ds_order(&lp, l2);
+      return;
+    }
+    if (side == SIDE_FLOOR) { /* dlsync's own calls */
+      q_full(P);
+      CHECK(D->StreamGetCtx(P, &cur) == CUDA_SUCCESS, "get ctx");
+      own_by(&l2->graph, 1);
+      CHECK(D->EventRecordWithFlags(kev[i], P, CU_EVENT_RECORD_EXTERNAL) == CUDA_SUCCESS, "record");
+    } else {
+      append_by_hand(P, kev[i], true);
+    }
+    CHECK(D->GraphAddEventWaitNode(&n, l2->graph, l2->deps, 1, kev[i]) == CUDA_SUCCESS, "node");
+    l2->deps[0] = n;
+    return;
+  case RK_BUILT_TO_CAPTURE:
+    if (side == SIDE_DLSYNC) {
+      ds_order(l1, &lc);
+      return;
+    }
+    if (side == SIDE_FLOOR) {
+      CHECK(D->StreamGetCtx(C, &cur) == CUDA_SUCCESS, "get ctx");
+      own_by(&l1->graph, 1);
+    }
+    CHECK(D->GraphAddEventRecordNode(&n, l1->graph, l1->deps, 1, kev[i]) == CUDA_SUCCESS, "node");
+    l1->deps[0] = n;
+    append_by_hand(C, kev[i], false); /* its query: the one dlsync makes */
+    return;
   case RK_TWO_BUILT:
   default:
     if (side == SIDE_DLSYNC) {
@@ -568,12 +603,20 @@ static double time_row(row_kind rk, row_side side) {
         CHECK(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
       CHECK(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
     } else {
-      CHECK(D->GraphCreate(&g2, 0) == CUDA_SUCCESS, "graph");
-      CHECK(D->GraphAddEmptyNode(&d2[0], g2, NULL, 0) == CUDA_SUCCESS, "node");
-      if (rk == RK_TWO_BUILT) {
+      /* A built graph for the later lane (g2) and one for the earlier (g1),
+       * as the row needs; the other lane a capture. */
+      if (rk != RK_BUILT_TO_CAPTURE) {
+        CHECK(D->GraphCreate(&g2, 0) == CUDA_SUCCESS, "graph");
+        CHECK(D->GraphAddEmptyNode(&d2[0], g2, NULL, 0) == CUDA_SUCCESS, "node");
+      }
+      if (rk == RK_TWO_BUILT || rk == RK_BUILT_TO_CAPTURE) {
         CHECK(D->GraphCreate(&g1, 0) == CUDA_SUCCESS, "graph");
         CHECK(D->GraphAddEmptyNode(&d1[0], g1, NULL, 0) == CUDA_SUCCESS, "node");
       }
+      if (rk == RK_CAPTURE_TO_BUILT)
+        CHECK(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
+      if (rk == RK_BUILT_TO_CAPTURE)
+        CHECK(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
     }
     l1 = dlsync_lane_graph(g1, d1, 1, 2);
     l2 = dlsync_lane_graph(g2, d2, 1, 2);
@@ -588,10 +631,12 @@ static double time_row(row_kind rk, row_side side) {
       CHECK(D->EventRecord(e2, C) == CUDA_SUCCESS, "join");
       CHECK(D->StreamWaitEvent(P, e2, 0) == CUDA_SUCCESS, "join");
       CHECK(D->StreamEndCapture(P, &gp) == CUDA_SUCCESS, "end capture");
-    } else if (rk == RK_TWO_CAPTURES || rk == RK_EAGER_TO_CAPTURE) {
+    } else if (rk == RK_TWO_CAPTURES || rk == RK_EAGER_TO_CAPTURE || rk == RK_BUILT_TO_CAPTURE) {
       CHECK(D->StreamEndCapture(C, &gc) == CUDA_SUCCESS, "end capture");
       if (rk == RK_TWO_CAPTURES)
         CHECK(D->StreamEndCapture(P, &gp) == CUDA_SUCCESS, "end capture");
+    } else if (rk == RK_CAPTURE_TO_BUILT) {
+      CHECK(D->StreamEndCapture(P, &gp) == CUDA_SUCCESS, "end capture");
     }
     D->CtxSynchronize();
     CUgraph gs[4] = {g1, g2, gc, gp};

@@ -20,7 +20,7 @@ set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-/tmp/dlsync-instr}
 n=${N:-2000}
-rows=${ROWS:-eager eager-stable in-capture in-capture-stable two-captures eager-to-capture eager-to-built two-built}
+rows=${ROWS:-eager eager-stable in-capture in-capture-stable two-captures eager-to-capture eager-to-built two-built capture-to-built built-to-capture}
 cc=${CC:-cc}
 command -v valgrind >/dev/null && command -v callgrind_annotate >/dev/null || {
   echo "instr-count: needs valgrind (apt-get install valgrind)" >&2

@@ -9,7 +9,8 @@
  *   instr_rows LIBDLSYNC ROW N [--log]
  *
  * ROW: eager, eager-stable, in-capture, in-capture-stable, two-captures,
- * eager-to-capture, eager-to-built, two-built. --log prints the driver calls
+ * eager-to-capture, eager-to-built, two-built, capture-to-built, built-to-capture.
+ * --log prints the driver calls
  * of the last operation. The thread makes two eager exchanges first, as the
  * bench's thread has (its scratch event and memo are warm). */
 #include <dlfcn.h>
@@ -57,12 +58,21 @@ typedef enum row {
   ROW_EAGER_TO_CAPTURE,
   ROW_EAGER_TO_BUILT,
   ROW_TWO_BUILT,
+  ROW_CAPTURE_TO_BUILT,
+  ROW_BUILT_TO_CAPTURE,
   ROW_COUNT
 } row;
 
-static const char *const row_names[ROW_COUNT] = {
-    "eager",        "eager-stable",     "in-capture",     "in-capture-stable",
-    "two-captures", "eager-to-capture", "eager-to-built", "two-built"};
+static const char *const row_names[ROW_COUNT] = {"eager",
+                                                 "eager-stable",
+                                                 "in-capture",
+                                                 "in-capture-stable",
+                                                 "two-captures",
+                                                 "eager-to-capture",
+                                                 "eager-to-built",
+                                                 "two-built",
+                                                 "capture-to-built",
+                                                 "built-to-capture"};
 
 static void *need(void *lib, const char *name) {
   void *p = dlsym(lib, name);
@@ -179,10 +189,14 @@ int main(int argc, char **argv) {
       check(d.begin_capture(p, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
     if (r == ROW_TWO_CAPTURES || r == ROW_EAGER_TO_CAPTURE)
       check(d.begin_capture(c, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
-    if (r == ROW_EAGER_TO_BUILT || r == ROW_TWO_BUILT)
+    if (r == ROW_CAPTURE_TO_BUILT)
+      check(d.begin_capture(p, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
+    if (r == ROW_BUILT_TO_CAPTURE)
+      check(d.begin_capture(c, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
+    if (r == ROW_EAGER_TO_BUILT || r == ROW_TWO_BUILT || r == ROW_CAPTURE_TO_BUILT)
       check(d.graph_create(&g2, 0) == CUDA_SUCCESS && d.empty_node(&d2[0], g2, NULL, 0) == 0,
             "graph");
-    if (r == ROW_TWO_BUILT)
+    if (r == ROW_TWO_BUILT || r == ROW_BUILT_TO_CAPTURE)
       check(d.graph_create(&g1, 0) == CUDA_SUCCESS && d.empty_node(&d1[0], g1, NULL, 0) == 0,
             "graph");
     l1 = dlsync_lane_graph(g1, d1, 1, 2);
@@ -198,6 +212,12 @@ int main(int argc, char **argv) {
         break;
       case ROW_EAGER_TO_BUILT:
         st = a.order(ctx, &lp, &l2);
+        break;
+      case ROW_CAPTURE_TO_BUILT:
+        st = a.order(ctx, &lp, &l2);
+        break;
+      case ROW_BUILT_TO_CAPTURE:
+        st = a.order(ctx, &l1, &lc);
         break;
       case ROW_TWO_CAPTURES:
       case ROW_EAGER_TO_CAPTURE:
@@ -225,9 +245,9 @@ int main(int argc, char **argv) {
       check(d.record(join, c) == CUDA_SUCCESS && d.wait(p, join, 0) == CUDA_SUCCESS, "join");
       check(d.end_capture(p, &g) == CUDA_SUCCESS && d.graph_destroy(g) == CUDA_SUCCESS, "end");
     }
-    if (r == ROW_TWO_CAPTURES || r == ROW_EAGER_TO_CAPTURE)
+    if (r == ROW_TWO_CAPTURES || r == ROW_EAGER_TO_CAPTURE || r == ROW_BUILT_TO_CAPTURE)
       check(d.end_capture(c, &g) == CUDA_SUCCESS && d.graph_destroy(g) == CUDA_SUCCESS, "end");
-    if (r == ROW_TWO_CAPTURES)
+    if (r == ROW_TWO_CAPTURES || r == ROW_CAPTURE_TO_BUILT)
       check(d.end_capture(p, &g) == CUDA_SUCCESS && d.graph_destroy(g) == CUDA_SUCCESS, "end");
     if (g1 != NULL)
       d.graph_destroy(g1);
