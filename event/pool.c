@@ -511,7 +511,8 @@ dlsync_status dlsync__hold_new(dlsync__hold **out, uint64_t *gen, dlsync__pool *
     h->pool = p;
   }
   /* A recycled hold may be named by a thread's stale cache entry, which
-   * reads it under the lock. */
+   * reads its life under the lock, or alone (dlsync__hold_live: the word
+   * changes with each life, so an old one never matches). */
   dlsync__spin_lock(&p->lock);
   *gen = ++p->hold_gens;
   atomic_store_explicit(&h->head.life, *gen * 2 + 1, memory_order_release);

@@ -120,7 +120,8 @@ dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_eve
  * capture gets a hold of the event's pool (event/pool.c): a list of events
  * that its graph owns through one user object (two calls, once per capture),
  * given back all at once when the graph and its executables are gone. Later
- * events cost no driver call and one section under the pool's lock.
+ * events cost no driver call and one section under the pool's lock, or, for
+ * EAGER_TO_CAPTURE, one per batch (the thread's reserve, graph.h).
  *
  * Each thread remembers the holds it made for its last captures (capture id,
  * pool and the context generation the pool belongs to), in its block: no
@@ -128,8 +129,9 @@ dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_eve
  * per thread. Capture ids are unique for the life of the process, and a
  * capture's graph cannot be destroyed while the capture records, so a
  * remembered hold is the capture's own; the pool checks it anyway, under its
- * lock (the hold's life), so that a graph destroyed by another thread while
- * this one orders into its capture costs a new hold, not a stale one. */
+ * lock (the hold's life; a reserved event after one load of it), so that a
+ * graph destroyed by another thread while this one orders into its capture
+ * costs a new hold, not a stale one. */
 typedef dlsync__hold_memo hold_memo;
 /* What a caller keeps of a memo (the memo itself may be replaced by the next
  * hold_make): the hold, its life and its capture. */
@@ -146,7 +148,7 @@ static void hold_destroy(void *p) {
 }
 
 /* A new hold for lane's capture, owned by its graph and remembered by the
- * thread (*out: a copy of the memo). */
+ * thread (*out: what the new memo names). */
 static DLSYNC__NOINLINE dlsync_status hold_make(hold_ref *out, graph_thread *gt,
                                                 const dlsync__pools *ps, dlsync__pool *pool,
                                                 const dlsync__lane_now *lane) {
