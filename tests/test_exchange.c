@@ -1380,12 +1380,32 @@ static void capture_graphs_outliving_their_context_lose_no_event_and_leak_none(v
  * thread) is found stale by the pool, forgotten, and made again: the event
  * goes into the new hold. White-box: the graph layer is called with the old
  * capture's id and a graph that stands in for its capture graph. */
+/* As if C were still in capture `id` (ended, its graph destroyed: the
+ * thread's hold of it given back), with `stand_in` as its graph: an event for
+ * that capture makes a new hold (one user object) and takes one event. */
+static void event_for_stale_capture(dlsync__lane_now *lane, dlsync_lane *lc, uint64_t id,
+                                    CUgraph stand_in, dlsync__pool *pool) {
+  CUevent ev = NULL;
+  memset(lane, 0, sizeof *lane);
+  lane->kind = DLSYNC_LANE_CAPTURING;
+  lane->stream = C;
+  lane->capture_id = id;
+  lane->graph = stand_in;
+  lane->lane = lc;
+  lane->role = "then";
+  fake_log_reset();
+  assert_int_equal(
+      dlsync__graph_capture_event(&ev, dlsync__thread_get(), &ctx->pools, pool, lane, NULL),
+      DLSYNC_SUCCESS);
+  assert_non_null(ev);
+  assert_int_equal(fake_call_count("cuUserObjectCreate"), 1); /* a new hold */
+}
+
 static void a_stale_hold_is_made_again(void **state) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync__lane_now lane;
   dlsync__pool *pool = NULL;
   CUcontext cu = NULL;
-  CUevent ev = NULL;
   CUgraph stand_in;
   uint64_t id;
   (void)state;
@@ -1397,19 +1417,7 @@ static void a_stale_hold_is_made_again(void **state) {
   assert_int_equal(D->StreamGetCtx(P, &cu), CUDA_SUCCESS);
   assert_int_equal(dlsync__pool_for_cuctx(&pool, &ctx->pools, cu), DLSYNC_SUCCESS);
   assert_int_equal(D->GraphCreate(&stand_in, 0), CUDA_SUCCESS);
-  memset(&lane, 0, sizeof lane);
-  lane.kind = DLSYNC_LANE_CAPTURING;
-  lane.stream = C;
-  lane.capture_id = id;
-  lane.graph = stand_in;
-  lane.lane = &lc;
-  lane.role = "then";
-  fake_log_reset();
-  assert_int_equal(
-      dlsync__graph_capture_event(&ev, dlsync__thread_get(), &ctx->pools, pool, &lane, NULL),
-      DLSYNC_SUCCESS);
-  assert_non_null(ev);
-  assert_int_equal(fake_call_count("cuUserObjectCreate"), 1); /* a new hold */
+  event_for_stale_capture(&lane, &lc, id, stand_in, pool);
   assert_int_equal(graph_owned_now(), 1);
   destroy_graph(stand_in); /* its hold gives the event back */
   assert_int_equal(graph_owned_now(), 0);
@@ -1557,7 +1565,6 @@ static void a_reserve_is_dropped_with_its_hold(void **state) {
   dlsync__pool_stats before, now;
   dlsync__hold_memo *m;
   dlsync__lane_now lane;
-  CUevent ev = NULL;
   CUgraph stand_in;
   uint64_t id;
   (void)state;
@@ -1580,20 +1587,8 @@ static void a_reserve_is_dropped_with_its_hold(void **state) {
   assert_int_equal(m->nreserve, 3);
   assert_false(dlsync__hold_live(m->hold, m->life));
   assert_int_equal(D->GraphCreate(&stand_in, 0), CUDA_SUCCESS);
-  memset(&lane, 0, sizeof lane);
-  lane.kind = DLSYNC_LANE_CAPTURING;
-  lane.stream = C;
-  lane.capture_id = id;
-  lane.graph = stand_in;
-  lane.lane = &lc;
-  lane.role = "then";
-  fake_log_reset();
-  assert_int_equal(
-      dlsync__graph_capture_event(&ev, dlsync__thread_get(), &ctx->pools, pool, &lane, NULL),
-      DLSYNC_SUCCESS);
-  assert_non_null(ev);
-  assert_int_equal(fake_call_count("cuUserObjectCreate"), 1); /* a new hold */
-  assert_int_equal(graph_owned_now(), 1);                     /* its one event only */
+  event_for_stale_capture(&lane, &lc, id, stand_in, pool);
+  assert_int_equal(graph_owned_now(), 1); /* its one event only */
   m = reserve_memo(pool, id);
   assert_non_null(m);
   assert_int_equal(m->nreserve, 0);

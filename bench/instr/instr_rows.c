@@ -211,9 +211,7 @@ int main(int argc, char **argv) {
         st = a.order(ctx, &l1, &l2);
         break;
       case ROW_EAGER_TO_BUILT:
-        st = a.order(ctx, &lp, &l2);
-        break;
-      case ROW_CAPTURE_TO_BUILT:
+      case ROW_CAPTURE_TO_BUILT: /* lp eager or capturing: the batch says */
         st = a.order(ctx, &lp, &l2);
         break;
       case ROW_BUILT_TO_CAPTURE:
