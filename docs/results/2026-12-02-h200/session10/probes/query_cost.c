@@ -11,13 +11,13 @@
 #include <stdlib.h>
 #include <time.h>
 
-#define CK(x)                                                                \
-  do {                                                                       \
-    CUresult r_ = (x);                                                       \
-    if (r_ != CUDA_SUCCESS) {                                                \
-      printf("FAIL line %d %s -> %d\n", __LINE__, #x, (int)r_);              \
-      exit(1);                                                               \
-    }                                                                        \
+#define CK(x)                                                   \
+  do {                                                          \
+    CUresult r_ = (x);                                          \
+    if (r_ != CUDA_SUCCESS) {                                   \
+      printf("FAIL line %d %s -> %d\n", __LINE__, #x, (int)r_); \
+      exit(1);                                                  \
+    }                                                           \
   } while (0)
 
 static double now_ns(void) {
