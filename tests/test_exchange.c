@@ -1488,6 +1488,21 @@ static void warm_capture_pool(void) {
   assert_int_equal(graph_owned_now(), 0);
 }
 
+/* warm_capture_pool, then (*before: the pool's stats then, when non-NULL) a
+ * capture of C begun and n EAGER_TO_CAPTURE orders into it; its id. */
+static uint64_t orders_into_a_new_capture(int n, dlsync__pool_stats *before) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  uint64_t id;
+  warm_capture_pool();
+  if (before != NULL)
+    dlsync__pool_stats_get(before, &ctx->pools);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  id = fake_capture_id(C);
+  for (int i = 0; i < n; i++)
+    assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  return id;
+}
+
 static bool event_in(CUevent ev, const CUevent *set, size_t n) {
   for (size_t i = 0; i < n; i++)
     if (set[i] == ev)
@@ -1560,7 +1575,7 @@ static void a_capture_takes_its_events_in_growing_batches(void **state) {
  * as in a_stale_hold_is_made_again) is dropped: its events are back in the
  * pool, the liveness check says so, and the event comes from a new hold. */
 static void a_reserve_is_dropped_with_its_hold(void **state) {
-  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_lane lc = dlsync_lane_stream(C);
   dlsync__pool *pool = pool_of_p();
   dlsync__pool_stats before, now;
   dlsync__hold_memo *m;
@@ -1568,12 +1583,7 @@ static void a_reserve_is_dropped_with_its_hold(void **state) {
   CUgraph stand_in;
   uint64_t id;
   (void)state;
-  warm_capture_pool();
-  dlsync__pool_stats_get(&before, &ctx->pools);
-  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-  id = fake_capture_id(C);
-  for (int i = 0; i < 5; i++) /* 1, 1, 2, 4 taken: 8, 3 of them not used */
-    assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  id = orders_into_a_new_capture(5, &before); /* 1, 1, 2, 4 taken: 8, 3 of them not used */
   assert_int_equal(graph_owned_now(), 8);
   m = reserve_memo(pool, id);
   assert_non_null(m);
@@ -1602,7 +1612,6 @@ static void a_reserve_is_dropped_with_its_hold(void **state) {
  * the pool makes a new one) never gives one of them. */
 static void a_reserved_event_is_never_free_at_the_same_time(void **state) {
   enum { N = 20 };
-  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync__pool *pool = pool_of_p();
   dlsync__hold_memo *m;
   CUevent held[N + DLSYNC__HOLD_RESERVE], got[64];
@@ -1610,11 +1619,7 @@ static void a_reserved_event_is_never_free_at_the_same_time(void **state) {
   uint64_t id;
   CUgraph g;
   (void)state;
-  warm_capture_pool();
-  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-  id = fake_capture_id(C);
-  for (int i = 0; i < N; i++) /* 24 taken: 20 used, 4 kept */
-    assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  id = orders_into_a_new_capture(N, NULL); /* 24 taken: 20 used, 4 kept */
   g = end_capture_ok(C);
   assert_int_equal(wait_events_of(g, held, N), N);
   m = reserve_memo(pool, id);
@@ -1655,13 +1660,8 @@ static void eager_to_capture_from_the_reserve_reports_a_failed_wait(void **state
   uint64_t id;
   CUgraph g;
   (void)state;
-  warm_capture_pool();
-  dlsync__pool_stats_get(&before, &ctx->pools);
-  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
-  id = fake_capture_id(C);
+  id = orders_into_a_new_capture(3, &before); /* 1, 1, 2 taken: one kept */
   snprintf(capture, sizeof capture, "capture %llu", (unsigned long long)id);
-  for (int i = 0; i < 3; i++) /* 1, 1, 2 taken: one kept */
-    assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
   m = reserve_memo(pool, id);
   assert_non_null(m);
   assert_int_equal(m->nreserve, 1);
