@@ -97,7 +97,8 @@ static void every_combination_gives_its_row(void **state) {
 
 /* The fast path serves a warm thread whose `then` stream is eager without
  * asking about `first`: that is right only if both rows it may be are plain
- * record/wait rows. */
+ * record/wait rows. The rows it carries out without the classifier are the
+ * table's. */
 static void the_fast_path_rows_are_plain(void **state) {
   dlsync__table_in in;
   (void)state;
@@ -118,6 +119,14 @@ static void the_fast_path_rows_are_plain(void **state) {
   in.first = in.then = DLSYNC_LANE_CAPTURING;
   in.same_graph = true;
   assert_true(dlsync__row_is_plain(dlsync__table_classify(&in)));
+  /* dlsync_order's lean EAGER_TO_CAPTURE path (order/exchange.c,
+   * fast_eager_to_capture) takes `first` eager and `then` capturing as that
+   * row without classifying: the table must agree. */
+  memset(&in, 0, sizeof in);
+  in.op = DLSYNC__OP_ORDER;
+  in.first = DLSYNC_LANE_EAGER;
+  in.then = DLSYNC_LANE_CAPTURING;
+  assert_int_equal(dlsync__table_classify(&in), DLSYNC__ROW_EAGER_TO_CAPTURE);
 }
 
 static void rows_have_names_nodes_and_words(void **state) {
