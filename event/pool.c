@@ -434,8 +434,8 @@ void dlsync__pool_return_from_graph(dlsync__pool *p, CUevent event) {
  * graph is gone. Taking an event into a hold is one section under the
  * pool's lock: the event off the free list, onto the hold, counted. An event
  * two captures hold (TWO_CAPTURES) is a pair, counted by its two holds under
- * the same lock. A held event (built graphs and fences share it, counted
- * with atomics) can be put in a hold too.
+ * the same lock. The events of built graphs are in holds too: a thread's
+ * batch (graph/), which the graphs hold through one user object.
  *
  * Hold and pair memory belongs to the pool: recycled, never freed before the
  * pool (each live hold holds a pool reference), so that a thread holding a
@@ -448,7 +448,6 @@ void dlsync__pool_return_from_graph(dlsync__pool *p, CUevent event) {
 typedef enum hold_kind {
   HOLD_EVENT, /* the hold's alone */
   HOLD_PAIR,  /* shared with another hold */
-  HOLD_HELD,  /* a held event's reference */
   HOLD_DONE   /* handled already (while the hold is given back) */
 } hold_kind;
 
@@ -460,7 +459,7 @@ typedef struct hold_pair {
 
 typedef struct hold_item {
   CUevent event;
-  void *ref; /* HOLD_PAIR: the pair; HOLD_HELD: the held event */
+  void *ref; /* HOLD_PAIR: the pair */
   unsigned char kind;
 } hold_item;
 
@@ -686,25 +685,9 @@ dlsync_status dlsync__hold_take_some(CUevent *out, size_t max, size_t *n, dlsync
   return k > 0 ? DLSYNC_SUCCESS : hold_out_of_memory();
 }
 
-dlsync_status dlsync__hold_add_held(dlsync__hold *h, uint64_t gen, dlsync__held_event *he,
-                                    bool *stale) {
-  dlsync__pool *p = h->pool;
-  bool ok = false;
-  hold_item it = {he->event, he, HOLD_HELD};
-  dlsync__spin_lock(&p->lock);
-  *stale = !hold_is(h, gen);
-  if (!*stale && (ok = hold_room_locked(h))) {
-    hold_add_locked(h, it);
-    dlsync__held_event_ref(he);
-  }
-  dlsync__spin_unlock(&p->lock);
-  return *stale || ok ? DLSYNC_SUCCESS : hold_out_of_memory();
-}
-
 /* Gives a hold's items back (lock held): its own events to the free list
  * (those that cannot be kept left as HOLD_EVENT for the caller to orphan),
- * a pair's event once its second hold lets go. Held events are left to the
- * caller (their count takes the lock). */
+ * a pair's event once its second hold lets go. */
 static void hold_items_back_locked(dlsync__pool *p, hold_item *items, size_t n) {
   for (size_t i = n; i-- > 0;) { /* the last taken first: see dlsync__hold_release */
     hold_item *it = &items[i];
@@ -726,15 +709,12 @@ static void hold_items_back_locked(dlsync__pool *p, hold_item *items, size_t n) 
   }
 }
 
-/* What hold_items_back_locked left: held events let go, events that could
- * not be kept orphaned. */
+/* What hold_items_back_locked left: events that could not be kept,
+ * orphaned. */
 static void hold_items_finish(dlsync__pool *p, const hold_item *items, size_t n) {
-  for (size_t i = 0; i < n; i++) {
-    if (items[i].kind == HOLD_HELD)
-      dlsync__held_event_unref(items[i].ref);
-    else if (items[i].kind == HOLD_EVENT)
+  for (size_t i = 0; i < n; i++)
+    if (items[i].kind == HOLD_EVENT)
       orphan_event(p, items[i].event);
-  }
 }
 
 /* Items back under one short lock section, then what that left. */
@@ -837,20 +817,14 @@ void dlsync__pool_stats_get(dlsync__pool_stats *out, dlsync__pools *ps) {
   }
 }
 
-void dlsync__held_event_init(dlsync__held_event *he, dlsync__pool *p, CUevent event) {
-  atomic_init(&he->refs, 1);
-  he->embedded = true;
-  he->pool = p;
-  he->event = event;
-  dlsync__pool_note_graph_owned(p);
-}
-
 dlsync__held_event *dlsync__held_event_new(dlsync__pool *p, CUevent event) {
   dlsync__held_event *he = dlsync__malloc(sizeof *he);
   if (he == NULL)
     return NULL;
-  dlsync__held_event_init(he, p, event);
-  he->embedded = false;
+  atomic_init(&he->refs, 1);
+  he->pool = p;
+  he->event = event;
+  dlsync__pool_note_graph_owned(p);
   return he;
 }
 
@@ -862,8 +836,7 @@ void dlsync__held_event_unref(dlsync__held_event *he) {
   if (he == NULL || atomic_fetch_sub_explicit(&he->refs, 1, memory_order_acq_rel) != 1)
     return;
   dlsync__pool_return_from_graph(he->pool, he->event);
-  if (!he->embedded)
-    dlsync__free(he);
+  dlsync__free(he);
 }
 
 void dlsync__pool_note_graph_owned(dlsync__pool *p) {

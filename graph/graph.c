@@ -30,6 +30,20 @@ static void box_run(void *p) {
   dlsync__free(b);
 }
 
+/* The box of a user object that nothing will ever let go (its release
+ * refused, no graph holding it): its destructor run now, once; the box kept
+ * on the abandoned list, never freed, in case the driver calls it after all
+ * (box_run then does nothing). */
+static void box_abandon(hold_box *box) {
+  if (atomic_flag_test_and_set(&box->ran))
+    return;
+  pthread_mutex_lock(&abandoned_lock);
+  box->next = abandoned;
+  abandoned = box;
+  pthread_mutex_unlock(&abandoned_lock);
+  box->destroy(box->ptr);
+}
+
 /* Gives the filled box (destroy, ptr) to the graphs: one user object that
  * each of them holds. *taken: the box (and ptr) are the user object's from
  * now on, whatever the status; false: both are still the caller's. */
@@ -63,14 +77,7 @@ cleanup:
     bool none_took = held == (unsigned)ngraphs;
     bool released = d->UserObjectRelease(uo, held) == CUDA_SUCCESS;
     if (!released && none_took) {
-      /* Nothing will ever drop the object: run its destructor now, once. */
-      if (!atomic_flag_test_and_set(&box->ran)) {
-        pthread_mutex_lock(&abandoned_lock);
-        box->next = abandoned;
-        abandoned = box;
-        pthread_mutex_unlock(&abandoned_lock);
-        box->destroy(box->ptr);
-      }
+      box_abandon(box); /* nothing will ever drop the object */
     } else if (!released) {
       /* graphs[0] took the object: it takes our references too (moved, no
        * release needed), so that destroying it drops them all and runs the
@@ -268,92 +275,212 @@ cleanup:
   return st;
 }
 
-/* Lane's capture holds a reference to `he` (an event of `pool`). */
-static dlsync_status capture_add_held(const dlsync__pools *ps, dlsync__pool *pool,
-                                      const dlsync__lane_now *lane, dlsync__held_event *he) {
-  dlsync_status st = DLSYNC_SUCCESS;
-  graph_thread *gt = dlsync__graph_thread_of(dlsync__thread_get());
-  for (int tries = 0; tries < 2; tries++) {
-    hold_ref m;
-    bool stale = false;
-    DLSYNC_TRY(hold_for(&m, gt, ps, pool, lane));
-    DLSYNC_TRY(dlsync__hold_add_held(m.hold, m.life, he, &stale));
-    if (!stale)
-      return DLSYNC_SUCCESS;
-    hold_forget(gt, &m);
+/* ---- the events of built graphs: one batch per thread and pool ----
+ * (graph.h says what a batch is.) */
+typedef dlsync__built_memo built_memo;
+
+static pthread_once_t built_once = PTHREAD_ONCE_INIT;
+static pthread_key_t built_key;
+static bool built_key_ok;
+
+/* Drops the thread's reference to m's batch (its events come back once the
+ * graphs that retained it are gone) and empties m. When the driver refuses
+ * (the result returned), a batch no graph took is given back by hand (its
+ * destructor run once, box_abandon); otherwise the reference is moved into
+ * `into` (d's), a graph that took the batch in this call, when there is one,
+ * so that destroying that graph lets the batch go; else the batch stays with
+ * the driver until its CUDA context goes. */
+static CUresult built_close(built_memo *m, const dlsync__driver *d, CUgraph into) {
+  CUresult r = CUDA_SUCCESS;
+  if (m->uo != NULL) {
+    r = m->release(m->uo, 1);
+    if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+      if (!m->retained)
+        box_abandon(m->box);
+      else if (into != NULL)
+        (void)d->GraphRetainUserObject(into, m->uo, 1, CU_GRAPH_USER_OBJECT_MOVE);
+    }
   }
-  st = hold_lost(lane);
+  m->uo = NULL;
+  m->box = NULL;
+  m->retained = false;
+  m->nreserve = 0;
+  m->capture_id = 0;
+  return r;
+}
+
+static void built_close_warn(built_memo *m, const char *when) {
+  if (built_close(m, NULL, NULL) != CUDA_SUCCESS)
+    DLSYNC__LOG(DLSYNC__LOG_WARN,
+                "%s: cuUserObjectRelease refused a thread's batch of events for built graphs; "
+                "they stay with the driver until their CUDA context is destroyed",
+                when);
+}
+
+static void built_thread_exit(void *p) {
+  graph_thread *gt = p;
+  for (unsigned i = 0; i < DLSYNC__BUILT_MEMOS; i++) {
+    built_close_warn(&gt->built[i], "a thread's exit");
+    gt->built[i].pool = NULL;
+  }
+  gt->built_keyed = false;
+}
+
+static void built_key_init(void) {
+  built_key_ok = pthread_key_create(&built_key, built_thread_exit) == 0;
+}
+
+/* The thread's memo of pool (of the context whose pools ps are): found, or
+ * made in the slot used least recently (closing the batch it had). */
+static DLSYNC__INLINE built_memo *built_memo_for(graph_thread *gt, const dlsync__pools *ps,
+                                                 const dlsync__pool *pool) {
+  built_memo *m;
+  for (unsigned i = 0; i < DLSYNC__BUILT_MEMOS; i++) {
+    m = &gt->built[i];
+    if (m->pool == pool && m->generation == ps->generation)
+      return m;
+  }
+  m = &gt->built[gt->built_next++ % DLSYNC__BUILT_MEMOS];
+  built_close_warn(m, "a thread's order into another context's graphs");
+  m->pool = pool;
+  m->generation = ps->generation;
+  m->release = ps->drv->UserObjectRelease;
+  m->taken = 0;
+  return m;
+}
+
+static DLSYNC__COLD dlsync_status built_out_of_memory(void) {
+  return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
+                      "giving events to a graph built by hand: out of memory");
+}
+
+/* A new batch for m: a hold of as many events as the thread has taken so
+ * far (at least one, at most DLSYNC__HOLD_RESERVE; only one while the
+ * thread-exit hook that would close it is not set), and the user object that
+ * holds it, the thread's reference kept. */
+static DLSYNC__NOINLINE dlsync_status built_open(built_memo *m, graph_thread *gt,
+                                                 const dlsync__pools *ps, dlsync__pool *pool) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = ps->drv;
+  CUevent got[DLSYNC__HOLD_RESERVE];
+  size_t n = 0, want = 1;
+  dlsync__hold *h = NULL;
+  uint64_t life = 0;
+  CUuserObject uo = NULL;
+  CUresult r;
+  hold_box *box = dlsync__malloc(sizeof *box);
+  if (box == NULL)
+    return built_out_of_memory();
+  if (!gt->built_keyed) {
+    (void)pthread_once(&built_once, built_key_init);
+    gt->built_keyed = built_key_ok && pthread_setspecific(built_key, gt) == 0;
+  }
+  if (gt->built_keyed && m->taken > 1)
+    want = m->taken < DLSYNC__HOLD_RESERVE ? m->taken : DLSYNC__HOLD_RESERVE;
+  DLSYNC_TRY(dlsync__hold_new(&h, &life, pool));
+  DLSYNC_TRY(dlsync__hold_take_some(got, want, &n, pool, h, life)); /* a new hold: never stale */
+  box->destroy = hold_destroy;
+  box->ptr = h;
+  box->next = NULL;
+  atomic_flag_clear(&box->ran);
+  r = d->UserObjectCreate(&uo, box, box_run, 1, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC);
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+    st = dlsync__fail_driver(d, r, "cuUserObjectCreate",
+                             "making the object that gives dlsync's events to built graphs");
+    goto cleanup;
+  }
+  m->uo = uo;
+  m->box = box;
+  m->retained = false;
+  box = NULL; /* the user object's: its destructor gives the hold back */
+  h = NULL;
+  for (size_t j = 0; j < n; j++)
+    m->reserve[j] = got[n - 1 - j];
+  m->nreserve = (unsigned)n;
+  m->taken = m->taken + n < DLSYNC__HOLD_RESERVE ? m->taken + (unsigned)n : DLSYNC__HOLD_RESERVE;
 cleanup:
+  if (h != NULL)
+    dlsync__hold_release(h); /* its events back to the pool */
+  dlsync__free(box);
   return st;
 }
 
-/* An event that built graphs alone hold: its count lives in the user
- * object's box, one allocation for both (the box is freed with it). */
-typedef struct event_box {
-  hold_box box; /* first: box_run frees the whole */
-  dlsync__held_event he;
-} event_box;
-
-static dlsync_status own_event_built(const dlsync__driver *d, dlsync__pool *pool, CUevent event,
-                                     CUgraph *graphs, int ngraphs) {
-  dlsync_status st;
-  bool taken = false;
-  event_box *eb = dlsync__malloc(sizeof *eb);
-  if (eb == NULL) {
-    dlsync__pool_put(pool, event);
-    return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an event to a graph: out of memory");
-  }
-  dlsync__held_event_init(&eb->he, pool, event);
-  eb->box.destroy = held_event_destroy;
-  eb->box.ptr = &eb->he;
-  st = hold_give(d, graphs, ngraphs, &eb->box, &taken);
-  if (!taken) {
-    dlsync__held_event_unref(&eb->he); /* the event back to its pool */
-    dlsync__free(eb);
-  }
-  return st;
+dlsync_status dlsync__graph_built_retain_failed(const dlsync__driver *d, CUresult r,
+                                                const dlsync__lane_now *l) {
+  return dlsync__fail_driver(
+      d, r, "cuGraphRetainUserObject", "giving dlsync's event to the %s lane's graph %p%s", l->role,
+      (void *)l->graph, l->kind == DLSYNC_LANE_CAPTURING ? " (its capture's)" : "");
 }
 
-dlsync_status dlsync__graph_own_event_lanes(const dlsync__pools *ps, dlsync__pool *pool,
-                                            CUevent event, dlsync__lane_now *const *lanes,
-                                            int nlanes) {
+static DLSYNC__COLD dlsync_status built_release_failed(const dlsync__driver *d, CUresult r) {
+  return dlsync__fail_driver(d, r, "cuUserObjectRelease",
+                             "letting go of a used batch of events for built graphs (nothing "
+                             "was queued)");
+}
+
+dlsync_status dlsync__graph_built_event_slow(CUevent *out, dlsync__thread *t,
+                                             const dlsync__pools *ps, dlsync__pool *pool,
+                                             dlsync__lane_now *const *lanes, int nlanes) {
   dlsync_status st = DLSYNC_SUCCESS;
-  CUgraph built[2];
-  int nbuilt = 0;
-  bool ours = true;
-  dlsync__held_event *he;
-  if (nlanes > 2)
-    nlanes = 2;
-  if (lanes[0]->kind == DLSYNC_LANE_BUILT && (nlanes < 2 || lanes[1]->kind == DLSYNC_LANE_BUILT)) {
-    for (int i = 0; i < nlanes; i++)
-      built[i] = lanes[i]->graph;
-    return own_event_built(ps->drv, pool, event, built, nlanes);
-  }
-  he = dlsync__held_event_new(pool, event);
-  if (he == NULL) {
-    dlsync__pool_put(pool, event);
-    return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an event to a graph: out of memory");
-  }
-  /* he's one reference is this function's (`ours`) until the built graphs
-   * take it; a capture's hold takes one of its own. */
+  const dlsync__driver *d = ps->drv;
+  graph_thread *gt = dlsync__graph_thread_of(t);
+  built_memo *m = built_memo_for(gt, ps, pool);
+  CUgraph took = NULL; /* a graph that retained the batch in this call */
+  CUevent ev;
+  *out = NULL;
+  if (DLSYNC__UNLIKELY(m->nreserve == 0))
+    DLSYNC_TRY(built_open(m, gt, ps, pool));
+  ev = m->reserve[--m->nreserve];
   for (int i = 0; i < nlanes; i++) {
-    if (lanes[i]->kind == DLSYNC_LANE_CAPTURING)
-      DLSYNC_TRY(capture_add_held(ps, pool, lanes[i], he));
-    else
-      built[nbuilt++] = lanes[i]->graph;
+    const dlsync__lane_now *l = lanes[i];
+    CUresult r;
+    if (l->kind == DLSYNC_LANE_EAGER ||
+        (l->kind == DLSYNC_LANE_CAPTURING && l->capture_id == m->capture_id))
+      continue;
+    r = d->GraphRetainUserObject(l->graph, m->uo, 1, 0);
+    if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+      st = dlsync__graph_built_retain_failed(d, r, l);
+      goto cleanup;
+    }
+    took = l->graph;
+    m->retained = true;
+    if (l->kind == DLSYNC_LANE_CAPTURING)
+      m->capture_id = l->capture_id;
   }
-  if (nbuilt > 0) {
-    /* One user object for them all; from then on its destructor lets the
-     * reference go. */
-    bool taken = false;
-    st = dlsync__graph_hold(ps->drv, built, nbuilt, held_event_destroy, he, &taken);
-    if (taken)
-      ours = false;
-  }
+  *out = ev;
 cleanup:
-  if (ours)
-    dlsync__held_event_unref(he); /* no graph took it: back to the pool */
+  /* The batch's last event taken: the thread lets go of it now, so that its
+   * events come back as soon as their graphs are gone. */
+  if (m->nreserve == 0 && m->uo != NULL) {
+    CUresult r = built_close(m, d, took);
+    if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && st == DLSYNC_SUCCESS) {
+      st = built_release_failed(d, r);
+      *out = NULL;
+    }
+  }
   return st;
+}
+
+void dlsync__graph_built_close(const dlsync__pools *ps) {
+  graph_thread *gt = dlsync__graph_thread_of(dlsync__thread_get());
+  for (unsigned i = 0; i < DLSYNC__BUILT_MEMOS; i++) {
+    built_memo *m = &gt->built[i];
+    if (m->pool == NULL || m->generation != ps->generation)
+      continue;
+    built_close_warn(m, "context destroy");
+    m->pool = NULL;
+  }
+}
+
+size_t dlsync__graph_built_unused(const dlsync__pools *ps) {
+  const graph_thread *gt = dlsync__graph_thread_of(dlsync__thread_get());
+  size_t n = 0;
+  for (unsigned i = 0; i < DLSYNC__BUILT_MEMOS; i++) {
+    const built_memo *m = &gt->built[i];
+    if (m->pool != NULL && m->generation == ps->generation && m->uo != NULL)
+      n += m->nreserve;
+  }
+  return n;
 }
 
 dlsync_status dlsync__graph_event_node_failed(const dlsync__driver *d, CUresult r, CUgraph graph,
@@ -387,17 +514,6 @@ dlsync_status dlsync__graph_event_node_failed(const dlsync__driver *d, CUresult 
   return st;
 }
 
-static DLSYNC__INLINE dlsync_status add_event_node(const dlsync__driver *d, CUgraphNode *out,
-                                                   CUgraph graph, const CUgraphNode *deps,
-                                                   size_t ndeps, CUevent event, bool record,
-                                                   const char *role) {
-  CUresult r = record ? d->GraphAddEventRecordNode(out, graph, deps, ndeps, event)
-                      : d->GraphAddEventWaitNode(out, graph, deps, ndeps, event);
-  if (DLSYNC__LIKELY(r == CUDA_SUCCESS))
-    return DLSYNC_SUCCESS;
-  return dlsync__graph_event_node_failed(d, r, graph, deps, ndeps, record, role);
-}
-
 dlsync_status dlsync__graph_capture_set_failed(const dlsync__driver *d, CUresult r,
                                                const dlsync__lane_now *l) {
   return dlsync__fail_driver(d, r, "cuStreamUpdateCaptureDependencies",
@@ -407,22 +523,9 @@ dlsync_status dlsync__graph_capture_set_failed(const dlsync__driver *d, CUresult
 
 dlsync_status dlsync__graph_append_event_node(const dlsync__driver *d, dlsync__lane_now *l,
                                               CUevent event, bool record, CUgraphNode *out) {
-  dlsync_status st = DLSYNC_SUCCESS;
-  CUgraphNode node = NULL;
-  if (l->kind == DLSYNC_LANE_CAPTURING) {
-    DLSYNC_TRY(dlsync__graph_append_capture_event(d, l, event, record));
-    node = l->dep_buf[0];
-  } else {
-    dlsync_lane *lane = l->lane; /* room for one node: checked by the caller (lane_fit) */
-    DLSYNC_TRY(add_event_node(d, &node, l->graph, l->deps, l->ndeps, event, record, l->role));
-    lane->deps[0] = node;
-    lane->ndeps = 1;
-    l->deps = (const CUgraphNode *)lane->deps;
-    l->ndeps = 1;
-  }
-  if (out != NULL)
-    *out = node;
-cleanup:
+  dlsync_status st = dlsync__graph_append_event(d, l, event, record);
+  if (st == DLSYNC_SUCCESS && out != NULL)
+    *out = l->kind == DLSYNC_LANE_CAPTURING ? l->dep_buf[0] : l->lane->deps[0];
   return st;
 }
 

@@ -141,6 +141,10 @@ dlsync_status dlsync_context_destroy(dlsync_context *ctx) {
   fences = atomic_load(&ctx->live_fences);
   /* Releases first: the eager ones give their events back to the pools. */
   st = dlsync__release_book_close(ctx->releases);
+  /* This thread's batches of events for built graphs: closed, so that
+   * their unused events come back once the graphs are gone (other threads
+   * close theirs at their next order into a built graph, or at exit). */
+  dlsync__graph_built_close(&ctx->pools);
   {
     dlsync_status pst = dlsync__pools_destroy(&ctx->pools);
     if (st == DLSYNC_SUCCESS)

@@ -335,38 +335,6 @@ cleanup:
   return st;
 }
 
-/* A pool event recorded eagerly on `first`, for a graph to own. The pool may
- * come from the memo unchecked: the record itself says whether the event is
- * of the stream's context (a stream handle reused in another context fails
- * it with INVALID_HANDLE / INVALID_CONTEXT); then the memo is forgotten and
- * an event of the right pool recorded. A record alone orders nothing, so
- * recording before the graph takes the event leaves nothing wrong behind if
- * a later step fails. On failure *ev is NULL (back in its pool). */
-static dlsync_status record_for_graph(CUevent *ev, dlsync_context *ctx, pool_pick *pk,
-                                      dlsync__lane_now *first) {
-  dlsync_status st = DLSYNC_SUCCESS;
-  const dlsync__driver *d = ctx->drv;
-  CUresult r;
-  *ev = NULL;
-  DLSYNC_TRY(dlsync__pool_get(ev, pk->pool));
-  r = d->EventRecord(*ev, first->stream);
-  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
-    dlsync__pool_put(pk->pool, *ev);
-    *ev = NULL;
-    DLSYNC_TRY(repick_pool(ctx, pk));
-    DLSYNC_TRY(dlsync__pool_get(ev, pk->pool));
-    r = d->EventRecord(*ev, first->stream);
-  }
-  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
-    dlsync__pool_put(pk->pool, *ev);
-    *ev = NULL;
-    st = dlsync__fail_driver(d, r, "cuEventRecord", "%s stream %p", first->role,
-                             (void *)first->stream);
-  }
-cleanup:
-  return st;
-}
-
 /* EAGER_TO_CAPTURE's external wait failed (cold). */
 static DLSYNC__COLD dlsync_status fail_external_wait(const dlsync__driver *d, CUresult r,
                                                      CUstream first, CUstream then, uint64_t id,
@@ -417,15 +385,33 @@ cleanup:
   return st;
 }
 
-/* EAGER_TO_BUILT: the eager record, then a wait node in the built graph
- * (which reads the event when the graph is launched), owning the event. */
+/* EAGER_TO_BUILT: an event that then's graph retains (the thread's batch
+ * for built graphs, graph.h), recorded eagerly on first, then a wait node in
+ * the built graph, which reads the event when the graph is launched. The
+ * pool may come from the memo unchecked: the record says whether the event
+ * is of first's context (a stream handle reused in another context fails it
+ * with INVALID_HANDLE / INVALID_CONTEXT); then the memo is forgotten and an
+ * event of the right pool taken (the first stays in its batch, unused, and
+ * comes back with it). */
 static dlsync_status row_eager_to_built(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
                                         dlsync__lane_now *then) {
   dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = ctx->drv;
   CUevent ev = NULL;
-  DLSYNC_TRY(record_for_graph(&ev, ctx, pk, first));
-  DLSYNC_TRY(dlsync__graph_own_event_lanes(&ctx->pools, pk->pool, ev, &then, 1));
-  DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, then, ev, false));
+  CUresult r;
+  DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, &then, 1));
+  r = d->EventRecord(ev, first->stream);
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
+    DLSYNC_TRY(repick_pool(ctx, pk));
+    DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, &then, 1));
+    r = d->EventRecord(ev, first->stream);
+  }
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+    st = dlsync__fail_driver(d, r, "cuEventRecord", "%s stream %p", first->role,
+                             (void *)first->stream);
+    goto cleanup;
+  }
+  DLSYNC_TRY(dlsync__graph_append_event(d, then, ev, false));
 cleanup:
   return st;
 }
@@ -478,7 +464,7 @@ static DLSYNC__COLD dlsync_status fail_external_record_for_graph(const dlsync__d
 }
 
 /* BUILT_TO_CAPTURE, TWO_BUILT: a record node in first's graph, a wait node
- * in then's, both owning the event. A capturing `then` (BUILT_TO_CAPTURE)
+ * in then's, both retaining the event's batch. A capturing `then` (BUILT_TO_CAPTURE)
  * gets its wait node by hand: an external wait is refused on an event whose
  * last record was made in an ended capture (seen on the H200), which a pooled
  * one may be. */
@@ -488,10 +474,9 @@ static dlsync_status row_two_graphs(dlsync_context *ctx, pool_pick *pk, dlsync__
   CUevent ev = NULL;
   dlsync__lane_now *lanes[2];
   DLSYNC_TRY(verify_pool(ctx, pk, first, then));
-  DLSYNC_TRY(dlsync__pool_get(&ev, pk->pool));
   lanes[0] = first;
   lanes[1] = then;
-  DLSYNC_TRY(dlsync__graph_own_event_lanes(&ctx->pools, pk->pool, ev, lanes, 2));
+  DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, lanes, 2));
   DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, first, ev, true));
   DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, then, ev, false));
 cleanup:
@@ -510,10 +495,9 @@ static dlsync_status row_capture_to_built(dlsync_context *ctx, pool_pick *pk,
   dlsync__lane_now *lanes[2];
   CUresult r;
   DLSYNC_TRY(check_memo_pool(ctx, pk)); /* then is built: no dependencies read again */
-  DLSYNC_TRY(dlsync__pool_get(&ev, pk->pool));
   lanes[0] = first;
   lanes[1] = then;
-  DLSYNC_TRY(dlsync__graph_own_event_lanes(&ctx->pools, pk->pool, ev, lanes, 2));
+  DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, lanes, 2));
   r = d->EventRecordWithFlags(ev, first->stream, CU_EVENT_RECORD_EXTERNAL);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
     st = fail_external_record_for_graph(d, r, first, then);
@@ -1023,6 +1007,111 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
   return true;
 }
 
+/* ---- dlsync_order with a graph built by hand ----
+ *
+ * The rows of the table that put nodes in a built graph, for a thread whose
+ * memo knows the stream lane's pool: EAGER_TO_BUILT, CAPTURE_TO_BUILT,
+ * BUILT_TO_CAPTURE (a stream lane and a graph lane) and TWO_BUILT (two graph
+ * lanes: the pool of the thread's current context, as the general path
+ * finds it), and the graph lanes' other rows (SAME_BUILT,
+ * REFUSE_BUILT_TO_EAGER). The same checks, classification and row functions
+ * as the general path (order_lanes, order_now), without what it does for
+ * every kind of lane: the lanes are checked, the stream asked about once in
+ * full, the built lanes read, the row classified and carried out. The memo's
+ * pool is checked as the row functions check it. False, nothing done: the
+ * general path must (two stream lanes, a special stream handle, a stream the
+ * memo does not know, the decision log at TRACE, which names each row). */
+static DLSYNC__NOINLINE bool order_graph_fast(dlsync_context *ctx, dlsync__thread *t,
+                                              dlsync_lane *first, dlsync_lane *then,
+                                              dlsync_status *st) {
+  const dlsync__driver *d = ctx->drv;
+  dlsync__lane_now a, b;
+  dlsync_lane *stream_lane = NULL;
+  dlsync__lane_now *stream_now = NULL;
+  const char *stream_role = NULL;
+  pool_pick pk;
+  dlsync__row row;
+  if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)) || first == NULL || then == NULL)
+    return false;
+  if (first->kind == DLSYNC_LANE_GRAPH && then->kind == DLSYNC_LANE_STREAM) {
+    stream_lane = then;
+    stream_now = &b;
+    stream_role = "then";
+  } else if (first->kind == DLSYNC_LANE_STREAM && then->kind == DLSYNC_LANE_GRAPH) {
+    stream_lane = first;
+    stream_now = &a;
+    stream_role = "first";
+  } else if (first->kind != DLSYNC_LANE_GRAPH || then->kind != DLSYNC_LANE_GRAPH) {
+    return false;
+  }
+  pk.pool = NULL;
+  pk.from_memo = false;
+  pk.stream = NULL;
+  pk.role = NULL;
+  pk.t = t;
+  if (stream_lane != NULL) {
+    if (stream_lane->graph != NULL || dlsync__is_special_stream(stream_lane->stream))
+      return false; /* the general path names what is wrong, or reads it its way */
+    (void)dlsync__thread_scratch(t, &ctx->pools, stream_lane->stream, &pk.pool);
+    if (pk.pool == NULL)
+      return false;
+    pk.from_memo = true;
+    pk.stream = stream_lane->stream;
+    pk.role = stream_role;
+  }
+  *st = dlsync__lane_check(first, "first");
+  if (*st == DLSYNC_SUCCESS)
+    *st = dlsync__lane_check(then, "then");
+  if (*st != DLSYNC_SUCCESS)
+    return true;
+  if (stream_lane != NULL) {
+    dlsync__capture_info ci;
+    dlsync__lane_query(&ci, d, stream_lane->stream);
+    *st = dlsync__lane_take(stream_now, d, stream_lane, stream_role, &ci);
+    if (*st != DLSYNC_SUCCESS)
+      return true;
+    if (stream_lane == then) /* the hint for the fast path's queries */
+      t->then_capture = b.kind != DLSYNC_LANE_EAGER;
+  } else {
+    *st = dlsync__pool_for_current(&pk.pool, &ctx->pools, "both lanes are graph lanes");
+    if (*st != DLSYNC_SUCCESS)
+      return true;
+  }
+  if (first->kind == DLSYNC_LANE_GRAPH)
+    dlsync__lane_read_built(&a, first, "first");
+  if (then->kind == DLSYNC_LANE_GRAPH)
+    dlsync__lane_read_built(&b, then, "then");
+  row = classify_now(DLSYNC__OP_ORDER, &a, &b, false);
+  if (dlsync__row_nodes(row) > 0) {
+    if (a.kind == DLSYNC_LANE_BUILT)
+      *st = dlsync__lane_fit(first, 1, "first", "the record node");
+    if (*st == DLSYNC_SUCCESS && b.kind == DLSYNC_LANE_BUILT)
+      *st = dlsync__lane_fit(then, 1, "then", "the wait node");
+    if (*st != DLSYNC_SUCCESS)
+      return true;
+  }
+  switch (row) {
+  case DLSYNC__ROW_EAGER_TO_BUILT:
+    *st = row_eager_to_built(ctx, &pk, &a, &b);
+    return true;
+  case DLSYNC__ROW_CAPTURE_TO_BUILT:
+    *st = row_capture_to_built(ctx, &pk, &a, &b);
+    return true;
+  case DLSYNC__ROW_BUILT_TO_CAPTURE:
+  case DLSYNC__ROW_TWO_BUILT:
+    *st = row_two_graphs(ctx, &pk, &a, &b);
+    return true;
+  case DLSYNC__ROW_SAME_BUILT:
+    *st = merge_frontiers(&a, &b);
+    return true;
+  case DLSYNC__ROW_REFUSE_BUILT_TO_EAGER:
+    *st = row_refuse_built_to_eager(&a, &b);
+    return true;
+  default:
+    return false; /* nothing done yet but the reads: the general path reads again */
+  }
+}
+
 /* ---- Handles ----
  *
  * Exchange records live in chunks that are never freed (recycled, for the
@@ -1214,7 +1303,7 @@ static bool plain_stream_lane(const dlsync_lane *l) {
 
 dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane *then) {
   dlsync_status st = DLSYNC_SUCCESS;
-  dlsync__thread *t = NULL;
+  dlsync__thread *t;
   dlsync__row row;
   pool_pick pool;
   bool same = false;
@@ -1232,14 +1321,15 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
                    t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, &ROLES_ORDER, &st,
                    &pre))
       return st;
+  } else {
+    t = dlsync__thread_get();
+    if (order_graph_fast(ctx, t, first, then, &st))
+      return st;
   }
   DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_ORDER, first, "first", then, "then", &pre.opened, pre.have,
                          &pool, &same));
-  if (then->kind == DLSYNC_LANE_STREAM) { /* the hint for the fast path's queries */
-    if (t == NULL)
-      t = dlsync__thread_get();
+  if (then->kind == DLSYNC_LANE_STREAM) /* the hint for the fast path's queries */
     t->then_capture = pre.opened.b.kind != DLSYNC_LANE_EAGER;
-  }
   if (!same)
     DLSYNC_TRY(order_now(ctx, DLSYNC__OP_ORDER, &pool, &pre.opened.a, &pre.opened.b, false, &row));
 cleanup:

@@ -145,10 +145,11 @@ static inline void dlsync__spin_unlock(atomic_int *l) {
  * holds each module's slot without knowing its type: event/ keeps its
  * stream->pool memo and scratch events in `event` (dlsync__event_thread,
  * private/event.h, which checks that it fits); graph/ the holds of the
- * thread's last captures in `graph` (graph.c checks it); order/ keeps one
+ * thread's last captures and its batches of events for built graphs in
+ * `graph` (private/graph.h checks it); order/ keeps one
  * free exchange handle in `spare`. */
 #define DLSYNC__THREAD_EVENT_BYTES 400
-#define DLSYNC__THREAD_GRAPH_BYTES 456
+#define DLSYNC__THREAD_GRAPH_BYTES 720
 
 #if defined(__GNUC__)
 /* A type that may view another object's bytes (the slots below). */
@@ -167,7 +168,7 @@ typedef struct dlsync__thread {
     unsigned char bytes[DLSYNC__THREAD_GRAPH_BYTES];
     void *align_p;
     uint64_t align_u;
-  } graph;     /* graph/: the holds of its last captures */
+  } graph;     /* graph/: the holds of its last captures, its batches for built graphs */
   void *spare; /* order/: one free exchange record */
   /* order/: the capture an end after a begin that found both streams in one
    * capture checks the consumer against (set by that end) */

@@ -89,14 +89,11 @@ void dlsync__orphans_collect(void);
  * when the last holder lets go. */
 typedef struct dlsync__held_event {
   atomic_uint refs;
-  bool embedded; /* in memory its holder owns: the last unref frees nothing */
   dlsync__pool *pool;
   CUevent event;
 } dlsync__held_event;
 /* refs = 1; counts in the pool's graph_owned and holds a pool reference. */
 dlsync__held_event *dlsync__held_event_new(dlsync__pool *pool, CUevent event);
-/* The same in memory the caller owns (embedded). */
-void dlsync__held_event_init(dlsync__held_event *he, dlsync__pool *pool, CUevent event);
 void dlsync__held_event_ref(dlsync__held_event *he);
 void dlsync__held_event_unref(dlsync__held_event *he); /* NULL: no-op */
 
@@ -138,11 +135,6 @@ dlsync_status dlsync__hold_take(CUevent *out, dlsync__pool *pool, dlsync__hold *
  * on, used or not, and comes back with it. */
 dlsync_status dlsync__hold_take_some(CUevent *out, size_t max, size_t *n, dlsync__pool *pool,
                                      dlsync__hold *h, uint64_t gen);
-/* h (life gen) takes a reference to `he`, an event of h's pool (*stale as
- * for dlsync__hold_take: nothing taken). */
-dlsync_status dlsync__hold_add_held(dlsync__hold *h, uint64_t gen, dlsync__held_event *he,
-                                    bool *stale);
-
 typedef struct dlsync__pool_stats {
   size_t free_events; /* in the pool now */
   size_t created;     /* cuEventCreate calls made */

@@ -23,11 +23,6 @@ extern "C" {
 /* out (may be NULL): the node it added. */
 dlsync_status dlsync__graph_append_event_node(const dlsync__driver *d, dlsync__lane_now *lane,
                                               CUevent event, bool record, CUgraphNode *out);
-static inline dlsync_status dlsync__graph_append_event(const dlsync__driver *d,
-                                                       dlsync__lane_now *lane, CUevent event,
-                                                       bool record) {
-  return dlsync__graph_append_event_node(d, lane, event, record, NULL);
-}
 /* A failed cuGraphAddEvent*Node (the error, and whether a dependency is
  * from another graph), and a failed cuStreamUpdateCaptureDependencies after
  * it (cold, graph.c). */
@@ -61,6 +56,33 @@ static inline dlsync_status dlsync__graph_append_capture_event(const dlsync__dri
   l->ndeps = 1;
   return DLSYNC_SUCCESS;
 }
+/* dlsync__graph_append_event for a built lane, inline: the node after the
+ * lane's frontier, which is then the node alone (room checked by the
+ * caller). */
+static inline dlsync_status dlsync__graph_append_built_event(const dlsync__driver *d,
+                                                             dlsync__lane_now *l, CUevent event,
+                                                             bool record) {
+  CUgraphNode node = NULL;
+  dlsync_lane *lane = l->lane;
+  CUresult r = record ? d->GraphAddEventRecordNode(&node, l->graph, l->deps, l->ndeps, event)
+                      : d->GraphAddEventWaitNode(&node, l->graph, l->deps, l->ndeps, event);
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS))
+    return dlsync__graph_event_node_failed(d, r, l->graph, l->deps, l->ndeps, record, l->role);
+  lane->deps[0] = node;
+  lane->ndeps = 1;
+  l->deps = (const CUgraphNode *)lane->deps;
+  l->ndeps = 1;
+  return DLSYNC_SUCCESS;
+}
+/* An event-record or -wait node at a lane's position (capturing or built),
+ * inline. */
+static inline dlsync_status dlsync__graph_append_event(const dlsync__driver *d,
+                                                       dlsync__lane_now *lane, CUevent event,
+                                                       bool record) {
+  if (lane->kind == DLSYNC_LANE_CAPTURING)
+    return dlsync__graph_append_capture_event(d, lane, event, record);
+  return dlsync__graph_append_built_event(d, lane, event, record);
+}
 /* Adds one node to a graph lane's frontier (no node added to the graph). */
 dlsync_status dlsync__graph_lane_add_dep(dlsync__lane_now *lane, CUgraphNode node);
 /* Gives `ptr` to the graphs: one user object (destructor `destroy`, run on a
@@ -74,14 +96,6 @@ dlsync_status dlsync__graph_hold(const dlsync__driver *d, CUgraph *graphs, int n
  * one; the caller keeps its own). */
 dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_event *he,
                                        CUgraph *graphs, int ngraphs);
-/* Gives `event` (of `pool`) to the graphs of 1 or 2 lanes, built or one
- * built and one capturing (it returns to `pool` once all are destroyed; on
- * failure it is back in the pool or held by the graphs that did take it):
- * built graphs through a user object of their own, a capture through its
- * hold (below). */
-dlsync_status dlsync__graph_own_event_lanes(const dlsync__pools *ps, dlsync__pool *pool,
-                                            CUevent event, dlsync__lane_now *const *lanes,
-                                            int nlanes);
 /* ---- a capture's events: one hold per capture and thread (graph.c) ----
  * Each capture holds dlsync's events through one hold per thread (made, as
  * a user object its graph retains, by the thread's first event of that
@@ -111,12 +125,49 @@ typedef struct dlsync__hold_memo {
   CUevent reserve[DLSYNC__HOLD_RESERVE - 1];
 } dlsync__hold_memo;
 
+/* ---- the events of built graphs: one batch per thread and pool ----
+ * Every event dlsync puts into a graph built by hand (and into a capture's
+ * graph, when the other lane is built) belongs to the thread's open batch of
+ * its pool: a hold (event/) of up to DLSYNC__HOLD_RESERVE events, taken
+ * under one lock, and one user object that holds it, of which the thread
+ * keeps a reference while the batch has events left. An order takes the
+ * next event with no lock and no allocation; each graph it goes into
+ * retains the user object (cuGraphRetainUserObject, one call; a capture's
+ * graph once per capture and batch, since capture ids are never reused).
+ * The thread drops its reference when it takes the batch's last event, at
+ * its exit (a key destructor) and when it destroys the context; the events
+ * come back once every graph that retained the object, and its executables,
+ * are gone. A graph handle can name a new graph once the old one is
+ * destroyed, so each order retains again: a graph is never trusted to hold
+ * the object already. Batches grow like a capture's reserve (1, 1, 2, 4,
+ * then 8): a thread keeps at most DLSYNC__HOLD_RESERVE - 1 events it has
+ * not used per memo, and never more than it has used. */
+#define DLSYNC__BUILT_MEMOS 2
+
+typedef struct dlsync__built_memo {
+  const dlsync__pool *pool; /* NULL: free */
+  uint64_t generation;      /* of the dlsync context whose pool it is */
+  /* The driver's cuUserObjectRelease, for a thread's exit (the context, and
+   * its table, may be gone by then; the entry point is the library's). */
+  CUresult(CUDAAPI *release)(CUuserObject, unsigned int);
+  CUuserObject uo;     /* the thread's reference to the open batch; NULL: none */
+  void *box;           /* uo's destructor and its argument (graph.c) */
+  uint64_t capture_id; /* a capture whose graph retains uo already; 0: none */
+  unsigned nreserve;   /* events of the batch not used yet: reserve[0..nreserve) */
+  unsigned taken;      /* events taken so far, up to DLSYNC__HOLD_RESERVE: the next batch's size */
+  bool retained;       /* a graph has retained uo */
+  CUevent reserve[DLSYNC__HOLD_RESERVE]; /* the next one last */
+} dlsync__built_memo;
+
 typedef struct DLSYNC__MAY_ALIAS dlsync__graph_thread {
   /* The memos' capture ids, side by side: a lookup reads one cache line,
    * then the memo it finds. */
   uint64_t keys[DLSYNC__HOLD_MEMOS];
   dlsync__hold_memo memo[DLSYNC__HOLD_MEMOS];
   unsigned next;
+  unsigned built_next;
+  bool built_keyed; /* the thread-exit hook that closes the batches is set */
+  dlsync__built_memo built[DLSYNC__BUILT_MEMOS];
 } dlsync__graph_thread;
 
 #ifndef __cplusplus
@@ -190,6 +241,59 @@ static inline dlsync_status dlsync__graph_capture_event(CUevent *out, dlsync__th
     return st;
   return dlsync__graph_capture_event_slow(out, t, ps, pool, a, b); /* not live any more */
 }
+
+/* An event of `pool` for the graphs of lanes[0..nlanes) (at most 2: built
+ * lanes, and capturing ones whose row puts a node in a built graph; eager
+ * lanes are skipped), from the thread's open batch of that pool (made when
+ * it has none): each of those graphs retains the batch's user object. On
+ * failure nothing was given to any graph but references the driver will let
+ * go with it; the event, if taken, stays unused in the batch and comes back
+ * with it. The inline part takes an event from a batch that has more left;
+ * the _slow part opens a batch, or takes its last event and closes it. */
+dlsync_status dlsync__graph_built_event_slow(CUevent *out, dlsync__thread *t,
+                                             const dlsync__pools *ps, dlsync__pool *pool,
+                                             dlsync__lane_now *const *lanes, int nlanes);
+DLSYNC__COLD dlsync_status dlsync__graph_built_retain_failed(const dlsync__driver *d, CUresult r,
+                                                             const dlsync__lane_now *l);
+static inline dlsync_status dlsync__graph_built_event(CUevent *out, dlsync__thread *t,
+                                                      const dlsync__pools *ps, dlsync__pool *pool,
+                                                      dlsync__lane_now *const *lanes, int nlanes) {
+  dlsync__graph_thread *gt = dlsync__graph_thread_of(t);
+  for (unsigned k = 0; k < DLSYNC__BUILT_MEMOS; k++) {
+    dlsync__built_memo *m = &gt->built[k];
+    if (m->pool != pool || m->generation != ps->generation)
+      continue;
+    /* The common case inline: the memo's batch has more than this event
+     * left (the last one closes it: the slow path). */
+    if (DLSYNC__UNLIKELY(m->nreserve < 2))
+      break;
+    *out = m->reserve[--m->nreserve];
+    for (int i = 0; i < nlanes; i++) {
+      const dlsync__lane_now *l = lanes[i];
+      CUresult r;
+      if (l->kind == DLSYNC_LANE_EAGER ||
+          (l->kind == DLSYNC_LANE_CAPTURING && l->capture_id == m->capture_id))
+        continue;
+      r = ps->drv->GraphRetainUserObject(l->graph, m->uo, 1, 0);
+      if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+        *out = NULL; /* unused, in the batch: back with it */
+        return dlsync__graph_built_retain_failed(ps->drv, r, l);
+      }
+      m->retained = true;
+      if (l->kind == DLSYNC_LANE_CAPTURING)
+        m->capture_id = l->capture_id;
+    }
+    return DLSYNC_SUCCESS;
+  }
+  return dlsync__graph_built_event_slow(out, t, ps, pool, lanes, nlanes);
+}
+/* Closes the calling thread's open batches of the pools `ps` (its reference
+ * to each dropped: their unused events come back once their graphs are
+ * gone). For context destroy. */
+void dlsync__graph_built_close(const dlsync__pools *ps);
+/* How many events the calling thread's open batches of the pools `ps` hold
+ * that it has not used yet (tests, the bench). */
+size_t dlsync__graph_built_unused(const dlsync__pools *ps);
 
 #ifdef __cplusplus
 }
