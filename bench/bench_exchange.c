@@ -142,14 +142,15 @@ static inline __attribute__((always_inline)) void q_is(CUstream s) {
 
 /* The full query (graph and dependencies too), as the general path reads a
  * capturing stream. */
-static inline __attribute__((always_inline)) void q_full(CUstream s) {
+static inline __attribute__((always_inline)) CUgraph q_full(CUstream s) {
   CUstreamCaptureStatus cs;
   cuuint64_t id;
-  CUgraph g;
+  CUgraph g = NULL;
   const CUgraphNode *deps;
   const CUgraphEdgeData *ed;
   size_t n;
   CHECK(D->StreamGetCaptureInfo(s, &cs, &id, &g, &deps, &ed, &n) == CUDA_SUCCESS, "query");
+  return g;
 }
 
 /* The floor of dlsync's design, which asks the driver at each call: begin
@@ -318,36 +319,54 @@ static const struct {
     {DLSYNC__ROW_TWO_CAPTURES, "order", "2 queries, 2 nodes, 2 updates",
      "= 2 queries, cuStreamGetCtx, external record + wait"},
     {DLSYNC__ROW_EAGER_TO_CAPTURE, "order", "record + external wait", "+ 2 capture queries"},
-    {DLSYNC__ROW_EAGER_TO_BUILT, "order", "wait node + record", "+ 1 query, user object + retain"},
+    {DLSYNC__ROW_EAGER_TO_BUILT, "order", "wait node + record",
+     "+ 1 query, 1 retain (+ a user object per 8)"},
     {DLSYNC__ROW_TWO_BUILT, "order", "record node + wait node",
-     "+ cuCtxGetCurrent, user object + 2 retains"},
+     "+ cuCtxGetCurrent, 2 retains (+ a user object per 8)"},
     {DLSYNC__ROW_CAPTURE_TO_BUILT, "order", "query, record node, update; wait node",
-     "= query, cuStreamGetCtx, user object + retain, external record, wait node"},
+     "= query, cuStreamGetCtx, 1 retain (+ a user object and a retain per 8), external "
+     "record, wait node"},
     {DLSYNC__ROW_BUILT_TO_CAPTURE, "order", "record node; query, wait node, update",
-     "+ cuStreamGetCtx, user object + retain"},
+     "+ cuStreamGetCtx, 1 retain (+ a user object and a retain per 8)"},
 };
 
 static void noop_destructor(void *p) {
   (void)p;
 }
 
-/* A user object holding nothing, moved into `n` graphs (what dlsync pays to
- * tie an event to built graphs). */
-static void own_by(CUgraph *g, int n) {
-  CUuserObject o;
-  CHECK(D->UserObjectCreate(&o, NULL, noop_destructor, (unsigned)n,
-                            CU_USER_OBJECT_NO_DESTRUCTOR_SYNC) == CUDA_SUCCESS,
-        "user object");
-  for (int i = 0; i < n; i++)
-    CHECK(D->GraphRetainUserObject(g[i], o, 1, CU_GRAPH_USER_OBJECT_MOVE) == CUDA_SUCCESS,
-          "retain");
+/* What dlsync pays to tie the i-th event of a batch to built graphs (and to
+ * a capture's graph, when the other lane is built): a retain by each graph
+ * of one user object, made for every DLSYNC__HOLD_RESERVE events and let go
+ * by its maker once they are used (a thread's batch, graph/). A capture's
+ * graph (cap, or NULL) retains it once per batch. */
+static CUuserObject floor_uo;
+/* The graph of the capture a row's batch records into (CAPTURE_TO_BUILT,
+ * BUILT_TO_CAPTURE), read before the batch is timed: dlsync has it from the
+ * query it makes anyway. */
+static CUgraph row_capture_graph;
+
+static void own_by(CUgraph *g, int n, CUgraph cap, int i) {
+  if (i % DLSYNC__HOLD_RESERVE == 0) {
+    CHECK(D->UserObjectCreate(&floor_uo, NULL, noop_destructor, 1,
+                              CU_USER_OBJECT_NO_DESTRUCTOR_SYNC) == CUDA_SUCCESS,
+          "user object");
+    if (cap != NULL)
+      CHECK(D->GraphRetainUserObject(cap, floor_uo, 1, 0) == CUDA_SUCCESS, "retain");
+  }
+  for (int k = 0; k < n; k++)
+    CHECK(D->GraphRetainUserObject(g[k], floor_uo, 1, 0) == CUDA_SUCCESS, "retain");
+  if (i % DLSYNC__HOLD_RESERVE == DLSYNC__HOLD_RESERVE - 1 || i == K_ROWS - 1)
+    CHECK(D->UserObjectRelease(floor_uo, 1) == CUDA_SUCCESS, "release");
 }
 
+/* Waits until the graphs' events are back in c's pools: all but those of
+ * this thread's open batch for built graphs, which it has not used yet (they
+ * are the next orders'). */
 static void wait_events_back_of(dlsync_context *c) {
   for (int i = 0; i < 4000; i++) {
     dlsync__pool_stats ps;
     dlsync__pool_stats_get(&ps, &c->pools);
-    if (ps.graph_owned == 0)
+    if (ps.graph_owned <= dlsync__graph_built_unused(&c->pools))
       return;
     struct timespec ts = {0, 250000};
     nanosleep(&ts, NULL);
@@ -520,11 +539,11 @@ static void row_op(row_kind rk, row_side side, int i, dlsync_lane *l1, dlsync_la
       ds_order(&lp, l2);
       return;
     }
-    if (side == SIDE_FLOOR)
+    if (side == SIDE_FLOOR) {
       q_full(P);
+      own_by(&l2->graph, 1, NULL, i);
+    }
     CHECK(D->EventRecord(kev[i], P) == CUDA_SUCCESS, "record");
-    if (side == SIDE_FLOOR)
-      own_by(&l2->graph, 1);
     CHECK(D->GraphAddEventWaitNode(&n, l2->graph, l2->deps, 1, kev[i]) == CUDA_SUCCESS, "node");
     l2->deps[0] = n;
     return;
@@ -536,7 +555,7 @@ static void row_op(row_kind rk, row_side side, int i, dlsync_lane *l1, dlsync_la
     if (side == SIDE_FLOOR) { /* dlsync's own calls */
       q_full(P);
       CHECK(D->StreamGetCtx(P, &cur) == CUDA_SUCCESS, "get ctx");
-      own_by(&l2->graph, 1);
+      own_by(&l2->graph, 1, row_capture_graph, i);
       CHECK(D->EventRecordWithFlags(kev[i], P, CU_EVENT_RECORD_EXTERNAL) == CUDA_SUCCESS, "record");
     } else {
       append_by_hand(P, kev[i], true);
@@ -551,7 +570,7 @@ static void row_op(row_kind rk, row_side side, int i, dlsync_lane *l1, dlsync_la
     }
     if (side == SIDE_FLOOR) {
       CHECK(D->StreamGetCtx(C, &cur) == CUDA_SUCCESS, "get ctx");
-      own_by(&l1->graph, 1);
+      own_by(&l1->graph, 1, row_capture_graph, i);
     }
     CHECK(D->GraphAddEventRecordNode(&n, l1->graph, l1->deps, 1, kev[i]) == CUDA_SUCCESS, "node");
     l1->deps[0] = n;
@@ -566,7 +585,7 @@ static void row_op(row_kind rk, row_side side, int i, dlsync_lane *l1, dlsync_la
     if (side == SIDE_FLOOR) {
       CUgraph both[2] = {l1->graph, l2->graph};
       CHECK(D->CtxGetCurrent(&cur) == CUDA_SUCCESS, "current");
-      own_by(both, 2);
+      own_by(both, 2, NULL, i);
     }
     CHECK(D->GraphAddEventRecordNode(&n, l1->graph, l1->deps, 1, kev[i]) == CUDA_SUCCESS, "node");
     l1->deps[0] = n;
@@ -613,10 +632,14 @@ static double time_row(row_kind rk, row_side side) {
         CHECK(D->GraphCreate(&g1, 0) == CUDA_SUCCESS, "graph");
         CHECK(D->GraphAddEmptyNode(&d1[0], g1, NULL, 0) == CUDA_SUCCESS, "node");
       }
-      if (rk == RK_CAPTURE_TO_BUILT)
+      if (rk == RK_CAPTURE_TO_BUILT) {
         CHECK(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
-      if (rk == RK_BUILT_TO_CAPTURE)
+        row_capture_graph = q_full(P);
+      }
+      if (rk == RK_BUILT_TO_CAPTURE) {
         CHECK(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
+        row_capture_graph = q_full(C);
+      }
     }
     l1 = dlsync_lane_graph(g1, d1, 1, 2);
     l2 = dlsync_lane_graph(g2, d2, 1, 2);
@@ -733,6 +756,11 @@ SPLIT_WRAP(GraphAddEventWaitNode,
 SPLIT_WRAP(StreamUpdateCaptureDependencies,
            (CUstream s, CUgraphNode *d, const CUgraphEdgeData *e, size_t n, unsigned f),
            (s, d, e, n, f))
+SPLIT_WRAP(CtxGetCurrent, (CUcontext * c), (c))
+SPLIT_WRAP(UserObjectCreate, (CUuserObject * o, void *p, CUhostFn fn, unsigned c, unsigned f),
+           (o, p, fn, c, f))
+SPLIT_WRAP(UserObjectRelease, (CUuserObject o, unsigned c), (o, c))
+SPLIT_WRAP(GraphRetainUserObject, (CUgraph g, CUuserObject o, unsigned c, unsigned f), (g, o, c, f))
 
 /* Ticks per ns of split_now, against the clock over 20 ms. */
 static double split_rate(void) {
@@ -772,7 +800,9 @@ static split_side split_measure(int rk, row_side side, double rate) {
 }
 
 static void run_split(void) {
-  static const int rows[] = {RK_COUNT, RK_IN_CAPTURE, RK_TWO_CAPTURES, RK_EAGER_TO_CAPTURE};
+  static const int rows[] = {
+      RK_COUNT,          RK_IN_CAPTURE, RK_TWO_CAPTURES,     RK_EAGER_TO_CAPTURE,
+      RK_EAGER_TO_BUILT, RK_TWO_BUILT,  RK_CAPTURE_TO_BUILT, RK_BUILT_TO_CAPTURE};
   dlsync_context *sctx = NULL, *real_ctx = E.ctx;
   double rate = split_rate();
   split_real = D;
@@ -786,6 +816,10 @@ static void run_split(void) {
   split_drv.GraphAddEventRecordNode = split_GraphAddEventRecordNode;
   split_drv.GraphAddEventWaitNode = split_GraphAddEventWaitNode;
   split_drv.StreamUpdateCaptureDependencies = split_StreamUpdateCaptureDependencies;
+  split_drv.CtxGetCurrent = split_CtxGetCurrent;
+  split_drv.UserObjectCreate = split_UserObjectCreate;
+  split_drv.UserObjectRelease = split_UserObjectRelease;
+  split_drv.GraphRetainUserObject = split_GraphRetainUserObject;
   CHECK(dlsync__context_create_with_driver(&sctx, NULL, &split_drv) == DLSYNC_SUCCESS,
         "split context");
   D = &split_drv;
