@@ -28,7 +28,11 @@
  * wait node, each time: a wait node waits for the event's state at launch.
  * Events placed in graphs belong to those graphs (user objects) and go back
  * to the pool only after the graphs and every executable made from them are
- * destroyed.
+ * destroyed. Events for graphs built by hand come from the calling thread's
+ * batch of up to 8, held by one user object that each such graph retains: the
+ * events of a batch come back together, once every graph that took one of
+ * them is gone, and a thread keeps at most 7 it has not used yet (per CUDA
+ * context) until its next such order, its exit or dlsync_context_destroy.
  *
  * An eager stream cannot wait for a graph that is not launched yet (the wait
  * would order nothing): such a request is DLSYNC_ERROR_CAPTURE_ORDER.
