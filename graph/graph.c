@@ -332,15 +332,27 @@ static void built_key_init(void) {
 
 /* The thread's memo of pool (of the context whose pools ps are): found, or
  * made in the slot used least recently (closing the batch it had). */
+_Static_assert(DLSYNC__BUILT_MEMOS == 2,
+               "built_memo_for: the memo used least recently of two is the one not used last");
+
 static DLSYNC__INLINE built_memo *built_memo_for(graph_thread *gt, const dlsync__pools *ps,
                                                  const dlsync__pool *pool) {
   built_memo *m;
+  unsigned pick = (gt->built_last + 1) % DLSYNC__BUILT_MEMOS;
   for (unsigned i = 0; i < DLSYNC__BUILT_MEMOS; i++) {
     m = &gt->built[i];
-    if (m->pool == pool && m->generation == ps->generation)
+    if (m->pool == pool && m->generation == ps->generation) {
+      gt->built_last = i;
       return m;
+    }
   }
-  m = &gt->built[gt->built_next++ % DLSYNC__BUILT_MEMOS];
+  for (unsigned i = 0; i < DLSYNC__BUILT_MEMOS; i++)
+    if (gt->built[i].pool == NULL) { /* a free one first */
+      pick = i;
+      break;
+    }
+  gt->built_last = pick;
+  m = &gt->built[pick];
   built_close_warn(m, "a thread's order into another context's graphs");
   m->pool = pool;
   m->generation = ps->generation;
@@ -452,10 +464,18 @@ cleanup:
   /* The batch's last event taken: the thread lets go of it now, so that its
    * events come back as soon as their graphs are gone. */
   if (m->nreserve == 0 && m->uo != NULL) {
+    bool stays = m->retained && took == NULL; /* if refused: nowhere to move it */
     CUresult r = built_close(m, d, took);
-    if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && st == DLSYNC_SUCCESS) {
-      st = built_release_failed(d, r);
-      *out = NULL;
+    if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+      if (st == DLSYNC_SUCCESS) {
+        st = built_release_failed(d, r);
+        *out = NULL;
+      } else { /* the first failure is the one returned; this one is logged */
+        DLSYNC__LOG(DLSYNC__LOG_WARN,
+                    "cuUserObjectRelease refused a used batch of events for built graphs (after "
+                    "an earlier failure of the same order)%s",
+                    stays ? "; it stays with the driver" : "");
+      }
     }
   }
   return st;

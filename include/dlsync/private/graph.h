@@ -165,8 +165,8 @@ typedef struct DLSYNC__MAY_ALIAS dlsync__graph_thread {
   uint64_t keys[DLSYNC__HOLD_MEMOS];
   dlsync__hold_memo memo[DLSYNC__HOLD_MEMOS];
   unsigned next;
-  unsigned built_next;
-  bool built_keyed; /* the thread-exit hook that closes the batches is set */
+  unsigned built_last; /* the memo of built[] used last */
+  bool built_keyed;    /* the thread-exit hook that closes the batches is set */
   dlsync__built_memo built[DLSYNC__BUILT_MEMOS];
 } dlsync__graph_thread;
 
@@ -267,6 +267,7 @@ static inline dlsync_status dlsync__graph_built_event(CUevent *out, dlsync__thre
      * left (the last one closes it: the slow path). */
     if (DLSYNC__UNLIKELY(m->nreserve < 2))
       break;
+    gt->built_last = k;
     *out = m->reserve[--m->nreserve];
     for (int i = 0; i < nlanes; i++) {
       const dlsync__lane_now *l = lanes[i];

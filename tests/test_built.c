@@ -1,0 +1,927 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The events dlsync puts into graphs built by hand, on the fake driver: each
+ * thread takes them from its open batch for the pool (graph/graph.c, "the
+ * events of built graphs"), a hold of 1, 1, 2, 4, then 8 events and one user
+ * object that every graph given one of its events retains. These tests check
+ * the driver calls that costs, that a batch's events come back exactly when
+ * the last graph that took the batch is gone and the thread has let go of it
+ * (at the batch's last event, the thread's exit, context destroy, or its memo
+ * going to another pool), and what each failing driver call leaves. */
+#include <pthread.h>
+#include <setjmp.h>
+#include <stdarg.h>
+#include <stddef.h>
+#include <stdio.h>
+#include <string.h>
+
+#include <cmocka.h>
+
+#include "fixture.h"
+
+/* ---- helpers ---- */
+
+static size_t graph_owned_of(dlsync_context *c) {
+  dlsync__pool_stats ps;
+  dlsync__pool_stats_get(&ps, &c->pools);
+  return ps.graph_owned;
+}
+
+static size_t graph_owned_now(void) {
+  return graph_owned_of(ctx);
+}
+
+/* Events the calling thread's open batches of ctx's pools have not used. */
+static size_t unused_now(void) {
+  return dlsync__graph_built_unused(&ctx->pools);
+}
+
+static void assert_message_has(const char *what) {
+  if (strstr(dlsync_last_error(), what) == NULL)
+    fail_msg("the message lacks \"%s\": %s", what, dlsync_last_error());
+}
+
+/* The size of a thread's i-th batch (from 0) for one pool whose free list
+ * has enough events: 1, 1, 2, 4, then DLSYNC__HOLD_RESERVE each time. */
+static size_t batch_size(size_t i) {
+  static const size_t first[] = {1, 1, 2, 4};
+  return i < 4 ? first[i] : DLSYNC__HOLD_RESERVE;
+}
+
+/* How many batches k orders of a fresh thread memo open (*unused: the
+ * events of the last one not used yet). */
+static size_t batches_after(size_t k, size_t *unused) {
+  size_t b = 0, cum = 0;
+  while (cum < k)
+    cum += batch_size(b++);
+  if (unused != NULL)
+    *unused = cum - k;
+  return b;
+}
+
+/* Device 0's pool of context c made warm without touching the thread's
+ * batches for built graphs: n EAGER_TO_CAPTURE orders into a capture of C
+ * (a cold pool makes one event each), its graph destroyed. */
+static void warm_pool_of(dlsync_context *c, int n) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync__pool_stats ps;
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  for (int i = 0; i < n; i++)
+    assert_int_equal(dlsync_order(c, &lp, &lc), DLSYNC_SUCCESS);
+  destroy_graph(end_capture_ok(C));
+  dlsync__pool_stats_get(&ps, &c->pools);
+  assert_int_equal(ps.graph_owned, 0);
+  assert_true(ps.free_events >= (size_t)n);
+}
+
+static void warm_pool(int n) {
+  warm_pool_of(ctx, n);
+}
+
+/* A graph built by hand with one node of its own, and the lane that orders
+ * into it (frontier: that node). Not moved once made: the lane points at
+ * deps. */
+typedef struct built {
+  CUgraph g;
+  CUgraphNode own;
+  CUgraphNode deps[4];
+  dlsync_lane lane;
+} built;
+
+static void built_make(built *b) {
+  assert_int_equal(D->GraphCreate(&b->g, 0), CUDA_SUCCESS);
+  b->own = b->deps[0] = fake_graph_add_work(b->g, NULL, 0, "built's own");
+  assert_non_null(b->own);
+  b->lane = dlsync_lane_graph(b->g, b->deps, 1, 4);
+}
+
+/* n EAGER_TO_BUILT orders from P into b. */
+static void orders_into(dlsync_context *c, built *b, size_t n) {
+  dlsync_lane lp = dlsync_lane_stream(P);
+  for (size_t i = 0; i < n; i++)
+    assert_int_equal(dlsync_order(c, &lp, &b->lane), DLSYNC_SUCCESS);
+}
+
+/* The calling thread's batch memo of context c's device-0 pool (NULL: none).
+ * No cmocka assertion: other threads call it too. */
+static dlsync__built_memo *memo_of(dlsync_context *c) {
+  dlsync__graph_thread *gt = dlsync__graph_thread_of(dlsync__thread_get());
+  dlsync__pool *pool = NULL;
+  if (dlsync__pool_for_cuctx(&pool, &c->pools, fake_primary_ctx(0)) != DLSYNC_SUCCESS)
+    return NULL;
+  for (unsigned i = 0; i < DLSYNC__BUILT_MEMOS; i++)
+    if (gt->built[i].pool == pool && gt->built[i].generation == c->pools.generation)
+      return &gt->built[i];
+  return NULL;
+}
+
+/* The user object of the calling thread's open batch of ctx's device-0
+ * pool (NULL: no batch open). */
+static CUuserObject open_batch(void) {
+  dlsync__built_memo *m = memo_of(ctx);
+  return m != NULL ? m->uo : NULL;
+}
+
+/* The thread's memo brought to batches of DLSYNC__HOLD_RESERVE (1, 1, 2
+ * and 4 events, all used, into a graph then destroyed): the next order
+ * opens a batch of 8. */
+static void batches_at_full_size(void) {
+  built b0;
+  built_make(&b0);
+  orders_into(ctx, &b0, 8);
+  assert_int_equal(unused_now(), 0);
+  destroy_graph(b0.g);
+  assert_int_equal(graph_owned_now(), 0);
+}
+
+/* g has exactly `expect` wait nodes, each with an event of its own. */
+static bool wait_events_distinct(CUgraph g, size_t expect) {
+  CUgraphNode nodes[128];
+  CUevent evs[128];
+  size_t n = 128, k = 0;
+  assert_int_equal(D->GraphGetNodes(g, nodes, &n), CUDA_SUCCESS);
+  for (size_t i = 0; i < n; i++)
+    if (fake_node_type(nodes[i]) == CU_GRAPH_NODE_TYPE_WAIT_EVENT)
+      evs[k++] = fake_node_event(nodes[i]);
+  if (k != expect)
+    return false;
+  for (size_t i = 0; i < k; i++)
+    for (size_t j = 0; j < i; j++)
+      if (evs[i] == evs[j])
+        return false;
+  return true;
+}
+
+/* ---- batches ---- */
+
+/* Eager -> built orders into one graph take their events from batches of 1,
+ * 1, 2, 4, then 8: one cuUserObjectCreate per batch (none per order served
+ * from an open batch), one cuGraphRetainUserObject per order, one
+ * cuUserObjectRelease per batch used up, and no event made while the pool
+ * has free ones. The pool counts as graph-owned every event used plus the
+ * open batch's unused ones, which are never more than the thread has used
+ * and always fewer than 8. Destroying the graph gives back every event but
+ * the open batch's; closing the batch gives those back too. */
+static void built_orders_take_events_in_growing_batches(void **state) {
+  enum { N = 25 };
+  /* cuUserObjectCreate calls after 1, 2, 4, 8, 16, 24 orders */
+  static const size_t at[] = {1, 2, 4, 8, 16, 24};
+  static const unsigned creates_at[] = {1, 2, 3, 4, 5, 6};
+  dlsync_lane lp = dlsync_lane_stream(P);
+  built b;
+  size_t unused = 0;
+  (void)state;
+  warm_pool(40);
+  built_make(&b);
+  fake_log_reset();
+  for (size_t k = 1; k <= N; k++) {
+    size_t opened;
+    assert_int_equal(dlsync_order(ctx, &lp, &b.lane), DLSYNC_SUCCESS); /* EAGER_TO_BUILT */
+    opened = batches_after(k, &unused);
+    assert_int_equal(fake_call_count("cuUserObjectCreate"), opened);
+    assert_int_equal(fake_call_count("cuGraphRetainUserObject"), k);
+    assert_int_equal(fake_call_count("cuUserObjectRelease"), unused == 0 ? opened : opened - 1);
+    assert_int_equal(fake_call_count("cuEventCreate"), 0);
+    assert_int_equal(unused_now(), unused);
+    assert_int_equal(graph_owned_now(), k + unused);
+    assert_true(unused <= k);
+    assert_true(unused < DLSYNC__HOLD_RESERVE);
+    assert_int_equal(fake_live_user_objects(), opened); /* the graph holds every batch */
+    for (size_t i = 0; i < sizeof at / sizeof at[0]; i++)
+      if (at[i] == k)
+        assert_int_equal(fake_call_count("cuUserObjectCreate"), creates_at[i]);
+  }
+  assert_int_equal(unused, 7); /* the 25th opened the 7th batch */
+  assert_true(wait_events_distinct(b.g, N));
+  destroy_graph(b.g);
+  /* The open batch comes back whole: its used event too. */
+  assert_int_equal(graph_owned_now(), DLSYNC__HOLD_RESERVE);
+  assert_int_equal(unused_now(), unused);
+  assert_int_equal(fake_live_user_objects(), 1);
+  dlsync__graph_built_close(&ctx->pools);
+  assert_int_equal(unused_now(), 0);
+  fake_run_destructors();
+  assert_int_equal(graph_owned_now(), 0);
+  assert_int_equal(fake_live_user_objects(), 0);
+}
+
+/* The objects the graphs retain are one per batch: while the batch is open,
+ * the fake counts the thread's reference and one per graph that took one of
+ * its events; the batch's events come back only once the last of those
+ * graphs is gone, whichever graph that is, the events the first graph used
+ * included. Twice: the first graph destroyed first, then the second. */
+static void a_batch_lives_while_any_graph_that_took_it_lives(void **state) {
+  (void)state;
+  warm_pool(40);
+  /* batches of 1, 1 and 2 used up: the next is 4 events, then 8 */
+  {
+    built b0;
+    built_make(&b0);
+    orders_into(ctx, &b0, 4);
+    destroy_graph(b0.g);
+  }
+  assert_int_equal(unused_now(), 0);
+  assert_int_equal(graph_owned_now(), 0);
+  for (int first_gone = 0; first_gone < 2; first_gone++) {
+    built b[2];
+    size_t size, k = 0;
+    CUuserObject uo;
+    built_make(&b[0]);
+    built_make(&b[1]);
+    orders_into(ctx, &b[0], 1);
+    k++;
+    size = unused_now() + 1;
+    assert_int_equal(size, first_gone == 0 ? 4 : 8);
+    uo = open_batch();
+    assert_non_null(uo);
+    assert_int_equal(fake_user_object_refs(uo), 2); /* the thread's, b[0]'s */
+    while (unused_now() > 0) {
+      orders_into(ctx, &b[k % 2], 1);
+      k++;
+    }
+    assert_int_equal(k, size);
+    /* Used up: the thread let go; one reference per order is left. */
+    assert_null(open_batch());
+    assert_int_equal(fake_user_object_refs(uo), size);
+    assert_int_equal(graph_owned_now(), size);
+    destroy_graph(b[first_gone].g);
+    assert_int_equal(graph_owned_now(), size); /* the other graph holds them all */
+    assert_int_equal(fake_user_object_refs(uo), size / 2);
+    destroy_graph(b[1 - first_gone].g);
+    assert_int_equal(graph_owned_now(), 0);
+    assert_int_equal(fake_live_user_objects(), 0);
+  }
+}
+
+/* Each order retains the batch in its graph, also a graph that has it
+ * already (one retain each time: the fake's count rises by one per order):
+ * a graph handle names a new graph once the old one is destroyed, so a
+ * graph is never trusted to hold the batch. Here the handle is reused
+ * within one open batch: the new graph retains it, and the batch's events
+ * stay owned until that graph is gone, though the thread has let go. */
+static void each_order_retains_even_into_the_same_graph(void **state) {
+  enum { N = 5 };
+  dlsync_lane lp = dlsync_lane_stream(P);
+  built b, again;
+  CUuserObject uo;
+  CUgraph old;
+  (void)state;
+  warm_pool(40);
+  batches_at_full_size();
+  built_make(&b);
+  fake_log_reset();
+  orders_into(ctx, &b, 1);
+  uo = open_batch();
+  assert_non_null(uo);
+  for (unsigned k = 1; k <= N; k++) {
+    if (k > 1)
+      assert_int_equal(dlsync_order(ctx, &lp, &b.lane), DLSYNC_SUCCESS);
+    assert_int_equal(fake_call_count("cuGraphRetainUserObject"), k);
+    assert_int_equal(fake_user_object_refs(uo), 1 + k); /* the thread's and one per order */
+  }
+  assert_int_equal(fake_call_count("cuUserObjectCreate"), 1);
+  assert_ptr_equal(open_batch(), uo);
+  assert_int_equal(unused_now(), DLSYNC__HOLD_RESERVE - N);
+  /* The graph destroyed: its N references gone, the thread's left. */
+  old = b.g;
+  destroy_graph(b.g);
+  assert_int_equal(fake_user_object_refs(uo), 1);
+  assert_int_equal(graph_owned_now(), DLSYNC__HOLD_RESERVE);
+  /* A new graph with the old handle (the fake reuses the last freed). */
+  built_make(&again);
+  assert_ptr_equal(again.g, old);
+  fake_log_reset();
+  orders_into(ctx, &again, 1);
+  assert_int_equal(fake_call_count("cuGraphRetainUserObject"), 1);
+  assert_int_equal(fake_user_object_refs(uo), 2);
+  dlsync__graph_built_close(&ctx->pools);
+  fake_run_destructors();
+  assert_int_equal(fake_user_object_refs(uo), 1); /* the new graph's */
+  assert_int_equal(graph_owned_now(), DLSYNC__HOLD_RESERVE);
+  destroy_graph(again.g);
+  assert_int_equal(graph_owned_now(), 0);
+  assert_int_equal(fake_live_user_objects(), 0);
+}
+
+/* TWO_BUILT: both graphs retain the batch at each order (two retains), the
+ * record node in one and the wait node in the other share the event, and
+ * every event stays owned until both graphs are gone, whichever goes
+ * first. */
+static void two_built_retains_in_both_graphs(void **state) {
+  enum { K = 4 }; /* orders a round: batches of 1, 1 and 2, then one of 4 */
+  (void)state;
+  warm_pool(40);
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  for (int first_gone = 0; first_gone < 2; first_gone++) {
+    built b[2];
+    built_make(&b[0]);
+    built_make(&b[1]);
+    fake_log_reset();
+    for (unsigned k = 1; k <= K; k++) {
+      CUgraphNode rec, wait;
+      assert_int_equal(dlsync_order(ctx, &b[0].lane, &b[1].lane), DLSYNC_SUCCESS); /* TWO_BUILT */
+      rec = b[0].lane.deps[0];
+      wait = b[1].lane.deps[0];
+      assert_int_equal(fake_node_type(rec), CU_GRAPH_NODE_TYPE_EVENT_RECORD);
+      assert_int_equal(fake_node_type(wait), CU_GRAPH_NODE_TYPE_WAIT_EVENT);
+      assert_ptr_equal(fake_node_event(rec), fake_node_event(wait));
+      assert_int_equal(fake_call_count("cuGraphRetainUserObject"), 2 * k);
+    }
+    assert_int_equal(unused_now(), 0);
+    assert_int_equal(fake_call_count("cuUserObjectCreate"), first_gone == 0 ? 3 : 1);
+    assert_int_equal(fake_graph_count_nodes(b[0].g, CU_GRAPH_NODE_TYPE_EVENT_RECORD), K);
+    assert_int_equal(fake_graph_count_nodes(b[1].g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), K);
+    assert_int_equal(graph_owned_now(), K);
+    destroy_graph(b[first_gone].g);
+    assert_int_equal(graph_owned_now(), K); /* the other graph holds every batch */
+    destroy_graph(b[1 - first_gone].g);
+    assert_int_equal(graph_owned_now(), 0);
+    assert_int_equal(fake_live_user_objects(), 0);
+  }
+}
+
+/* CAPTURE_TO_BUILT and BUILT_TO_CAPTURE: the built graph retains the batch
+ * at every order, the capture's graph once per capture and batch (capture
+ * ids are never reused): 17 orders in one capture open 6 batches, so 17 +
+ * 6 retains. A second capture ordering from the same open batch retains it
+ * again in its own graph. Both captures end cleanly; the events stay owned
+ * while any graph that took their batch lives, or the thread keeps it
+ * open. */
+static void capture_graph_retains_once_per_capture_and_batch(void **state) {
+  enum { K1 = 17 };
+  dlsync_lane lp = dlsync_lane_stream(P);
+  built b;
+  CUgraph g1, g2;
+  size_t unused = 0;
+  unsigned retains;
+  (void)state;
+  warm_pool(40);
+  built_make(&b);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  fake_log_reset();
+  for (size_t k = 1; k <= K1; k++) {
+    size_t opened;
+    assert_int_equal(dlsync_order(ctx, &lp, &b.lane), DLSYNC_SUCCESS); /* CAPTURE_TO_BUILT */
+    opened = batches_after(k, &unused);
+    assert_int_equal(fake_call_count("cuGraphRetainUserObject"), k + opened);
+    assert_int_equal(fake_call_count("cuUserObjectCreate"), opened);
+    assert_int_equal(unused_now(), unused);
+  }
+  assert_int_equal(unused, DLSYNC__HOLD_RESERVE - 1);
+  retains = fake_call_count("cuGraphRetainUserObject");
+  assert_int_equal(retains, K1 + 6);
+  g1 = end_capture_ok(P);
+  assert_int_equal(fake_graph_count_nodes(g1, CU_GRAPH_NODE_TYPE_EVENT_RECORD), K1);
+  /* A second capture, the same batch: its graph retains the batch once. */
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  assert_int_equal(dlsync_order(ctx, &lp, &b.lane), DLSYNC_SUCCESS); /* CAPTURE_TO_BUILT */
+  assert_int_equal(fake_call_count("cuGraphRetainUserObject"), retains + 2);
+  assert_int_equal(dlsync_order(ctx, &b.lane, &lp), DLSYNC_SUCCESS); /* BUILT_TO_CAPTURE */
+  assert_int_equal(fake_call_count("cuGraphRetainUserObject"), retains + 3);
+  assert_int_equal(dlsync_order(ctx, &lp, &b.lane), DLSYNC_SUCCESS); /* CAPTURE_TO_BUILT */
+  assert_int_equal(fake_call_count("cuGraphRetainUserObject"), retains + 4);
+  assert_int_equal(fake_call_count("cuUserObjectCreate"), 6);
+  assert_int_equal(unused_now(), DLSYNC__HOLD_RESERVE - 4);
+  g2 = end_capture_ok(P);
+  assert_int_equal(fake_graph_count_nodes(g2, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 2);
+  assert_int_equal(fake_graph_count_nodes(g2, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 1);
+  assert_int_equal(fake_graph_count_nodes(b.g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), K1 + 2);
+  assert_int_equal(fake_graph_count_nodes(b.g, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 1);
+  assert_int_equal(graph_owned_now(), 16 + DLSYNC__HOLD_RESERVE);
+  destroy_graph(g1);
+  assert_int_equal(graph_owned_now(), 16 + DLSYNC__HOLD_RESERVE); /* the built graph's */
+  destroy_graph(b.g);
+  /* the open batch, which g2 and the thread hold */
+  assert_int_equal(graph_owned_now(), DLSYNC__HOLD_RESERVE);
+  destroy_graph(g2);
+  assert_int_equal(graph_owned_now(), DLSYNC__HOLD_RESERVE); /* the thread's */
+  dlsync__graph_built_close(&ctx->pools);
+  fake_run_destructors();
+  assert_int_equal(graph_owned_now(), 0);
+  assert_int_equal(fake_live_user_objects(), 0);
+}
+
+/* ---- closing a batch ---- */
+
+typedef struct thread_orders {
+  built *b;
+  size_t unused;
+  CUuserObject uo;
+  int failures;
+} thread_orders;
+
+/* Three eager -> built orders (batches of 1, 1, 2: one event left unused),
+ * then the thread ends with its batch open. */
+static void *orders_then_exit(void *p) {
+  thread_orders *t = p;
+  dlsync_lane lp = dlsync_lane_stream(P);
+  for (int i = 0; i < 3; i++)
+    t->failures += dlsync_order(ctx, &lp, &t->b->lane) != DLSYNC_SUCCESS;
+  t->unused = dlsync__graph_built_unused(&ctx->pools);
+  t->uo = open_batch();
+  return NULL;
+}
+
+/* A thread that ends with a batch open lets go of it at its exit (a key
+ * destructor): once the graph is gone its events are all back and no user
+ * object is left. Without the destructor the thread's reference would keep
+ * the batch (one event) and its user object for good. */
+static void a_thread_exit_closes_its_batch(void **state) {
+  thread_orders t = {NULL, 0, NULL, 0};
+  pthread_t th;
+  built b;
+  (void)state;
+  warm_pool(40);
+  built_make(&b);
+  t.b = &b;
+  assert_int_equal(pthread_create(&th, NULL, orders_then_exit, &t), 0);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  assert_int_equal(t.failures, 0);
+  assert_int_equal(t.unused, 1);
+  assert_non_null(t.uo);
+  assert_int_equal(unused_now(), 0); /* the other thread's batch, not this one's */
+  fake_run_destructors();
+  assert_int_equal(graph_owned_now(), 4);
+  assert_int_equal(fake_user_object_refs(t.uo), 1); /* the graph's: the thread let go */
+  destroy_graph(b.g);
+  assert_int_equal(graph_owned_now(), 0);
+  assert_int_equal(fake_live_user_objects(), 0);
+}
+
+/* dlsync_context_destroy closes the calling thread's batches of that
+ * context: with the graphs gone and the batch still open (unused events),
+ * destroying the context succeeds, and once the batch's destructor has run
+ * no user object is left and every event the context made is destroyed. */
+static void context_destroy_closes_the_callers_batch(void **state) {
+  dlsync_context *c2 = NULL;
+  dlsync__pool_stats ps;
+  unsigned before;
+  built b;
+  (void)state;
+  fake_run_destructors();
+  before = fake_live_events();
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, D), DLSYNC_SUCCESS);
+  warm_pool_of(c2, 40);
+  built_make(&b);
+  orders_into(c2, &b, 5); /* batches of 1, 1, 2, 4: three unused */
+  assert_int_equal(dlsync__graph_built_unused(&c2->pools), 3);
+  assert_int_equal(unused_now(), 0); /* ctx's: none */
+  destroy_graph(b.g);
+  dlsync__pool_stats_get(&ps, &c2->pools);
+  assert_int_equal(ps.graph_owned, 4); /* the open batch, whole: one used, three not */
+  assert_int_equal(ps.created - ps.destroyed, ps.free_events + 4);
+  assert_int_equal(fake_live_events(), before + ps.free_events + 4);
+  assert_int_equal(fake_live_user_objects(), 1);
+  assert_int_equal(dlsync_context_destroy(c2), DLSYNC_SUCCESS);
+  fake_run_destructors();
+  dlsync__orphans_collect();
+  assert_int_equal(fake_live_user_objects(), 0);
+  assert_int_equal(fake_live_events(), before);
+}
+
+/* The same with the built graph outliving the context: destroying the
+ * context succeeds and closes the batch; the graph keeps its events, which
+ * are destroyed once it is gone. */
+static void a_built_graph_outliving_its_context_keeps_its_events(void **state) {
+  dlsync_context *c2 = NULL;
+  unsigned before;
+  built b;
+  (void)state;
+  fake_run_destructors();
+  before = fake_live_events();
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, D), DLSYNC_SUCCESS);
+  warm_pool_of(c2, 40);
+  built_make(&b);
+  orders_into(c2, &b, 5);
+  assert_int_equal(dlsync_context_destroy(c2), DLSYNC_SUCCESS);
+  fake_run_destructors();
+  dlsync__orphans_collect();
+  assert_int_equal(fake_live_user_objects(), 4); /* the graph's: one per batch */
+  assert_true(fake_live_events() >= before + 8); /* 1 + 1 + 2 + 4 */
+  assert_int_equal(fake_dangling_event_uses(), 0);
+  destroy_graph(b.g);
+  dlsync__orphans_collect();
+  assert_int_equal(fake_dangling_event_uses(), 0);
+  assert_int_equal(fake_live_user_objects(), 0);
+  assert_int_equal(fake_live_events(), before);
+}
+
+typedef struct parked_thread {
+  dlsync_context *c;
+  built *b;
+  pthread_barrier_t ordered, go;
+  size_t unused;
+  int failures;
+} parked_thread;
+
+/* Five orders (three events left unused), then waits for the main thread
+ * before it ends. */
+static void *orders_then_waits(void *p) {
+  parked_thread *t = p;
+  dlsync_lane lp = dlsync_lane_stream(P);
+  for (int i = 0; i < 5; i++)
+    t->failures += dlsync_order(t->c, &lp, &t->b->lane) != DLSYNC_SUCCESS;
+  t->unused = dlsync__graph_built_unused(&t->c->pools);
+  pthread_barrier_wait(&t->ordered);
+  pthread_barrier_wait(&t->go);
+  return NULL;
+}
+
+/* Another thread's open batch of a context destroyed meanwhile: context
+ * destroy closes only the caller's batches, so it succeeds with the other
+ * thread's still open; that thread's exit lets go of it, and then every
+ * event the context made is destroyed and no user object is left. */
+static void another_threads_batch_outlives_the_context(void **state) {
+  parked_thread t;
+  pthread_t th;
+  unsigned before;
+  built b;
+  (void)state;
+  fake_run_destructors();
+  before = fake_live_events();
+  t.c = NULL;
+  t.b = &b;
+  t.unused = 0;
+  t.failures = 0;
+  assert_int_equal(pthread_barrier_init(&t.ordered, NULL, 2), 0);
+  assert_int_equal(pthread_barrier_init(&t.go, NULL, 2), 0);
+  assert_int_equal(dlsync__context_create_with_driver(&t.c, NULL, D), DLSYNC_SUCCESS);
+  warm_pool_of(t.c, 40);
+  built_make(&b);
+  assert_int_equal(pthread_create(&th, NULL, orders_then_waits, &t), 0);
+  pthread_barrier_wait(&t.ordered);
+  assert_int_equal(t.failures, 0);
+  assert_int_equal(t.unused, 3);
+  destroy_graph(b.g);
+  assert_int_equal(graph_owned_of(t.c), 4); /* the other thread's batch, whole */
+  assert_int_equal(dlsync_context_destroy(t.c), DLSYNC_SUCCESS);
+  fake_run_destructors();
+  dlsync__orphans_collect();
+  assert_int_equal(fake_live_user_objects(), 1); /* the other thread's batch */
+  pthread_barrier_wait(&t.go);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  fake_run_destructors();
+  dlsync__orphans_collect();
+  assert_int_equal(fake_live_user_objects(), 0);
+  assert_int_equal(fake_live_events(), before);
+  pthread_barrier_destroy(&t.ordered);
+  pthread_barrier_destroy(&t.go);
+}
+
+/* A thread keeps batches for DLSYNC__BUILT_MEMOS pools: an order for a
+ * third pool takes the memo of the pool it ordered into first, closing its
+ * batch (the thread's reference let go: its events come back once its
+ * graph is gone), and that pool's batches start again from one event. */
+static void a_batch_is_closed_when_its_memo_goes_to_another_pool(void **state) {
+  CUstream s1 = fake_stream_create(1, CU_STREAM_NON_BLOCKING);
+  dlsync_lane l1 = dlsync_lane_stream(s1);
+  dlsync_context *c2 = NULL;
+  built b0, b1, b2;
+  CUuserObject uo;
+  (void)state;
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, D), DLSYNC_SUCCESS);
+  warm_pool(40);
+  built_make(&b0);
+  built_make(&b1);
+  built_make(&b2);
+  orders_into(ctx, &b0, 5); /* device 0: three unused */
+  uo = open_batch();
+  assert_non_null(uo);
+  assert_int_equal(fake_user_object_refs(uo), 2); /* the thread's, b0's */
+  /* device 1: a second memo */
+  assert_int_equal(dlsync_order(ctx, &l1, &b1.lane), DLSYNC_SUCCESS);
+  assert_int_equal(unused_now(), 3);
+  assert_ptr_equal(open_batch(), uo);
+  orders_into(c2, &b2, 1); /* a third pool: the device-0 memo goes */
+  assert_null(memo_of(ctx));
+  assert_int_equal(unused_now(), 0);
+  assert_int_equal(fake_user_object_refs(uo), 1); /* b0's only */
+  assert_int_equal(graph_owned_now(), 8 + 1);     /* device 0's 1 + 1 + 2 + 4, device 1's 1 */
+  destroy_graph(b0.g);
+  assert_int_equal(graph_owned_now(), 1); /* device 1's, in b1 */
+  /* device 0's pool again: a fresh memo, a batch of one */
+  fake_log_reset();
+  orders_into(ctx, &b1, 1);
+  assert_int_equal(fake_call_count("cuUserObjectCreate"), 1);
+  assert_int_equal(fake_call_count("cuUserObjectRelease"), 1);
+  assert_int_equal(unused_now(), 0);
+  destroy_graph(b1.g);
+  destroy_graph(b2.g);
+  assert_int_equal(graph_owned_now(), 0);
+  assert_int_equal(graph_owned_of(c2), 0);
+  dlsync__graph_built_close(&ctx->pools);
+  assert_int_equal(dlsync_context_destroy(c2), DLSYNC_SUCCESS);
+  fake_run_destructors();
+  dlsync__orphans_collect();
+  assert_int_equal(fake_live_user_objects(), 0);
+  fake_stream_destroy(s1);
+}
+
+/* Which memo a third pool takes: a free one first (a context destroyed by
+ * this thread frees its memo), else the one used least recently. Device
+ * 0's memo, used last before the third pool comes, keeps its open batch. */
+static void the_memo_used_least_recently_goes_first(void **state) {
+  CUstream s1 = fake_stream_create(1, CU_STREAM_NON_BLOCKING);
+  dlsync_lane l1 = dlsync_lane_stream(s1);
+  dlsync_context *c2 = NULL, *c3 = NULL;
+  built b0, b1, b2, b3;
+  CUuserObject uo;
+  (void)state;
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, D), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync__context_create_with_driver(&c3, NULL, D), DLSYNC_SUCCESS);
+  warm_pool(40);
+  built_make(&b0);
+  built_make(&b1);
+  built_make(&b2);
+  built_make(&b3);
+  orders_into(ctx, &b0, 5); /* device 0: batches 1, 1, 2, 4: three unused */
+  uo = open_batch();
+  assert_non_null(uo);
+  assert_int_equal(dlsync_order(ctx, &l1, &b1.lane), DLSYNC_SUCCESS); /* device 1 */
+  orders_into(ctx, &b0, 1); /* device 0 again: used last now */
+  assert_int_equal(unused_now(), 2);
+  orders_into(c2, &b2, 1); /* a third pool: device 1's memo goes */
+  assert_non_null(memo_of(ctx));
+  assert_ptr_equal(open_batch(), uo);
+  assert_int_equal(unused_now(), 2);
+  /* c2 destroyed by this thread: its memo is free, and the next pool (c3's)
+   * takes it rather than device 0's. */
+  destroy_graph(b2.g);
+  assert_int_equal(dlsync_context_destroy(c2), DLSYNC_SUCCESS);
+  orders_into(c3, &b3, 1);
+  assert_ptr_equal(open_batch(), uo);
+  assert_int_equal(unused_now(), 2);
+  destroy_graph(b0.g);
+  destroy_graph(b1.g);
+  destroy_graph(b3.g);
+  assert_int_equal(graph_owned_now(), 4); /* device 0's open batch: 2 used, 2 unused */
+  dlsync__graph_built_close(&ctx->pools);
+  fake_run_destructors();
+  assert_int_equal(graph_owned_now(), 0);
+  assert_int_equal(dlsync_context_destroy(c3), DLSYNC_SUCCESS);
+  fake_run_destructors();
+  dlsync__orphans_collect();
+  assert_int_equal(fake_live_user_objects(), 0);
+  fake_stream_destroy(s1);
+}
+
+/* ---- failures ---- */
+
+/* cuUserObjectCreate failing when an order opens a batch: the driver's
+ * error naming the call; no eager record, no node, the lane's frontier as it
+ * was, every event the batch took back on the free list and no user object.
+ * Orders served from an open batch make no cuUserObjectCreate (the fault
+ * armed for them does not fire). After each failure the order goes
+ * through, and the batches still grow as if it had not failed. */
+static void user_object_create_failing_queues_nothing(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P);
+  dlsync__pool_stats before, now;
+  unsigned failed = 0;
+  built b;
+  (void)state;
+  warm_pool(40);
+  built_make(&b);
+  for (size_t k = 1; k <= 16; k++) {
+    bool opens = unused_now() == 0;
+    CUgraphNode frontier = b.lane.deps[0];
+    size_t nodes = fake_graph_count_nodes(b.g, -1);
+    unsigned objects = fake_live_user_objects(); /* b's, one per batch */
+    dlsync_status st;
+    dlsync__pool_stats_get(&before, &ctx->pools);
+    fake_log_reset();
+    fake_fail_nth("cuUserObjectCreate", 1, CUDA_ERROR_UNKNOWN);
+    st = dlsync_order(ctx, &lp, &b.lane);
+    if (!opens) {
+      assert_true(fake_fail_pending());
+      fake_fail_clear();
+      assert_int_equal(st, DLSYNC_SUCCESS);
+      continue;
+    }
+    failed++;
+    assert_false(fake_fail_pending());
+    assert_int_equal(st, DLSYNC_ERROR_DRIVER);
+    assert_message_has("cuUserObjectCreate");
+    assert_int_equal(fake_call_count("cuEventRecord"), 0);
+    assert_int_equal(fake_call_count("cuGraphRetainUserObject"), 0);
+    assert_int_equal(fake_call_count("cuGraphAddEventWaitNode"), 0);
+    assert_int_equal(fake_graph_count_nodes(b.g, -1), nodes);
+    assert_int_equal(b.lane.ndeps, 1);
+    assert_ptr_equal(b.lane.deps[0], frontier);
+    dlsync__pool_stats_get(&now, &ctx->pools);
+    assert_int_equal(now.free_events, before.free_events);
+    assert_int_equal(now.graph_owned, before.graph_owned);
+    assert_int_equal(fake_live_user_objects(), objects);
+    assert_int_equal(unused_now(), 0);
+    assert_int_equal(dlsync_order(ctx, &lp, &b.lane), DLSYNC_SUCCESS);
+    assert_int_equal(graph_owned_now(), k + unused_now());
+  }
+  assert_int_equal(failed, 5); /* batches of 1, 1, 2, 4, 8 */
+  assert_int_equal(unused_now(), 0);
+  assert_int_equal(fake_graph_count_nodes(b.g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 16);
+  destroy_graph(b.g);
+  assert_pool_intact();
+}
+
+/* cuGraphRetainUserObject failing in the middle of an open batch: the
+ * driver's error naming the call; no eager record, no node, the lane's
+ * frontier as it was. The event it took stays in the batch, unused (one
+ * fewer left), and comes back with it; later orders use the rest. */
+static void retain_failing_mid_batch_leaves_the_lane(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P);
+  CUgraphNode frontier;
+  built b;
+  (void)state;
+  warm_pool(40);
+  batches_at_full_size();
+  built_make(&b);
+  orders_into(ctx, &b, 2);
+  assert_int_equal(unused_now(), DLSYNC__HOLD_RESERVE - 2);
+  frontier = b.lane.deps[0];
+  fake_log_reset();
+  fake_fail_nth("cuGraphRetainUserObject", 1, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_order(ctx, &lp, &b.lane), DLSYNC_ERROR_DRIVER);
+  assert_false(fake_fail_pending());
+  assert_message_has("cuGraphRetainUserObject");
+  assert_int_equal(fake_call_count("cuEventRecord"), 0);
+  assert_int_equal(fake_call_count("cuGraphAddEventWaitNode"), 0);
+  assert_int_equal(fake_call_count("cuUserObjectCreate"), 0);
+  assert_int_equal(b.lane.ndeps, 1);
+  assert_ptr_equal(b.lane.deps[0], frontier);
+  assert_int_equal(fake_graph_count_nodes(b.g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 2);
+  assert_int_equal(unused_now(), DLSYNC__HOLD_RESERVE - 3);
+  assert_int_equal(graph_owned_now(), DLSYNC__HOLD_RESERVE);
+  /* the rest of the batch */
+  fake_log_reset();
+  orders_into(ctx, &b, DLSYNC__HOLD_RESERVE - 3);
+  assert_int_equal(unused_now(), 0);
+  assert_int_equal(fake_call_count("cuUserObjectCreate"), 0);
+  assert_int_equal(fake_call_count("cuUserObjectRelease"), 1);
+  assert_int_equal(fake_graph_count_nodes(b.g, CU_GRAPH_NODE_TYPE_WAIT_EVENT),
+                   DLSYNC__HOLD_RESERVE - 1);
+  assert_true(wait_events_distinct(b.g, DLSYNC__HOLD_RESERVE - 1));
+  assert_int_equal(graph_owned_now(), DLSYNC__HOLD_RESERVE);
+  destroy_graph(b.g);
+  assert_int_equal(graph_owned_now(), 0);
+  assert_int_equal(fake_live_user_objects(), 0);
+}
+
+/* TWO_BUILT with the second graph's retain failing: the first graph took a
+ * reference, but neither graph gets a node and neither frontier moves; the
+ * batch's events come back once both graphs are gone. */
+static void retain_failing_in_the_second_graph_leaves_both_lanes(void **state) {
+  built b[2];
+  CUgraphNode f0, f1;
+  (void)state;
+  warm_pool(40);
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  built_make(&b[0]);
+  built_make(&b[1]);
+  assert_int_equal(dlsync_order(ctx, &b[0].lane, &b[1].lane), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_order(ctx, &b[0].lane, &b[1].lane), DLSYNC_SUCCESS);
+  f0 = b[0].lane.deps[0];
+  f1 = b[1].lane.deps[0];
+  fake_log_reset();
+  fake_fail_nth("cuGraphRetainUserObject", 2, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_order(ctx, &b[0].lane, &b[1].lane), DLSYNC_ERROR_DRIVER);
+  assert_false(fake_fail_pending());
+  assert_message_has("cuGraphRetainUserObject");
+  assert_int_equal(fake_call_count("cuGraphAddEventRecordNode"), 0);
+  assert_int_equal(fake_call_count("cuGraphAddEventWaitNode"), 0);
+  assert_ptr_equal(b[0].lane.deps[0], f0);
+  assert_ptr_equal(b[1].lane.deps[0], f1);
+  assert_int_equal(fake_graph_count_nodes(b[0].g, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 2);
+  assert_int_equal(fake_graph_count_nodes(b[1].g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 2);
+  assert_int_equal(unused_now(), 1); /* the third batch: two, one taken by the failed order */
+  assert_int_equal(dlsync_order(ctx, &b[0].lane, &b[1].lane), DLSYNC_SUCCESS);
+  assert_int_equal(unused_now(), 0);
+  assert_int_equal(graph_owned_now(), 4);
+  destroy_graph(b[1].g);
+  assert_int_equal(graph_owned_now(), 4);
+  destroy_graph(b[0].g);
+  assert_int_equal(graph_owned_now(), 0);
+  assert_int_equal(fake_live_user_objects(), 0);
+}
+
+/* cuUserObjectRelease failing when an order takes a batch's last event:
+ * DLSYNC_ERROR_DRIVER naming it, no eager record, no node, the frontier as
+ * it was. The thread's reference is moved into the graph that retained the
+ * batch in that order, so the batch comes back once that graph is gone:
+ * first with the batch's only graph, then with a batch two graphs took (the
+ * other one destroyed first changes nothing). */
+static void release_failing_at_a_batch_end_moves_it_into_the_graph(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P);
+  built b, b1, b2;
+  CUgraphNode frontier;
+  (void)state;
+  warm_pool(40);
+  /* The first batch (one event): its only graph takes the reference. */
+  built_make(&b);
+  frontier = b.lane.deps[0];
+  fake_log_reset();
+  fake_fail_nth("cuUserObjectRelease", 1, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_order(ctx, &lp, &b.lane), DLSYNC_ERROR_DRIVER);
+  assert_false(fake_fail_pending());
+  assert_message_has("cuUserObjectRelease");
+  assert_int_equal(fake_call_count("cuEventRecord"), 0);
+  assert_int_equal(fake_call_count("cuGraphAddEventWaitNode"), 0);
+  assert_int_equal(fake_call_count("cuGraphRetainUserObject"), 2); /* retain, then move */
+  assert_ptr_equal(b.lane.deps[0], frontier);
+  assert_int_equal(b.lane.ndeps, 1);
+  assert_int_equal(fake_graph_count_nodes(b.g, -1), 1);
+  assert_int_equal(unused_now(), 0);
+  assert_int_equal(graph_owned_now(), 1);
+  assert_int_equal(fake_live_user_objects(), 1);
+  destroy_graph(b.g);
+  assert_int_equal(graph_owned_now(), 0);
+  assert_int_equal(fake_live_user_objects(), 0);
+  /* The second batch (one event), then the third (two): into b1, then the
+   * last into b2, whose release fails. */
+  built_make(&b1);
+  built_make(&b2);
+  orders_into(ctx, &b1, 2);
+  assert_int_equal(unused_now(), 1);
+  frontier = b2.lane.deps[0];
+  fake_fail_nth("cuUserObjectRelease", 1, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_order(ctx, &lp, &b2.lane), DLSYNC_ERROR_DRIVER);
+  assert_message_has("cuUserObjectRelease");
+  assert_ptr_equal(b2.lane.deps[0], frontier);
+  assert_int_equal(fake_graph_count_nodes(b2.g, -1), 1);
+  assert_int_equal(unused_now(), 0);
+  assert_int_equal(graph_owned_now(), 3);
+  destroy_graph(b1.g);
+  assert_int_equal(graph_owned_now(), 2); /* the third batch: b2 holds it */
+  destroy_graph(b2.g);
+  assert_int_equal(graph_owned_now(), 0);
+  assert_int_equal(fake_live_user_objects(), 0);
+}
+
+/* A batch no graph ever retained (each of its orders' retains failed),
+ * whose release fails at its last event: the order reports the retain's
+ * failure, and the batch's events come back at once (its destructor run by
+ * hand). The user object the driver would not release is left to it; the
+ * test drops it, and the destructor the driver then runs does nothing. */
+static void a_batch_no_graph_took_comes_back_when_its_release_fails(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P);
+  dlsync__pool_stats before, now;
+  CUuserObject uo;
+  built b;
+  (void)state;
+  warm_pool(40);
+  built_make(&b);
+  orders_into(ctx, &b, 2); /* batches of 1, 1: the next holds two */
+  dlsync__pool_stats_get(&before, &ctx->pools);
+  fake_fail_nth("cuGraphRetainUserObject", 1, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_order(ctx, &lp, &b.lane), DLSYNC_ERROR_DRIVER);
+  assert_message_has("cuGraphRetainUserObject");
+  uo = open_batch();
+  assert_non_null(uo);
+  assert_int_equal(unused_now(), 1);
+  assert_int_equal(graph_owned_now(), 2 + 2);
+  fake_log_reset();
+  fake_fail_nth("cuGraphRetainUserObject", 1, CUDA_ERROR_UNKNOWN);
+  fake_fail_nth("cuUserObjectRelease", 1, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_order(ctx, &lp, &b.lane), DLSYNC_ERROR_DRIVER);
+  assert_false(fake_fail_pending());
+  assert_message_has("cuGraphRetainUserObject");
+  assert_int_equal(fake_call_count("cuUserObjectRelease"), 1);
+  assert_int_equal(fake_call_count("cuGraphRetainUserObject"), 1); /* nothing moved */
+  assert_null(open_batch());
+  assert_int_equal(fake_graph_count_nodes(b.g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 2);
+  /* back at once, no destructor of the driver's needed */
+  assert_int_equal(graph_owned_now(), 2);
+  dlsync__pool_stats_get(&now, &ctx->pools);
+  assert_int_equal(now.free_events, before.free_events);
+  assert_int_equal(fake_user_object_refs(uo), 1);
+  assert_int_equal(D->UserObjectRelease(uo, 1), CUDA_SUCCESS);
+  assert_int_equal(fake_run_destructors(), 1);
+  dlsync__pool_stats_get(&now, &ctx->pools);
+  assert_int_equal(now.free_events, before.free_events); /* not given back twice */
+  destroy_graph(b.g);
+  assert_int_equal(graph_owned_now(), 0);
+  assert_int_equal(fake_live_user_objects(), 0);
+}
+
+int main(void) {
+#define T(f) cmocka_unit_test_setup_teardown(f, fixture_setup, fixture_teardown)
+  const struct CMUnitTest tests[] = {
+      T(built_orders_take_events_in_growing_batches),
+      T(a_batch_lives_while_any_graph_that_took_it_lives),
+      T(each_order_retains_even_into_the_same_graph),
+      T(two_built_retains_in_both_graphs),
+      T(capture_graph_retains_once_per_capture_and_batch),
+      T(a_thread_exit_closes_its_batch),
+      T(context_destroy_closes_the_callers_batch),
+      T(a_built_graph_outliving_its_context_keeps_its_events),
+      T(another_threads_batch_outlives_the_context),
+      T(a_batch_is_closed_when_its_memo_goes_to_another_pool),
+      T(the_memo_used_least_recently_goes_first),
+      T(user_object_create_failing_queues_nothing),
+      T(retain_failing_mid_batch_leaves_the_lane),
+      T(retain_failing_in_the_second_graph_leaves_both_lanes),
+      T(release_failing_at_a_batch_end_moves_it_into_the_graph),
+      T(a_batch_no_graph_took_comes_back_when_its_release_fails),
+  };
+#undef T
+  int rc = cmocka_run_group_tests(tests, NULL, NULL);
+  fake_shutdown();
+  return rc;
+}
