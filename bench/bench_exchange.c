@@ -360,13 +360,13 @@ static void own_by(CUgraph *g, int n, CUgraph cap, int i) {
 }
 
 /* Waits until the graphs' events are back in c's pools: all but those of
- * this thread's open batch for built graphs, which it has not used yet (they
- * are the next orders'). */
+ * this thread's open batch for built graphs (they come back together once
+ * the thread lets go of the batch, at its last event). */
 static void wait_events_back_of(dlsync_context *c) {
   for (int i = 0; i < 4000; i++) {
     dlsync__pool_stats ps;
     dlsync__pool_stats_get(&ps, &c->pools);
-    if (ps.graph_owned <= dlsync__graph_built_unused(&c->pools))
+    if (ps.graph_owned <= dlsync__graph_built_held(&c->pools))
       return;
     struct timespec ts = {0, 250000};
     nanosleep(&ts, NULL);

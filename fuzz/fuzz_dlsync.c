@@ -362,7 +362,7 @@ static void finish(world *w) {
   CUcontext cur = NULL;
   bool kept_event, kept_uobj;
   unsigned left;
-  size_t unused;
+  size_t unused, batch;
   int i;
   if (w->fault_armed && !fake_fail_pending())
     w->fault_fired = true;
@@ -420,23 +420,30 @@ static void finish(world *w) {
   check(fake_illegal_calls() == 0, "no call illegal during capture");
   check(fake_dangling_event_uses() == 0, "no event destroyed while a graph uses it");
   dlsync__pool_stats_get(&ps, &w->ctx->pools);
-  /* This thread's open batch for built graphs keeps the events it has not
-   * used yet (at most 7 per pool): held until the context is destroyed
-   * below, which lets the batch go. */
+  /* This thread's open batch for built graphs keeps its events, used or
+   * not (they come back together once the thread lets go of it: context
+   * destroy, below), and at most 7 unused per pool. */
   unused = dlsync__graph_built_unused(&w->ctx->pools);
+  batch = dlsync__graph_built_held(&w->ctx->pools);
   check(unused <= (DLSYNC__HOLD_RESERVE - 1) * DLSYNC__BUILT_MEMOS,
         "a thread keeps at most 7 unused events per pool");
-  check(ps.graph_owned == unused,
-        "no event still held by a graph or fence (but the thread's unused batch)");
+  check(batch <= DLSYNC__HOLD_RESERVE * DLSYNC__BUILT_MEMOS && unused <= batch,
+        "an open batch holds at most 8 events per pool");
+  check(ps.graph_owned == batch,
+        "no event still held by a graph or fence (but the thread's open batch)");
   check(ps.created - ps.destroyed == fake_live_events(), "the pools count the events alive");
   if (!kept_event)
-    check(ps.free_events + unused == fake_live_events(),
-          "every event is back in its pool (or unused in the thread's batch)");
+    check(ps.free_events + batch == fake_live_events(),
+          "every event is back in its pool (or in the thread's open batch)");
   check(dlsync_context_destroy(w->ctx) == DLSYNC_SUCCESS || kept_event,
         "context destroy after everything ended");
   for (unsigned k = 0; k < 3; k++)
     fake_stream_destroy(w->streams[k]);
   fake_run_destructors();
+  /* The thread's open batch, let go by context destroy: its destructor ran
+   * just now (a driver thread's, after the pools were gone), so its events
+   * are orphans, destroyed at the next collection. */
+  dlsync__orphans_collect();
   left = fake_leak_report(leaks, sizeof leaks);
   if (left != 0 && !kept_event && !(kept_uobj && left == 1 && fake_live_user_objects() == 1)) {
     fprintf(stderr, "leaked: %s (fault: %s %s)\n", leaks,

@@ -70,11 +70,17 @@ seeds = {
     "alloc_fault_release": alloc_fault(3) + release(S0) + flush(),
     "alloc_fault_many": order(S0, S1) + alloc_fault(1) + begin(0, S0, SB, 8 | (2 << 4)) + end(0),
     # two built graphs, the second destroyed (its lane kept: what = 7): cuGraphRetainUserObject
-    # refuses it, then the fault fails the cuUserObjectRelease of the reference left (call 9);
-    # the first graph must still let the event go (it was held by a graph for good before)
+    # refuses it, then a fault fails a later call (call 9: it was the cuUserObjectRelease of
+    # the reference left when each event had a user object; with the thread's batch, the
+    # fuzzer finds the release at a batch's end); the first graph must still let the events go
     "fault_user_object_release_two_graphs": graph(0) + graph(1) + push()
     + order(graph_lane(2, 0, 1, 2), graph_lane(3, 1, 1, 2)) + graph(1) + fault(9)
     + order((2, 7), (3, 7)),
+    # the thread's batches for built graphs: 1, 1, 2, 4, then 8 events; the harness ends with a
+    # batch open (used and unused events), a graph destroyed while it is
+    "built_batches": graph(0) + graph(1) + push() + order(S0, graph_lane(1, 0, 1, 2)) * 6
+    + graph(0) + order(S0, graph_lane(2, 1, 1, 2)) * 3
+    + order(graph_lane(3, 1, 1, 2), graph_lane(4, 1, 1, 2)) * 2,
 }
 
 here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")

@@ -409,6 +409,7 @@ static DLSYNC__NOINLINE dlsync_status built_open(built_memo *m, graph_thread *gt
   for (size_t j = 0; j < n; j++)
     m->reserve[j] = got[n - 1 - j];
   m->nreserve = (unsigned)n;
+  m->size = (unsigned)n;
   m->taken = m->taken + n < DLSYNC__HOLD_RESERVE ? m->taken + (unsigned)n : DLSYNC__HOLD_RESERVE;
 cleanup:
   if (h != NULL)
@@ -490,6 +491,17 @@ void dlsync__graph_built_close(const dlsync__pools *ps) {
     built_close_warn(m, "context destroy");
     m->pool = NULL;
   }
+}
+
+size_t dlsync__graph_built_held(const dlsync__pools *ps) {
+  const graph_thread *gt = dlsync__graph_thread_of(dlsync__thread_get());
+  size_t n = 0;
+  for (unsigned i = 0; i < DLSYNC__BUILT_MEMOS; i++) {
+    const built_memo *m = &gt->built[i];
+    if (m->pool != NULL && m->generation == ps->generation && m->uo != NULL)
+      n += m->size;
+  }
+  return n;
 }
 
 size_t dlsync__graph_built_unused(const dlsync__pools *ps) {

@@ -494,13 +494,14 @@ static CUresult launch_once(CUgraph g, CUstream launch, int slot, unsigned *got)
 }
 
 /* Waits (up to a second) until graph-owned events are back in the pool: all
- * but those of this thread's open batch for built graphs that it has not
- * used yet (graph/: they are its next orders'). */
+ * but those of this thread's open batch for built graphs (graph/: a batch's
+ * events come back together once the thread lets go of it, at its last
+ * event, its exit or context destroy). */
 static bool events_came_back(void) {
   for (int i = 0; i < 1000; i++) {
     dlsync__pool_stats ps;
     dlsync__pool_stats_get(&ps, &E.ctx->pools);
-    if (ps.graph_owned == dlsync__graph_built_unused(&E.ctx->pools))
+    if (ps.graph_owned == dlsync__graph_built_held(&E.ctx->pools))
       return true;
     struct timespec ts = {0, 1000000};
     nanosleep(&ts, NULL);
@@ -855,7 +856,7 @@ static int sc_errors(const scenario *s, CUstreamCaptureMode mode, bool use, outc
   dlsync_lane legacy = dlsync_lane_stream(DLSYNC_STREAM_LEGACY), lo, lb, none;
   dlsync_exchange *ex = NULL;
   dlsync__pool_stats before, after;
-  size_t unused;
+  size_t batch;
   CUresult r;
   (void)s;
   if (!use) {
@@ -1024,15 +1025,14 @@ static int sc_errors(const scenario *s, CUstreamCaptureMode mode, bool use, outc
     o->broken++;
   }
   dlsync__pool_stats_get(&after, &E.ctx->pools);
-  unused = dlsync__graph_built_unused(&E.ctx->pools);
+  batch = dlsync__graph_built_held(&E.ctx->pools);
   /* Every live event is back in the pool, or in this thread's open batch:
    * nothing leaked, nothing lost. */
-  if (after.created - after.destroyed != after.free_events + unused ||
-      after.graph_owned != unused) {
+  if (after.created - after.destroyed != after.free_events + batch || after.graph_owned != batch) {
     note(o,
          "pool not intact: %zu live, %zu free, %zu graph-owned, %zu in the thread's batch "
          "(before: %zu live, %zu free)",
-         after.created - after.destroyed, after.free_events, after.graph_owned, unused,
+         after.created - after.destroyed, after.free_events, after.graph_owned, batch,
          before.created - before.destroyed, before.free_events);
     o->broken++;
   }

@@ -156,6 +156,7 @@ typedef struct dlsync__built_memo {
   unsigned nreserve;   /* events of the batch not used yet: reserve[0..nreserve) */
   unsigned taken;      /* events taken so far, up to DLSYNC__HOLD_RESERVE: the next batch's size */
   bool retained;       /* a graph has retained uo */
+  unsigned size;       /* events the open batch took (used or not) */
   CUevent reserve[DLSYNC__HOLD_RESERVE]; /* the next one last */
 } dlsync__built_memo;
 
@@ -293,8 +294,11 @@ static inline dlsync_status dlsync__graph_built_event(CUevent *out, dlsync__thre
  * gone). For context destroy. */
 void dlsync__graph_built_close(const dlsync__pools *ps);
 /* How many events the calling thread's open batches of the pools `ps` hold
- * that it has not used yet (tests, the bench). */
+ * that it has not used yet, and how many they hold in all, used or not (a
+ * batch's events come back together, once its graphs are gone and the
+ * thread has let go of it): for tests and the bench. */
 size_t dlsync__graph_built_unused(const dlsync__pools *ps);
+size_t dlsync__graph_built_held(const dlsync__pools *ps);
 
 #ifdef __cplusplus
 }
