@@ -31,8 +31,9 @@
  * destroyed. Events for graphs built by hand come from the calling thread's
  * batch of up to 8, held by one user object that each such graph retains: the
  * events of a batch come back together, once every graph that took one of
- * them is gone, and a thread keeps at most 7 it has not used yet (per CUDA
- * context) until its next such order, its exit or dlsync_context_destroy.
+ * them is gone and the thread has let go of the batch (at its last event, the
+ * thread's exit, or dlsync_context_destroy on that thread); so a thread holds
+ * at most 8 such events per CUDA context between its orders.
  *
  * An eager stream cannot wait for a graph that is not launched yet (the wait
  * would order nothing): such a request is DLSYNC_ERROR_CAPTURE_ORDER.
