@@ -281,7 +281,7 @@ typedef dlsync__built_memo built_memo;
 
 static pthread_once_t built_once = PTHREAD_ONCE_INIT;
 static pthread_key_t built_key;
-static bool built_key_ok;
+static atomic_bool built_key_ok;
 
 /* Drops the thread's reference to m's batch (its events come back once the
  * graphs that retained it are gone) and empties m. When the driver refuses
@@ -327,8 +327,20 @@ static void built_thread_exit(void *p) {
 }
 
 static void built_key_init(void) {
-  built_key_ok = pthread_key_create(&built_key, built_thread_exit) == 0;
+  atomic_store(&built_key_ok, pthread_key_create(&built_key, built_thread_exit) == 0);
 }
+
+/* When this copy of the library's destructors run (at exit; or at the
+ * dlclose of a library that embeds libdlsync.a: libdlsync.so itself is never
+ * unmapped), threads still running must not call a hook that may be gone:
+ * the key is dropped (their open batches are then not let go, a leak only
+ * then), and no thread sets it again. */
+#if defined(__GNUC__)
+__attribute__((destructor)) static void built_unload(void) {
+  if (atomic_exchange(&built_key_ok, false))
+    pthread_key_delete(built_key);
+}
+#endif
 
 /* The thread's memo of pool (of the context whose pools ps are): found, or
  * made in the slot used least recently (closing the batch it had). */
@@ -385,7 +397,7 @@ static DLSYNC__NOINLINE dlsync_status built_open(built_memo *m, graph_thread *gt
     return built_out_of_memory();
   if (!gt->built_keyed) {
     (void)pthread_once(&built_once, built_key_init);
-    gt->built_keyed = built_key_ok && pthread_setspecific(built_key, gt) == 0;
+    gt->built_keyed = atomic_load(&built_key_ok) && pthread_setspecific(built_key, gt) == 0;
   }
   if (gt->built_keyed && m->taken > 1)
     want = m->taken < DLSYNC__HOLD_RESERVE ? m->taken : DLSYNC__HOLD_RESERVE;

@@ -55,9 +55,10 @@ static void key_create(void) {
     atomic_store(&key_ready, true);
 }
 
-/* When the library is unloaded (dlclose), threads that are still running
- * must not call a destructor that is gone: drop the key (their tables are
- * then not freed, a leak only at unload). */
+/* When the library's destructors run (at exit; libdlsync.so is never
+ * unmapped by dlclose: -z nodelete, but a copy linked into another library
+ * may be), threads that are still running must not call a destructor that is
+ * gone: drop the key (their tables are then not freed, a leak only then). */
 #if defined(__GNUC__)
 __attribute__((destructor)) static void env_unload(void) {
   if (atomic_exchange(&key_ready, false))

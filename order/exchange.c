@@ -1138,7 +1138,7 @@ static dlsync_exchange *ex_free; /* shared free list, under ex_lock */
 
 static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
 static pthread_key_t spare_key;
-static bool spare_key_ok;
+static atomic_bool spare_key_ok;
 
 static void shared_put(dlsync_exchange *ex) {
   pthread_mutex_lock(&ex_lock);
@@ -1156,8 +1156,17 @@ static void spare_release(void *p) {
 }
 
 static void spare_key_init(void) {
-  spare_key_ok = pthread_key_create(&spare_key, spare_release) == 0;
+  atomic_store(&spare_key_ok, pthread_key_create(&spare_key, spare_release) == 0);
 }
+
+/* As graph.c's built_unload: the key dropped when this copy's destructors
+ * run (at exit, or at the dlclose of a library embedding libdlsync.a). */
+#if defined(__GNUC__)
+__attribute__((destructor)) static void spare_unload(void) {
+  if (atomic_exchange(&spare_key_ok, false))
+    pthread_key_delete(spare_key);
+}
+#endif
 
 static dlsync_exchange *record_make(void) {
   dlsync_exchange *ex = NULL, *chunk;
@@ -1211,7 +1220,7 @@ static void exchange_free(dlsync__thread *t, dlsync_exchange *ex) {
   }
   if (t->spare == NULL) {
     pthread_once(&spare_once, spare_key_init);
-    if (spare_key_ok && pthread_setspecific(spare_key, t) == 0) {
+    if (atomic_load(&spare_key_ok) && pthread_setspecific(spare_key, t) == 0) {
       t->spare_keyed = true;
       t->spare = ex;
       return;
