@@ -1059,9 +1059,11 @@ static DLSYNC__NOINLINE bool order_graph_fast(dlsync_context *ctx, dlsync__threa
     pk.stream = stream_lane->stream;
     pk.role = stream_role;
   }
-  *st = dlsync__lane_check(first, "first");
+  *st = first->kind == DLSYNC_LANE_GRAPH ? dlsync__lane_check_graph(first, "first")
+                                         : dlsync__lane_check(first, "first");
   if (*st == DLSYNC_SUCCESS)
-    *st = dlsync__lane_check(then, "then");
+    *st = then->kind == DLSYNC_LANE_GRAPH ? dlsync__lane_check_graph(then, "then")
+                                          : dlsync__lane_check(then, "then");
   if (*st != DLSYNC_SUCCESS)
     return true;
   if (stream_lane != NULL) {
@@ -1211,13 +1213,7 @@ static dlsync_exchange *exchange_alloc(dlsync__thread *t) {
 }
 
 /* Back to the thread's slot or the shared list; ex's generation is even. */
-static void exchange_free(dlsync__thread *t, dlsync_exchange *ex) {
-  if (ex == NULL)
-    return;
-  if (DLSYNC__LIKELY(t->spare == NULL && t->spare_keyed)) {
-    t->spare = ex;
-    return;
-  }
+static DLSYNC__NOINLINE void exchange_free_slow(dlsync__thread *t, dlsync_exchange *ex) {
   if (t->spare == NULL) {
     pthread_once(&spare_once, spare_key_init);
     if (atomic_load(&spare_key_ok) && pthread_setspecific(spare_key, t) == 0) {
@@ -1227,6 +1223,16 @@ static void exchange_free(dlsync__thread *t, dlsync_exchange *ex) {
     }
   }
   shared_put(ex);
+}
+
+static DLSYNC__INLINE void exchange_free(dlsync__thread *t, dlsync_exchange *ex) {
+  if (ex == NULL)
+    return;
+  if (DLSYNC__LIKELY(t->spare == NULL && t->spare_keyed)) {
+    t->spare = ex;
+    return;
+  }
+  exchange_free_slow(t, ex);
 }
 
 /* A begun record: fields set, then the generation made odd; the handle.

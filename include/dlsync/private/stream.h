@@ -209,6 +209,15 @@ static inline dlsync_status dlsync__lane_check(const dlsync_lane *lane, const ch
     return DLSYNC_SUCCESS;
   return dlsync__lane_check_slow(lane, role);
 }
+/* dlsync__lane_check for a lane expected to be a graph lane: a frontier of
+ * at most one node (nothing to find twice) that fits is checked inline. */
+static inline dlsync_status dlsync__lane_check_graph(const dlsync_lane *lane, const char *role) {
+  if (DLSYNC__LIKELY(lane->kind == DLSYNC_LANE_GRAPH && lane->stream == NULL &&
+                     lane->graph != NULL && lane->ndeps <= 1 && lane->ndeps <= lane->capacity &&
+                     (lane->capacity == 0 || lane->deps != NULL)))
+    return DLSYNC_SUCCESS;
+  return dlsync__lane_check_slow(lane, role);
+}
 
 /* NULL and CU_STREAM_LEGACY both name the legacy default stream (dlsync
  * resolves driver entry points without per-thread default stream semantics). */
