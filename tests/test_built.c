@@ -204,6 +204,21 @@ static void built_orders_take_events_in_growing_batches(void **state) {
   assert_int_equal(fake_live_user_objects(), 0);
 }
 
+/* Destroys b[first_gone]'s graph, then the other's: the `owned` events stay
+ * owned while either lives (one batch's events come back together; with uo
+ * non-NULL, its references left in between are `refs`), and come back with
+ * the second, leaving no user object. */
+static void destroy_both(built b[2], int first_gone, size_t owned, CUuserObject uo, unsigned refs) {
+  assert_int_equal(graph_owned_now(), owned);
+  destroy_graph(b[first_gone].g);
+  assert_int_equal(graph_owned_now(), owned); /* the other graph holds them all */
+  if (uo != NULL)
+    assert_int_equal(fake_user_object_refs(uo), refs);
+  destroy_graph(b[1 - first_gone].g);
+  assert_int_equal(graph_owned_now(), 0);
+  assert_int_equal(fake_live_user_objects(), 0);
+}
+
 /* The objects the graphs retain are one per batch: while the batch is open,
  * the fake counts the thread's reference and one per graph that took one of
  * its events; the batch's events come back only once the last of those
@@ -242,13 +257,7 @@ static void a_batch_lives_while_any_graph_that_took_it_lives(void **state) {
     /* Used up: the thread let go; one reference per order is left. */
     assert_null(open_batch());
     assert_int_equal(fake_user_object_refs(uo), size);
-    assert_int_equal(graph_owned_now(), size);
-    destroy_graph(b[first_gone].g);
-    assert_int_equal(graph_owned_now(), size); /* the other graph holds them all */
-    assert_int_equal(fake_user_object_refs(uo), size / 2);
-    destroy_graph(b[1 - first_gone].g);
-    assert_int_equal(graph_owned_now(), 0);
-    assert_int_equal(fake_live_user_objects(), 0);
+    destroy_both(b, first_gone, size, uo, (unsigned)(size / 2));
   }
 }
 
@@ -330,12 +339,7 @@ static void two_built_retains_in_both_graphs(void **state) {
     assert_int_equal(fake_call_count("cuUserObjectCreate"), first_gone == 0 ? 3 : 1);
     assert_int_equal(fake_graph_count_nodes(b[0].g, CU_GRAPH_NODE_TYPE_EVENT_RECORD), K);
     assert_int_equal(fake_graph_count_nodes(b[1].g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), K);
-    assert_int_equal(graph_owned_now(), K);
-    destroy_graph(b[first_gone].g);
-    assert_int_equal(graph_owned_now(), K); /* the other graph holds every batch */
-    destroy_graph(b[1 - first_gone].g);
-    assert_int_equal(graph_owned_now(), 0);
-    assert_int_equal(fake_live_user_objects(), 0);
+    destroy_both(b, first_gone, K, NULL, 0); /* the other graph holds every batch */
   }
 }
 
