@@ -1014,13 +1014,13 @@ static DLSYNC__INLINE bool order_fast(dlsync__thread *t, dlsync_context *ctx, CU
  * BUILT_TO_CAPTURE (a stream lane and a graph lane) and TWO_BUILT (two graph
  * lanes: the pool of the thread's current context, as the general path
  * finds it), and the graph lanes' other rows (SAME_BUILT,
- * REFUSE_BUILT_TO_EAGER). The same checks, classification and row functions
- * as the general path (order_lanes, order_now), without what it does for
- * every kind of lane: the lanes are checked, the stream asked about once in
- * full, the built lanes read, the row classified and carried out. The memo's
- * pool is checked as the row functions check it. False, nothing done: the
- * general path must (two stream lanes, a special stream handle, a stream the
- * memo does not know, the decision log at TRACE, which names each row). */
+ * REFUSE_BUILT_TO_EAGER). The same checks as the general path's order_lanes,
+ * without what it does for every kind of lane (the lanes are checked, the
+ * stream asked about once in full, the built lanes read), then order_now, as
+ * the general path: the row classified and carried out by its function. The
+ * memo's pool is checked as the row functions check it. False, nothing done:
+ * the general path must (two stream lanes, a special stream handle, a stream
+ * the memo does not know, the decision log at TRACE, which names each row). */
 static DLSYNC__NOINLINE bool order_graph_fast(dlsync_context *ctx, dlsync__thread *t,
                                               dlsync_lane *first, dlsync_lane *then,
                                               dlsync_status *st) {
@@ -1083,35 +1083,9 @@ static DLSYNC__NOINLINE bool order_graph_fast(dlsync_context *ctx, dlsync__threa
     dlsync__lane_read_built(&a, first, "first");
   if (then->kind == DLSYNC_LANE_GRAPH)
     dlsync__lane_read_built(&b, then, "then");
-  row = classify_now(DLSYNC__OP_ORDER, &a, &b, false);
-  if (dlsync__row_nodes(row) > 0) {
-    if (a.kind == DLSYNC_LANE_BUILT)
-      *st = dlsync__lane_fit(first, 1, "first", "the record node");
-    if (*st == DLSYNC_SUCCESS && b.kind == DLSYNC_LANE_BUILT)
-      *st = dlsync__lane_fit(then, 1, "then", "the wait node");
-    if (*st != DLSYNC_SUCCESS)
-      return true;
-  }
-  switch (row) {
-  case DLSYNC__ROW_EAGER_TO_BUILT:
-    *st = row_eager_to_built(ctx, &pk, &a, &b);
-    return true;
-  case DLSYNC__ROW_CAPTURE_TO_BUILT:
-    *st = row_capture_to_built(ctx, &pk, &a, &b);
-    return true;
-  case DLSYNC__ROW_BUILT_TO_CAPTURE:
-  case DLSYNC__ROW_TWO_BUILT:
-    *st = row_two_graphs(ctx, &pk, &a, &b);
-    return true;
-  case DLSYNC__ROW_SAME_BUILT:
-    *st = merge_frontiers(&a, &b);
-    return true;
-  case DLSYNC__ROW_REFUSE_BUILT_TO_EAGER:
-    *st = row_refuse_built_to_eager(&a, &b);
-    return true;
-  default:
-    return false; /* nothing done yet but the reads: the general path reads again */
-  }
+  /* The table's row and its function, as on the general path. */
+  *st = order_now(ctx, DLSYNC__OP_ORDER, &pk, &a, &b, false, &row);
+  return true;
 }
 
 /* ---- Handles ----
