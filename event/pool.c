@@ -671,14 +671,31 @@ dlsync_status dlsync__hold_take_some(CUevent *out, size_t max, size_t *n, dlsync
     *n = out[0] != NULL ? 1 : 0;
     return st;
   }
+  /* In runs: as many as fit the hold's inline items or its newest chunk. */
   while (k < max && p->nfree > 0) {
-    hold_item it = {p->free_events[p->nfree - 1], NULL, HOLD_EVENT};
+    bool inline_room = h->n < HOLD_INLINE;
+    hold_item *dst;
+    size_t *filled, m;
     if (DLSYNC__UNLIKELY(!hold_room_locked(h)))
       break;
-    hold_add_locked(h, it);
-    p->hold_owned++;
-    p->nfree--;
-    out[k++] = it.event;
+    filled = inline_room ? &h->n : &h->chunks->n;
+    dst = inline_room ? &h->first[*filled] : &h->chunks->items[*filled];
+    m = (inline_room ? HOLD_INLINE : HOLD_CHUNK) - *filled;
+    if (m > max - k)
+      m = max - k;
+    if (m > p->nfree)
+      m = p->nfree;
+    for (size_t j = 0; j < m; j++) {
+      CUevent ev = p->free_events[p->nfree - 1 - j];
+      dst[j].event = ev;
+      dst[j].ref = NULL;
+      dst[j].kind = HOLD_EVENT;
+      out[k + j] = ev;
+    }
+    *filled += m;
+    p->nfree -= m;
+    p->hold_owned += m;
+    k += m;
   }
   dlsync__spin_unlock(&p->lock);
   *n = k;
