@@ -456,21 +456,13 @@ dlsync_status dlsync__graph_built_event_slow(CUevent *out, dlsync__thread *t,
   if (DLSYNC__UNLIKELY(m->nreserve == 0))
     DLSYNC_TRY(built_open(m, gt, ps, pool));
   ev = m->reserve[--m->nreserve];
-  for (int i = 0; i < nlanes; i++) {
-    const dlsync__lane_now *l = lanes[i];
-    CUresult r;
-    if (l->kind == DLSYNC_LANE_EAGER ||
-        (l->kind == DLSYNC_LANE_CAPTURING && l->capture_id == m->capture_id))
-      continue;
-    r = d->GraphRetainUserObject(l->graph, m->uo, 1, 0);
-    if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
-      st = dlsync__graph_built_retain_failed(d, r, l);
+  {
+    CUresult r = CUDA_SUCCESS;
+    const dlsync__lane_now *refused = dlsync__graph_built_retain(d, m, lanes, nlanes, &took, &r);
+    if (DLSYNC__UNLIKELY(refused != NULL)) {
+      st = dlsync__graph_built_retain_failed(d, r, refused);
       goto cleanup;
     }
-    took = l->graph;
-    m->retained = true;
-    if (l->kind == DLSYNC_LANE_CAPTURING)
-      m->capture_id = l->capture_id;
   }
   *out = ev;
 cleanup:

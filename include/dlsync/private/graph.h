@@ -256,6 +256,28 @@ dlsync_status dlsync__graph_built_event_slow(CUevent *out, dlsync__thread *t,
                                              dlsync__lane_now *const *lanes, int nlanes);
 DLSYNC__COLD dlsync_status dlsync__graph_built_retain_failed(const dlsync__driver *d, CUresult r,
                                                              const dlsync__lane_now *l);
+/* Each graph of lanes[0..nlanes) retains m's batch (eager lanes none; a
+ * capture's graph once per capture and batch). *took: the last graph that
+ * did (unchanged when none). Returns the lane whose graph refused (*r: the
+ * driver's result), NULL when all took it. */
+static inline const dlsync__lane_now *
+dlsync__graph_built_retain(const dlsync__driver *d, dlsync__built_memo *m,
+                           dlsync__lane_now *const *lanes, int nlanes, CUgraph *took, CUresult *r) {
+  for (int i = 0; i < nlanes; i++) {
+    const dlsync__lane_now *l = lanes[i];
+    if (l->kind == DLSYNC_LANE_EAGER ||
+        (l->kind == DLSYNC_LANE_CAPTURING && l->capture_id == m->capture_id))
+      continue;
+    *r = d->GraphRetainUserObject(l->graph, m->uo, 1, 0);
+    if (DLSYNC__UNLIKELY(*r != CUDA_SUCCESS))
+      return l;
+    *took = l->graph;
+    m->retained = true;
+    if (l->kind == DLSYNC_LANE_CAPTURING)
+      m->capture_id = l->capture_id;
+  }
+  return NULL;
+}
 static inline dlsync_status dlsync__graph_built_event(CUevent *out, dlsync__thread *t,
                                                       const dlsync__pools *ps, dlsync__pool *pool,
                                                       dlsync__lane_now *const *lanes, int nlanes) {
@@ -268,22 +290,15 @@ static inline dlsync_status dlsync__graph_built_event(CUevent *out, dlsync__thre
      * left (the last one closes it: the slow path). */
     if (DLSYNC__UNLIKELY(m->nreserve < 2))
       break;
+    CUgraph took = NULL;
+    CUresult r = CUDA_SUCCESS;
+    const dlsync__lane_now *refused;
     gt->built_last = k;
     *out = m->reserve[--m->nreserve];
-    for (int i = 0; i < nlanes; i++) {
-      const dlsync__lane_now *l = lanes[i];
-      CUresult r;
-      if (l->kind == DLSYNC_LANE_EAGER ||
-          (l->kind == DLSYNC_LANE_CAPTURING && l->capture_id == m->capture_id))
-        continue;
-      r = ps->drv->GraphRetainUserObject(l->graph, m->uo, 1, 0);
-      if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
-        *out = NULL; /* unused, in the batch: back with it */
-        return dlsync__graph_built_retain_failed(ps->drv, r, l);
-      }
-      m->retained = true;
-      if (l->kind == DLSYNC_LANE_CAPTURING)
-        m->capture_id = l->capture_id;
+    refused = dlsync__graph_built_retain(ps->drv, m, lanes, nlanes, &took, &r);
+    if (DLSYNC__UNLIKELY(refused != NULL)) {
+      *out = NULL; /* unused, in the batch: back with it */
+      return dlsync__graph_built_retain_failed(ps->drv, r, refused);
     }
     return DLSYNC_SUCCESS;
   }
