@@ -310,11 +310,13 @@ static CUresult built_close(built_memo *m, const dlsync__driver *d, CUgraph into
 }
 
 static void built_close_warn(built_memo *m, const char *when) {
+  bool retained = m->retained; /* built_close empties m */
   if (built_close(m, NULL, NULL) != CUDA_SUCCESS)
     DLSYNC__LOG(DLSYNC__LOG_WARN,
-                "%s: cuUserObjectRelease refused a thread's batch of events for built graphs; "
-                "they stay with the driver until their CUDA context is destroyed",
-                when);
+                "%s: cuUserObjectRelease refused a thread's batch of events for built graphs; %s",
+                when,
+                retained ? "they stay with the driver until their CUDA context is destroyed"
+                         : "no graph had taken it, so its events were given back to the pool");
 }
 
 static void built_thread_exit(void *p) {

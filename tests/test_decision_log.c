@@ -144,6 +144,85 @@ static void built_rows(void **state) {
   destroy_graph(g2);
 }
 
+/* The calling thread's batch memo of ctx's device-0 pool for built graphs
+ * (NULL: none). */
+static dlsync__built_memo *built_memo_now(void) {
+  dlsync__graph_thread *gt = dlsync__graph_thread_of(dlsync__thread_get());
+  dlsync__pool *pool = NULL;
+  assert_int_equal(dlsync__pool_for_cuctx(&pool, &ctx->pools, fake_primary_ctx(0)), DLSYNC_SUCCESS);
+  for (unsigned i = 0; i < DLSYNC__BUILT_MEMOS; i++)
+    if (gt->built[i].pool == pool && gt->built[i].generation == ctx->pools.generation)
+      return &gt->built[i];
+  return NULL;
+}
+
+/* Context destroy closes the thread's open batch for built graphs; when the
+ * driver refuses to let go of it, the warning says where its events went: a
+ * batch a graph took stays with the driver (until the graph, and the CUDA
+ * context, are gone), a batch no graph took is given back to the pool at
+ * once. */
+static void a_refused_batch_release_says_where_its_events_went(void **state) {
+  dlsync_lane p = dlsync_lane_stream(P);
+  CUgraph g;
+  CUgraphNode d[4];
+  dlsync_lane l;
+  dlsync__built_memo *m;
+  CUuserObject uo;
+  dlsync_lane c = dlsync_lane_stream(C);
+  (void)state;
+  /* Free events in the pool (a capture's, back with its graph), so that a
+   * batch takes as many as it asks for. */
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  for (int i = 0; i < 8; i++)
+    order_ok(&p, &c);
+  destroy_graph(end_capture_ok(C));
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  d[0] = fake_graph_add_work(g, NULL, 0, "own");
+  l = dlsync_lane_graph(g, d, 1, 4);
+  /* Batches of 1, 1, then 2: the third order opens one and uses one event. */
+  for (int i = 0; i < 3; i++)
+    order_ok(&p, &l);
+  m = built_memo_now();
+  assert_non_null(m);
+  assert_non_null(m->uo);
+  assert_true(m->retained);
+  assert_int_equal(m->nreserve, 1);
+  uo = m->uo;
+  fake_fail_nth("cuUserObjectRelease", 1, CUDA_ERROR_UNKNOWN);
+  dlsync__graph_built_close(&ctx->pools);
+  assert_false(fake_fail_pending());
+  expect_text(" dlsync WARN context destroy: cuUserObjectRelease refused a thread's batch of "
+              "events for built graphs; they stay with the driver",
+              NULL);
+  assert_int_equal(D->UserObjectRelease(uo, 1), CUDA_SUCCESS); /* the driver's, by hand */
+  destroy_graph(g);
+
+  /* Batches of 1, 1 again, then one of 2 whose graph refuses it. */
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  d[0] = fake_graph_add_work(g, NULL, 0, "own");
+  l = dlsync_lane_graph(g, d, 1, 4);
+  order_ok(&p, &l);
+  order_ok(&p, &l);
+  fake_fail_nth("cuGraphRetainUserObject", 1, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_order(ctx, &p, &l), DLSYNC_ERROR_DRIVER);
+  m = built_memo_now();
+  assert_non_null(m);
+  assert_non_null(m->uo);
+  assert_false(m->retained);
+  uo = m->uo;
+  fake_fail_nth("cuUserObjectRelease", 1, CUDA_ERROR_UNKNOWN);
+  dlsync__graph_built_close(&ctx->pools);
+  assert_false(fake_fail_pending());
+  expect_text(" dlsync WARN context destroy: cuUserObjectRelease refused a thread's batch of "
+              "events for built graphs; no graph had taken it, so its events were given back "
+              "to the pool",
+              NULL);
+  assert_int_equal(D->UserObjectRelease(uo, 1), CUDA_SUCCESS);
+  assert_int_equal(fake_run_destructors(), 1); /* it finds the batch given back: nothing twice */
+  destroy_graph(g);
+  assert_int_equal(fake_live_user_objects(), 0);
+}
+
 static void exchange_rows(void **state) {
   dlsync_lane p = dlsync_lane_stream(P), c = dlsync_lane_stream(C);
   dlsync_exchange *ex = NULL;
@@ -258,6 +337,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(same_capture_wide_set_on_the_general_path, fixture_setup,
                                       fixture_teardown),
       cmocka_unit_test_setup_teardown(built_rows, fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(a_refused_batch_release_says_where_its_events_went,
+                                      fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(exchange_rows, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(fence_rows, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(release_and_info, fixture_setup, fixture_teardown),
