@@ -178,28 +178,10 @@ typedef struct dlsync__thread {
   bool then_capture; /* order/: its last begin or order found the later lane capturing */
 } dlsync__thread;
 
-/* The calling thread's block. The block itself (1 KiB and more) is an
- * ordinary thread-local object, which a shared library reaches through
- * __tls_get_addr; a pointer to it sits in the static TLS block
- * (initial-exec: 8 bytes, which glibc's reserve for libraries loaded by
- * dlopen easily holds), read with one load from the thread pointer. The
- * pointer is set at the thread's first call (dlsync__thread_first). */
-#if defined(__GNUC__) && !defined(__cplusplus)
-extern _Thread_local dlsync__thread *dlsync__thread_self
-    __attribute__((tls_model("initial-exec"), visibility("hidden")));
-dlsync__thread *dlsync__thread_first(void);
-static inline dlsync__thread *dlsync__thread_get(void) {
-  dlsync__thread *t = dlsync__thread_self;
-  if (DLSYNC__LIKELY(t != NULL))
-    return t;
-  return dlsync__thread_first();
-}
-#else
-dlsync__thread *dlsync__thread_first(void);
-static inline dlsync__thread *dlsync__thread_get(void) {
-  return dlsync__thread_first();
-}
-#endif
+/* Out of line on purpose: inlined, the compiler asks for the thread-local
+ * address again at each use (a __tls_get_addr call each, seen in the
+ * memo scan); one call per entry point is cheaper. */
+dlsync__thread *dlsync__thread_get(void);
 
 #define DLSYNC_TRY(expr)                        \
   do {                                          \
