@@ -159,6 +159,16 @@ static inline void dlsync__spin_unlock(atomic_int *l) {
 #endif
 
 typedef struct dlsync__thread {
+  /* order/'s fields first, beside event/'s memo keys, which every fast path
+   * reads too (no alignment beyond 8 is asked of thread-local storage: a
+   * library loaded by dlopen gets its block from the loader's allocator). */
+  void *spare; /* order/: one free exchange record */
+  /* order/: the capture an end after a begin that found both streams in one
+   * capture checks the consumer against (set by that end) */
+  uint64_t end_capture_id;
+  bool spare_keyed;  /* order/: the thread-exit hook that gives it back is set */
+  bool end_capture;  /* order/: this thread's last exchange end found its consumer capturing */
+  bool then_capture; /* order/: its last begin or order found the later lane capturing */
   union {
     unsigned char bytes[DLSYNC__THREAD_EVENT_BYTES];
     void *align_p;
@@ -168,14 +178,7 @@ typedef struct dlsync__thread {
     unsigned char bytes[DLSYNC__THREAD_GRAPH_BYTES];
     void *align_p;
     uint64_t align_u;
-  } graph;     /* graph/: the holds of its last captures, its batches for built graphs */
-  void *spare; /* order/: one free exchange record */
-  /* order/: the capture an end after a begin that found both streams in one
-   * capture checks the consumer against (set by that end) */
-  uint64_t end_capture_id;
-  bool spare_keyed;  /* order/: the thread-exit hook that gives it back is set */
-  bool end_capture;  /* order/: this thread's last exchange end found its consumer capturing */
-  bool then_capture; /* order/: its last begin or order found the later lane capturing */
+  } graph; /* graph/: the holds of its last captures, its batches for built graphs */
 } dlsync__thread;
 
 /* Out of line on purpose: inlined, the compiler asks for the thread-local
