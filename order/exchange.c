@@ -824,8 +824,13 @@ static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *t
       pre->ex->bits |= EX_ONE_CAPTURE;
       pre->ex->capture_id = ct.id;
     }
-    /* first's array is valid: the query since was of `then`. */
-    *st = add_deps(d, pre->first->stream, pre->then->stream, cf.deps, cf.n, first_role, then_role);
+    /* first's array is valid: the query since was of `then`. *st is
+     * DLSYNC_SUCCESS: written only on failure, which keeps success (an
+     * empty set, no call) out of gcc's .cold section. */
+    dlsync_status added =
+        add_deps(d, pre->first->stream, pre->then->stream, cf.deps, cf.n, first_role, then_role);
+    if (DLSYNC__UNLIKELY(added != DLSYNC_SUCCESS))
+      *st = added;
     return true;
   }
   if (DLSYNC__LIKELY(dlsync__capture_info_eager(&cf)) && pre->graph_rows &&
