@@ -318,7 +318,8 @@ static const struct {
      "= 3 queries + 2 ADDs, no raw call"},
     {DLSYNC__ROW_TWO_CAPTURES, "order", "2 queries, 2 nodes, 2 updates",
      "= 2 queries, cuStreamGetCtx, external record + wait"},
-    {DLSYNC__ROW_EAGER_TO_CAPTURE, "order", "record + external wait", "+ 2 capture queries"},
+    {DLSYNC__ROW_EAGER_TO_CAPTURE, "order", "record + external wait",
+     "+ a capture query, a status query"},
     {DLSYNC__ROW_EAGER_TO_BUILT, "order", "wait node + record",
      "+ 1 query, 1 retain (+ a user object per 8)"},
     {DLSYNC__ROW_TWO_BUILT, "order", "record node + wait node",
@@ -527,9 +528,9 @@ static void row_op(row_kind rk, row_side side, int i, dlsync_lane *l1, dlsync_la
       ds_order(&lp, &lc);
       return;
     }
-    if (side == SIDE_FLOOR) {
+    if (side == SIDE_FLOOR) { /* then's full query, first's status (eager, as last time) */
       q_full(C);
-      q_full(P);
+      q_is(P);
     }
     CHECK(D->EventRecord(kev[i], P) == CUDA_SUCCESS, "record");
     CHECK(D->StreamWaitEvent(C, kev[i], CU_EVENT_WAIT_EXTERNAL) == CUDA_SUCCESS, "wait");

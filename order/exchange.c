@@ -794,10 +794,27 @@ static DLSYNC__INLINE bool fast_eager_to_capture(dlsync_context *ctx, dlsync__th
   return true;
 }
 
+/* What the fast path's out-of-line steps say. */
+typedef enum fast_next {
+  FAST_GO,      /* plain: record and wait */
+  FAST_DONE,    /* *st says how it went (a failed query, or SAME_CAPTURE's update) */
+  FAST_GENERAL, /* the general path must (nothing queued) */
+} fast_next;
+
+/* A failed status or capture query of `s`: *st (cold). */
+static DLSYNC__COLD fast_next fast_query_failed(const dlsync__driver *d, CUresult r, bool full,
+                                                CUstream s, const char *role, dlsync_status *st) {
+  *st = dlsync__fail_driver(d, r, full ? "cuStreamGetCaptureInfo" : "cuStreamIsCapturing",
+                            "%s stream %p", role, (void *)s);
+  return FAST_DONE;
+}
+
 /* `then` read in full (FAST_QUERY_THEN_FULL, or FAST_QUERY_THEN once its
  * status said it captures). Eager: true, *plain (no more queries).
- * Capturing: `first` read in full too; one capture (SAME_CAPTURE): first's
- * dependencies added to then's, true, *st says how it went. A failed read:
+ * Capturing: `first` asked about too (its status while the thread's hint
+ * says it is eager, else, or when it captures, its full query); one capture
+ * (SAME_CAPTURE): first's dependencies added to then's, true, *st says how
+ * it went. A failed read:
  * true, *st says why. False: the general path goes on
  * with both reads, reading neither stream again. */
 static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *th, fast_pre *pre,
@@ -818,7 +835,29 @@ static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *t
     return true;
   }
   th->then_capture = true;
+  /* `first`: while this thread's orders find it eager (the hint), its
+   * status is enough to go on (EAGER_TO_CAPTURE), one cuStreamIsCapturing
+   * where a full query costs more; when it captures, its full query after
+   * all (one call more, once: the hint turns). */
+  if (DLSYNC__LIKELY(!th->first_capture)) {
+    CUstreamCaptureStatus fs;
+    CUresult r = d->StreamIsCapturing(pre->first->stream, &fs);
+    if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+      (void)fast_query_failed(d, r, false, pre->first->stream, first_role, st);
+      return true;
+    }
+    if (DLSYNC__LIKELY(fs == CU_STREAM_CAPTURE_STATUS_NONE)) {
+      if (pre->graph_rows && fast_eager_to_capture(ctx, th, pre, &ct, first_role, then_role, st))
+        return true;
+      dlsync__lane_read_eager(&pre->opened.a, pre->first, first_role);
+      (void)dlsync__lane_take(&pre->opened.b, d, pre->then, then_role, &ct);
+      pre->have = true;
+      return fast_graph_rows(ctx, th, pre, first_role, st);
+    }
+    th->first_capture = true;
+  }
   dlsync__lane_query(&cf, d, pre->first->stream);
+  th->first_capture = !dlsync__capture_info_eager(&cf);
   if (dlsync__capture_info_active(&cf) && cf.id == ct.id) { /* SAME_CAPTURE */
     if (pre->ex != NULL) {
       pre->ex->bits |= EX_ONE_CAPTURE;
@@ -845,21 +884,6 @@ static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *t
     return true;
   pre->have = true;
   return fast_graph_rows(ctx, th, pre, first_role, st);
-}
-
-/* What the fast path's out-of-line steps say. */
-typedef enum fast_next {
-  FAST_GO,      /* plain: record and wait */
-  FAST_DONE,    /* *st says how it went (a failed query, or SAME_CAPTURE's update) */
-  FAST_GENERAL, /* the general path must (nothing queued) */
-} fast_next;
-
-/* A failed status or capture query of `s`: *st (cold). */
-static DLSYNC__COLD fast_next fast_query_failed(const dlsync__driver *d, CUresult r, bool full,
-                                                CUstream s, const char *role, dlsync_status *st) {
-  *st = dlsync__fail_driver(d, r, full ? "cuStreamGetCaptureInfo" : "cuStreamIsCapturing",
-                            "%s stream %p", role, (void *)s);
-  return FAST_DONE;
 }
 
 /* The fast path's queries when a lane captures, or may (the modes other
@@ -1289,6 +1313,7 @@ void dlsync__order_hints_reset(void) {
   dlsync__thread *t = dlsync__thread_get();
   t->end_capture = false;
   t->then_capture = false;
+  t->first_capture = false;
 }
 
 static bool plain_stream_lane(const dlsync_lane *l) {

@@ -150,8 +150,9 @@ static void end_queries_follow_the_last_end(void **state) {
   assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
   fake_log_reset();
   assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
-  assert_string_equal(fake_call_log(),
-                      "cuStreamGetCaptureInfo,cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent");
+  assert_int_equal(fake_call_count("cuStreamGetCaptureInfo"), 1);
+  assert_int_equal(fake_call_count("cuStreamIsCapturing"), 1);
+  assert_int_equal(fake_call_count("cuStreamWaitEvent"), 1);
   assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
   fake_log_reset();
   assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
@@ -182,8 +183,9 @@ static void begin_queries_follow_the_last_begin(void **state) {
   assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS); /* EAGER_TO_CAPTURE */
   fake_log_reset();
   assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
-  assert_int_equal(fake_call_count("cuStreamIsCapturing"), 0);
-  assert_int_equal(fake_call_count("cuStreamGetCaptureInfo"), 2);
+  /* the consumer in full at once, the producer (eager last time) its status */
+  assert_int_equal(fake_call_count("cuStreamGetCaptureInfo"), 1);
+  assert_int_equal(fake_call_count("cuStreamIsCapturing"), 1);
   assert_int_equal(fake_call_count("cuStreamWaitEvent"), 1);
   assert_int_equal(D->StreamEndCapture(C, &g), CUDA_SUCCESS);
   assert_int_equal(D->GraphDestroy(g), CUDA_SUCCESS);
@@ -199,8 +201,8 @@ static void begin_queries_follow_the_last_begin(void **state) {
 }
 
 /* Warm, both streams in one capture (every exchange after the first inside a
- * capture): begin reads both in full (the first time after eager begins, the
- * consumer's status before) and adds the producer's dependencies to the
+ * capture): begin reads both in full (the first time after eager begins,
+ * each one's status before) and adds the producer's dependencies to the
  * consumer's (one call, no event: rule R12); end reads the consumer alone (in
  * that capture still, the producer is too: rule R11) and adds its
  * dependencies to the producer's. With CAPTURE_STABLE the same: the query
@@ -219,11 +221,14 @@ static void warm_same_capture_is_plain(void **state) {
   for (uint32_t flags = 0; flags <= DLSYNC_EXCHANGE_CAPTURE_STABLE; flags++) {
     fake_log_reset();
     assert_int_equal(dlsync_exchange_begin_flags(&ex, ctx, &lp, &lc, flags), DLSYNC_SUCCESS);
-    assert_string_equal(fake_call_log(),
-                        flags == 0 ? "cuStreamIsCapturing,cuStreamGetCaptureInfo,"
-                                     "cuStreamGetCaptureInfo,cuStreamUpdateCaptureDependencies"
-                                   : "cuStreamGetCaptureInfo,cuStreamGetCaptureInfo,"
-                                     "cuStreamUpdateCaptureDependencies");
+    /* The first time after eager begins, each stream's status before its
+     * full query; then both in full at once. */
+    assert_string_equal(fake_call_log(), flags == 0
+                                             ? "cuStreamIsCapturing,cuStreamGetCaptureInfo,"
+                                               "cuStreamIsCapturing,cuStreamGetCaptureInfo,"
+                                               "cuStreamUpdateCaptureDependencies"
+                                             : "cuStreamGetCaptureInfo,cuStreamGetCaptureInfo,"
+                                               "cuStreamUpdateCaptureDependencies");
     fake_work(C, "consume", &n2);
     fake_log_reset();
     assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
@@ -283,8 +288,9 @@ static void end_after_one_capture_trusts_only_that_capture(void **state) {
   fake_log_reset();
   assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
   /* The consumer's full query, then the producer's status: both eager. */
-  assert_string_equal(fake_call_log(),
-                      "cuStreamGetCaptureInfo,cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent");
+  assert_int_equal(fake_call_count("cuStreamGetCaptureInfo"), 1);
+  assert_int_equal(fake_call_count("cuStreamIsCapturing"), 1);
+  assert_int_equal(fake_call_count("cuStreamWaitEvent"), 1);
   assert_int_equal(fake_capture_status(P), CU_STREAM_CAPTURE_STATUS_NONE);
   assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_NONE);
   /* The consumer in a new capture by the end, the producer eager: refused
@@ -386,8 +392,9 @@ static void same_capture_adds_dependencies_without_an_event(void **state) {
 
 /* Warm, eager producer, capturing consumer: what the fast path read is handed
  * to the general path, which reads neither stream again. (The thread's last
- * order found its later lane capturing: the fast path reads it in full at
- * once, no status query first.) */
+ * order found its later lane capturing and its earlier lane eager: the fast
+ * path reads the consumer in full at once, no status query first, and the
+ * producer's status alone.) */
 static void warm_eager_to_capture_reads_each_stream_once(void **state) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   CUgraph g;
@@ -403,7 +410,7 @@ static void warm_eager_to_capture_reads_each_stream_once(void **state) {
   /* The capture's hold first (a user object its graph retains), then the
    * record and the wait. */
   assert_string_equal(fake_call_log(),
-                      "cuStreamGetCaptureInfo,cuStreamGetCaptureInfo,"
+                      "cuStreamGetCaptureInfo,cuStreamIsCapturing,"
                       "cuUserObjectCreate,cuGraphRetainUserObject,cuEventRecord,cuStreamWaitEvent");
   /* A second order into the same capture: its hold takes the event, no
    * user object. */
@@ -416,11 +423,53 @@ static void warm_eager_to_capture_reads_each_stream_once(void **state) {
   destroy_graph(g);
 }
 
+/* The producer's hint: while a thread's orders into a capture find their
+ * earlier lane eager, its status is asked (EAGER_TO_CAPTURE); when it turns
+ * out to capture, its full query follows in the same order, which is still
+ * right (TWO_CAPTURES: a record node in the producer's capture, a wait node
+ * in the consumer's), and the next orders read it in full at once, until
+ * one finds it eager again. */
+static void the_producer_hint_turns_when_it_captures(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  CUgraph gp, gc;
+  (void)state;
+  warm_pair(&lp, &lc, 0);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS); /* EAGER_TO_CAPTURE */
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  fake_log_reset();
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS); /* TWO_CAPTURES, hint wrong */
+  assert_int_equal(fake_call_count("cuStreamGetCaptureInfo"), 2);
+  assert_int_equal(fake_call_count("cuStreamIsCapturing"), 1);
+  assert_int_equal(fake_call_count("cuEventRecordWithFlags"), 1);
+  fake_log_reset();
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS); /* TWO_CAPTURES, hint right */
+  assert_int_equal(fake_call_count("cuStreamGetCaptureInfo"), 2);
+  assert_int_equal(fake_call_count("cuStreamIsCapturing"), 0);
+  gp = end_capture_ok(P);
+  assert_int_equal(fake_graph_count_nodes(gp, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 2);
+  fake_log_reset();
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS); /* eager again: found in full */
+  assert_int_equal(fake_call_count("cuStreamGetCaptureInfo"), 2);
+  assert_int_equal(fake_call_count("cuStreamIsCapturing"), 0);
+  fake_log_reset();
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS); /* and its status again */
+  assert_int_equal(fake_call_count("cuStreamGetCaptureInfo"), 1);
+  assert_int_equal(fake_call_count("cuStreamIsCapturing"), 1);
+  gc = end_capture_ok(C);
+  /* 2 + 2 orders from eager P, 2 external waits on P's record nodes */
+  assert_int_equal(fake_graph_count_nodes(gc, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 6);
+  destroy_graph(gp);
+  destroy_graph(gc);
+}
+
 /* A thread that has made no plain exchange has no scratch event, so its
  * orders into a capture take the general path: the first reads both lanes
- * there; it notes that its consumers capture, so the next reads both in the
- * fast path's order, and the general path goes on with those reads. Either
- * way each lane is read once. */
+ * there; it notes that its consumers capture, so the next reads the consumer
+ * in full and the eager producer's status in the fast path's order, and the
+ * general path goes on with those reads. Either way each lane is asked about
+ * once. */
 typedef struct cold_orders {
   dlsync_status st[2];
   unsigned full[2], status[2], waits[2];
@@ -454,8 +503,9 @@ static void cold_thread_reads_each_capture_lane_once(void **state) {
   destroy_graph(g);
   for (int i = 0; i < 2; i++) {
     assert_int_equal(co.st[i], DLSYNC_SUCCESS);
-    assert_int_equal(co.full[i], 2); /* the first: the general path's reads; then the fast path's */
-    assert_int_equal(co.status[i], 0);
+    /* the first: the general path's reads; then the fast path's */
+    assert_int_equal(co.full[i], i == 0 ? 2 : 1);
+    assert_int_equal(co.status[i], i == 0 ? 0 : 1);
     assert_int_equal(co.waits[i], 1);
   }
 }
@@ -2468,6 +2518,7 @@ int main(void) {
       T(end_after_one_capture_trusts_only_that_capture),
       T(same_capture_adds_dependencies_without_an_event),
       T(warm_eager_to_capture_reads_each_stream_once),
+      T(the_producer_hint_turns_when_it_captures),
       T(cold_thread_reads_each_capture_lane_once),
       T(capture_hold_grows_and_reports_a_failed_chunk),
       T(warm_end_in_two_captures_takes_the_general_path),

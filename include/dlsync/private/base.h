@@ -169,6 +169,9 @@ typedef struct dlsync__thread {
   bool spare_keyed;  /* order/: the thread-exit hook that gives it back is set */
   bool end_capture;  /* order/: this thread's last exchange end found its consumer capturing */
   bool then_capture; /* order/: its last begin or order found the later lane capturing */
+  /* order/: its last begin or order that found the later lane capturing
+   * found the earlier one capturing too */
+  bool first_capture;
   union {
     unsigned char bytes[DLSYNC__THREAD_EVENT_BYTES];
     void *align_p;
