@@ -393,8 +393,9 @@ cleanup:
  * with INVALID_HANDLE / INVALID_CONTEXT); then the memo is forgotten and an
  * event of the right pool taken (the first stays in its batch, unused, and
  * comes back with it). */
-static dlsync_status row_eager_to_built(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
-                                        dlsync__lane_now *then) {
+static DLSYNC__INLINE dlsync_status row_eager_to_built(dlsync_context *ctx, pool_pick *pk,
+                                                       dlsync__lane_now *first,
+                                                       dlsync__lane_now *then) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ctx->drv;
   CUevent ev = NULL;
@@ -468,8 +469,9 @@ static DLSYNC__COLD dlsync_status fail_external_record_for_graph(const dlsync__d
  * gets its wait node by hand: an external wait is refused on an event whose
  * last record was made in an ended capture (seen on the H200), which a pooled
  * one may be. */
-static dlsync_status row_two_graphs(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
-                                    dlsync__lane_now *then) {
+static DLSYNC__INLINE dlsync_status row_two_graphs(dlsync_context *ctx, pool_pick *pk,
+                                                   dlsync__lane_now *first,
+                                                   dlsync__lane_now *then) {
   dlsync_status st = DLSYNC_SUCCESS;
   CUevent ev = NULL;
   dlsync__lane_now *lanes[2];
@@ -487,8 +489,9 @@ cleanup:
  * by an external record (one call where a node added by hand takes two, and
  * no dependency array handed over, so none read again; the driver takes any
  * pooled event there, as rule R13's probe saw). */
-static dlsync_status row_capture_to_built(dlsync_context *ctx, pool_pick *pk,
-                                          dlsync__lane_now *first, dlsync__lane_now *then) {
+static DLSYNC__INLINE dlsync_status row_capture_to_built(dlsync_context *ctx, pool_pick *pk,
+                                                         dlsync__lane_now *first,
+                                                         dlsync__lane_now *then) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ctx->drv;
   CUevent ev = NULL;
@@ -568,10 +571,13 @@ static DLSYNC__INLINE dlsync__row classify_now(dlsync__op op, const dlsync__lane
   return dlsync__table_classify(&in);
 }
 
-/* The table: classify, then carry out the row. */
-static dlsync_status order_now(dlsync_context *ctx, dlsync__op op, pool_pick *pk,
-                               dlsync__lane_now *first, dlsync__lane_now *then, bool first_pending,
-                               dlsync__row *row_out) {
+/* The table: classify, then carry out the row. Inline into the graph
+ * lanes' path (order_graph_fast), where the op is known; order_now below
+ * for the general path. */
+static DLSYNC__INLINE dlsync_status order_now_inline(dlsync_context *ctx, dlsync__op op,
+                                                     pool_pick *pk, dlsync__lane_now *first,
+                                                     dlsync__lane_now *then, bool first_pending,
+                                                     dlsync__row *row_out) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__row row = classify_now(op, first, then, first_pending);
   *row_out = row;
@@ -628,6 +634,12 @@ cleanup:
   if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
     trace_row(op, row, first, then, st);
   return st;
+}
+
+static DLSYNC__NOINLINE dlsync_status order_now(dlsync_context *ctx, dlsync__op op, pool_pick *pk,
+                                                dlsync__lane_now *first, dlsync__lane_now *then,
+                                                bool first_pending, dlsync__row *row_out) {
+  return order_now_inline(ctx, op, pk, first, then, first_pending, row_out);
 }
 
 /* Checks both lanes and reads their states; *same when they are one stream
@@ -1113,7 +1125,7 @@ static DLSYNC__NOINLINE bool order_graph_fast(dlsync_context *ctx, dlsync__threa
   if (then->kind == DLSYNC_LANE_GRAPH)
     dlsync__lane_read_built(&b, then, "then");
   /* The table's row and its function, as on the general path. */
-  *st = order_now(ctx, DLSYNC__OP_ORDER, &pk, &a, &b, false, &row);
+  *st = order_now_inline(ctx, DLSYNC__OP_ORDER, &pk, &a, &b, false, &row);
   return true;
 }
 
@@ -1320,6 +1332,15 @@ static bool plain_stream_lane(const dlsync_lane *l) {
   return l != NULL && l->kind == DLSYNC_LANE_STREAM && l->graph == NULL;
 }
 
+/* dlsync_order's fast_pre: nothing read yet, the graph rows on. */
+static DLSYNC__INLINE void order_pre_init(fast_pre *pre, dlsync_lane *first, dlsync_lane *then) {
+  pre->first = first;
+  pre->then = then;
+  pre->have = false;
+  pre->graph_rows = true;
+  pre->ex = NULL;
+}
+
 dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane *then) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__thread *t;
@@ -1329,13 +1350,9 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
   if (ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_order: ctx is NULL");
   fast_pre pre;
-  pre.first = first;
-  pre.then = then;
-  pre.have = false;
-  pre.graph_rows = true;
-  pre.ex = NULL;
   if (plain_stream_lane(first) && plain_stream_lane(then)) {
     t = dlsync__thread_get();
+    order_pre_init(&pre, first, then);
     if (order_fast(t, ctx, first->stream, then->stream,
                    t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, &ROLES_ORDER, &st,
                    &pre))
@@ -1344,6 +1361,7 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
     t = dlsync__thread_get();
     if (order_graph_fast(ctx, t, first, then, &st))
       return st;
+    order_pre_init(&pre, first, then); /* nothing read */
   }
   DLSYNC_TRY(order_lanes(ctx, DLSYNC__OP_ORDER, first, "first", then, "then", &pre.opened, pre.have,
                          &pool, &same));
