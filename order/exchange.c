@@ -693,7 +693,8 @@ cleanup:
  * carry it out (a capture of `first` that is invalidated fails the record,
  * which says so); tests/test_decision_table.c checks that both rows are
  * plain. `query` says which streams to ask about: FAST_QUERY_THEN (its
- * status; when it captures, both in full; FAST_QUERY_THEN_FULL: its full
+ * status; when it captures, it in full and `first` too, or only first's
+ * status while t->first_capture says it is eager; FAST_QUERY_THEN_FULL: its full
  * query at once, the cheaper order while this thread's begins find
  * capturing consumers, noted in t->then_capture), both
  * (FAST_QUERY_BOTH: both eager, or both in one capture, SAME_CAPTURE, as at
@@ -738,7 +739,8 @@ typedef struct fast_pre {
   dlsync__lanes_opened opened; /* .a: first, .b: then */
 } fast_pre;
 
-/* dlsync_order, both lanes read in full and not plain: the table's rows
+/* dlsync_order, both lanes read (then's in full, first's in full or, eager,
+ * by its status) and not plain: the table's rows
  * that two stream lanes make and a graph takes part in (EAGER_TO_CAPTURE,
  * TWO_CAPTURES) are carried out here, with the memo's pool, checked as the
  * general path checks it (the same row functions); the general path takes
