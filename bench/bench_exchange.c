@@ -337,7 +337,7 @@ static void noop_destructor(void *p) {
 
 /* What dlsync pays to tie the i-th event of a batch to built graphs (and to
  * a capture's graph, when the other lane is built): a retain by each graph
- * of one user object, made for every DLSYNC__HOLD_RESERVE events and let go
+ * of one user object, made for every DLSYNC__BUILT_BATCH events and let go
  * by its maker once they are used (a thread's batch, graph/). A capture's
  * graph (cap, or NULL) retains it once per batch. */
 static CUuserObject floor_uo;
@@ -347,7 +347,7 @@ static CUuserObject floor_uo;
 static CUgraph row_capture_graph;
 
 static void own_by(CUgraph *g, int n, CUgraph cap, int i) {
-  if (i % DLSYNC__HOLD_RESERVE == 0) {
+  if (i % DLSYNC__BUILT_BATCH == 0) {
     CHECK(D->UserObjectCreate(&floor_uo, NULL, noop_destructor, 1,
                               CU_USER_OBJECT_NO_DESTRUCTOR_SYNC) == CUDA_SUCCESS,
           "user object");
@@ -356,7 +356,7 @@ static void own_by(CUgraph *g, int n, CUgraph cap, int i) {
   }
   for (int k = 0; k < n; k++)
     CHECK(D->GraphRetainUserObject(g[k], floor_uo, 1, 0) == CUDA_SUCCESS, "retain");
-  if (i % DLSYNC__HOLD_RESERVE == DLSYNC__HOLD_RESERVE - 1 || i == K_ROWS - 1)
+  if (i % DLSYNC__BUILT_BATCH == DLSYNC__BUILT_BATCH - 1 || i == K_ROWS - 1)
     CHECK(D->UserObjectRelease(floor_uo, 1) == CUDA_SUCCESS, "release");
 }
 

@@ -425,9 +425,9 @@ static void finish(world *w) {
    * destroy, below), and at most 7 unused per pool. */
   unused = dlsync__graph_built_unused(&w->ctx->pools);
   batch = dlsync__graph_built_held(&w->ctx->pools);
-  check(unused <= (DLSYNC__HOLD_RESERVE - 1) * DLSYNC__BUILT_MEMOS,
+  check(unused <= (DLSYNC__BUILT_BATCH - 1) * DLSYNC__BUILT_MEMOS,
         "a thread keeps at most 7 unused events per pool");
-  check(batch <= DLSYNC__HOLD_RESERVE * DLSYNC__BUILT_MEMOS && unused <= batch,
+  check(batch <= DLSYNC__BUILT_BATCH * DLSYNC__BUILT_MEMOS && unused <= batch,
         "an open batch holds at most 8 events per pool");
   check(ps.graph_owned == batch,
         "no event still held by a graph or fence (but the thread's open batch)");

@@ -381,14 +381,14 @@ static DLSYNC__COLD dlsync_status built_out_of_memory(void) {
 }
 
 /* A new batch for m: a hold of as many events as the thread has taken so
- * far (at least one, at most DLSYNC__HOLD_RESERVE; only one while the
+ * far (at least one, at most DLSYNC__BUILT_BATCH; only one while the
  * thread-exit hook that would close it is not set), and the user object that
  * holds it, the thread's reference kept. */
 static DLSYNC__NOINLINE dlsync_status built_open(built_memo *m, graph_thread *gt,
                                                  const dlsync__pools *ps, dlsync__pool *pool) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ps->drv;
-  CUevent got[DLSYNC__HOLD_RESERVE];
+  CUevent got[DLSYNC__BUILT_BATCH];
   size_t n = 0, want = 1;
   dlsync__hold *h = NULL;
   uint64_t life = 0;
@@ -402,7 +402,7 @@ static DLSYNC__NOINLINE dlsync_status built_open(built_memo *m, graph_thread *gt
     gt->built_keyed = atomic_load(&built_key_ok) && pthread_setspecific(built_key, gt) == 0;
   }
   if (gt->built_keyed && m->taken > 1)
-    want = m->taken < DLSYNC__HOLD_RESERVE ? m->taken : DLSYNC__HOLD_RESERVE;
+    want = m->taken < DLSYNC__BUILT_BATCH ? m->taken : DLSYNC__BUILT_BATCH;
   DLSYNC_TRY(dlsync__hold_new(&h, &life, pool));
   DLSYNC_TRY(dlsync__hold_take_some(got, want, &n, pool, h, life)); /* a new hold: never stale */
   box->destroy = hold_destroy;
@@ -424,7 +424,7 @@ static DLSYNC__NOINLINE dlsync_status built_open(built_memo *m, graph_thread *gt
     m->reserve[j] = got[n - 1 - j];
   m->nreserve = (unsigned)n;
   m->size = (unsigned)n;
-  m->taken = m->taken + n < DLSYNC__HOLD_RESERVE ? m->taken + (unsigned)n : DLSYNC__HOLD_RESERVE;
+  m->taken = m->taken + n < DLSYNC__BUILT_BATCH ? m->taken + (unsigned)n : DLSYNC__BUILT_BATCH;
 cleanup:
   if (h != NULL)
     dlsync__hold_release(h); /* its events back to the pool */

@@ -41,10 +41,10 @@ static void assert_message_has(const char *what) {
 }
 
 /* The size of a thread's i-th batch (from 0) for one pool whose free list
- * has enough events: 1, 1, 2, 4, then DLSYNC__HOLD_RESERVE each time. */
+ * has enough events: 1, 1, 2, 4, then DLSYNC__BUILT_BATCH each time. */
 static size_t batch_size(size_t i) {
   static const size_t first[] = {1, 1, 2, 4};
-  return i < 4 ? first[i] : DLSYNC__HOLD_RESERVE;
+  return i < 4 ? first[i] : DLSYNC__BUILT_BATCH;
 }
 
 /* How many batches k orders of a fresh thread memo open (*unused: the
@@ -121,7 +121,7 @@ static CUuserObject open_batch(void) {
   return m != NULL ? m->uo : NULL;
 }
 
-/* The thread's memo brought to batches of DLSYNC__HOLD_RESERVE (1, 1, 2
+/* The thread's memo brought to batches of DLSYNC__BUILT_BATCH (1, 1, 2
  * and 4 events, all used, into a graph then destroyed): the next order
  * opens a batch of 8. */
 static void batches_at_full_size(void) {
@@ -184,7 +184,7 @@ static void built_orders_take_events_in_growing_batches(void **state) {
     assert_int_equal(unused_now(), unused);
     assert_int_equal(graph_owned_now(), k + unused);
     assert_true(unused <= k);
-    assert_true(unused < DLSYNC__HOLD_RESERVE);
+    assert_true(unused < DLSYNC__BUILT_BATCH);
     assert_int_equal(fake_live_user_objects(), opened); /* the graph holds every batch */
     for (size_t i = 0; i < sizeof at / sizeof at[0]; i++)
       if (at[i] == k)
@@ -194,7 +194,7 @@ static void built_orders_take_events_in_growing_batches(void **state) {
   assert_true(wait_events_distinct(b.g, N));
   destroy_graph(b.g);
   /* The open batch comes back whole: its used event too. */
-  assert_int_equal(graph_owned_now(), DLSYNC__HOLD_RESERVE);
+  assert_int_equal(graph_owned_now(), DLSYNC__BUILT_BATCH);
   assert_int_equal(unused_now(), unused);
   assert_int_equal(fake_live_user_objects(), 1);
   dlsync__graph_built_close(&ctx->pools);
@@ -289,12 +289,12 @@ static void each_order_retains_even_into_the_same_graph(void **state) {
   }
   assert_int_equal(fake_call_count("cuUserObjectCreate"), 1);
   assert_ptr_equal(open_batch(), uo);
-  assert_int_equal(unused_now(), DLSYNC__HOLD_RESERVE - N);
+  assert_int_equal(unused_now(), DLSYNC__BUILT_BATCH - N);
   /* The graph destroyed: its N references gone, the thread's left. */
   old = b.g;
   destroy_graph(b.g);
   assert_int_equal(fake_user_object_refs(uo), 1);
-  assert_int_equal(graph_owned_now(), DLSYNC__HOLD_RESERVE);
+  assert_int_equal(graph_owned_now(), DLSYNC__BUILT_BATCH);
   /* A new graph with the old handle (the fake reuses the last freed). */
   built_make(&again);
   assert_ptr_equal(again.g, old);
@@ -305,7 +305,7 @@ static void each_order_retains_even_into_the_same_graph(void **state) {
   dlsync__graph_built_close(&ctx->pools);
   fake_run_destructors();
   assert_int_equal(fake_user_object_refs(uo), 1); /* the new graph's */
-  assert_int_equal(graph_owned_now(), DLSYNC__HOLD_RESERVE);
+  assert_int_equal(graph_owned_now(), DLSYNC__BUILT_BATCH);
   destroy_graph(again.g);
   assert_int_equal(graph_owned_now(), 0);
   assert_int_equal(fake_live_user_objects(), 0);
@@ -370,7 +370,7 @@ static void capture_graph_retains_once_per_capture_and_batch(void **state) {
     assert_int_equal(fake_call_count("cuUserObjectCreate"), opened);
     assert_int_equal(unused_now(), unused);
   }
-  assert_int_equal(unused, DLSYNC__HOLD_RESERVE - 1);
+  assert_int_equal(unused, DLSYNC__BUILT_BATCH - 1);
   retains = fake_call_count("cuGraphRetainUserObject");
   assert_int_equal(retains, K1 + 6);
   g1 = end_capture_ok(P);
@@ -384,20 +384,20 @@ static void capture_graph_retains_once_per_capture_and_batch(void **state) {
   assert_int_equal(dlsync_order(ctx, &lp, &b.lane), DLSYNC_SUCCESS); /* CAPTURE_TO_BUILT */
   assert_int_equal(fake_call_count("cuGraphRetainUserObject"), retains + 4);
   assert_int_equal(fake_call_count("cuUserObjectCreate"), 6);
-  assert_int_equal(unused_now(), DLSYNC__HOLD_RESERVE - 4);
+  assert_int_equal(unused_now(), DLSYNC__BUILT_BATCH - 4);
   g2 = end_capture_ok(P);
   assert_int_equal(fake_graph_count_nodes(g2, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 2);
   assert_int_equal(fake_graph_count_nodes(g2, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 1);
   assert_int_equal(fake_graph_count_nodes(b.g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), K1 + 2);
   assert_int_equal(fake_graph_count_nodes(b.g, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 1);
-  assert_int_equal(graph_owned_now(), 16 + DLSYNC__HOLD_RESERVE);
+  assert_int_equal(graph_owned_now(), 16 + DLSYNC__BUILT_BATCH);
   destroy_graph(g1);
-  assert_int_equal(graph_owned_now(), 16 + DLSYNC__HOLD_RESERVE); /* the built graph's */
+  assert_int_equal(graph_owned_now(), 16 + DLSYNC__BUILT_BATCH); /* the built graph's */
   destroy_graph(b.g);
   /* the open batch, which g2 and the thread hold */
-  assert_int_equal(graph_owned_now(), DLSYNC__HOLD_RESERVE);
+  assert_int_equal(graph_owned_now(), DLSYNC__BUILT_BATCH);
   destroy_graph(g2);
-  assert_int_equal(graph_owned_now(), DLSYNC__HOLD_RESERVE); /* the thread's */
+  assert_int_equal(graph_owned_now(), DLSYNC__BUILT_BATCH); /* the thread's */
   dlsync__graph_built_close(&ctx->pools);
   fake_run_destructors();
   assert_int_equal(graph_owned_now(), 0);
@@ -738,7 +738,7 @@ static void retain_failing_mid_batch_leaves_the_lane(void **state) {
   batches_at_full_size();
   built_make(&b);
   orders_into(ctx, &b, 2);
-  assert_int_equal(unused_now(), DLSYNC__HOLD_RESERVE - 2);
+  assert_int_equal(unused_now(), DLSYNC__BUILT_BATCH - 2);
   frontier = b.lane.deps[0];
   fake_log_reset();
   fake_fail_nth("cuGraphRetainUserObject", 1, CUDA_ERROR_UNKNOWN);
@@ -751,18 +751,18 @@ static void retain_failing_mid_batch_leaves_the_lane(void **state) {
   assert_int_equal(b.lane.ndeps, 1);
   assert_ptr_equal(b.lane.deps[0], frontier);
   assert_int_equal(fake_graph_count_nodes(b.g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 2);
-  assert_int_equal(unused_now(), DLSYNC__HOLD_RESERVE - 3);
-  assert_int_equal(graph_owned_now(), DLSYNC__HOLD_RESERVE);
+  assert_int_equal(unused_now(), DLSYNC__BUILT_BATCH - 3);
+  assert_int_equal(graph_owned_now(), DLSYNC__BUILT_BATCH);
   /* the rest of the batch */
   fake_log_reset();
-  orders_into(ctx, &b, DLSYNC__HOLD_RESERVE - 3);
+  orders_into(ctx, &b, DLSYNC__BUILT_BATCH - 3);
   assert_int_equal(unused_now(), 0);
   assert_int_equal(fake_call_count("cuUserObjectCreate"), 0);
   assert_int_equal(fake_call_count("cuUserObjectRelease"), 1);
   assert_int_equal(fake_graph_count_nodes(b.g, CU_GRAPH_NODE_TYPE_WAIT_EVENT),
-                   DLSYNC__HOLD_RESERVE - 1);
-  assert_true(wait_events_distinct(b.g, DLSYNC__HOLD_RESERVE - 1));
-  assert_int_equal(graph_owned_now(), DLSYNC__HOLD_RESERVE);
+                   DLSYNC__BUILT_BATCH - 1);
+  assert_true(wait_events_distinct(b.g, DLSYNC__BUILT_BATCH - 1));
+  assert_int_equal(graph_owned_now(), DLSYNC__BUILT_BATCH);
   destroy_graph(b.g);
   assert_int_equal(graph_owned_now(), 0);
   assert_int_equal(fake_live_user_objects(), 0);

@@ -1560,15 +1560,26 @@ static bool event_in(CUevent ev, const CUevent *set, size_t n) {
 
 /* A capture's hold takes, for each order that finds the thread's reserve
  * empty, as many free events as the thread has taken for that capture so
- * far (1, 1, 2, 4, then 8 each time), so that it never holds more unused
- * events than it has used; only events already free: fewer when fewer are
- * free, and with none free exactly one, made. Every wait node has its own
- * event, and the graph gives them all back, the unused ones too. */
+ * far (1, 1, 2, 4, ... up to DLSYNC__HOLD_RESERVE each time), so that it
+ * never holds more unused events than it has used; only events already
+ * free: fewer when fewer are free, and with none free exactly one, made.
+ * Every wait node has its own event, and the graph gives them all back, the
+ * unused ones too. */
+_Static_assert((DLSYNC__HOLD_RESERVE & (DLSYNC__HOLD_RESERVE - 1)) == 0,
+               "the test below counts batches that double up to the cap");
+
+/* The smallest power of two at or above k (k >= 1). */
+static size_t pow2_at_least(size_t k) {
+  size_t p = 1;
+  while (p < k)
+    p *= 2;
+  return p;
+}
+
 static void a_capture_takes_its_events_in_growing_batches(void **state) {
-  /* graph_owned after k orders into a capture, the pool warm */
-  static const size_t owned_after[] = {0,  1,  2,  4,  4,  8,  8,  8,  8,
-                                       16, 16, 16, 16, 16, 16, 16, 16, 24};
-  enum { FREE = 37, N = 40 };
+  /* Batches 1, 1, 2, 4, ..., CAP take 2 CAP events in all; then one more
+   * batch wants CAP and finds only 5 free. */
+  enum { CAP = DLSYNC__HOLD_RESERVE, FREE = 2 * CAP + 5, N = FREE + 3 };
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync__pool_stats before, after;
   CUevent evs[N + 1];
@@ -1595,11 +1606,9 @@ static void a_capture_takes_its_events_in_growing_batches(void **state) {
     size_t owned;
     assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
     owned = graph_owned_now();
-    if (k < sizeof owned_after / sizeof owned_after[0])
-      assert_int_equal(owned, owned_after[k]);
-    else if (k <= 32) /* 8 more at the 25th */
-      assert_int_equal(owned, k <= 24 ? 24 : 32);
-    else if (k <= FREE) /* the 33rd wants 8, 5 are free: those */
+    if (k <= 2 * CAP) /* the k-th order took a batch at 1, 2, 3, 5, 9, ... */
+      assert_int_equal(owned, pow2_at_least(k));
+    else if (k <= FREE) /* the next one wants CAP, 5 are free: those */
       assert_int_equal(owned, FREE);
     else /* none free: exactly one made each time, nothing kept */
       assert_int_equal(owned, k);
@@ -1667,12 +1676,12 @@ static void a_reserved_event_is_never_free_at_the_same_time(void **state) {
   uint64_t id;
   CUgraph g;
   (void)state;
-  id = orders_into_a_new_capture(N, NULL); /* 24 taken: 20 used, 4 kept */
+  id = orders_into_a_new_capture(N, NULL); /* 1, 1, 2, 4, 8, 16 taken: 20 used, 12 kept */
   g = end_capture_ok(C);
   assert_int_equal(wait_events_of(g, held, N), N);
   m = reserve_memo(pool, id);
   assert_non_null(m);
-  assert_int_equal(m->nreserve, 4);
+  assert_int_equal(m->nreserve, 12);
   assert_true(dlsync__hold_live(m->hold, m->life)); /* the graph still holds it */
   nheld = N;
   for (unsigned i = 0; i < m->nreserve; i++)

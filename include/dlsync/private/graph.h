@@ -108,9 +108,14 @@ dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_eve
  * capture so far (one, one, two, four, ...), at most DLSYNC__HOLD_RESERVE,
  * so a capture holds events it does not use (they come back with its graph
  * like the others) only once it has used more: at most
- * DLSYNC__HOLD_RESERVE - 1 per thread, and never more than it used. */
+ * DLSYNC__HOLD_RESERVE - 1 per thread, and never more than it used. The cap
+ * is larger than a built batch's (DLSYNC__BUILT_BATCH) because what a
+ * capture keeps back is bounded by what it used, whatever the cap: its
+ * unused events go with its one graph, which holds the used ones anyway. A
+ * larger cap only makes the lock (and the refill's bookkeeping) rarer on a
+ * capture with many orders. */
 #define DLSYNC__HOLD_MEMOS 4
-#define DLSYNC__HOLD_RESERVE 8
+#define DLSYNC__HOLD_RESERVE 32
 
 typedef struct dlsync__hold_memo {
   const dlsync__pool *pool;
@@ -128,7 +133,7 @@ typedef struct dlsync__hold_memo {
 /* ---- the events of built graphs: one batch per thread and pool ----
  * Every event dlsync puts into a graph built by hand (and into a capture's
  * graph, when the other lane is built) belongs to the thread's open batch of
- * its pool: a hold (event/) of up to DLSYNC__HOLD_RESERVE events, taken
+ * its pool: a hold (event/) of up to DLSYNC__BUILT_BATCH events, taken
  * under one lock, and one user object that holds it, of which the thread
  * keeps a reference while the batch has events left. An order takes the
  * next event with no lock and no allocation; each graph it goes into
@@ -140,9 +145,12 @@ typedef struct dlsync__hold_memo {
  * are gone. A graph handle can name a new graph once the old one is
  * destroyed, so each order retains again: a graph is never trusted to hold
  * the object already. Batches grow like a capture's reserve (1, 1, 2, 4,
- * then 8): a thread keeps at most DLSYNC__HOLD_RESERVE - 1 events it has
- * not used per memo, and never more than it has used. */
+ * then 8): a thread keeps at most DLSYNC__BUILT_BATCH - 1 events it has
+ * not used per memo, and never more than it has used. The cap stays small:
+ * a batch's events come back only once every graph that took one of them is
+ * gone, so one long-lived graph keeps back its whole batch. */
 #define DLSYNC__BUILT_MEMOS 2
+#define DLSYNC__BUILT_BATCH 8
 
 typedef struct dlsync__built_memo {
   const dlsync__pool *pool; /* NULL: free */
@@ -154,10 +162,10 @@ typedef struct dlsync__built_memo {
   void *box;           /* uo's destructor and its argument (graph.c) */
   uint64_t capture_id; /* a capture whose graph retains uo already; 0: none */
   unsigned nreserve;   /* events of the batch not used yet: reserve[0..nreserve) */
-  unsigned taken;      /* events taken so far, up to DLSYNC__HOLD_RESERVE: the next batch's size */
+  unsigned taken;      /* events taken so far, up to DLSYNC__BUILT_BATCH: the next batch's size */
   bool retained;       /* a graph has retained uo */
   unsigned size;       /* events the open batch took (used or not) */
-  CUevent reserve[DLSYNC__HOLD_RESERVE]; /* the next one last */
+  CUevent reserve[DLSYNC__BUILT_BATCH]; /* the next one last */
 } dlsync__built_memo;
 
 typedef struct DLSYNC__MAY_ALIAS dlsync__graph_thread {
