@@ -1577,9 +1577,10 @@ static size_t pow2_at_least(size_t k) {
 }
 
 static void a_capture_takes_its_events_in_growing_batches(void **state) {
-  /* Batches 1, 1, 2, 4, ..., CAP take 2 CAP events in all; then one more
-   * batch wants CAP and finds only 5 free. */
-  enum { CAP = DLSYNC__HOLD_RESERVE, FREE = 2 * CAP + 5, N = FREE + 3 };
+  /* Batches 1, 1, 2, 4, ..., CAP take 2 CAP events in all; the next takes
+   * CAP (the cap: it has taken 2 CAP so far); the one after wants CAP and
+   * finds only 5 free. */
+  enum { CAP = DLSYNC__HOLD_RESERVE, FREE = 3 * CAP + 5, N = FREE + 3 };
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync__pool_stats before, after;
   CUevent evs[N + 1];
@@ -1608,6 +1609,8 @@ static void a_capture_takes_its_events_in_growing_batches(void **state) {
     owned = graph_owned_now();
     if (k <= 2 * CAP) /* the k-th order took a batch at 1, 2, 3, 5, 9, ... */
       assert_int_equal(owned, pow2_at_least(k));
+    else if (k <= 3 * CAP) /* one batch of CAP, not of the 2 CAP taken so far */
+      assert_int_equal(owned, 3 * CAP);
     else if (k <= FREE) /* the next one wants CAP, 5 are free: those */
       assert_int_equal(owned, FREE);
     else /* none free: exactly one made each time, nothing kept */
