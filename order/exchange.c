@@ -1352,15 +1352,14 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
   if (ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_order: ctx is NULL");
   fast_pre pre;
+  t = dlsync__thread_get();
   if (plain_stream_lane(first) && plain_stream_lane(then)) {
-    t = dlsync__thread_get();
     order_pre_init(&pre, first, then);
     if (order_fast(t, ctx, first->stream, then->stream,
                    t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, &ROLES_ORDER, &st,
                    &pre))
       return st;
   } else {
-    t = dlsync__thread_get();
     if (order_graph_fast(ctx, t, first, then, &st))
       return st;
     order_pre_init(&pre, first, then); /* nothing read */
