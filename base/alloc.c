@@ -8,7 +8,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dlsync/private/base.h"
+#include "base/base.h"
 
 /* Allocations left before the one that fails; 0: none armed. */
 static atomic_uint fail_countdown;

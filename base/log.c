@@ -18,7 +18,7 @@
 #include <sys/syscall.h>
 #include <unistd.h>
 
-#include "dlsync/private/base.h"
+#include "base/base.h"
 
 atomic_int dlsync__log_level_ = -1;
 

@@ -5,7 +5,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "dlsync/private/base.h"
+#include "base/base.h"
 #include "dlsync/version.h"
 
 #define DLSYNC__MESSAGE_MAX 512

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* The calling thread's block (private/base.h): one thread-local object whose
+/* The calling thread's block (base/base.h): one thread-local object whose
  * slots belong to the modules above. */
-#include "dlsync/private/base.h"
+#include "base/base.h"
 
 static _Thread_local dlsync__thread hot;
 

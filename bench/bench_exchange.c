@@ -17,7 +17,7 @@
 #include <unistd.h>
 
 #include "../tests/gpu/gpu_common.h"
-#include "dlsync/private/table.h"
+#include "order/table.h"
 
 #define OPS 5000
 #define BATCHES 9

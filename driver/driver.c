@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA driver table: libcuda.so.1 loaded with dlopen, each entry point
  * resolved once with cuGetProcAddress at the ABI version pinned in
- * include/dlsync/private/driver.h. This file is the only one that knows how
+ * include/driver/driver.h. This file is the only one that knows how
  * libcuda is found. */
 #include <dlfcn.h>
 #include <stdarg.h>
@@ -10,7 +10,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dlsync/private/driver.h"
+#include "driver/driver.h"
 
 const dlsync__driver_entry_info dlsync__driver_entries[DLSYNC__DRIVER_ENTRY_COUNT] = {
 #define DLSYNC__DRIVER_INFO(name, pfn, ver, need) \

@@ -11,7 +11,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dlsync/private/event.h"
+#include "event/event.h"
 
 struct dlsync__pool {
   dlsync__pool *next; /* in the context's list; fixed once published */

@@ -33,7 +33,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "dlsync/private/internal.h"
+#include "order/internal.h"
 #include "fake/fake_driver.h"
 
 int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);

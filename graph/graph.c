@@ -5,7 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dlsync/private/graph.h"
+#include "graph/graph.h"
 
 /* What a user object owns: the caller's destructor and pointer, run once.
  * When cuUserObjectRelease fails on an error path (so no graph, and no

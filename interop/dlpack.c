@@ -1,10 +1,10 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* DLPack: tensor fields dlsync reads, and __dlpack__ stream values.
- * include/dlsync/dlpack.h has the contract; private/dlpack_abi.h the layout. */
+ * include/dlsync/dlpack.h has the contract; interop/dlpack_abi.h the layout. */
 #include <string.h>
 
-#include "dlsync/private/dlpack_abi.h"
-#include "dlsync/private/order.h"
+#include "interop/dlpack_abi.h"
+#include "order/order.h"
 
 typedef void (*deleter_fn)(struct DLManagedTensorVersioned *self);
 

@@ -11,9 +11,9 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dlsync/private/dlpack_abi.h"
-#include "dlsync/private/env_hooks.h"
-#include "dlsync/private/order.h"
+#include "interop/dlpack_abi.h"
+#include "interop/env_hooks.h"
+#include "order/order.h"
 
 #define ENV_FIRST_CAPACITY 8u
 /* prev_api links followed before giving up (a cycle, or a very long chain). */

@@ -4,7 +4,7 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dlsync/private/order.h"
+#include "order/order.h"
 
 uint32_t dlsync__capabilities_of(const dlsync__driver *d) {
   uint32_t caps = 0;

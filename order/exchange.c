@@ -6,8 +6,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dlsync/private/order.h"
-#include "dlsync/private/table.h"
+#include "order/order.h"
+#include "order/table.h"
 
 /* The identity of a lane's graph: the capture id, or the built graph. */
 typedef struct domain {
@@ -263,7 +263,7 @@ cleanup:
   return st;
 }
 
-/* ---- one function per row (include/dlsync/private/table.h) ----
+/* ---- one function per row (include/order/table.h) ----
  * `first` and `then` have been read (dlsync__lane_read); pk is the pool the
  * event comes from. */
 

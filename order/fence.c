@@ -4,8 +4,8 @@
 #include <stdlib.h>
 #include <string.h>
 
-#include "dlsync/private/order.h"
-#include "dlsync/private/table.h"
+#include "order/order.h"
+#include "order/table.h"
 
 struct dlsync_fence {
   atomic_uint refs; /* 0: released (the memory waits in the free list) */

@@ -19,8 +19,8 @@
 #include <string.h>
 #include <unistd.h>
 
-#include "dlsync/private/hwloc.h"
-#include "dlsync/private/order.h"
+#include "driver/hwloc.h"
+#include "order/order.h"
 
 struct dlsync__release_book {
   atomic_uint refs; /* the context's + one per pending release */

@@ -3,7 +3,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "dlsync/private/stream.h"
+#include "stream/stream.h"
 
 dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role) {
   if (lane == NULL)

@@ -6,7 +6,7 @@
 #ifndef DLSYNC_TESTS_FIXTURE_H
 #define DLSYNC_TESTS_FIXTURE_H
 
-#include "dlsync/private/internal.h"
+#include "order/internal.h"
 #include "fake/fake_driver.h"
 
 static const dlsync__driver *D;

@@ -9,7 +9,7 @@
 
 #include <cmocka.h>
 
-#include "dlsync/private/internal.h"
+#include "order/internal.h"
 #include "fake/fake_driver.h"
 
 static int setup(void **state) {

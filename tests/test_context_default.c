@@ -18,7 +18,7 @@
 
 #include <cmocka.h>
 
-#include "dlsync/private/internal.h"
+#include "order/internal.h"
 
 /* The controls of the fake inside libcuda.so.1 (fake/fake_libcuda.c). */
 static struct {

@@ -12,7 +12,7 @@
 
 #include <cmocka.h>
 
-#include "dlsync/private/table.h"
+#include "order/table.h"
 #include "fixture.h"
 
 static char log_path[4096];

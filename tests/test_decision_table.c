@@ -10,7 +10,7 @@
 
 #include <cmocka.h>
 
-#include "dlsync/private/table.h"
+#include "order/table.h"
 
 enum { E, C, B }; /* eager, capturing, built: indices of the tables below */
 

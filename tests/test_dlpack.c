@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "dlsync/private/dlpack_abi.h"
+#include "interop/dlpack_abi.h"
 #include "fixture.h"
 
 static bool contains(const char *s, const char *part) {

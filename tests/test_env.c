@@ -14,9 +14,9 @@
 
 #include <cmocka.h>
 
-#include "dlsync/private/dlpack_abi.h"
-#include "dlsync/private/env_hooks.h"
-#include "dlsync/private/internal.h"
+#include "interop/dlpack_abi.h"
+#include "interop/env_hooks.h"
+#include "order/internal.h"
 
 #define CUDA DLSYNC_DLPACK_DEVICE_CUDA
 #define ROCM DLSYNC_DLPACK_DEVICE_ROCM

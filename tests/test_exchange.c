@@ -13,7 +13,7 @@
 
 #include <cmocka.h>
 
-#include "dlsync/private/table.h"
+#include "order/table.h"
 #include "fixture.h"
 
 /* Two begin/end rounds between the lanes: afterwards the thread knows both

@@ -16,7 +16,7 @@
 
 #include <cmocka.h>
 
-#include "dlsync/private/dlpack_abi.h"
+#include "interop/dlpack_abi.h"
 #include "dlsync/version.h"
 #include "fixture.h"
 

@@ -14,7 +14,7 @@
 
 #include <cmocka.h>
 
-#include "dlsync/private/hwloc.h"
+#include "driver/hwloc.h"
 
 static void status_matches_what_the_loader_finds(void **state) {
   const char *what = NULL;

@@ -8,7 +8,7 @@
 
 #include <cmocka.h>
 
-#include "dlsync/private/internal.h"
+#include "order/internal.h"
 
 static void every_status_has_a_name_and_text(void **state) {
   (void)state;

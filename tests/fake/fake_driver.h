@@ -106,7 +106,7 @@
 
 #include <cuda.h>
 
-#include "dlsync/private/driver.h"
+#include "driver/driver.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -15,7 +15,7 @@
 #include <stdio.h>
 #include <string.h>
 
-#include "dlsync/private/dlpack_abi.h"
+#include "interop/dlpack_abi.h"
 
 #define LAYOUT_SAME(real, mirror, field)                                              \
   _Static_assert(offsetof(real, field) == offsetof(mirror, field), #real "." #field); \

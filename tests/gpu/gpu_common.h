@@ -9,7 +9,7 @@
 #include <string.h>
 #include <time.h>
 
-#include "dlsync/private/internal.h"
+#include "order/internal.h"
 
 #define GPU_SKIP 77
 

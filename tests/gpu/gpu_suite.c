@@ -19,7 +19,7 @@
 #include <stdarg.h>
 #include <stdbool.h>
 
-#include "dlsync/private/table.h"
+#include "order/table.h"
 #include "gpu_common.h"
 
 #define REPLAYS 50

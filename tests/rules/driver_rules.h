@@ -8,7 +8,7 @@
 
 #include <stddef.h>
 
-#include "dlsync/private/driver.h"
+#include "driver/driver.h"
 
 typedef struct driver_rule {
   const char *tag;  /* "R1 JOIN", as in fake_driver.h and fake_driver.c */

@@ -7,9 +7,9 @@
 #include <stdbool.h>
 #include <stdint.h>
 
-#include "dlsync/private/driver.h"
-#include "dlsync/private/event.h"
-#include "dlsync/private/stream.h"
+#include "driver/driver.h"
+#include "event/event.h"
+#include "stream/stream.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -7,12 +7,12 @@
 #define DLSYNC_PRIVATE_INTERNAL_H
 
 #include "dlsync/dlsync.h"
-#include "dlsync/private/base.h"
-#include "dlsync/private/driver.h"
-#include "dlsync/private/event.h"
-#include "dlsync/private/graph.h"
-#include "dlsync/private/order.h"
-#include "dlsync/private/stream.h"
-#include "dlsync/private/table.h"
+#include "base/base.h"
+#include "driver/driver.h"
+#include "event/event.h"
+#include "graph/graph.h"
+#include "order/order.h"
+#include "stream/stream.h"
+#include "order/table.h"
 
 #endif

@@ -17,7 +17,7 @@
 #include <cuda.h>
 #include <cudaTypedefs.h>
 
-#include "dlsync/private/base.h"
+#include "base/base.h"
 #include "dlsync/status.h"
 
 #ifdef __cplusplus

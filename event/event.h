@@ -11,9 +11,9 @@
 #include <stddef.h>
 #include <stdint.h>
 
-#include "dlsync/private/base.h"
-#include "dlsync/private/driver.h"
-#include "dlsync/private/stream.h"
+#include "base/base.h"
+#include "driver/driver.h"
+#include "stream/stream.h"
 
 #ifdef __cplusplus
 extern "C" {

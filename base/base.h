@@ -144,9 +144,9 @@ static inline void dlsync__spin_unlock(atomic_int *l) {
  * block (one access through __tls_get_addr in the shared library). The base
  * holds each module's slot without knowing its type: event/ keeps its
  * stream->pool memo and scratch events in `event` (dlsync__event_thread,
- * private/event.h, which checks that it fits); graph/ the holds of the
+ * event/event.h, which checks that it fits); graph/ the holds of the
  * thread's last captures and its batches of events for built graphs in
- * `graph` (private/graph.h checks it); order/ keeps one
+ * `graph` (graph/graph.h checks it); order/ keeps one
  * free exchange handle in `spare`. */
 #define DLSYNC__THREAD_EVENT_BYTES 400
 #define DLSYNC__THREAD_GRAPH_BYTES 1488

@@ -8,8 +8,8 @@
 #include <stdint.h>
 
 #include "dlsync/lane.h"
-#include "dlsync/private/base.h"
-#include "dlsync/private/driver.h"
+#include "base/base.h"
+#include "driver/driver.h"
 
 #ifdef __cplusplus
 extern "C" {

@@ -9,10 +9,10 @@
 #include <stdint.h>
 
 #include "dlsync/dlsync.h"
-#include "dlsync/private/event.h"
-#include "dlsync/private/graph.h"
-#include "dlsync/private/stream.h"
-#include "dlsync/private/table.h"
+#include "event/event.h"
+#include "graph/graph.h"
+#include "stream/stream.h"
+#include "order/table.h"
 
 #ifdef __cplusplus
 extern "C" {
