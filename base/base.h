@@ -63,9 +63,6 @@ DLSYNC__COLD dlsync_status dlsync__fail_with(dlsync_status status, int driver_re
 DLSYNC__COLD dlsync_status dlsync__fail_result(dlsync_status status, int driver_result,
                                                const char *fmt, ...) DLSYNC__PRINTF(3, 4);
 
-/* Changes the status of the thread's last error, keeping its message. */
-DLSYNC__COLD dlsync_status dlsync__retag(dlsync_status status);
-
 /* ---- allocation (base/alloc.c) ---- */
 
 /* Every allocation of the library goes through these (malloc, calloc,

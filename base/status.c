@@ -107,11 +107,6 @@ dlsync_status dlsync__fail_result(dlsync_status status, int driver_result, const
   return status;
 }
 
-dlsync_status dlsync__retag(dlsync_status status) {
-  last_error.status = status;
-  return status;
-}
-
 unsigned dlsync_version(void) {
   return DLSYNC_VERSION;
 }

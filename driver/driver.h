@@ -172,14 +172,17 @@ DLSYNC__COLD dlsync_status dlsync__fail_driver_as(dlsync_status status, const dl
                                                   CUresult result, const char *call,
                                                   const char *fmt, ...) DLSYNC__PRINTF(5, 6);
 
-/* DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(s, e, 0), "fmt", args...) */
-#define DLSYNC_CU(d, name, expr, ...)                           \
-  do {                                                          \
-    CUresult cu_r_ = (expr);                                    \
-    if (DLSYNC__UNLIKELY(cu_r_ != CUDA_SUCCESS)) {              \
-      st = dlsync__fail_driver((d), cu_r_, #name, __VA_ARGS__); \
-      goto cleanup;                                             \
-    }                                                           \
+/* DLSYNC_CU(d, StreamWaitEvent, (s, e, 0), "fmt", args...): calls
+ * d->StreamWaitEvent(s, e, 0); on failure sets `st` to the failure, named
+ * "cuStreamWaitEvent" in its message (the name comes from the call itself,
+ * so the two cannot drift apart), and jumps to `cleanup`. */
+#define DLSYNC_CU(d, name, args, ...)                                \
+  do {                                                               \
+    CUresult cu_r_ = (d)->name args;                                 \
+    if (DLSYNC__UNLIKELY(cu_r_ != CUDA_SUCCESS)) {                   \
+      st = dlsync__fail_driver((d), cu_r_, "cu" #name, __VA_ARGS__); \
+      goto cleanup;                                                  \
+    }                                                                \
   } while (0)
 
 #ifdef __cplusplus

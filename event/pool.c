@@ -217,8 +217,8 @@ dlsync_status dlsync__pool_check(dlsync__pool **pool, dlsync__pools *ps, CUstrea
                                  const char *role) {
   dlsync_status st = DLSYNC_SUCCESS;
   CUcontext cuctx = NULL;
-  DLSYNC_CU(ps->drv, cuStreamGetCtx, ps->drv->StreamGetCtx(stream, &cuctx),
-            "%s stream %p: finding its CUDA context", role, (void *)stream);
+  DLSYNC_CU(ps->drv, StreamGetCtx, (stream, &cuctx), "%s stream %p: finding its CUDA context", role,
+            (void *)stream);
   if (DLSYNC__LIKELY(*pool != NULL && (*pool)->cuctx == cuctx))
     return DLSYNC_SUCCESS;
   DLSYNC_TRY(dlsync__pool_for_cuctx(pool, ps, cuctx));
@@ -230,7 +230,7 @@ dlsync_status dlsync__pool_for_current(dlsync__pool **out, dlsync__pools *ps, co
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ps->drv;
   CUcontext cur = NULL;
-  DLSYNC_CU(d, cuCtxGetCurrent, d->CtxGetCurrent(&cur), "%s", what);
+  DLSYNC_CU(d, CtxGetCurrent, (&cur), "%s", what);
   if (cur == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
                       "%s, and this thread has no current CUDA context: make the graph's device "
@@ -257,11 +257,11 @@ static DLSYNC__NOINLINE dlsync_status pool_get_new(CUevent *out, dlsync__pool *p
   CUcontext popped = NULL;
   bool pushed = false;
   dlsync__orphans_collect();
-  DLSYNC_CU(d, cuCtxPushCurrent, d->CtxPushCurrent(p->cuctx),
-            "making context %p current to create an event", (void *)p->cuctx);
+  DLSYNC_CU(d, CtxPushCurrent, (p->cuctx), "making context %p current to create an event",
+            (void *)p->cuctx);
   pushed = true;
-  DLSYNC_CU(d, cuEventCreate, d->EventCreate(&ev, CU_EVENT_DISABLE_TIMING),
-            "growing the event pool of context %p", (void *)p->cuctx);
+  DLSYNC_CU(d, EventCreate, (&ev, CU_EVENT_DISABLE_TIMING), "growing the event pool of context %p",
+            (void *)p->cuctx);
   atomic_fetch_add_explicit(&p->created, 1, memory_order_relaxed);
   *out = ev;
   ev = NULL;

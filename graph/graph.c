@@ -55,17 +55,15 @@ static dlsync_status hold_give(const dlsync__driver *d, CUgraph *graphs, int ngr
   *taken = false;
   atomic_flag_clear(&box->ran);
   box->next = NULL;
-  DLSYNC_CU(
-      d, cuUserObjectCreate,
-      d->UserObjectCreate(&uo, box, box_run, (unsigned)ngraphs, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
-      "making an object owned by graph %p", (void *)graphs[0]);
+  DLSYNC_CU(d, UserObjectCreate,
+            (&uo, box, box_run, (unsigned)ngraphs, CU_USER_OBJECT_NO_DESTRUCTOR_SYNC),
+            "making an object owned by graph %p", (void *)graphs[0]);
   /* From here the destructor owns the box: it runs once the references
    * below are all gone, whatever happens next. */
   *taken = true;
   held = (unsigned)ngraphs;
   for (int i = 0; i < ngraphs; i++) {
-    DLSYNC_CU(d, cuGraphRetainUserObject,
-              d->GraphRetainUserObject(graphs[i], uo, 1, CU_GRAPH_USER_OBJECT_MOVE),
+    DLSYNC_CU(d, GraphRetainUserObject, (graphs[i], uo, 1, CU_GRAPH_USER_OBJECT_MOVE),
               "giving an object to graph %p", (void *)graphs[i]);
     held--;
   }

@@ -73,8 +73,8 @@ dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
   }
   lock_made = true;
   ctx->drv = drv;
-  DLSYNC_CU(drv, cuDriverGetVersion, drv->DriverGetVersion(&ctx->driver_version),
-            "asking the driver (%s) for its version", drv->origin != NULL ? drv->origin : "?");
+  DLSYNC_CU(drv, DriverGetVersion, (&ctx->driver_version), "asking the driver (%s) for its version",
+            drv->origin != NULL ? drv->origin : "?");
   ctx->pools.drv = drv;
   ctx->pools.events_kept = (config != NULL && config->events_kept != 0) ? config->events_kept : 64;
   ctx->caps = dlsync__capabilities_of(drv);
@@ -321,7 +321,7 @@ dlsync_status dlsync_device_count(int *out, const dlsync_context *ctx) {
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_device_count: %s is NULL",
                         out == NULL ? "out" : "ctx");
   *out = 0;
-  DLSYNC_CU(ctx->drv, cuDeviceGetCount, ctx->drv->DeviceGetCount(out), "counting devices");
+  DLSYNC_CU(ctx->drv, DeviceGetCount, (out), "counting devices");
 cleanup:
   return st;
 }
@@ -345,23 +345,20 @@ dlsync_status dlsync_device_get_info(dlsync_device_info *info, const dlsync_cont
   tmp.size = sizeof tmp;
   tmp.version = DLSYNC_DEVICE_INFO_VERSION;
   tmp.ordinal = ordinal;
-  DLSYNC_CU(d, cuDeviceGet, d->DeviceGet(&dev, ordinal), "device ordinal %d", ordinal);
-  DLSYNC_CU(d, cuDeviceGetName, d->DeviceGetName(tmp.name, (int)sizeof tmp.name, dev), "device %d",
+  DLSYNC_CU(d, DeviceGet, (&dev, ordinal), "device ordinal %d", ordinal);
+  DLSYNC_CU(d, DeviceGetName, (tmp.name, (int)sizeof tmp.name, dev), "device %d", ordinal);
+  DLSYNC_CU(d, DeviceGetPCIBusId, (tmp.pci_bus_id, (int)sizeof tmp.pci_bus_id, dev), "device %d",
             ordinal);
-  DLSYNC_CU(d, cuDeviceGetPCIBusId,
-            d->DeviceGetPCIBusId(tmp.pci_bus_id, (int)sizeof tmp.pci_bus_id, dev), "device %d",
-            ordinal);
-  DLSYNC_CU(d, cuDeviceGetAttribute,
-            d->DeviceGetAttribute(&tmp.cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
+  DLSYNC_CU(d, DeviceGetAttribute,
+            (&tmp.cc_major, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MAJOR, dev),
             "device %d compute capability", ordinal);
-  DLSYNC_CU(d, cuDeviceGetAttribute,
-            d->DeviceGetAttribute(&tmp.cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
+  DLSYNC_CU(d, DeviceGetAttribute,
+            (&tmp.cc_minor, CU_DEVICE_ATTRIBUTE_COMPUTE_CAPABILITY_MINOR, dev),
             "device %d compute capability", ordinal);
-  DLSYNC_CU(
-      d, cuDeviceGetAttribute,
-      d->DeviceGetAttribute(&tmp.multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
-      "device %d multiprocessors", ordinal);
-  DLSYNC_CU(d, cuDeviceTotalMem, d->DeviceTotalMem(&tmp.total_memory, dev), "device %d", ordinal);
+  DLSYNC_CU(d, DeviceGetAttribute,
+            (&tmp.multiprocessors, CU_DEVICE_ATTRIBUTE_MULTIPROCESSOR_COUNT, dev),
+            "device %d multiprocessors", ordinal);
+  DLSYNC_CU(d, DeviceTotalMem, (&tmp.total_memory, dev), "device %d", ordinal);
   *info = tmp;
 cleanup:
   return st;

@@ -129,8 +129,7 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
   }
   if (l.kind == DLSYNC_LANE_EAGER) {
     f->kind = DLSYNC_FENCE_EAGER;
-    DLSYNC_CU(d, cuEventRecord, d->EventRecord(ev, l.stream), "signalling stream %p",
-              (void *)l.stream);
+    DLSYNC_CU(d, EventRecord, (ev, l.stream), "signalling stream %p", (void *)l.stream);
   } else {
     /* A record node in the lane's graph, which holds the event too. */
     f->kind = l.kind == DLSYNC_LANE_CAPTURING ? DLSYNC_FENCE_CAPTURED : DLSYNC_FENCE_BUILT;
@@ -172,8 +171,7 @@ static dlsync_status capture_active(bool *active, const dlsync_fence *f) {
                       "that thread, or signal on an explicit stream");
     goto cleanup;
   }
-  DLSYNC_CU(d, cuStreamGetCaptureInfo,
-            d->StreamGetCaptureInfo(f->stream, &cs, &id, NULL, NULL, NULL, NULL),
+  DLSYNC_CU(d, StreamGetCaptureInfo, (f->stream, &cs, &id, NULL, NULL, NULL, NULL),
             "stream %p, on which fence %p was signalled", (void *)f->stream, (const void *)f);
   *active = cs != CU_STREAM_CAPTURE_STATUS_NONE && id == f->capture_id;
 cleanup:
@@ -192,7 +190,7 @@ static dlsync_status in_graph(bool *found, const dlsync_fence *f, CUgraph g) {
   *found = false;
   if (g != f->graph)
     return DLSYNC_SUCCESS;
-  DLSYNC_CU(d, cuGraphGetNodes, d->GraphGetNodes(g, NULL, &n), "graph %p", (void *)g);
+  DLSYNC_CU(d, GraphGetNodes, (g, NULL, &n), "graph %p", (void *)g);
   if (n == 0)
     goto cleanup;
   nodes = dlsync__malloc(n * sizeof *nodes);
@@ -200,17 +198,16 @@ static dlsync_status in_graph(bool *found, const dlsync_fence *f, CUgraph g) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_fence_wait: out of memory");
     goto cleanup;
   }
-  DLSYNC_CU(d, cuGraphGetNodes, d->GraphGetNodes(g, nodes, &n), "graph %p", (void *)g);
+  DLSYNC_CU(d, GraphGetNodes, (g, nodes, &n), "graph %p", (void *)g);
   for (size_t i = 0; i < n && !*found; i++) {
     CUgraphNodeType type;
     CUevent ev = NULL;
     if (nodes[i] != f->node)
       continue;
-    DLSYNC_CU(d, cuGraphNodeGetType, d->GraphNodeGetType(nodes[i], &type), "graph %p", (void *)g);
+    DLSYNC_CU(d, GraphNodeGetType, (nodes[i], &type), "graph %p", (void *)g);
     if (type != CU_GRAPH_NODE_TYPE_EVENT_RECORD)
       break;
-    DLSYNC_CU(d, cuGraphEventRecordNodeGetEvent, d->GraphEventRecordNodeGetEvent(nodes[i], &ev),
-              "graph %p", (void *)g);
+    DLSYNC_CU(d, GraphEventRecordNodeGetEvent, (nodes[i], &ev), "graph %p", (void *)g);
     *found = ev == f->he->event;
   }
 cleanup:
@@ -254,8 +251,8 @@ cleanup:
 static dlsync_status wait_eager(dlsync_fence *f, const dlsync__lane_now *l) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = f->ctx->drv;
-  DLSYNC_CU(d, cuStreamWaitEvent, d->StreamWaitEvent(l->stream, f->he->event, 0),
-            "waiting stream %p on fence %p", (void *)l->stream, (void *)f);
+  DLSYNC_CU(d, StreamWaitEvent, (l->stream, f->he->event, 0), "waiting stream %p on fence %p",
+            (void *)l->stream, (void *)f);
 cleanup:
   return st;
 }
@@ -273,9 +270,8 @@ static dlsync_status wait_refused(const dlsync_fence *f, const dlsync__lane_now 
 static dlsync_status wait_same_capture(dlsync_fence *f, const dlsync__lane_now *l) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = f->ctx->drv;
-  DLSYNC_CU(d, cuStreamUpdateCaptureDependencies,
-            d->StreamUpdateCaptureDependencies(l->stream, &f->node, NULL, 1,
-                                               CU_STREAM_ADD_CAPTURE_DEPENDENCIES),
+  DLSYNC_CU(d, StreamUpdateCaptureDependencies,
+            (l->stream, &f->node, NULL, 1, CU_STREAM_ADD_CAPTURE_DEPENDENCIES),
             "waiting stream %p on fence %p in the same capture", (void *)l->stream, (void *)f);
 cleanup:
   return st;
@@ -290,8 +286,7 @@ static dlsync_status wait_node(dlsync_fence *f, dlsync__row row, dlsync__lane_no
     DLSYNC_TRY(dlsync__lane_fit(l->lane, 1, "waiting", "the wait node"));
   DLSYNC_TRY(dlsync__graph_hold_event(f->ctx->drv, f->he, &l->graph, 1));
   if (row == DLSYNC__ROW_EAGER_TO_CAPTURE) {
-    DLSYNC_CU(d, cuStreamWaitEvent,
-              d->StreamWaitEvent(l->stream, f->he->event, CU_EVENT_WAIT_EXTERNAL),
+    DLSYNC_CU(d, StreamWaitEvent, (l->stream, f->he->event, CU_EVENT_WAIT_EXTERNAL),
               "capturing stream %p waiting on eager fence %p", (void *)l->stream, (void *)f);
   } else {
     DLSYNC_TRY(dlsync__graph_append_event_node(f->ctx->drv, l, f->he->event, false, NULL));

@@ -58,6 +58,8 @@ typedef struct dlsync__lanes_opened {
   bool from_memo;       /* the pool came from the memo, not checked yet */
   CUstream pool_stream; /* the stream whose context the pool is, if any */
   const char *pool_role;
+  bool read; /* in: a and b were read by the exchange's fast path */
+  bool same; /* out (the exchange's general path): the two lanes are one stream */
 } dlsync__lanes_opened;
 
 dlsync_status dlsync__lanes_open_streams(dlsync__lanes_opened *out, dlsync_context *ctx,

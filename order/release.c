@@ -441,8 +441,7 @@ dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_dele
   booked = true;
   if (l.kind == DLSYNC_LANE_EAGER) {
     DLSYNC_TRY(dlsync__pool_get(&it->event, pool));
-    DLSYNC_CU(d, cuEventRecord, d->EventRecord(it->event, l.stream), "releasing on stream %p",
-              (void *)l.stream);
+    DLSYNC_CU(d, EventRecord, (it->event, l.stream), "releasing on stream %p", (void *)l.stream);
     it->pool = pool;
     dlsync__pool_ref(pool);
     enqueue(r, it);

@@ -145,7 +145,15 @@ static inline bool dlsync__row_is_plain(dlsync__row row) {
 }
 /* Rows that are refusals (DLSYNC_ERROR_CAPTURE_ORDER, nothing queued). */
 static inline bool dlsync__row_is_refusal(dlsync__row row) {
-  return row >= DLSYNC__ROW_REFUSE_BUILT_TO_EAGER && row <= DLSYNC__ROW_REFUSE_END_CROSS;
+  switch (row) {
+  case DLSYNC__ROW_REFUSE_BUILT_TO_EAGER:
+  case DLSYNC__ROW_REFUSE_CAPTURE_TO_EAGER:
+  case DLSYNC__ROW_REFUSE_END_TO_EAGER:
+  case DLSYNC__ROW_REFUSE_END_CROSS:
+    return true;
+  default:
+    return false;
+  }
 }
 const char *dlsync__op_name(dlsync__op op);
 

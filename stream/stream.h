@@ -31,6 +31,35 @@ typedef struct dlsync__lane_now {
 } dlsync__lane_now;
 #define DLSYNC__DEPS_INLINE 4
 
+/* Where a lane's work goes now, as a small value compared by one function
+ * (dlsync__where_same): eager, a capture (its id: unique for the process,
+ * never reused), or a graph built by hand. What the exchange keeps of each
+ * lane for its end. */
+typedef struct dlsync__where {
+  dlsync_lane_state_kind kind;
+  uint64_t capture_id; /* CAPTURING */
+  CUgraph graph;       /* BUILT */
+} dlsync__where;
+
+static inline dlsync__where dlsync__lane_where(const dlsync__lane_now *l) {
+  dlsync__where w;
+  w.kind = l->kind;
+  w.capture_id = l->kind == DLSYNC_LANE_CAPTURING ? l->capture_id : 0;
+  w.graph = l->kind == DLSYNC_LANE_BUILT ? l->graph : NULL;
+  return w;
+}
+
+/* One capture, or one built graph (two eager lanes are in no graph). */
+static inline bool dlsync__where_same(const dlsync__where *a, const dlsync__where *b) {
+  if (a->kind != b->kind)
+    return false;
+  if (a->kind == DLSYNC_LANE_CAPTURING)
+    return a->capture_id == b->capture_id;
+  if (a->kind == DLSYNC_LANE_BUILT)
+    return a->graph == b->graph;
+  return false;
+}
+
 /* A capturing lane's dependencies: the copy when there is one (valid as long
  * as the struct), else the driver's array (valid until the next call on the
  * stream). Built lanes: the caller's frontier. */

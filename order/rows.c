@@ -1,0 +1,295 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* The decision table's rows (rows.h): their cold parts (failures, refusals,
+ * the decision log) and the rows that only the general path carries out. */
+#include <stdlib.h>
+#include <string.h>
+
+#include "order/rows.h"
+
+static const char *kind_words(dlsync_lane_state_kind k) {
+  switch (k) {
+  case DLSYNC_LANE_EAGER:
+    return "an eager stream";
+  case DLSYNC_LANE_CAPTURING:
+    return "a capturing stream";
+  default:
+    return "a graph lane";
+  }
+}
+
+/* Results with which a driver refuses an operation on its arguments (not a
+ * capture's rules, not a lack of memory, not a failed driver). */
+static bool refusal_result(CUresult r) {
+  switch (r) {
+  case CUDA_ERROR_INVALID_VALUE:
+  case CUDA_ERROR_INVALID_DEVICE:
+  case CUDA_ERROR_INVALID_CONTEXT:
+  case CUDA_ERROR_INVALID_HANDLE:
+  case CUDA_ERROR_NOT_PERMITTED:
+  case CUDA_ERROR_NOT_SUPPORTED:
+  case CUDA_ERROR_PEER_ACCESS_UNSUPPORTED:
+  case CUDA_ERROR_PEER_ACCESS_NOT_ENABLED:
+    return true;
+  default:
+    return false;
+  }
+}
+
+/* The devices are looked up only here, on the way out, and only for a
+ * refusal (never for capture errors, a lack of memory, or the legacy and
+ * per-thread handles). */
+dlsync_status dlsync__fail_wait(dlsync_context *ctx, CUresult r, dlsync__pair p) {
+  const dlsync__driver *d = ctx->drv;
+  dlsync__pool *pf = NULL, *pt = NULL;
+  int df = -1, dt = -1;
+  if (refusal_result(r) && !dlsync__is_special_stream(p.first) &&
+      !dlsync__is_special_stream(p.then) &&
+      dlsync__pool_for_stream(&pf, NULL, &ctx->pools, p.first, p.first_role) == DLSYNC_SUCCESS &&
+      dlsync__pool_for_stream(&pt, NULL, &ctx->pools, p.then, p.then_role) == DLSYNC_SUCCESS) {
+    df = dlsync__pool_device(pf);
+    dt = dlsync__pool_device(pt);
+  }
+  if (df >= 0 && dt >= 0 && df != dt) {
+    return dlsync__fail_driver_as(
+        DLSYNC_ERROR_CROSS_DEVICE, d, r, "cuStreamWaitEvent",
+        "%s stream %p on device %d waiting for %s stream %p on device %d: the driver refused to "
+        "order work across the two devices",
+        p.then_role, (void *)p.then, dt, p.first_role, (void *)p.first, df);
+  }
+  return dlsync__fail_driver(d, r, "cuStreamWaitEvent", "%s stream %p waiting for %s stream %p",
+                             p.then_role, (void *)p.then, p.first_role, (void *)p.first);
+}
+
+dlsync_status dlsync__fail_record(const dlsync__driver *d, CUresult r, dlsync__pair p) {
+  return dlsync__fail_driver(
+      d, r, "cuEventRecord", "%s stream %p%s", p.first_role, (void *)p.first,
+      r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ? ": its capture has been invalidated" : "");
+}
+
+dlsync_status dlsync__fail_add(const dlsync__driver *d, CUresult r, dlsync__pair p, size_t n) {
+  return dlsync__fail_driver(
+      d, r, "cuStreamUpdateCaptureDependencies",
+      "%s stream %p (capturing) taking the %zu dependencies of %s stream "
+      "%p, in its capture%s",
+      p.then_role, (void *)p.then, n, p.first_role, (void *)p.first,
+      r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ? ": the capture has been invalidated" : "");
+}
+
+dlsync_status dlsync__fail_external_wait(const dlsync__driver *d, CUresult r, dlsync__pair p,
+                                         uint64_t id) {
+  return dlsync__fail_driver(d, r, "cuStreamWaitEvent",
+                             "%s stream %p is capturing (capture %llu); adding an external wait "
+                             "for eager %s stream %p",
+                             p.then_role, (void *)p.then, (unsigned long long)id, p.first_role,
+                             (void *)p.first);
+}
+
+dlsync_status dlsync__fail_external_record_for_graph(const dlsync__driver *d, CUresult r,
+                                                     const dlsync__lane_now *first,
+                                                     const dlsync__lane_now *then) {
+  return dlsync__fail_driver(d, r, "cuEventRecordWithFlags",
+                             "%s stream %p is capturing (capture %llu); adding an event-record "
+                             "node for the %s lane's graph %p",
+                             first->role, (void *)first->stream,
+                             (unsigned long long)first->capture_id, then->role,
+                             (void *)then->graph);
+}
+
+/* The memo's pool is not the stream's (the driver refused its event: a
+ * stream handle reused in another context): forget the memo and look up the
+ * stream's pool with the driver. */
+dlsync_status dlsync__repick_pool(dlsync_context *ctx, pool_pick *pk) {
+  dlsync__pool_memo_forget(&ctx->pools, pk->stream);
+  pk->from_memo = false;
+  return dlsync__pool_for_stream(&pk->pool, NULL, &ctx->pools, pk->stream, pk->role);
+}
+
+/* Before an event goes into a graph node, make sure the pool is the one of the
+ * stream's context: a memo answer is checked with cuStreamGetCtx (the driver
+ * does not check an event node's context, nor an external record's). */
+dlsync_status dlsync__check_memo_pool(dlsync_context *ctx, pool_pick *pk) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  if (!pk->from_memo)
+    return DLSYNC_SUCCESS;
+  DLSYNC_TRY(dlsync__pool_check(&pk->pool, &ctx->pools, pk->stream, pk->role));
+  pk->from_memo = false;
+cleanup:
+  return st;
+}
+
+/* check_memo_pool, then, since its call was on a stream, a capturing lane
+ * whose dependencies were too many to copy is read again (the driver's array
+ * is only valid until the next call on its stream). */
+dlsync_status dlsync__verify_pool(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
+                                  dlsync__lane_now *then) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  if (!pk->from_memo)
+    return DLSYNC_SUCCESS;
+  DLSYNC_TRY(dlsync__check_memo_pool(ctx, pk));
+  DLSYNC_TRY(dlsync__lane_refresh(first, ctx->drv));
+  DLSYNC_TRY(dlsync__lane_refresh(then, ctx->drv));
+cleanup:
+  return st;
+}
+
+/* A plain record and wait leave the event free at once, so the pool's
+ * event is given back at once. When the pool came from the per-thread memo
+ * and the driver says the event is not of the stream's context (a stream
+ * handle reused in another context), the memo is forgotten, an event of the
+ * right pool taken and the calls made again. */
+dlsync_status dlsync__row_record_wait(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
+                                      dlsync__lane_now *then) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__pair p = dlsync__pair_of(first, then);
+  CUevent ev = NULL;
+  bool lent = false;
+  CUresult r;
+  DLSYNC_TRY(dlsync__pool_borrow(&ev, &lent, &ctx->pools, pk->pool));
+  r = row_plain_calls(ctx, ev, p, &st);
+  if (r != CUDA_SUCCESS && pk->from_memo && context_mismatch(r)) {
+    dlsync__pool_unborrow(pk->pool, ev, lent);
+    ev = NULL;
+    DLSYNC_TRY(dlsync__repick_pool(ctx, pk));
+    DLSYNC_TRY(dlsync__pool_borrow(&ev, &lent, &ctx->pools, pk->pool));
+    r = row_plain_calls(ctx, ev, p, &st);
+  }
+  if (r != CUDA_SUCCESS)
+    st = dlsync__fail_record(ctx->drv, r, p);
+cleanup:
+  if (ev != NULL)
+    dlsync__pool_unborrow(pk->pool, ev, lent);
+  return st;
+}
+
+/* Other calls may have been made on first's stream since its read (its
+ * pool's lookup): a set too large to have been copied is read again. */
+dlsync_status dlsync__row_same_capture(const dlsync__driver *d, dlsync__lane_now *first,
+                                       dlsync__lane_now *then) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__pair p;
+  DLSYNC_TRY(dlsync__lane_refresh(first, d));
+  p = dlsync__pair_of(first, then);
+  st = row_same_capture_calls(d, p, dlsync__lane_deps(first), first->ndeps);
+cleanup:
+  return st;
+}
+
+/* A node of a frontier, and where it stands: a frontier's nodes are kept in
+ * their order, duplicates found by sorting (n log n: a frontier may hold
+ * tens of thousands of nodes). */
+typedef struct frontier_item {
+  CUgraphNode node;
+  size_t at; /* lane's nodes 0..n-1, then first's n.. */
+} frontier_item;
+
+static int frontier_item_cmp(const void *a, const void *b) {
+  const frontier_item *x = a, *y = b;
+  if ((uintptr_t)x->node != (uintptr_t)y->node)
+    return (uintptr_t)x->node < (uintptr_t)y->node ? -1 : 1;
+  return x->at < y->at ? -1 : x->at > y->at;
+}
+
+/* Marks in take[0..m) the nodes of `add` to append to `have` (n nodes): the
+ * first of each node that `have` lacks. Small sets: compared pairwise. */
+static dlsync_status frontier_new_nodes(bool *take, const CUgraphNode *have, size_t n,
+                                        const CUgraphNode *add, size_t m) {
+  frontier_item *items;
+  if (m * (n + m) <= 4096) {
+    for (size_t i = 0; i < m; i++) {
+      bool dup = false;
+      for (size_t j = 0; j < n && !dup; j++)
+        dup = have[j] == add[i];
+      for (size_t j = 0; j < i && !dup; j++)
+        dup = add[j] == add[i];
+      take[i] = !dup;
+    }
+    return DLSYNC_SUCCESS;
+  }
+  items = dlsync__malloc((n + m) * sizeof *items);
+  if (items == NULL)
+    return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
+                        "the union of two frontiers of %zu and %zu nodes: out of memory", n, m);
+  for (size_t i = 0; i < n; i++) {
+    items[i].node = have[i];
+    items[i].at = i;
+  }
+  for (size_t i = 0; i < m; i++) {
+    items[n + i].node = add[i];
+    items[n + i].at = n + i;
+    take[i] = false;
+  }
+  qsort(items, n + m, sizeof *items, frontier_item_cmp);
+  for (size_t i = 0; i < n + m; i++) /* a group's first item is its earliest */
+    if ((i == 0 || items[i - 1].node != items[i].node) && items[i].at >= n)
+      take[items[i].at - n] = true;
+  dlsync__free(items);
+  return DLSYNC_SUCCESS;
+}
+
+/* then.frontier := then.frontier U first.frontier (both graph lanes, same
+ * graph), first's new nodes appended in their order. */
+dlsync_status dlsync__row_same_built(dlsync__lane_now *first, dlsync__lane_now *then) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync_lane *lane = then->lane;
+  size_t n = lane->ndeps, m = first->ndeps, extra = 0;
+  bool take_inline[64];
+  bool *take = m <= 64 ? take_inline : dlsync__malloc(m * sizeof *take);
+  if (take == NULL)
+    return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
+                        "the union of two frontiers of %zu and %zu nodes: out of memory", n, m);
+  DLSYNC_TRY(frontier_new_nodes(take, lane->deps, n, first->deps, m));
+  for (size_t i = 0; i < m; i++)
+    extra += take[i];
+  DLSYNC_TRY(dlsync__lane_fit(lane, n + extra, then->role,
+                              "both lanes are in one graph: the union of their frontiers"));
+  for (size_t i = 0; i < m; i++)
+    if (take[i])
+      lane->deps[lane->ndeps++] = first->deps[i];
+  then->deps = (const CUgraphNode *)lane->deps;
+  then->ndeps = lane->ndeps;
+cleanup:
+  if (take != take_inline)
+    dlsync__free(take);
+  return st;
+}
+
+dlsync_status dlsync__row_refuse_built_to_eager(const dlsync__lane_now *first,
+                                                const dlsync__lane_now *then) {
+  return dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
+                      "the %s lane is graph %p (built by hand, not launched yet) and the %s lane "
+                      "is eager stream %p: an eager wait now would order nothing; wait for the "
+                      "graph after launching it",
+                      first->role, (void *)first->graph, then->role, (void *)then->stream);
+}
+
+/* REFUSE_END_TO_EAGER: first is the consumer, then the producer. */
+dlsync_status dlsync__row_refuse_end_to_eager(const dlsync__lane_now *c,
+                                              const dlsync__lane_now *p) {
+  return dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
+                      "the producer is eager stream %p and the consumer is %s (%p): the "
+                      "producer's later work cannot wait now for a graph that is not launched "
+                      "yet; nothing was queued. Order the producer after launching the graph, "
+                      "or capture the producer too",
+                      (void *)p->stream, kind_words(c->kind),
+                      c->kind == DLSYNC_LANE_BUILT ? (void *)c->graph : (void *)c->stream);
+}
+
+dlsync_status dlsync__row_refuse_end_cross(void) {
+  return dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
+                      "begin placed a record node in the producer's graph and a wait node in "
+                      "the consumer's (another graph), so the producer's graph must be "
+                      "launched first; its later work cannot also wait for the consumer's "
+                      "graph. Nothing was queued; order the producer's next graph instead");
+}
+
+void dlsync__trace_row(dlsync__op op, dlsync__row row, const dlsync__lane_now *first,
+                       const dlsync__lane_now *then, dlsync_status st) {
+  char a[96], b[96];
+  dlsync__lane_describe(a, sizeof a, first);
+  dlsync__lane_describe(b, sizeof b, then);
+  dlsync__log(
+      DLSYNC__LOG_TRACE, "%s %s: %s %s -> %s %s, nodes added %d%s%s", dlsync__op_name(op),
+      dlsync__row_name(row), first->role, a, then->role, b,
+      st == DLSYNC_SUCCESS ? dlsync__row_nodes(row) : 0,
+      st == DLSYNC_SUCCESS ? "" : ", failed: ", st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
+}
