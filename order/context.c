@@ -368,47 +368,41 @@ cleanup:
 
 /* The pool for lanes a and b (b may be NULL), at least one on a stream or b
  * NULL (two graph lanes are opened inline, order.h): the context of the
- * first stream lane (*which is that lane), or, for one graph lane, the
- * calling thread's current context. */
-static dlsync_status pool_of(dlsync__pool **pool, bool *from_memo, const dlsync_lane **which,
-                             dlsync_context *ctx, const dlsync_lane *a, const char *ra,
-                             const dlsync_lane *b, const char *rb, const char *graph_what) {
-  *which = NULL;
+ * first stream lane (out->pool_stream and pool_role name it), or, for one
+ * graph lane, the calling thread's current context. */
+static dlsync_status pool_of(dlsync__lanes_opened *out, dlsync_context *ctx, const dlsync_lane *a,
+                             const dlsync_lane *b, const dlsync__lanes_ask *ask) {
   if (a->kind == DLSYNC_LANE_STREAM || (b != NULL && b->kind == DLSYNC_LANE_STREAM)) {
     const dlsync_lane *l = a->kind == DLSYNC_LANE_STREAM ? a : b;
-    *which = l;
-    return dlsync__pool_for_stream(pool, from_memo, &ctx->pools, l->stream, l == a ? ra : rb);
+    out->pool_stream = l->stream;
+    out->pool_role = l == a ? ask->ra : ask->rb;
+    return dlsync__pool_for_stream(&out->pool, ask->memo ? &out->from_memo : NULL, &ctx->pools,
+                                   l->stream, out->pool_role);
   }
-  return dlsync__pool_for_current(pool, &ctx->pools, graph_what);
+  return dlsync__pool_for_current(&out->pool, &ctx->pools, ask->graph_what);
 }
 
 dlsync_status dlsync__lanes_open_streams(dlsync__lanes_opened *out, dlsync_context *ctx,
-                                         dlsync_lane *a, const char *ra, dlsync_lane *b,
-                                         const char *rb, const char *graph_what, bool memo) {
+                                         dlsync_lane *a, dlsync_lane *b,
+                                         const dlsync__lanes_ask *ask) {
   dlsync_status st = DLSYNC_SUCCESS;
-  const dlsync_lane *which = NULL;
   out->pool = NULL;
   out->from_memo = false;
   out->pool_stream = NULL;
   out->pool_role = NULL;
   /* The lanes are read first: the legacy stream must be queried before
    * anything else touches it (while a blocking stream captures, the query
-   * fails without harm, but other uses, cuStreamGetCtx included, seen on the
-   * H200, invalidate that capture). A capture's dependencies are copied by the
-   * read (up to DLSYNC__DEPS_INLINE); a longer array is valid only until the
-   * next call on its stream, so such a lane is read again after the pool is
-   * found, unless the per-thread memo named the pool (no call made). With
-   * `memo` (the exchange's general path, which a capture sends there) one
-   * full capture query per stream. */
-  DLSYNC_TRY(dlsync__lane_read_as(&out->a, ctx->drv, a, ra, memo));
+   * fails without harm, but other uses, cuStreamGetCtx included, invalidate
+   * that capture: design.md, the legacy stream's rule). A capture's
+   * dependencies are copied by the read (up to DLSYNC__DEPS_INLINE); a longer
+   * array is valid only until the next call on its stream, so such a lane is
+   * read again after the pool is found, unless the per-thread memo named the
+   * pool (no call made). With `memo` (the exchange's general path, which a
+   * capture sends there) one full capture query per stream. */
+  DLSYNC_TRY(dlsync__lane_read_as(&out->a, ctx->drv, a, ask->ra, ask->memo));
   if (b != NULL)
-    DLSYNC_TRY(dlsync__lane_read_as(&out->b, ctx->drv, b, rb, memo));
-  DLSYNC_TRY(
-      pool_of(&out->pool, memo ? &out->from_memo : NULL, &which, ctx, a, ra, b, rb, graph_what));
-  if (which != NULL) {
-    out->pool_stream = which->stream;
-    out->pool_role = which == a ? ra : rb;
-  }
+    DLSYNC_TRY(dlsync__lane_read_as(&out->b, ctx->drv, b, ask->rb, ask->memo));
+  DLSYNC_TRY(pool_of(out, ctx, a, b, ask));
   if (out->from_memo)
     goto cleanup; /* no driver call since the reads: their arrays are valid */
   DLSYNC_TRY(dlsync__lane_refresh(&out->a, ctx->drv));

@@ -15,7 +15,7 @@ struct dlsync_fence {
   dlsync__held_event *he; /* the event, held while the fence lives */
   CUstream stream;        /* CAPTURED: the stream it was signalled on */
   pthread_t thread;       /* CAPTURED: the signalling thread (per-thread stream) */
-  uint64_t capture_id;    /* CAPTURED */
+  dlsync__where where;    /* CAPTURED, BUILT: where the record node is */
   CUgraph graph;          /* CAPTURED, BUILT: the graph holding the record node */
   CUgraphNode node;       /* CAPTURED, BUILT: the record node */
 };
@@ -92,6 +92,9 @@ static dlsync_status fence_released(const dlsync_fence *f, const char *fn) {
                       fn, (const void *)f);
 }
 
+static const dlsync__lanes_ask signal_ask = {"signalling", NULL,
+                                             "the signalling lane is a graph lane", false};
+
 dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsync_lane *lane) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d;
@@ -110,8 +113,8 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
   DLSYNC_TRY(dlsync__lane_check(lane, "signalling"));
   if (lane->kind == DLSYNC_LANE_GRAPH)
     DLSYNC_TRY(dlsync__lane_fit(lane, 1, "signalling", "the record node"));
-  DLSYNC_TRY(dlsync__lanes_open(&opened, ctx, lane, "signalling", NULL, NULL,
-                                "the signalling lane is a graph lane", false, false));
+  opened.read = false;
+  DLSYNC_TRY(dlsync__lanes_open(&opened, ctx, lane, NULL, &signal_ask));
   l = opened.a;
   pool = opened.pool;
   f = fence_alloc();
@@ -135,7 +138,7 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
     f->kind = l.kind == DLSYNC_LANE_CAPTURING ? DLSYNC_FENCE_CAPTURED : DLSYNC_FENCE_BUILT;
     f->stream = l.stream;
     f->thread = pthread_self();
-    f->capture_id = l.capture_id;
+    f->where = dlsync__lane_where(&l);
     f->graph = l.graph;
     DLSYNC_TRY(dlsync__graph_hold_event(ctx->drv, f->he, &f->graph, 1));
     DLSYNC_TRY(dlsync__graph_append_event_node(ctx->drv, &l, ev, true, &f->node));
@@ -173,7 +176,7 @@ static dlsync_status capture_active(bool *active, const dlsync_fence *f) {
   }
   DLSYNC_CU(d, StreamGetCaptureInfo, (f->stream, &cs, &id, NULL, NULL, NULL, NULL),
             "stream %p, on which fence %p was signalled", (void *)f->stream, (const void *)f);
-  *active = cs != CU_STREAM_CAPTURE_STATUS_NONE && id == f->capture_id;
+  *active = cs != CU_STREAM_CAPTURE_STATUS_NONE && id == f->where.capture_id;
 cleanup:
   return st;
 }
@@ -240,7 +243,7 @@ static dlsync_status fence_table_in(dlsync__table_in *in, const dlsync_fence *f,
   if (l->kind == DLSYNC_LANE_EAGER && f->kind == DLSYNC_FENCE_CAPTURED)
     DLSYNC_TRY(capture_active(&in->first_pending, f));
   if (l->kind == DLSYNC_LANE_CAPTURING && f->kind == DLSYNC_FENCE_CAPTURED)
-    in->same_graph = l->capture_id == f->capture_id; /* capture ids are unique */
+    in->same_graph = l->capture_id == f->where.capture_id; /* capture ids are unique */
   if (l->kind == DLSYNC_LANE_BUILT && f->kind == DLSYNC_FENCE_BUILT)
     DLSYNC_TRY(in_graph(&in->same_graph, f, l->graph));
 cleanup:
@@ -263,7 +266,7 @@ static dlsync_status wait_refused(const dlsync_fence *f, const dlsync__lane_now 
                       "the fence was signalled in capture %llu, which is still active: eager "
                       "stream %p cannot wait for a graph that is not launched yet; wait after "
                       "ending the capture and launching its graph, or wait from that capture",
-                      (unsigned long long)f->capture_id, (void *)l->stream);
+                      (unsigned long long)f->where.capture_id, (void *)l->stream);
 }
 
 /* SAME_CAPTURE: an edge from the record node, no new node. */
@@ -299,16 +302,16 @@ static DLSYNC__NOINLINE void trace_wait(const dlsync_fence *f, dlsync__row row,
                                         const dlsync__lane_now *l, int nodes, dlsync_status st) {
   char b[96];
   dlsync__lane_describe(b, sizeof b, l);
-  dlsync__log(
-      DLSYNC__LOG_TRACE,
-      "fence wait %s: fence %p (%s, capture %llu, graph %p) -> waiting %s, nodes added "
-      "%d%s%s",
-      dlsync__row_name(row), (const void *)f,
-      f->kind == DLSYNC_FENCE_EAGER      ? "eager"
-      : f->kind == DLSYNC_FENCE_CAPTURED ? "captured"
-                                         : "built",
-      (unsigned long long)f->capture_id, (void *)f->graph, b, st == DLSYNC_SUCCESS ? nodes : 0,
-      st == DLSYNC_SUCCESS ? "" : ", failed: ", st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
+  dlsync__log(DLSYNC__LOG_TRACE,
+              "fence wait %s: fence %p (%s, capture %llu, graph %p) -> waiting %s, nodes added "
+              "%d%s%s",
+              dlsync__row_name(row), (const void *)f,
+              f->kind == DLSYNC_FENCE_EAGER      ? "eager"
+              : f->kind == DLSYNC_FENCE_CAPTURED ? "captured"
+                                                 : "built",
+              (unsigned long long)f->where.capture_id, (void *)f->graph, b,
+              st == DLSYNC_SUCCESS ? nodes : 0, st == DLSYNC_SUCCESS ? "" : ", failed: ",
+              st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
 }
 
 dlsync_status dlsync_fence_wait(dlsync_fence *f, dlsync_lane *lane) {

@@ -32,9 +32,10 @@ dlsync_status dlsync__order_lanes(dlsync_context *ctx, dlsync__op op, dlsync_lan
       dlsync__trace_row(op, DLSYNC__ROW_SAME_STREAM, a, b, DLSYNC_SUCCESS);
     goto cleanup;
   }
-open:
-  DLSYNC_TRY(dlsync__lanes_open(opened, ctx, first, roles->first, then, roles->then,
-                                "both lanes are graph lanes", true, opened->read));
+open : {
+  const dlsync__lanes_ask ask = {roles->first, roles->then, "both lanes are graph lanes", true};
+  DLSYNC_TRY(dlsync__lanes_open(opened, ctx, first, then, &ask));
+}
 cleanup:
   return st;
 }

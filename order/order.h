@@ -62,25 +62,36 @@ typedef struct dlsync__lanes_opened {
   bool same; /* out (the exchange's general path): the two lanes are one stream */
 } dlsync__lanes_opened;
 
+/* What a call asks of dlsync__lanes_open: the lanes' roles for messages
+ * ("producer", "signalling", ...; rb unused without a second lane), why a
+ * graph lane needs the thread's current context, and `memo`: look the pool
+ * up in the per-thread memo (the exchange's general path). */
+typedef struct dlsync__lanes_ask {
+  const char *ra, *rb;
+  const char *graph_what;
+  bool memo;
+} dlsync__lanes_ask;
+
 dlsync_status dlsync__lanes_open_streams(dlsync__lanes_opened *out, dlsync_context *ctx,
-                                         dlsync_lane *a, const char *ra, dlsync_lane *b,
-                                         const char *rb, const char *graph_what, bool memo);
+                                         dlsync_lane *a, dlsync_lane *b,
+                                         const dlsync__lanes_ask *ask);
+/* `out->read` is an input (set it false unless the exchange's fast path read
+ * the lanes). */
 static inline dlsync_status dlsync__lanes_open(dlsync__lanes_opened *out, dlsync_context *ctx,
-                                               dlsync_lane *a, const char *ra, dlsync_lane *b,
-                                               const char *rb, const char *graph_what, bool memo,
-                                               bool read) {
-  if (read) {
+                                               dlsync_lane *a, dlsync_lane *b,
+                                               const dlsync__lanes_ask *ask) {
+  if (out->read) {
     /* What is left: a's pool, the fast path's memo answer (checked by its
      * first use) or looked up, which may ask the driver about the stream: a
      * capture's long dependency array is read again then. */
     dlsync_status st = DLSYNC_SUCCESS;
     out->pool_stream = a->stream;
-    out->pool_role = ra;
+    out->pool_role = ask->ra;
     if (DLSYNC__LIKELY(out->pool != NULL)) {
       out->from_memo = true;
       return DLSYNC_SUCCESS;
     }
-    st = dlsync__pool_for_stream(&out->pool, &out->from_memo, &ctx->pools, a->stream, ra);
+    st = dlsync__pool_for_stream(&out->pool, &out->from_memo, &ctx->pools, a->stream, ask->ra);
     if (st == DLSYNC_SUCCESS)
       st = dlsync__lane_refresh(&out->a, ctx->drv);
     if (st == DLSYNC_SUCCESS)
@@ -90,17 +101,18 @@ static inline dlsync_status dlsync__lanes_open(dlsync__lanes_opened *out, dlsync
   if (a->kind == DLSYNC_LANE_GRAPH && b != NULL && b->kind == DLSYNC_LANE_GRAPH) {
     /* Two graph lanes: nothing to ask the driver about them; the pool is
      * that of the thread's current context (none for one graph: edges). */
-    dlsync__lane_read_built(&out->a, a, ra);
-    dlsync__lane_read_built(&out->b, b, rb);
+    dlsync__lane_read_built(&out->a, a, ask->ra);
+    dlsync__lane_read_built(&out->b, b, ask->rb);
     out->pool = NULL;
     out->from_memo = false;
     out->pool_stream = NULL;
     out->pool_role = NULL;
-    return a->graph == b->graph ? DLSYNC_SUCCESS
-                                : dlsync__pool_for_current(&out->pool, &ctx->pools, graph_what);
+    return a->graph == b->graph
+               ? DLSYNC_SUCCESS
+               : dlsync__pool_for_current(&out->pool, &ctx->pools, ask->graph_what);
   }
   /* Any lane on a stream (order/context.c). */
-  return dlsync__lanes_open_streams(out, ctx, a, ra, b, rb, graph_what, memo);
+  return dlsync__lanes_open_streams(out, ctx, a, b, ask);
 }
 
 /* ---- releases (order/release.c) ---- */

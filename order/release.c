@@ -402,6 +402,9 @@ static DLSYNC__NOINLINE void trace_release(const dlsync_context *ctx, const dlsy
               st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
 }
 
+static const dlsync__lanes_ask release_ask = {"releasing", NULL, "releasing on a graph lane",
+                                              false};
+
 dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_deleter deleter,
                              void *arg) {
   dlsync_status st = DLSYNC_SUCCESS;
@@ -420,8 +423,8 @@ dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_dele
   DLSYNC_TRY(dlsync__lane_check(lane, "releasing"));
   /* For a graph lane, the current context's device says which GPU's
    * reclaimer runs it. */
-  DLSYNC_TRY(dlsync__lanes_open(&opened, ctx, lane, "releasing", NULL, NULL,
-                                "releasing on a graph lane", false, false));
+  opened.read = false;
+  DLSYNC_TRY(dlsync__lanes_open(&opened, ctx, lane, NULL, &release_ask));
   l = opened.a;
   pool = opened.pool;
   DLSYNC_TRY(reclaimer_for(&r, d, dlsync__pool_device(pool)));
