@@ -22,14 +22,11 @@ static bool plain_stream_lane(const dlsync_lane *l) {
   return l != NULL && l->kind == DLSYNC_LANE_STREAM && l->graph == NULL;
 }
 
-/* Two stream lanes' streams and names in messages. */
-static DLSYNC__INLINE dlsync__pair streams_pair(const dlsync_lane *first, const dlsync_lane *then,
-                                                dlsync__op op) {
+/* Two stream lanes' streams. */
+static DLSYNC__INLINE dlsync__pair streams_pair(const dlsync_lane *first, const dlsync_lane *then) {
   dlsync__pair p;
   p.first = first->stream;
   p.then = then->stream;
-  p.first_role = dlsync__roles_of(op)->first;
-  p.then_role = dlsync__roles_of(op)->then;
   return p;
 }
 
@@ -78,7 +75,7 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
   t = dlsync__thread_get();
   if (plain_stream_lane(first) && plain_stream_lane(then)) {
     pre_init(&pre, DLSYNC__OP_ORDER, first, then);
-    st = order_fast(t, ctx, streams_pair(first, then, DLSYNC__OP_ORDER),
+    st = order_fast(t, ctx, streams_pair(first, then),
                     t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, &pre);
     if (st != DLSYNC__GENERAL)
       return st;
@@ -206,7 +203,7 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
    * nothing else). The fast path may add EX_ONE_CAPTURE. */
   pre.ex = ex;
   ex->bits = (uint8_t)flags;
-  st = order_fast(t, ctx, streams_pair(producer, consumer, DLSYNC__OP_BEGIN),
+  st = order_fast(t, ctx, streams_pair(producer, consumer),
                   t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, &pre);
   if (st == DLSYNC__GENERAL)
     return begin_general(out, ctx, &pre, flags);
@@ -414,8 +411,6 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
     dlsync__pair p;
     p.first = ex->consumer_stream;
     p.then = ex->producer_stream;
-    p.first_role = "consumer";
-    p.then_role = "producer";
     st = order_fast(t, ctx, p, q, NULL); /* an end has the streams only: no lanes to read */
     if (st != DLSYNC__GENERAL) {
       exchange_free(t, ex);

@@ -21,14 +21,18 @@
 #include "order/order.h"
 #include "order/table.h"
 
-/* Two streams being ordered (`then` after `first`) and their names in
- * messages: what the fast path has before it writes any lane, and what a
- * row's driver calls and failure messages need. Passed by value: a path
- * that fails writes it out for the failure's message, one that succeeds
- * never stores it. */
+/* The two lanes' names in messages ("producer", "consumer", ...). A row's
+ * failure messages take them beside the streams: a pointer to constant names
+ * on the fast path, which the compiler keeps out of the way of success. */
+typedef struct dlsync__roles {
+  const char *first, *then;
+} dlsync__roles;
+
+/* Two streams being ordered (`then` after `first`): what the fast path has
+ * before it writes any lane, and what a row's driver calls need. Two
+ * pointers, passed by value in registers. */
 typedef struct dlsync__pair {
   CUstream first, then;
-  const char *first_role, *then_role;
 } dlsync__pair;
 
 static inline dlsync__pair dlsync__pair_of(const dlsync__lane_now *first,
@@ -36,16 +40,18 @@ static inline dlsync__pair dlsync__pair_of(const dlsync__lane_now *first,
   dlsync__pair p;
   p.first = first->stream;
   p.then = then->stream;
-  p.first_role = first->role;
-  p.then_role = then->role;
   return p;
 }
 
-/* The two lanes' names in messages, for each operation. */
-typedef struct dlsync__roles {
-  const char *first, *then;
-} dlsync__roles;
+static inline dlsync__roles dlsync__roles_of_lanes(const dlsync__lane_now *first,
+                                                   const dlsync__lane_now *then) {
+  dlsync__roles r;
+  r.first = first->role;
+  r.then = then->role;
+  return r;
+}
 
+/* The two lanes' names for each operation. */
 static inline const dlsync__roles *dlsync__roles_of(dlsync__op op) {
   static const dlsync__roles roles[] = {
       {"first", "then"},        /* DLSYNC__OP_ORDER */

@@ -13,6 +13,7 @@ dlsync_status dlsync__fast_query_failed(const dlsync__driver *d, CUresult r, boo
 bool dlsync__fast_record_failed(dlsync_context *ctx, CUresult r, CUstream first,
                                 const char *first_role, dlsync_status *st) {
   dlsync__pair p;
+  dlsync__roles rl;
   if (context_mismatch(r)) {
     /* A stream handle reused in another context: the general path asks the
      * driver which pool is the stream's now. */
@@ -20,10 +21,10 @@ bool dlsync__fast_record_failed(dlsync_context *ctx, CUresult r, CUstream first,
     return false;
   }
   p.first = first;
-  p.first_role = first_role;
   p.then = NULL;
-  p.then_role = NULL;
-  *st = dlsync__fail_record(ctx->drv, r, p);
+  rl.first = first_role;
+  rl.then = NULL;
+  *st = dlsync__fail_record(ctx->drv, r, p, &rl);
   return true;
 }
 
@@ -32,8 +33,6 @@ static DLSYNC__INLINE dlsync__pair pre_pair(const fast_pre *pre) {
   dlsync__pair p;
   p.first = pre->first->stream;
   p.then = pre->then->stream;
-  p.first_role = pre->roles->first;
-  p.then_role = pre->roles->then;
   return p;
 }
 
@@ -78,7 +77,7 @@ static DLSYNC__INLINE bool fast_eager_to_capture(dlsync_context *ctx, dlsync__th
   const dlsync__driver *d = ctx->drv;
   dlsync__pair p = pre_pair(pre);
   CUevent ev;
-  CUresult r;
+  CUresult r, wr = CUDA_SUCCESS;
   if (DLSYNC__UNLIKELY(pre->opened.pool == NULL))
     return false;
   ev = dlsync__graph_capture_event_reserved(th, &ctx->pools, pre->opened.pool, ct->id);
@@ -86,10 +85,12 @@ static DLSYNC__INLINE bool fast_eager_to_capture(dlsync_context *ctx, dlsync__th
     return false;
   /* *st is DLSYNC_SUCCESS (fast_then_full): written only on failure, which
    * keeps the way out of success in line. */
-  r = row_eager_to_capture_calls(d, ev, p, ct->id, st);
+  r = row_eager_to_capture_calls(d, ev, p, &wr);
+  if (DLSYNC__UNLIKELY(wr != CUDA_SUCCESS))
+    *st = dlsync__fail_external_wait(d, wr, p, pre->roles, ct->id);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
     if (!context_mismatch(r)) {
-      *st = dlsync__fail_record(d, r, p);
+      *st = dlsync__fail_record(d, r, p, pre->roles);
       return true;
     }
     /* A stream handle reused in another context: the general path asks the
@@ -122,7 +123,7 @@ static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *t
     return true;
   }
   if (DLSYNC__UNLIKELY(!dlsync__capture_info_active(&ct))) {
-    *st = dlsync__lane_take(&pre->opened.b, d, pre->then, p->then_role, &ct); /* why not */
+    *st = dlsync__lane_take(&pre->opened.b, d, pre->then, pre->roles->then, &ct); /* why not */
     return true;
   }
   th->then_capture = true;
@@ -134,14 +135,14 @@ static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *t
     CUstreamCaptureStatus fs;
     CUresult r = d->StreamIsCapturing(p->first, &fs);
     if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
-      *st = dlsync__fast_query_failed(d, r, false, p->first, p->first_role);
+      *st = dlsync__fast_query_failed(d, r, false, p->first, pre->roles->first);
       return true;
     }
     if (DLSYNC__LIKELY(fs == CU_STREAM_CAPTURE_STATUS_NONE)) {
       if (pre->graph_rows && fast_eager_to_capture(ctx, th, pre, &ct, st))
         return true;
-      dlsync__lane_read_eager(&pre->opened.a, pre->first, p->first_role);
-      (void)dlsync__lane_take(&pre->opened.b, d, pre->then, p->then_role, &ct);
+      dlsync__lane_read_eager(&pre->opened.a, pre->first, pre->roles->first);
+      (void)dlsync__lane_take(&pre->opened.b, d, pre->then, pre->roles->then, &ct);
       pre->have = true;
       return fast_graph_rows(ctx, th, pre, st);
     }
@@ -157,7 +158,7 @@ static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *t
     /* first's array is valid: the query since was of `then`. *st is
      * DLSYNC_SUCCESS: written only on failure, which keeps success (an
      * empty set, no call) out of gcc's .cold section. */
-    dlsync_status added = row_same_capture_calls(d, pv, cf.deps, cf.n);
+    dlsync_status added = row_same_capture_calls(d, pv, pre->roles, cf.deps, cf.n);
     if (DLSYNC__UNLIKELY(added != DLSYNC_SUCCESS))
       *st = added;
     return true;
@@ -168,8 +169,8 @@ static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *t
   /* Not plain: both lanes written for the graph rows or the general path
    * (then's dependency array is still valid: the query since was of
    * another stream). */
-  (void)dlsync__lane_take(&pre->opened.b, d, pre->then, p->then_role, &ct);
-  *st = dlsync__lane_take(&pre->opened.a, d, pre->first, p->first_role, &cf);
+  (void)dlsync__lane_take(&pre->opened.b, d, pre->then, pre->roles->then, &ct);
+  *st = dlsync__lane_take(&pre->opened.a, d, pre->first, pre->roles->first, &cf);
   if (*st != DLSYNC_SUCCESS)
     return true;
   pre->have = true;
@@ -201,6 +202,7 @@ fast_next dlsync__fast_then_queries(dlsync__thread *t, dlsync_context *ctx, fast
 static DLSYNC__INLINE fast_next end_queries(dlsync__thread *t, const dlsync__driver *d,
                                             dlsync__pair pv, bool one_capture, dlsync_status *st) {
   const dlsync__pair *p = &pv;
+  const dlsync__roles *roles = dlsync__roles_of(DLSYNC__OP_END);
   CUstreamCaptureStatus cs;
   CUresult r;
   cuuint64_t id_first = 0, id_then = 0;
@@ -209,7 +211,7 @@ static DLSYNC__INLINE fast_next end_queries(dlsync__thread *t, const dlsync__dri
   size_t n = 0;
   r = d->StreamGetCaptureInfo(p->first, &cs, &id_first, NULL, &deps, &edges, &n);
   if (r != CUDA_SUCCESS) {
-    *st = dlsync__fast_query_failed(d, r, true, p->first, p->first_role);
+    *st = dlsync__fast_query_failed(d, r, true, p->first, roles->first);
     return FAST_DONE;
   }
   t->end_capture = cs != CU_STREAM_CAPTURE_STATUS_NONE;
@@ -217,14 +219,14 @@ static DLSYNC__INLINE fast_next end_queries(dlsync__thread *t, const dlsync__dri
     if (!one_capture || id_first != t->end_capture_id) {
       r = d->StreamGetCaptureInfo(p->then, &cs, &id_then, NULL, NULL, NULL, NULL);
       if (r != CUDA_SUCCESS) {
-        *st = dlsync__fast_query_failed(d, r, true, p->then, p->then_role);
+        *st = dlsync__fast_query_failed(d, r, true, p->then, roles->then);
         return FAST_DONE;
       }
       if (cs != CU_STREAM_CAPTURE_STATUS_ACTIVE || id_then != id_first)
         return FAST_GENERAL;
     }
     /* SAME_CAPTURE; first's array is valid (the query since was of then). */
-    *st = row_same_capture_calls(d, pv, deps, n);
+    *st = row_same_capture_calls(d, pv, roles, deps, n);
     return FAST_DONE;
   }
   if (cs != CU_STREAM_CAPTURE_STATUS_NONE)
@@ -232,7 +234,7 @@ static DLSYNC__INLINE fast_next end_queries(dlsync__thread *t, const dlsync__dri
   /* `first` eager: `then` must be (its status). */
   r = d->StreamIsCapturing(p->then, &cs);
   if (r != CUDA_SUCCESS) {
-    *st = dlsync__fast_query_failed(d, r, false, p->then, p->then_role);
+    *st = dlsync__fast_query_failed(d, r, false, p->then, roles->then);
     return FAST_DONE;
   }
   return cs == CU_STREAM_CAPTURE_STATUS_NONE ? FAST_GO : FAST_GENERAL;
@@ -243,8 +245,6 @@ static DLSYNC__INLINE dlsync__pair end_pair(CUstream first, CUstream then) {
   dlsync__pair p;
   p.first = first;
   p.then = then;
-  p.first_role = dlsync__roles_of(DLSYNC__OP_END)->first;
-  p.then_role = dlsync__roles_of(DLSYNC__OP_END)->then;
   return p;
 }
 

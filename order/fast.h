@@ -37,6 +37,8 @@
 static DLSYNC__INLINE dlsync_status order_fast(dlsync__thread *t, dlsync_context *ctx,
                                                dlsync__pair pair, fast_query query, fast_pre *pre) {
   const dlsync__driver *d = ctx->drv;
+  /* The lanes' names, for messages: the op's (an end has no fast_pre). */
+  const dlsync__roles *roles = pre != NULL ? pre->roles : dlsync__roles_of(DLSYNC__OP_END);
   CUstream first = pair.first, then = pair.then;
   dlsync_status st = DLSYNC_SUCCESS;
   CUstreamCaptureStatus cs;
@@ -66,7 +68,7 @@ static DLSYNC__INLINE dlsync_status order_fast(dlsync__thread *t, dlsync_context
   if (query == FAST_QUERY_BOTH_EAGER) {
     r = d->StreamIsCapturing(first, &cs);
     if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
-      return dlsync__fast_query_failed(d, r, false, first, pair.first_role);
+      return dlsync__fast_query_failed(d, r, false, first, roles->first);
     }
     if (DLSYNC__LIKELY(cs == CU_STREAM_CAPTURE_STATUS_NONE)) {
       query = FAST_QUERY_THEN;
@@ -78,7 +80,7 @@ static DLSYNC__INLINE dlsync_status order_fast(dlsync__thread *t, dlsync_context
   if (query == FAST_QUERY_THEN) {
     r = d->StreamIsCapturing(then, &cs);
     if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
-      return dlsync__fast_query_failed(d, r, false, then, pair.then_role);
+      return dlsync__fast_query_failed(d, r, false, then, roles->then);
     }
     if (DLSYNC__UNLIKELY(cs != CU_STREAM_CAPTURE_STATUS_NONE)) {
       /* FAST_QUERY_THEN comes from a begin or order whose thread found
@@ -103,9 +105,9 @@ static DLSYNC__INLINE dlsync_status order_fast(dlsync__thread *t, dlsync_context
   if (DLSYNC__UNLIKELY(ev == NULL))
     return DLSYNC__GENERAL; /* pre->have: both lanes read */
   /* EAGER_EAGER or JOIN: the row's two calls with the thread's scratch event. */
-  r = row_plain_calls(ctx, ev, pair, &st);
+  r = row_plain_calls(ctx, ev, pair, roles, &st);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) &&
-      !dlsync__fast_record_failed(ctx, r, first, pair.first_role, &st))
+      !dlsync__fast_record_failed(ctx, r, first, roles->first, &st))
     return DLSYNC__GENERAL;
   return st;
 }

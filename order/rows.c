@@ -38,14 +38,15 @@ static bool refusal_result(CUresult r) {
 /* The devices are looked up only here, on the way out, and only for a
  * refusal (never for capture errors, a lack of memory, or the legacy and
  * per-thread handles). */
-dlsync_status dlsync__fail_wait(dlsync_context *ctx, CUresult r, dlsync__pair p) {
+dlsync_status dlsync__fail_wait(dlsync_context *ctx, CUresult r, dlsync__pair p,
+                                const dlsync__roles *roles) {
   const dlsync__driver *d = ctx->drv;
   dlsync__pool *pf = NULL, *pt = NULL;
   int df = -1, dt = -1;
   if (refusal_result(r) && !dlsync__is_special_stream(p.first) &&
       !dlsync__is_special_stream(p.then) &&
-      dlsync__pool_for_stream(&pf, NULL, &ctx->pools, p.first, p.first_role) == DLSYNC_SUCCESS &&
-      dlsync__pool_for_stream(&pt, NULL, &ctx->pools, p.then, p.then_role) == DLSYNC_SUCCESS) {
+      dlsync__pool_for_stream(&pf, NULL, &ctx->pools, p.first, roles->first) == DLSYNC_SUCCESS &&
+      dlsync__pool_for_stream(&pt, NULL, &ctx->pools, p.then, roles->then) == DLSYNC_SUCCESS) {
     df = dlsync__pool_device(pf);
     dt = dlsync__pool_device(pt);
   }
@@ -54,33 +55,35 @@ dlsync_status dlsync__fail_wait(dlsync_context *ctx, CUresult r, dlsync__pair p)
         DLSYNC_ERROR_CROSS_DEVICE, d, r, "cuStreamWaitEvent",
         "%s stream %p on device %d waiting for %s stream %p on device %d: the driver refused to "
         "order work across the two devices",
-        p.then_role, (void *)p.then, dt, p.first_role, (void *)p.first, df);
+        roles->then, (void *)p.then, dt, roles->first, (void *)p.first, df);
   }
   return dlsync__fail_driver(d, r, "cuStreamWaitEvent", "%s stream %p waiting for %s stream %p",
-                             p.then_role, (void *)p.then, p.first_role, (void *)p.first);
+                             roles->then, (void *)p.then, roles->first, (void *)p.first);
 }
 
-dlsync_status dlsync__fail_record(const dlsync__driver *d, CUresult r, dlsync__pair p) {
+dlsync_status dlsync__fail_record(const dlsync__driver *d, CUresult r, dlsync__pair p,
+                                  const dlsync__roles *roles) {
   return dlsync__fail_driver(
-      d, r, "cuEventRecord", "%s stream %p%s", p.first_role, (void *)p.first,
+      d, r, "cuEventRecord", "%s stream %p%s", roles->first, (void *)p.first,
       r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ? ": its capture has been invalidated" : "");
 }
 
-dlsync_status dlsync__fail_add(const dlsync__driver *d, CUresult r, dlsync__pair p, size_t n) {
+dlsync_status dlsync__fail_add(const dlsync__driver *d, CUresult r, dlsync__pair p,
+                               const dlsync__roles *roles, size_t n) {
   return dlsync__fail_driver(
       d, r, "cuStreamUpdateCaptureDependencies",
       "%s stream %p (capturing) taking the %zu dependencies of %s stream "
       "%p, in its capture%s",
-      p.then_role, (void *)p.then, n, p.first_role, (void *)p.first,
+      roles->then, (void *)p.then, n, roles->first, (void *)p.first,
       r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ? ": the capture has been invalidated" : "");
 }
 
 dlsync_status dlsync__fail_external_wait(const dlsync__driver *d, CUresult r, dlsync__pair p,
-                                         uint64_t id) {
+                                         const dlsync__roles *roles, uint64_t id) {
   return dlsync__fail_driver(d, r, "cuStreamWaitEvent",
                              "%s stream %p is capturing (capture %llu); adding an external wait "
                              "for eager %s stream %p",
-                             p.then_role, (void *)p.then, (unsigned long long)id, p.first_role,
+                             roles->then, (void *)p.then, (unsigned long long)id, roles->first,
                              (void *)p.first);
 }
 
@@ -141,20 +144,21 @@ dlsync_status dlsync__row_record_wait(dlsync_context *ctx, pool_pick *pk, dlsync
                                       dlsync__lane_now *then) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__pair p = dlsync__pair_of(first, then);
+  dlsync__roles rl = dlsync__roles_of_lanes(first, then);
   CUevent ev = NULL;
   bool lent = false;
   CUresult r;
   DLSYNC_TRY(dlsync__pool_borrow(&ev, &lent, &ctx->pools, pk->pool));
-  r = row_plain_calls(ctx, ev, p, &st);
+  r = row_plain_calls(ctx, ev, p, &rl, &st);
   if (r != CUDA_SUCCESS && pk->from_memo && context_mismatch(r)) {
     dlsync__pool_unborrow(pk->pool, ev, lent);
     ev = NULL;
     DLSYNC_TRY(dlsync__repick_pool(ctx, pk));
     DLSYNC_TRY(dlsync__pool_borrow(&ev, &lent, &ctx->pools, pk->pool));
-    r = row_plain_calls(ctx, ev, p, &st);
+    r = row_plain_calls(ctx, ev, p, &rl, &st);
   }
   if (r != CUDA_SUCCESS)
-    st = dlsync__fail_record(ctx->drv, r, p);
+    st = dlsync__fail_record(ctx->drv, r, p, &rl);
 cleanup:
   if (ev != NULL)
     dlsync__pool_unborrow(pk->pool, ev, lent);
@@ -166,10 +170,11 @@ cleanup:
 dlsync_status dlsync__row_same_capture(const dlsync__driver *d, dlsync__lane_now *first,
                                        dlsync__lane_now *then) {
   dlsync_status st = DLSYNC_SUCCESS;
-  dlsync__pair p;
+  dlsync__roles rl;
   DLSYNC_TRY(dlsync__lane_refresh(first, d));
-  p = dlsync__pair_of(first, then);
-  st = row_same_capture_calls(d, p, dlsync__lane_deps(first), first->ndeps);
+  rl = dlsync__roles_of_lanes(first, then);
+  st = row_same_capture_calls(d, dlsync__pair_of(first, then), &rl, dlsync__lane_deps(first),
+                              first->ndeps);
 cleanup:
   return st;
 }

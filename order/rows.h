@@ -23,15 +23,18 @@
 /* `then` failed to wait (cuStreamWaitEvent) for an event recorded on
  * `first`: DLSYNC_ERROR_CROSS_DEVICE naming both devices when they differ,
  * else the driver's status. */
-DLSYNC__COLD dlsync_status dlsync__fail_wait(dlsync_context *ctx, CUresult r, dlsync__pair p);
+DLSYNC__COLD dlsync_status dlsync__fail_wait(dlsync_context *ctx, CUresult r, dlsync__pair p,
+                                             const dlsync__roles *roles);
 /* A failed cuEventRecord of an event on p.first. */
-DLSYNC__COLD dlsync_status dlsync__fail_record(const dlsync__driver *d, CUresult r, dlsync__pair p);
+DLSYNC__COLD dlsync_status dlsync__fail_record(const dlsync__driver *d, CUresult r, dlsync__pair p,
+                                               const dlsync__roles *roles);
 /* A failed dependency update of p.then taking n dependencies. */
 DLSYNC__COLD dlsync_status dlsync__fail_add(const dlsync__driver *d, CUresult r, dlsync__pair p,
-                                            size_t n);
+                                            const dlsync__roles *roles, size_t n);
 /* EAGER_TO_CAPTURE's external wait in capture `id` failed. */
 DLSYNC__COLD dlsync_status dlsync__fail_external_wait(const dlsync__driver *d, CUresult r,
-                                                      dlsync__pair p, uint64_t id);
+                                                      dlsync__pair p, const dlsync__roles *roles,
+                                                      uint64_t id);
 /* CAPTURE_TO_BUILT's external record failed. */
 DLSYNC__COLD dlsync_status dlsync__fail_external_record_for_graph(const dlsync__driver *d,
                                                                   CUresult r,
@@ -81,12 +84,13 @@ static inline bool context_mismatch(CUresult r) {
  * path has its own answer (the fast path hands over to the general path,
  * which takes an event of the right pool); a failed wait sets *st. */
 static DLSYNC__INLINE CUresult row_plain_calls(dlsync_context *ctx, CUevent ev, dlsync__pair p,
-                                               dlsync_status *st) {
-  CUresult r = ctx->drv->EventRecord(ev, p.first);
+                                               const dlsync__roles *roles, dlsync_status *st) {
+  const dlsync__driver *d = ctx->drv;
+  CUresult r = d->EventRecord(ev, p.first);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS))
     return r;
-  r = ctx->drv->StreamWaitEvent(p.then, ev, 0);
-  *st = DLSYNC__LIKELY(r == CUDA_SUCCESS) ? DLSYNC_SUCCESS : dlsync__fail_wait(ctx, r, p);
+  r = d->StreamWaitEvent(p.then, ev, 0);
+  *st = DLSYNC__LIKELY(r == CUDA_SUCCESS) ? DLSYNC_SUCCESS : dlsync__fail_wait(ctx, r, p, roles);
   return CUDA_SUCCESS;
 }
 
@@ -100,6 +104,7 @@ static DLSYNC__INLINE CUresult row_plain_calls(dlsync_context *ctx, CUevent ev, 
  * began or joined) orders nothing: no call. `deps` may be the driver's
  * array: valid, for no call on first's stream came since it was read. */
 static DLSYNC__INLINE dlsync_status row_same_capture_calls(const dlsync__driver *d, dlsync__pair p,
+                                                           const dlsync__roles *roles,
                                                            const CUgraphNode *deps, size_t n) {
   CUresult r;
   if (n == 0)
@@ -109,25 +114,22 @@ static DLSYNC__INLINE dlsync_status row_same_capture_calls(const dlsync__driver 
                                          CU_STREAM_ADD_CAPTURE_DEPENDENCIES);
   if (DLSYNC__LIKELY(r == CUDA_SUCCESS))
     return DLSYNC_SUCCESS;
-  return dlsync__fail_add(d, r, p, n);
+  return dlsync__fail_add(d, r, p, roles, n);
 }
 
-/* EAGER_TO_CAPTURE's two calls, with an event that then's capture (`id`)
- * holds in hand: recorded eagerly on first, then an external wait node in
- * then's capture. The record comes before the wait also because the driver
- * refuses an external wait on a pooled event whose last record was made in
- * an earlier capture (CUDA_ERROR_INVALID_VALUE: docs/design.md R14). A
- * failed record returns its result and leaves *st alone; a failed wait sets
- * *st (which is left alone on success). */
+/* EAGER_TO_CAPTURE's two calls, with an event that then's capture holds in
+ * hand: recorded eagerly on first, then an external wait node in then's
+ * capture. The record comes before the wait also because the driver refuses
+ * an external wait on a pooled event whose last record was made in an
+ * earlier capture (CUDA_ERROR_INVALID_VALUE: docs/design.md R14). Returns the
+ * record's result (a failed record: the wait is not made); *wait_r is the
+ * wait's, when the record was made. */
 static DLSYNC__INLINE CUresult row_eager_to_capture_calls(const dlsync__driver *d, CUevent ev,
-                                                          dlsync__pair p, uint64_t id,
-                                                          dlsync_status *st) {
+                                                          dlsync__pair p, CUresult *wait_r) {
   CUresult r = d->EventRecord(ev, p.first);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS))
     return r;
-  r = d->StreamWaitEvent(p.then, ev, CU_EVENT_WAIT_EXTERNAL);
-  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS))
-    *st = dlsync__fail_external_wait(d, r, p, id);
+  *wait_r = d->StreamWaitEvent(p.then, ev, CU_EVENT_WAIT_EXTERNAL);
   return CUDA_SUCCESS;
 }
 
@@ -145,17 +147,20 @@ static DLSYNC__INLINE dlsync_status row_eager_to_capture(dlsync_context *ctx, po
   const dlsync__driver *d = ctx->drv;
   dlsync__pair p = dlsync__pair_of(first, then);
   CUevent ev = NULL;
-  CUresult r;
+  CUresult r, wr = CUDA_SUCCESS;
   DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, then, NULL));
-  r = row_eager_to_capture_calls(d, ev, p, then->capture_id, &st);
+  r = row_eager_to_capture_calls(d, ev, p, &wr);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
     DLSYNC_TRY(dlsync__repick_pool(ctx, pk));
     DLSYNC_TRY(
         dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, then, NULL));
-    r = row_eager_to_capture_calls(d, ev, p, then->capture_id, &st);
+    r = row_eager_to_capture_calls(d, ev, p, &wr);
   }
-  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS))
-    st = dlsync__fail_record(d, r, p);
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS || wr != CUDA_SUCCESS)) {
+    dlsync__roles rl = dlsync__roles_of_lanes(first, then);
+    st = r != CUDA_SUCCESS ? dlsync__fail_record(d, r, p, &rl)
+                           : dlsync__fail_external_wait(d, wr, p, &rl, then->capture_id);
+  }
 cleanup:
   return st;
 }
@@ -183,8 +188,8 @@ static DLSYNC__INLINE dlsync_status row_eager_to_built(dlsync_context *ctx, pool
     r = d->EventRecord(ev, first->stream);
   }
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
-    dlsync__pair p = dlsync__pair_of(first, then);
-    st = dlsync__fail_record(d, r, p);
+    dlsync__roles rl = dlsync__roles_of_lanes(first, then);
+    st = dlsync__fail_record(d, r, dlsync__pair_of(first, then), &rl);
     goto cleanup;
   }
   DLSYNC_TRY(dlsync__graph_append_event(d, then, ev, false));
