@@ -21,7 +21,7 @@
 # framework suite runs again against that installed package.
 #
 # cmocka, where the machine lacks it, is taken from .deps/cmocka (Debian's
-# libcmocka0 and libcmocka-dev unpacked with dpkg -x; see docs/gpu.md).
+# libcmocka0 and libcmocka-dev unpacked with dpkg -x; see docs/gpu-suite.md).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$(mktemp -d)}
