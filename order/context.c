@@ -393,8 +393,8 @@ dlsync_status dlsync__lanes_open_streams(dlsync__lanes_opened *out, dlsync_conte
   out->pool_role = NULL;
   /* The lanes are read first: the legacy stream must be queried before
    * anything else touches it (while a blocking stream captures, the query
-   * fails without harm, but other uses, cuStreamGetCtx included, seen on the
-   * H200, invalidate that capture). A capture's dependencies are copied by the
+   * fails without harm, but other uses, cuStreamGetCtx included, invalidate
+   * that capture: design.md R8, R22). A capture's dependencies are copied by the
    * read (up to DLSYNC__DEPS_INLINE); a longer array is valid only until the
    * next call on its stream, so such a lane is read again after the pool is
    * found, unless the per-thread memo named the pool (no call made). With
