@@ -120,7 +120,7 @@ stamp "ctest"
 fi
 
 stamp "rules"
-echo "== the fake driver's rules on this driver (tests/gpu/gpu_rules)"
+echo "== the CUDA rules dlsync relies on, on this driver (tests/gpu/gpu_rules; docs/design.md section 6)"
 "$build"/tests/gpu/gpu_rules >"$out/rules.txt" 2>&1 || status=1
 cat "$out/rules.txt"
 

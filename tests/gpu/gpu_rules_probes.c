@@ -128,27 +128,46 @@ done:
 /* ---- R15 NODE-ANY-CONTEXT ----------------------------------------------- */
 /* Contexts of our own: cuCtxCreate and cuCtxDestroy are not in dlsync's
  * table (it never makes a context), so they come from libcuda through its
- * cuGetProcAddress, at the ABI versions of their CUDA 4.0 forms. */
-typedef CUresult (*ctx_create_fn)(CUcontext *, unsigned int, CUdevice);
+ * cuGetProcAddress: cuCtxCreate in its CUDA 12.5 form (params may be NULL),
+ * else its CUDA 3.2 form; cuCtxDestroy in its CUDA 4.0 form. */
+typedef CUresult (*ctx_create_v4_fn)(CUcontext *, CUctxCreateParams *, unsigned int, CUdevice);
+typedef CUresult (*ctx_create_v2_fn)(CUcontext *, unsigned int, CUdevice);
 typedef CUresult (*ctx_destroy_fn)(CUcontext);
 typedef CUresult (*get_proc_fn)(const char *, void **, int, cuuint64_t,
                                 CUdriverProcAddressQueryResult *);
 
-static int ctx_functions(ctx_create_fn *create, ctx_destroy_fn *destroy) {
+typedef struct ctx_functions {
+  ctx_create_v4_fn create_v4;
+  ctx_create_v2_fn create_v2;
+  ctx_destroy_fn destroy;
+} ctx_functions;
+
+static int ctx_functions_get(ctx_functions *f) {
   void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_NOLOAD);
   get_proc_fn get_proc = NULL;
   CUdriverProcAddressQueryResult q;
+  memset(f, 0, sizeof *f);
   if (lib == NULL)
     return 0;
   *(void **)&get_proc = dlsym(lib, "cuGetProcAddress_v2");
-  if (get_proc == NULL ||
-      get_proc("cuCtxCreate", (void **)create, 3020, CU_GET_PROC_ADDRESS_DEFAULT, &q) !=
-          CUDA_SUCCESS ||
-      get_proc("cuCtxDestroy", (void **)destroy, 4000, CU_GET_PROC_ADDRESS_DEFAULT, &q) !=
-          CUDA_SUCCESS)
-    *create = NULL;
+  if (get_proc != NULL) {
+    if (get_proc("cuCtxCreate", (void **)&f->create_v4, 12050, CU_GET_PROC_ADDRESS_DEFAULT, &q) !=
+        CUDA_SUCCESS)
+      f->create_v4 = NULL;
+    if (f->create_v4 == NULL && get_proc("cuCtxCreate", (void **)&f->create_v2, 3020,
+                                         CU_GET_PROC_ADDRESS_DEFAULT, &q) != CUDA_SUCCESS)
+      f->create_v2 = NULL;
+    if (get_proc("cuCtxDestroy", (void **)&f->destroy, 4000, CU_GET_PROC_ADDRESS_DEFAULT, &q) !=
+        CUDA_SUCCESS)
+      f->destroy = NULL;
+  }
   dlclose(lib);
-  return *create != NULL && *destroy != NULL;
+  return (f->create_v4 != NULL || f->create_v2 != NULL) && f->destroy != NULL;
+}
+
+/* A new context of dev, made current (pushed). */
+static CUresult ctx_create(const ctx_functions *f, CUcontext *out, CUdevice dev) {
+  return f->create_v4 != NULL ? f->create_v4(out, NULL, 0, dev) : f->create_v2(out, 0, dev);
 }
 
 /* One capture of stream s with a record node and a wait node on ev added by
@@ -204,8 +223,7 @@ done:
  * that event on A's stream is refused with INVALID_HANDLE. */
 static const char *node_any_context_rule(const dlsync__driver *d, CUdeviceptr buf, char *why,
                                          size_t n) {
-  ctx_create_fn create = NULL;
-  ctx_destroy_fn destroy = NULL;
+  ctx_functions f;
   CUcontext a = NULL, b = NULL, popped;
   CUdevice dev;
   CUstream sa = NULL;
@@ -213,13 +231,13 @@ static const char *node_any_context_rule(const dlsync__driver *d, CUdeviceptr bu
   CUresult r;
   const char *res = NULL;
   (void)buf;
-  if (!ctx_functions(&create, &destroy))
+  if (!ctx_functions_get(&f))
     return "cuCtxCreate or cuCtxDestroy not found through libcuda's cuGetProcAddress";
   TRY(d->CtxGetDevice(&dev));
-  TRY(create(&b, 0, dev)); /* made current (pushed) */
+  TRY(ctx_create(&f, &b, dev)); /* made current (pushed) */
   TRY(d->EventCreate(&eb, CU_EVENT_DISABLE_TIMING));
   TRY(d->CtxPopCurrent(&popped));
-  TRY(create(&a, 0, dev));
+  TRY(ctx_create(&f, &a, dev));
   TRY(d->StreamCreate(&sa, CU_STREAM_NON_BLOCKING));
   r = d->EventRecord(eb, sa);
   if (r != CUDA_ERROR_INVALID_HANDLE) {
@@ -233,14 +251,14 @@ done:
     (void)d->StreamDestroy(sa);
   if (a != NULL) {
     (void)d->CtxPopCurrent(&popped);
-    (void)destroy(a);
+    (void)f.destroy(a);
   }
   if (eb != NULL && b != NULL && d->CtxPushCurrent(b) == CUDA_SUCCESS) {
     (void)d->EventDestroy(eb);
     (void)d->CtxPopCurrent(&popped);
   }
   if (b != NULL)
-    (void)destroy(b);
+    (void)f.destroy(b);
   return res;
 }
 
