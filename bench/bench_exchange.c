@@ -1039,8 +1039,7 @@ static double capture_run(long n, bool use, size_t *nodes) {
 /* The long runs three times each, dlsync's and the floor's in turn (each
  * first in one of them), and the medians: one long run of each, one after
  * the other, caught the host in different moods (0.52, 1.07 and 1.33 of the
- * short runs in three bench runs of one build: docs/performance.md, "Reading
- * a miss"). */
+ * short runs in three bench runs of one build: docs/performance.md, "Scale"). */
 #define SCALE_LONG_RUNS 3
 
 static void run_scale(void) {
