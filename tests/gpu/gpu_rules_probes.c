@@ -171,7 +171,8 @@ static CUresult ctx_create(const ctx_functions *f, CUcontext *out, CUdevice dev)
 }
 
 /* One capture of stream s with a record node and a wait node on ev added by
- * hand; it must end, instantiate, launch and finish. */
+ * hand, then an external record of ev; it must end, instantiate, launch and
+ * finish. */
 static const char *nodes_on(const dlsync__driver *d, CUstream s, CUevent ev, char *why, size_t n) {
   const char *res = NULL;
   CUgraph g = NULL, out = NULL;
@@ -197,6 +198,14 @@ static const char *nodes_on(const dlsync__driver *d, CUstream s, CUevent ev, cha
     }
     TRY(d->StreamUpdateCaptureDependencies(s, &node, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES));
   }
+  /* An external record during capture takes it too (TWO_CAPTURES keeps its
+   * context check for that reason). */
+  r = d->EventRecordWithFlags(ev, s, CU_EVENT_RECORD_EXTERNAL);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "an external record of another context's event during capture", r,
+               "CUDA_SUCCESS");
+    goto done;
+  }
   r = d->StreamEndCapture(s, &out);
   if (r != CUDA_SUCCESS) {
     res = said(why, n, d, "cuStreamEndCapture", r, "CUDA_SUCCESS");
@@ -218,9 +227,10 @@ done:
   return res;
 }
 
-/* Event nodes added by hand to a capture of context A take an event of
- * context B (same device), and the graph runs; an eager cuEventRecord of
- * that event on A's stream is refused with INVALID_HANDLE. */
+/* Event nodes added by hand to a capture of context A, and an external
+ * record there, take an event of context B (same device), and the graph
+ * runs; an eager cuEventRecord of that event on A's stream is refused with
+ * INVALID_HANDLE. */
 static const char *node_any_context_rule(const dlsync__driver *d, CUdeviceptr buf, char *why,
                                          size_t n) {
   ctx_functions f;
@@ -685,8 +695,8 @@ const driver_rule gpu_probe_rules[] = {
      "INVALID_VALUE, no capture harmed; an empty ADD accepted",
      add_refused_rule},
     {"R15 NODE-ANY-CONTEXT",
-     "event nodes added by hand take another context's event and run; an eager record of it: "
-     "INVALID_HANDLE",
+     "event nodes and an external record in a capture take another context's event and run; an "
+     "eager record of it: INVALID_HANDLE",
      node_any_context_rule},
     {"R16 EXTERNAL-PAIR-ORDERS",
      "two captures linked by an external record and wait: the waiting graph reads the other's "
