@@ -461,9 +461,9 @@ static bool raw_by_flags;
  * waits for the driver's destructor thread, in steps of 250 us), then a rest
  * of DLSYNC_BENCH_ROW_REST_US on every side (default 0: none). With a rest,
  * no side starts its next batch from a host idle longer than the others';
- * tried on 2026-12-02 with 3000 us, the host's noise grew and dlsync's own
- * cost with it (TWO_CAPTURES 1.28-1.33 over its floor, against 1.12 without:
- * docs/gpu.md, session 7), so the figures keep the old way. The
+ * with 3000 us the host's noise grew and dlsync's own cost with it
+ * (TWO_CAPTURES 1.28-1.33 over its floor, against 1.12 without), so the
+ * figures are taken without a rest (docs/performance.md). The
  * before/after table, whose libraries' pools are not visible here, always
  * rests 3000 us. */
 static long row_rest_us = -1;
@@ -1038,8 +1038,8 @@ static double capture_run(long n, bool use, size_t *nodes) {
 
 /* The long runs three times each, dlsync's and the floor's in turn (each
  * first in one of them), and the medians: one long run of each, one after
- * the other, caught the host in different moods (2026-12-02, session 12:
- * 0.52, 1.07 and 1.33 of the short runs in three bench runs of one build). */
+ * the other, caught the host in different moods (0.52, 1.07 and 1.33 of the
+ * short runs in three bench runs of one build: docs/performance.md, "Scale"). */
 #define SCALE_LONG_RUNS 3
 
 static void run_scale(void) {
@@ -1384,8 +1384,8 @@ int main(void) {
   }
 
   /* ROUNDS rounds, each measuring every operation in turn. The machine has
-   * slow phases that last several batches (seen on the H200 hosts: the raw
-   * calls alone moving by 1.5x), so each ratio is taken within a round,
+   * slow phases that last several batches (the raw calls alone moving by
+   * 1.5x: docs/performance.md, "Paired rounds"), so each ratio is taken within a round,
    * between operations measured one after the other, and the median of the
    * per-round ratios is reported with their range. */
   {

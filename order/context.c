@@ -393,12 +393,12 @@ dlsync_status dlsync__lanes_open_streams(dlsync__lanes_opened *out, dlsync_conte
   /* The lanes are read first: the legacy stream must be queried before
    * anything else touches it (while a blocking stream captures, the query
    * fails without harm, but other uses, cuStreamGetCtx included, invalidate
-   * that capture: design.md, the legacy stream's rule). A capture's
-   * dependencies are copied by the read (up to DLSYNC__DEPS_INLINE); a longer
-   * array is valid only until the next call on its stream, so such a lane is
-   * read again after the pool is found, unless the per-thread memo named the
-   * pool (no call made). With `memo` (the exchange's general path, which a
-   * capture sends there) one full capture query per stream. */
+   * that capture: design.md R8, R22). A capture's dependencies are copied by the
+   * read (up to DLSYNC__DEPS_INLINE); a longer array is valid only until the
+   * next call on its stream, so such a lane is read again after the pool is
+   * found, unless the per-thread memo named the pool (no call made). With
+   * `memo` (the exchange's general path, which a capture sends there) one
+   * full capture query per stream. */
   DLSYNC_TRY(dlsync__lane_read_as(&out->a, ctx->drv, a, ask->ra, ask->memo));
   if (b != NULL)
     DLSYNC_TRY(dlsync__lane_read_as(&out->b, ctx->drv, b, ask->rb, ask->memo));

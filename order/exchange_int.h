@@ -107,8 +107,8 @@ enum {
   /* Begin found both streams in one capture (or made the consumer join
    * the producer's), capture_id: end asks the consumer alone. While the
    * consumer is in that capture, so is the producer: a stream leaves a
-   * capture only when the capture ends, with all its streams (rule R11,
-   * checked on the H200), and capture ids are never reused. */
+   * capture only when the capture ends, with all its streams, and capture
+   * ids are never reused (design.md R11). */
   EX_ONE_CAPTURE = 32,
 };
 

@@ -21,7 +21,7 @@
 # framework suite runs again against that installed package.
 #
 # cmocka, where the machine lacks it, is taken from .deps/cmocka (Debian's
-# libcmocka0 and libcmocka-dev unpacked with dpkg -x; see docs/gpu.md).
+# libcmocka0 and libcmocka-dev unpacked with dpkg -x; see docs/gpu-suite.md).
 set -u
 root=$(cd "$(dirname "$0")/.." && pwd)
 out=${OUT:-$(mktemp -d)}
@@ -120,7 +120,7 @@ stamp "ctest"
 fi
 
 stamp "rules"
-echo "== the fake driver's rules on this driver (tests/gpu/gpu_rules)"
+echo "== the CUDA rules dlsync relies on, on this driver (tests/gpu/gpu_rules; docs/design.md section 6)"
 "$build"/tests/gpu/gpu_rules >"$out/rules.txt" 2>&1 || status=1
 cat "$out/rules.txt"
 

@@ -5,7 +5,7 @@
 # GPU needed): the driver, libc and the loader are left out, so the figure
 # moves only with dlsync's own code. A measuring aid for changes to the hot
 # paths; the speed that counts is bench/bench_exchange's on a GPU
-# (docs/gpu.md), where driver calls and atomic operations weigh more than
+# (docs/performance.md), where driver calls and atomic operations weigh more than
 # instructions.
 #
 #   bash scripts/instr-count.sh                 # this tree

@@ -80,8 +80,8 @@ dlsync_status dlsync__lane_refresh_slow(dlsync__lane_now *l, const dlsync__drive
 
 dlsync_status dlsync__lane_read_stream(dlsync__lane_now *out, const dlsync__driver *d,
                                        dlsync_lane *lane, const char *role, bool full) {
-  /* Most streams are eager: a plain status query settles those (measured a
-   * little cheaper than the full query on the H200). The special handles go
+  /* Most streams are eager: a plain status query settles those (a little
+   * cheaper than the full query: design.md R17). The special handles go
    * straight to the full query, whose answer for the legacy stream during a
    * blocking capture (CUDA_ERROR_STREAM_CAPTURE_IMPLICIT) is known to leave
    * the capture intact. */

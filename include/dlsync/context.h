@@ -1,17 +1,20 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: contexts, the driver they use, devices and capabilities.
  *
+ * Caller's rules:
+ *  - Use the library's default context (dlsync_context_default) unless you
+ *    need your own driver path or pool size; never destroy the default one.
+ *  - Create a context outside any capture (it calls cuInit and reads device
+ *    attributes); using it never breaks a capture.
+ *  - Every function taking a context may run on any number of threads at
+ *    once, except dlsync_context_destroy, which must not race with any other
+ *    use of that context.
+ *  - A program using dlsync starts on a machine without a GPU: the driver
+ *    (libcuda.so.1) is loaded at run time, never linked, and a missing one is
+ *    DLSYNC_ERROR_NO_DRIVER.
+ *
  * A context owns the per-device event pools and everything dlsync keeps for
- * ordering work. It loads the CUDA driver (libcuda.so.1) at run time; the
- * library never links it, so a program using dlsync starts on a machine
- * without a GPU, and dlsync_context_create says so with DLSYNC_ERROR_NO_DRIVER.
- *
- * Threads: every function taking a context may be called from any number of
- * threads at once, except dlsync_context_destroy, which must not race with any
- * other use of that context.
- *
- * Capture: creating a context calls cuInit and reads device attributes; do it
- * outside any capture. Using a context never breaks a capture (see exchange.h).
+ * ordering work.
  *
  * Ownership: a context is destroyed once with dlsync_context_destroy. The
  * default context (dlsync_context_default) belongs to the library and lives
@@ -62,38 +65,55 @@ typedef struct dlsync_context_config {
 #define DLSYNC_CONTEXT_CONFIG_INIT \
   { sizeof(dlsync_context_config), DLSYNC_CONTEXT_CONFIG_VERSION, NULL, 0 }
 
-/* Creates a context. config may be NULL (defaults). Errors:
- * DLSYNC_ERROR_NO_DRIVER (libcuda could not be loaded or initialised; the
- * message says what was tried), DLSYNC_ERROR_DRIVER_TOO_OLD,
- * DLSYNC_ERROR_INVALID_ARGUMENT (bad config size or version),
- * DLSYNC_ERROR_OUT_OF_MEMORY. *out is NULL on failure. */
+/* Creates a context. config may be NULL (defaults).
+ * Returns: DLSYNC_SUCCESS and *out the context; *out is NULL on failure.
+ * Errors: DLSYNC_ERROR_NO_DRIVER (libcuda could not be loaded or
+ *   initialised; the message says what was tried), DLSYNC_ERROR_DRIVER_TOO_OLD,
+ *   DLSYNC_ERROR_INVALID_ARGUMENT (bad config size or version),
+ *   DLSYNC_ERROR_OUT_OF_MEMORY.
+ * Threads: any thread.
+ * Capture: outside any capture (cuInit, device attributes). */
 DLSYNC_API dlsync_status dlsync_context_create(dlsync_context **out,
                                                const dlsync_context_config *config);
 
 /* Destroys a context and its pools. NULL is a no-op. Events still owned by
- * graphs (see exchange.h) are handed to the library and destroyed once those
- * graphs are gone; nothing is leaked and no graph loses an event. Returns
- * DLSYNC_SUCCESS; DLSYNC_ERROR_BUSY, with a message naming them, when fences,
- * exchanges or releases outlive it (see "Lifetime" above); or the first
- * driver error met while destroying events. The context is destroyed
- * regardless. */
+ * graphs are handed to the library and destroyed once those graphs are gone;
+ * nothing is leaked and no graph loses an event. The context is destroyed
+ * whatever the status.
+ * Returns: DLSYNC_SUCCESS.
+ * Errors: DLSYNC_ERROR_BUSY, with a message naming them, when fences,
+ *   exchanges or releases outlive it (see "Lifetime" above); the first driver
+ *   error met while destroying events; DLSYNC_ERROR_INVALID_ARGUMENT for the
+ *   default context.
+ * Threads: must not race with any other use of the context; not from a
+ *   release's deleter (DLSYNC_ERROR_BUSY there).
+ * Capture: waits for the context's pending eager releases; outside any
+ *   capture. */
 DLSYNC_API dlsync_status dlsync_context_destroy(dlsync_context *ctx);
 
 /* The process-wide default context, created with the default configuration
- * by the first call that succeeds. Thread-safe: threads calling at once get
- * the same context, made once. Once made, every call returns it (one atomic
- * load); it lives until the process ends (see "Ownership" above). On failure
- * *out is NULL, and the message begins "the default context could not be
- * created". A failure that trying again cannot change within the process is
- * remembered: every later call returns it, with the same message and
- * dlsync_last_driver_result, and tries nothing. Those are
- * DLSYNC_ERROR_NO_DRIVER (libcuda.so.1 could not be loaded, or cuInit failed,
- * which the driver keeps for the process) and DLSYNC_ERROR_DRIVER_TOO_OLD.
- * Any other failure (DLSYNC_ERROR_OUT_OF_MEMORY, DLSYNC_ERROR_DRIVER, ...) is
- * returned to that call only, keeps nothing, and the next call tries again. */
+ * by the first call that succeeds. Once made, every call returns it (one
+ * atomic load); it lives until the process ends (see "Ownership" above).
+ * Returns: DLSYNC_SUCCESS and *out the context; *out is NULL on failure.
+ * Errors: as dlsync_context_create; the message begins "the default context
+ *   could not be created". A failure that trying again cannot change within
+ *   the process is remembered: every later call returns it, with the same
+ *   message and dlsync_last_driver_result, and tries nothing. Those are
+ *   DLSYNC_ERROR_NO_DRIVER (libcuda.so.1 could not be loaded, or cuInit
+ *   failed, which the driver keeps for the process) and
+ *   DLSYNC_ERROR_DRIVER_TOO_OLD. Any other failure (DLSYNC_ERROR_OUT_OF_MEMORY,
+ *   DLSYNC_ERROR_DRIVER, ...) is returned to that call only, keeps nothing,
+ *   and the next call tries again.
+ * Threads: threads calling at once get the same context, made once.
+ * Capture: the first call creates the context: outside any capture; later
+ *   calls make no driver call. */
 DLSYNC_API dlsync_status dlsync_context_default(dlsync_context **out);
 
-/* Driver facts. */
+/* The version of the driver the context uses (cuDriverGetVersion: 13000 for
+ * CUDA 13.0).
+ * Returns: DLSYNC_SUCCESS and *out.
+ * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (a NULL argument).
+ * Threads: any thread. Capture: no driver call; safe at any time. */
 DLSYNC_API dlsync_status dlsync_context_driver_version(int *out, const dlsync_context *ctx);
 
 /* Capabilities of the driver a context uses. */
@@ -111,15 +131,23 @@ typedef enum dlsync_capability {
   DLSYNC_CAP_GRAPH_ADD_NODE_EDGE_DATA = 1u << 3
 } dlsync_capability;
 
-/* Bitmask of dlsync_capability. */
+/* The capabilities of the context's driver, a bitmask of dlsync_capability.
+ * Returns: DLSYNC_SUCCESS and *out.
+ * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (a NULL argument).
+ * Threads: any thread. Capture: no driver call; safe at any time. */
 DLSYNC_API dlsync_status dlsync_context_capabilities(uint32_t *out, const dlsync_context *ctx);
 
-/* DLSYNC_SUCCESS when the capability is there; otherwise
- * DLSYNC_ERROR_DRIVER_TOO_OLD with a message naming the driver entry point,
- * the driver version it needs and the one found. */
+/* Whether the context's driver has a capability.
+ * Returns: DLSYNC_SUCCESS when it is there.
+ * Errors: DLSYNC_ERROR_DRIVER_TOO_OLD with a message naming the driver entry
+ *   point, the driver version it needs and the one found;
+ *   DLSYNC_ERROR_INVALID_ARGUMENT (a NULL context).
+ * Threads: any thread. Capture: no driver call; safe at any time. */
 DLSYNC_API dlsync_status dlsync_context_require(const dlsync_context *ctx, dlsync_capability cap);
 
-/* A printable name for one capability bit ("capture-edge-data"). */
+/* A printable name for one capability bit ("capture-edge-data").
+ * Returns: static storage; never fails.
+ * Threads: any thread. Capture: safe at any time. */
 DLSYNC_API const char *dlsync_capability_name(dlsync_capability cap);
 
 #define DLSYNC_DEVICE_INFO_VERSION 1u
@@ -139,9 +167,18 @@ typedef struct dlsync_device_info {
 #define DLSYNC_DEVICE_INFO_INIT \
   { sizeof(dlsync_device_info), DLSYNC_DEVICE_INFO_VERSION, 0, {0}, {0}, 0, 0, 0, 0 }
 
+/* The number of devices the context's driver reports (cuDeviceGetCount).
+ * Returns: DLSYNC_SUCCESS and *out.
+ * Errors: DLSYNC_ERROR_INVALID_ARGUMENT, DLSYNC_ERROR_DRIVER.
+ * Threads: any thread. Capture: legal (a device query, no stream touched). */
 DLSYNC_API dlsync_status dlsync_device_count(int *out, const dlsync_context *ctx);
 
-/* Fills *info (initialised with DLSYNC_DEVICE_INFO_INIT) for device ordinal. */
+/* Fills *info (initialised with DLSYNC_DEVICE_INFO_INIT) for device ordinal.
+ * Returns: DLSYNC_SUCCESS and *info filled.
+ * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (NULL; a size or version other than
+ *   DLSYNC_DEVICE_INFO_INIT's), DLSYNC_ERROR_DRIVER (an ordinal the driver
+ *   does not know, with its message).
+ * Threads: any thread. Capture: legal (device queries, no stream touched). */
 DLSYNC_API dlsync_status dlsync_device_get_info(dlsync_device_info *info, const dlsync_context *ctx,
                                                 int ordinal);
 

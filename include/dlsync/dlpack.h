@@ -1,6 +1,18 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: DLPack integration.
  *
+ * Caller's rules:
+ *  - Pass DLPack 1.x tensors (DLManagedTensorVersioned *) from any dlpack.h,
+ *    included before or after this header; a tensor of another major version
+ *    may only have its deleter called.
+ *  - For CUDA, Python's stream=None is the legacy default stream: pass 1.
+ *    ROCm's stream values are not handled.
+ *  - After dlsync_dlpack_call_deleter or a successful dlsync_dlpack_release
+ *    the tensor is its producer's again: use it no more (after a release:
+ *    queue no more work that reads it).
+ *  - Every function may run on any thread at once and is legal during
+ *    capture.
+ *
  * dlsync works with DLPack 1.x tensors (struct DLManagedTensorVersioned, ABI
  * as in dlpack.h 1.3) without needing dlpack.h: this header names the DLPack
  * structs by their tags only, and uses them only through pointers. The
@@ -66,22 +78,30 @@ struct DLPackExchangeAPI;
 
 /* Calls t->deleter(t), once, if t and its deleter are not NULL (DLPack allows
  * a NULL deleter). Safe for any DLPack major version: the deleter sits where
- * the DLPack ABI promises to keep it. Runs the producer's code on the calling
- * thread; it must not be a CUDA driver callback thread. */
+ * the DLPack ABI promises to keep it.
+ * Returns: nothing; never fails.
+ * Threads: runs the producer's code on the calling thread, which must not be
+ *   a CUDA driver callback thread.
+ * Capture: whatever the producer's deleter does. */
 DLSYNC_API void dlsync_dlpack_call_deleter(struct DLManagedTensorVersioned *t);
 
 /* Stream-ordered release of a tensor (dlsync_release with a deleter that
  * calls dlsync_dlpack_call_deleter): its deleter runs once the work queued so
  * far on `lane` has finished, on a reclaimer thread of dlsync's, or once the
- * graphs that captured it are gone (release.h). DLSYNC_ERROR_INVALID_ARGUMENT
- * for a NULL tensor. On failure nothing will call the deleter: the tensor is
- * still the caller's. */
+ * graphs that captured it are gone (release.h).
+ * Returns: DLSYNC_SUCCESS; the deleter will run exactly once.
+ * Errors: those of dlsync_release; DLSYNC_ERROR_INVALID_ARGUMENT for a NULL
+ *   tensor. On failure nothing will call the deleter: the tensor is still the
+ *   caller's.
+ * Threads, Capture: as dlsync_release. */
 DLSYNC_API dlsync_status dlsync_dlpack_release(dlsync_context *ctx, dlsync_lane *lane,
                                                struct DLManagedTensorVersioned *t);
 
-/* The version a tensor carries (t->version). DLSYNC_ERROR_INVALID_ARGUMENT
- * when an argument is NULL. A major version other than
- * DLSYNC_DLPACK_MAJOR_VERSION means: call the deleter, read nothing else. */
+/* The version a tensor carries (t->version). A major version other than
+ * DLSYNC_DLPACK_MAJOR_VERSION means: call the deleter, read nothing else.
+ * Returns: DLSYNC_SUCCESS, *major and *minor.
+ * Errors: DLSYNC_ERROR_INVALID_ARGUMENT when an argument is NULL.
+ * Threads: any thread. Capture: no driver call; safe at any time. */
 DLSYNC_API dlsync_status dlsync_dlpack_version(uint32_t *major, uint32_t *minor,
                                                const struct DLManagedTensorVersioned *t);
 
@@ -109,7 +129,13 @@ DLSYNC_API dlsync_status dlsync_dlpack_version(uint32_t *major, uint32_t *minor,
  * consumer while a blocking stream of its context captures is reported by
  * dlsync_order / dlsync_exchange_begin (DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE).
  *
- * On failure *ordered is false and *out a zeroed lane. */
+ * Returns: DLSYNC_SUCCESS, *ordered and *out as above.
+ * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (0, < -1, a NULL out or ordered),
+ *   DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE, and the errors of
+ *   dlsync_lane_query for the producer. On failure *ordered is false and *out
+ *   a zeroed lane.
+ * Threads: any thread, any number at once.
+ * Capture: legal; at most one capture query of the producer, for value 1. */
 DLSYNC_API dlsync_status dlsync_dlpack_stream(dlsync_lane *out, bool *ordered, dlsync_context *ctx,
                                               int64_t stream_value, const dlsync_lane *producer);
 

@@ -1,6 +1,13 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: env streams, the current work stream of each device.
  *
+ * Caller's rules:
+ *  - Set returns the stream it replaces: restore it when done (below).
+ *  - The table is the calling thread's own; set and read on the same thread.
+ *  - dlsync keeps the handle only: unset or replace a stream before you
+ *    destroy it.
+ *  - Nothing here calls the driver: safe at any time, during capture too.
+ *
  * A framework sets the stream its work goes to for a device (DLPack device
  * type and id: DLSYNC_DLPACK_DEVICE_CUDA and a CUDA ordinal, say); a kernel
  * library called from it reads that stream and launches there. This is the
@@ -45,21 +52,29 @@ extern "C" {
 
 /* Sets the calling thread's current stream for (device_type, device_id) and
  * writes the one it replaces (NULL when none was set) to *previous, which may
- * be NULL. Setting NULL unsets. Errors: DLSYNC_ERROR_INVALID_ARGUMENT
- * (device_type < 1, not a DLDeviceType; device_id < 0),
- * DLSYNC_ERROR_OUT_OF_MEMORY. On failure nothing changes and *previous still
- * gets the value in effect, so restoring it is always right. */
+ * be NULL. Setting NULL unsets.
+ * Returns: DLSYNC_SUCCESS.
+ * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (device_type < 1, not a
+ *   DLDeviceType; device_id < 0), DLSYNC_ERROR_OUT_OF_MEMORY. On failure
+ *   nothing changes and *previous still gets the value in effect, so
+ *   restoring it is always right.
+ * Threads: the calling thread's table only; no lock.
+ * Capture: no driver call; safe at any time. */
 DLSYNC_API dlsync_status dlsync_env_stream_set(void **previous, int32_t device_type,
                                                int32_t device_id, void *stream);
 
 /* The calling thread's current stream for (device_type, device_id); NULL when
- * none is set (on CUDA: the legacy default stream). Errors:
- * DLSYNC_ERROR_INVALID_ARGUMENT (out NULL, or the device as for set; *out is
- * then NULL if out is not). */
+ * none is set (on CUDA: the legacy default stream).
+ * Returns: DLSYNC_SUCCESS and *out.
+ * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (out NULL, or the device as for set;
+ *   *out is then NULL if out is not).
+ * Threads: the calling thread's table only. Capture: safe at any time. */
 DLSYNC_API dlsync_status dlsync_env_stream_get(void **out, int32_t device_type, int32_t device_id);
 
 /* Unsets every stream of the calling thread and frees its table now rather
- * than at thread exit (the main thread's, say, before a leak check). */
+ * than at thread exit (the main thread's, say, before a leak check).
+ * Returns: nothing; never fails.
+ * Threads: the calling thread's table only. Capture: safe at any time. */
 DLSYNC_API void dlsync_env_stream_clear(void);
 
 /* The producer's current work stream for (device_type, device_id), asked from
@@ -73,13 +88,17 @@ DLSYNC_API void dlsync_env_stream_clear(void);
  *
  * The API struct must be of DLPack major version 1 (DLSYNC_DLPACK_MAJOR_VERSION):
  * if its header says otherwise, the structs chained through header.prev_api
- * are tried, newest first, as DLPack says a consumer may. Errors, all with a
- * message and *out = NULL: DLSYNC_ERROR_INVALID_ARGUMENT for a NULL argument,
+ * are tried, newest first, as DLPack says a consumer may.
+ * Errors, all with a message and *out = NULL: DLSYNC_ERROR_INVALID_ARGUMENT for a NULL argument,
  * a device as for set, no major version 1 in the chain (the versions found are
  * named), a NULL current_work_stream, and a producer's function that failed
  * (returned non-zero; a Python producer has then set a Python exception, which
- * the caller should raise or clear). The producer's function runs on the
- * calling thread; whether it needs the GIL is the producer's contract. */
+ * the caller should raise or clear).
+ * Returns (on success): DLSYNC_SUCCESS and *out, the producer's answer.
+ * Threads: the producer's function runs on the calling thread; whether it
+ *   needs the GIL is the producer's contract.
+ * Capture: dlsync makes no driver call; the producer's function is the
+ *   producer's. */
 DLSYNC_API dlsync_status dlsync_env_stream_from_exchange_api(void **out,
                                                              const struct DLPackExchangeAPI *api,
                                                              int32_t device_type,

@@ -1,60 +1,26 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: ordering work between a producer and a consumer.
  *
- * dlsync_order(ctx, first, then) makes the work that `then` queues from now on
- * run after the work `first` queued so far. dlsync_exchange_begin/end is the
- * pair a library uses around a borrowed tensor: begin orders the consumer
- * after the producer's earlier work (the data is ready), end orders the
- * producer's later work (mutation, free, the end of its capture) after the
- * consumer's work in between.
+ * Caller's rules:
+ *  - Queue the consumer's work on a borrowed tensor between a successful
+ *    dlsync_exchange_begin* and its one dlsync_exchange_end (on any thread).
+ *  - Keep stream lanes' streams alive until end; graph lanes are kept by
+ *    pointer and must stay valid until end (move their frontier on as you
+ *    build: end reads it as it is then).
+ *  - Where an order puts a record node in one graph and a wait node in
+ *    another, launch the graph with the record node first, every time.
+ *  - An eager stream cannot wait for a graph that is not launched yet: such
+ *    an order is DLSYNC_ERROR_CAPTURE_ORDER and queues nothing; order it
+ *    after the launch instead.
+ *  - Every call here is legal during capture, in every capture mode, on this
+ *    thread or another: none queries or synchronises a stream or an event,
+ *    allocates device memory, or touches the legacy stream unless a lane
+ *    names it.
  *
- * What happens depends on what each lane is at the time of the call (read from
- * the driver each time):
- *
- *   first \ then          eager stream         capturing stream      graph lane
- *   same stream           nothing              nothing               -
- *   eager stream          event record+wait    eager record, external wait node in then's graph
- *   capturing (id N)      then joins capture N edges only (same N);  record node in first's graph,
- *                         (plain record/wait)  otherwise record node wait node in then's graph
- *                                              in N, wait node in the other
- *   graph lane            ERROR_CAPTURE_ORDER  record node in first's graph, wait node in then's
- *                                              (same graph: edges only, no node)
- *
- * Each case has a name (EAGER_EAGER, JOIN, TWO_CAPTURES, ...) that the decision
- * log (DLSYNC_DEBUG=TRACE) prints for every call; docs/design.md lists them.
- *
- * Where a record node and a wait node are placed in two different graphs, the
- * graph holding the record node must be launched before the one holding the
- * wait node, each time: a wait node waits for the event's state at launch.
- * Events placed in graphs belong to those graphs (user objects) and go back
- * to the pool only after the graphs and every executable made from them are
- * destroyed. Events for graphs built by hand come from the calling thread's
- * batch of up to 8, held by one user object that each such graph retains: the
- * events of a batch come back together, once every graph that took one of
- * them is gone and the thread has let go of the batch (at its last event, the
- * thread's exit, or dlsync_context_destroy on that thread); so a thread holds
- * at most 8 such events per CUDA context between its orders.
- *
- * An eager stream cannot wait for a graph that is not launched yet (the wait
- * would order nothing): such a request is DLSYNC_ERROR_CAPTURE_ORDER.
- *
- * Capture safety: no call made here queries or synchronises a stream or
- * event, allocates device memory, or touches the legacy stream unless a lane
- * names it; so dlsync never breaks a capture, in any capture mode, on this
- * thread or another. Events are created (allowed during capture) only when a
- * pool is empty.
- *
- * Devices: streams of two devices are ordered like any others (the driver
- * needs no peer access for an event wait; seen on two H200s). Should the
- * driver refuse such a wait, the status is DLSYNC_ERROR_CROSS_DEVICE and the
- * message names both devices.
- *
- * Errors leave nothing queued that the caller did not ask for, return pooled
- * events to the pool and leak nothing. One exception to "at once": a graph
- * takes its event before dlsync adds the node that uses it, so when adding
- * the node fails (DLSYNC_ERROR_FOREIGN_DEPENDENCY, say) the event comes back
- * when that graph is destroyed. Threads: any number of calls at once on one
- * context; one exchange handle is used by one thread at a time.
+ * What each pair of lanes gets (the decision table: EAGER_EAGER, JOIN,
+ * SAME_CAPTURE, TWO_CAPTURES, ...), how events in graphs are owned and given
+ * back, and why: docs/design.md section 3. The decision log
+ * (DLSYNC_DEBUG=TRACE) names the row of every call.
  */
 #ifndef DLSYNC_EXCHANGE_H
 #define DLSYNC_EXCHANGE_H
@@ -68,8 +34,21 @@
 extern "C" {
 #endif
 
-/* Makes `then`'s later work run after `first`'s earlier work (table above).
- * Graph lanes (either side) get their new frontier written back. */
+/* Makes the work `then` queues from now on run after the work `first` queued
+ * so far. Graph lanes (either side) get their new frontier written back.
+ * Returns: DLSYNC_SUCCESS, the order in place.
+ * Errors: DLSYNC_ERROR_INVALID_ARGUMENT, DLSYNC_ERROR_INVALID_LANE,
+ *   DLSYNC_ERROR_CAPTURE_INVALIDATED, DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE,
+ *   DLSYNC_ERROR_CAPTURE_ORDER (an eager `then` after a graph not launched),
+ *   DLSYNC_ERROR_FOREIGN_DEPENDENCY, DLSYNC_ERROR_CROSS_DEVICE (the driver
+ *   refused a wait across devices; the message names both),
+ *   DLSYNC_ERROR_DRIVER, DLSYNC_ERROR_OUT_OF_MEMORY, DLSYNC_ERROR_INTERNAL.
+ *   A failure queues nothing and returns pooled events to the pool, except
+ *   that a graph keeps an event it took before a node could not be added
+ *   (it comes back when that graph is destroyed).
+ * Threads: any number of calls at once on one context; a graph lane is
+ *   written by one thread at a time.
+ * Capture: legal in every mode; it never breaks a capture. */
 DLSYNC_API dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane *then);
 
 typedef struct dlsync_exchange dlsync_exchange;
@@ -81,8 +60,8 @@ typedef struct dlsync_exchange dlsync_exchange;
  * whatever stream a handle names by then: one destroyed before end whose
  * handle the driver gave to a new stream is not noticed inside a capture).
  * Graph lanes are kept by pointer: they must stay valid until end, which
- * reads their frontiers as they are then (the caller moves them on while
- * building) and writes the producer's new frontier.
+ * reads their frontiers as they are then and writes the producer's new
+ * frontier.
  *
  * If the producer is capturing and the consumer is an eager stream, the
  * consumer joins the producer's capture: the consumer's work until end is
@@ -90,7 +69,13 @@ typedef struct dlsync_exchange dlsync_exchange;
  * so the capture can end cleanly. Work queued on the consumer after end, while
  * that capture is still active, is captured too and must be joined back by
  * the caller (cuStreamEndCapture fails with CUDA_ERROR_STREAM_CAPTURE_UNJOINED
- * otherwise). On failure *out is NULL and nothing was queued. */
+ * otherwise).
+ * Returns: DLSYNC_SUCCESS and *out the handle for dlsync_exchange_end.
+ * Errors: those of dlsync_order; on failure *out is NULL and nothing was
+ *   queued.
+ * Threads: any number at once on one context; the handle is used by one
+ *   thread at a time (end may run on another thread).
+ * Capture: legal in every mode; it never breaks a capture. */
 DLSYNC_API dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
                                                dlsync_lane *producer, dlsync_lane *consumer);
 
@@ -104,8 +89,7 @@ typedef enum dlsync_exchange_flag {
    * trusts what begin found and asks the driver nothing: two status queries
    * fewer per exchange. Inside one capture (both streams in it at begin, or
    * the consumer joined to the producer's there) end still reads the
-   * consumer once, for the dependency set it hands the producer; a query and
-   * that update cost less than a record and a wait.
+   * consumer once, for the dependency set it hands the producer.
    * Broken, the promise costs a capture: if the consumer began capturing in
    * between, end's wait makes the producer join that capture, so the
    * producer's later work is captured too and that capture's
@@ -116,8 +100,11 @@ typedef enum dlsync_exchange_flag {
   DLSYNC_EXCHANGE_CAPTURE_STABLE = 1u << 0
 } dlsync_exchange_flag;
 
-/* dlsync_exchange_begin with flags (dlsync_exchange_flag bits); unknown bits
- * are DLSYNC_ERROR_INVALID_ARGUMENT. */
+/* dlsync_exchange_begin with flags (dlsync_exchange_flag bits).
+ * Returns: as dlsync_exchange_begin.
+ * Errors: as dlsync_exchange_begin; unknown bits are
+ *   DLSYNC_ERROR_INVALID_ARGUMENT.
+ * Threads, Capture: as dlsync_exchange_begin. */
 DLSYNC_API dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context *ctx,
                                                      dlsync_lane *producer, dlsync_lane *consumer,
                                                      uint32_t flags);
@@ -126,20 +113,21 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsy
  * the consumer after each distinct producer lane of `producers[0..n)` (stream
  * lanes are the same when they name the same stream; graph lanes when they
  * are the same dlsync_lane), as dlsync_exchange_begin_flags would one by one,
- * in array order, each pair by the table above with the consumer's state as
- * it is then. So a producer stream given twice costs one record and one wait;
- * several producers in one capture cost one join (the first joins an eager
- * consumer to the capture, the others find it there: edges only); a producer
- * that already shares the consumer's capture adds edges only. The matching
+ * in array order, each pair by the table with the consumer's state as it is
+ * then. So a producer stream given twice costs one record and one wait;
+ * several producers in one capture cost one join; a producer that already
+ * shares the consumer's capture adds edges only. The matching
  * dlsync_exchange_end orders each distinct producer after the consumer's
  * work, newest first, and reports the first failure (it still ends all).
- *
- * n == 1 is dlsync_exchange_begin_flags. n == 0, producers == NULL with
- * n > 0, or n > DLSYNC_EXCHANGE_MANY_MAX: DLSYNC_ERROR_INVALID_ARGUMENT. Every
- * lane is checked before anything is queued; when a later producer fails
- * after earlier ones were ordered, those are ordered back (as end would, so
- * no capture is left with unjoined work) and *out is NULL. Graph lanes are
- * kept by pointer until end, as in dlsync_exchange_begin. */
+ * n == 1 is dlsync_exchange_begin_flags. Graph lanes are kept by pointer until
+ * end, as in dlsync_exchange_begin.
+ * Returns: DLSYNC_SUCCESS and *out the handle.
+ * Errors: as dlsync_exchange_begin_flags; n == 0, producers == NULL with
+ *   n > 0, or n > DLSYNC_EXCHANGE_MANY_MAX: DLSYNC_ERROR_INVALID_ARGUMENT.
+ *   Every lane is checked before anything is queued; when a later producer
+ *   fails after earlier ones were ordered, those are ordered back (as end
+ *   would, so no capture is left with unjoined work) and *out is NULL.
+ * Threads, Capture: as dlsync_exchange_begin. */
 #define DLSYNC_EXCHANGE_MANY_MAX 1024
 DLSYNC_API dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsync_context *ctx,
                                                     dlsync_lane *producers, size_t n,
@@ -147,23 +135,25 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsyn
 
 /* Orders the producer's later work after the consumer's work since begin
  * (dlsync_order(ctx, consumer, producer)) and frees the handle, whatever the
- * result. NULL is DLSYNC_ERROR_INVALID_ARGUMENT.
- *
- * DLSYNC_ERROR_CAPTURE_ORDER when the producer is an eager stream and the
- * consumer is capturing or a graph lane (the producer cannot wait for a graph
- * that is not launched), and when begin placed a record node in the
- * producer's graph and a wait node in the consumer's (another graph): the
- * producer's graph must be launched first, so it cannot also wait for the
- * consumer's. Nothing is queued then; order the producer after the launch
- * instead.
- *
- * Misuse is caught: a handle is a record's index and generation, and records
- * are recycled, never freed. Ending a handle a second time, a handle whose
- * record a later begin reused, a handle whose context was destroyed, or a
- * value that was never a handle is DLSYNC_ERROR_INVALID_ARGUMENT with a
- * message; it reads no freed memory and never ends another exchange. A
- * handle may be ended on any thread. Not detected: a generation that wrapped
- * (2^38 begin/end pairs on one record between the two ends). */
+ * result.
+ * Returns: DLSYNC_SUCCESS, the order in place.
+ * Errors: those of dlsync_order, and:
+ *   DLSYNC_ERROR_CAPTURE_ORDER when the producer is an eager stream and the
+ *   consumer is capturing or a graph lane (the producer cannot wait for a
+ *   graph that is not launched), and when begin placed a record node in the
+ *   producer's graph and a wait node in the consumer's (another graph): the
+ *   producer's graph must be launched first, so it cannot also wait for the
+ *   consumer's. Nothing is queued then; order the producer after the launch
+ *   instead.
+ *   DLSYNC_ERROR_INVALID_ARGUMENT, with a message, for NULL, a handle ended
+ *   before, a handle whose record a later begin reused, a handle whose
+ *   context was destroyed, or a value that was never a handle: a handle is a
+ *   record's index and generation and records are recycled, never freed, so
+ *   this reads no freed memory and never ends another exchange. Not
+ *   detected: a generation that wrapped (2^38 begin/end pairs on one record
+ *   between the two ends).
+ * Threads: any thread, one at a time per handle.
+ * Capture: legal in every mode; it never breaks a capture. */
 DLSYNC_API dlsync_status dlsync_exchange_end(dlsync_exchange *exchange);
 
 #ifdef __cplusplus

@@ -1,5 +1,12 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* dlsync: symbol visibility. */
+/* dlsync: symbol visibility.
+ *
+ * Caller's rules:
+ *  - Linking libdlsync.so: nothing to define.
+ *  - Linking libdlsync.a: define DLSYNC_STATIC_DEFINE (the CMake target
+ *    dlsync::dlsync_static and `pkg-config --static` do), so that no dlsync_
+ *    symbol is exported from the program or library it is linked into.
+ */
 #ifndef DLSYNC_EXPORT_H
 #define DLSYNC_EXPORT_H
 

@@ -1,6 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: fences, for work exported for longer than one exchange.
  *
+ * Caller's rules:
+ *  - A fence signalled in a graph (a capture or a graph built by hand) is
+ *    armed only when that graph is launched: launch it before the graphs
+ *    that wait on the fence, and wait from an eager stream only after the
+ *    launch (before it, the wait orders nothing).
+ *  - Keep the stream a fence was signalled on alive while eager streams may
+ *    wait on the fence.
+ *  - Release every reference you hold (signal gives one, retain adds one);
+ *    the last release must not race with a wait on the fence.
+ *  - Every call is legal during capture, in every mode.
+ *
  * dlsync_fence_signal marks the work queued so far on a lane; any number of
  * dlsync_fence_wait calls, from any lane and any thread, later order a lane
  * after that work. A fence is reference-counted: signal returns it with one
@@ -62,18 +73,41 @@ extern "C" {
 typedef struct dlsync_fence dlsync_fence;
 
 /* Marks the work queued so far on `lane`. A graph lane's frontier becomes the
- * record node; a capturing stream's capture continues after it. */
+ * record node; a capturing stream's capture continues after it.
+ * Returns: DLSYNC_SUCCESS and *out the fence, with one reference.
+ * Errors: DLSYNC_ERROR_INVALID_ARGUMENT, DLSYNC_ERROR_INVALID_LANE,
+ *   DLSYNC_ERROR_CAPTURE_INVALIDATED, DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE,
+ *   DLSYNC_ERROR_FOREIGN_DEPENDENCY, DLSYNC_ERROR_DRIVER,
+ *   DLSYNC_ERROR_OUT_OF_MEMORY; *out is NULL and nothing is queued.
+ * Threads: any thread, any number at once.
+ * Capture: legal in every mode; it never breaks a capture. */
 DLSYNC_API dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx,
                                              dlsync_lane *lane);
 
 /* Orders `lane`'s later work after the fence (see above). A graph lane's new
- * frontier is written back. */
+ * frontier is written back.
+ * Returns: DLSYNC_SUCCESS, the order in place.
+ * Errors: DLSYNC_ERROR_CAPTURE_ORDER (an eager lane after a fence whose
+ *   capture is still active), DLSYNC_ERROR_INVALID_ARGUMENT (also a fence
+ *   whose last reference is gone, see "Misuse"), the lane errors of
+ *   dlsync_order, DLSYNC_ERROR_DRIVER, DLSYNC_ERROR_OUT_OF_MEMORY; nothing is
+ *   queued then.
+ * Threads: any thread, any number at once, not racing the fence's last
+ *   release.
+ * Capture: legal in every mode; it never breaks a capture. */
 DLSYNC_API dlsync_status dlsync_fence_wait(dlsync_fence *fence, dlsync_lane *lane);
 
-/* Adds a reference; returns the fence (NULL stays NULL). */
+/* Adds a reference.
+ * Returns: the fence; NULL for NULL, and for a fence whose last reference is
+ *   gone (the message says so).
+ * Threads: any thread. Capture: no driver call; safe at any time. */
 DLSYNC_API dlsync_fence *dlsync_fence_retain(dlsync_fence *fence);
 
-/* Drops a reference; NULL is a no-op. */
+/* Drops a reference; the last one gives the fence's event back (once no
+ * graph holds it). NULL is a no-op; a fence already released is ignored (the
+ * message says so).
+ * Threads: any thread; the last release must not race with a wait.
+ * Capture: legal in every mode. */
 DLSYNC_API void dlsync_fence_release(dlsync_fence *fence);
 
 typedef enum dlsync_fence_kind {
@@ -82,6 +116,11 @@ typedef enum dlsync_fence_kind {
   DLSYNC_FENCE_BUILT = 2     /* a record node in a graph built by hand */
 } dlsync_fence_kind;
 
+/* Where the fence was signalled.
+ * Returns: DLSYNC_SUCCESS and *out.
+ * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (NULL, or a fence whose last
+ *   reference is gone).
+ * Threads: any thread. Capture: no driver call; safe at any time. */
 DLSYNC_API dlsync_status dlsync_fence_get_kind(dlsync_fence_kind *out, const dlsync_fence *fence);
 
 #ifdef __cplusplus

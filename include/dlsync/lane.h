@@ -1,21 +1,27 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: lanes, the places where work is ordered.
  *
- * A lane is either
- *  - a stream (DLSYNC_LANE_STREAM): any CUstream / cudaStream_t, including
- *    DLSYNC_STREAM_LEGACY and DLSYNC_STREAM_PER_THREAD. Whether it is eager or
- *    capturing is read from the driver (cuStreamGetCaptureInfo) at each call,
- *    never cached; or
- *  - a position in a graph built by hand (DLSYNC_LANE_GRAPH): a CUgraph and the
- *    nodes the lane's next work depends on (its frontier). A call that orders
- *    work on a graph lane writes the lane's new frontier back into deps[] and
- *    ndeps, so the caller builds on from there; deps must have room for
- *    `capacity` nodes (DLSYNC_ERROR_INVALID_ARGUMENT, nothing added, when the
- *    new frontier would not fit; a frontier of one node always fits).
+ * Caller's rules:
+ *  - Make lanes with dlsync_lane_stream or dlsync_lane_graph; a zeroed lane
+ *    is rejected (DLSYNC_ERROR_INVALID_LANE).
+ *  - A stream lane is any CUstream / cudaStream_t, including
+ *    DLSYNC_STREAM_LEGACY and DLSYNC_STREAM_PER_THREAD; whether it is eager
+ *    or capturing is read from the driver at each call, never cached.
+ *  - A graph lane is a position in a graph built by hand: the CUgraph and the
+ *    nodes its next work depends on (its frontier). A call that orders work
+ *    on it writes the new frontier back into deps[] and ndeps, so build on
+ *    from there; deps must have room for `capacity` nodes (a frontier that
+ *    would not fit is DLSYNC_ERROR_INVALID_ARGUMENT, nothing added; a
+ *    frontier of one node always fits).
+ *  - No cuda.h is needed: handles are named by their struct tags, which are
+ *    those of cuda.h and cuda_runtime.h, so CUstream, cudaStream_t, CUgraph
+ *    and cudaGraph_t pass unchanged, whichever header comes first.
  *
- * This header does not need cuda.h: handles are named by their struct tags,
- * which are those of cuda.h and cuda_runtime.h, so CUstream, cudaStream_t,
- * CUgraph and cudaGraph_t pass unchanged, whichever header comes first.
+ * Layout: struct dlsync_lane and struct dlsync_lane_state are frozen, field
+ * for field as written here, for every 0.x version and until 1.0; a change
+ * before then would come as a new struct with a new name, never as a new
+ * field in these. (Unlike the config and stats structs, they carry no size
+ * field: callers make them on the stack for every call.)
  */
 #ifndef DLSYNC_LANE_H
 #define DLSYNC_LANE_H
@@ -54,6 +60,7 @@ typedef struct dlsync_lane {
   size_t capacity;              /* GRAPH lanes: room in deps */
 } dlsync_lane;
 
+/* A stream lane. No driver call; any thread; legal during capture. */
 static inline dlsync_lane dlsync_lane_stream(struct CUstream_st *stream) {
   dlsync_lane lane;
   lane.kind = DLSYNC_LANE_STREAM;
@@ -65,6 +72,9 @@ static inline dlsync_lane dlsync_lane_stream(struct CUstream_st *stream) {
   return lane;
 }
 
+/* A graph lane: `graph` and its frontier deps[0..ndeps), with room for
+ * `capacity` nodes in deps. No driver call; any thread; legal during
+ * capture. */
 static inline dlsync_lane dlsync_lane_graph(struct CUgraph_st *graph, struct CUgraphNode_st **deps,
                                             size_t ndeps, size_t capacity) {
   dlsync_lane lane;
@@ -89,10 +99,15 @@ typedef struct dlsync_lane_state {
   struct CUgraph_st *graph; /* CAPTURING: the graph being built; BUILT: the lane's graph */
 } dlsync_lane_state;
 
-/* Reads what a lane is now. Errors: DLSYNC_ERROR_INVALID_LANE,
- * DLSYNC_ERROR_CAPTURE_INVALIDATED, DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE,
- * DLSYNC_ERROR_DRIVER. One cuStreamGetCaptureInfo for a stream lane; no
- * driver call for a graph lane. Legal during capture. */
+/* Reads what a lane is now: one cuStreamGetCaptureInfo for a stream lane; no
+ * driver call for a graph lane.
+ * Returns: DLSYNC_SUCCESS and *out filled.
+ * Errors: DLSYNC_ERROR_INVALID_ARGUMENT, DLSYNC_ERROR_INVALID_LANE,
+ *   DLSYNC_ERROR_CAPTURE_INVALIDATED, DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE,
+ *   DLSYNC_ERROR_DRIVER.
+ * Threads: any thread, any number at once.
+ * Capture: legal in every mode (a capture query harms no capture, design.md
+ *   R8). */
 DLSYNC_API dlsync_status dlsync_lane_query(dlsync_lane_state *out, dlsync_context *ctx,
                                            const dlsync_lane *lane);
 

@@ -1,6 +1,14 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: stream-ordered release of exported objects.
  *
+ * Caller's rules:
+ *  - After a successful dlsync_release the object is dlsync's: queue no more
+ *    work that reads it on any lane. After a failed one it is still yours.
+ *  - A deleter may call CUDA (it never runs on a driver callback thread) but
+ *    must not destroy the context or call dlsync_release_flush.
+ *  - A slow deleter delays the deleters behind it on the same GPU.
+ *  - dlsync_release is legal during capture, in every mode.
+ *
  * dlsync_release hands back an object (a DLPack tensor, a buffer, anything
  * with a deleter) on a lane: the deleter runs only after the work queued so
  * far on that lane has finished, and never on the calling thread.
@@ -56,17 +64,31 @@ extern "C" {
 typedef void (*dlsync_deleter)(void *arg);
 
 /* Runs deleter(arg) once the work queued so far on `lane` is done (see above).
- * On failure the deleter has not run and will not: the object is still the
- * caller's. */
+ * Returns: DLSYNC_SUCCESS; the deleter will run exactly once.
+ * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (NULL context or deleter), the lane
+ *   errors of dlsync_order, DLSYNC_ERROR_DRIVER, DLSYNC_ERROR_OUT_OF_MEMORY.
+ *   On failure the deleter has not run and will not: the object is still the
+ *   caller's.
+ * Threads: any thread, any number at once; never blocks.
+ * Capture: legal in every mode; it makes no call that is illegal during
+ *   capture. */
 DLSYNC_API dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane,
                                         dlsync_deleter deleter, void *arg);
 
 /* Waits until every eager release made so far on this context has run its
- * deleter, or is blocked (below). Do not call it from a deleter.
+ * deleter, or is blocked (below).
+ * Returns: DLSYNC_SUCCESS when no failure happened on the reclaimer thread
+ *   since the previous flush.
+ * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (NULL); the first failure on the
+ *   reclaimer thread since the previous flush (DLSYNC_ERROR_DRIVER, the
+ *   message names the call), which it then forgets
+ *   (dlsync_release_get_stats counts them all);
+ *   DLSYNC_ERROR_INVALID_ARGUMENT when called from a deleter (it would wait
+ *   for itself).
+ * Threads: any thread but a deleter's; blocks until the deleters ran.
+ * Capture: it only waits on host state; no driver call of its own.
  *
- * Faults surface here: returns the first failure on the reclaimer thread
- * since the previous flush (DLSYNC_ERROR_DRIVER, the message names the call),
- * and forgets it; dlsync_release_get_stats counts them all.
+ * The reclaimer's faults:
  *  - cuEventSynchronize failed: the deleter ran anyway (the stream's work
  *    cannot be waited for any more; keeping the object would only leak it).
  *  - the reclaimer could not enter RELAXED capture mode: it then makes no
@@ -93,6 +115,12 @@ typedef struct dlsync_release_stats {
 #define DLSYNC_RELEASE_STATS_INIT \
   { sizeof(dlsync_release_stats), DLSYNC_RELEASE_STATS_VERSION, 0, 0, 0, 0, 0, 0 }
 
+/* The context's release counts now (initialise *out with
+ * DLSYNC_RELEASE_STATS_INIT).
+ * Returns: DLSYNC_SUCCESS and *out filled.
+ * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (NULL, or a size or version this
+ *   library does not know: initialise with DLSYNC_RELEASE_STATS_INIT).
+ * Threads: any thread. Capture: no driver call; safe at any time. */
 DLSYNC_API dlsync_status dlsync_release_get_stats(dlsync_release_stats *out,
                                                   const dlsync_context *ctx);
 

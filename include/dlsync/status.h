@@ -1,12 +1,17 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: status codes and per-thread error information.
  *
- * Every dlsync function that can fail returns a dlsync_status. On failure the
- * calling thread's last error holds a message naming what went wrong and, when
- * a driver call failed, that call's CUresult (as an int). The message stays
- * until the next failing dlsync call on the same thread; successful calls do
- * not clear it. Nothing here calls the driver: safe at any time, during
- * capture too.
+ * Caller's rules:
+ *  - Every dlsync function that can fail returns a dlsync_status; test it
+ *    against DLSYNC_SUCCESS.
+ *  - On failure, the calling thread's last error holds a message naming what
+ *    went wrong and, when a driver call failed, that call's CUresult (as an
+ *    int). Read it on the same thread before the next dlsync call: it stays
+ *    until the next failing dlsync call on that thread, and successful calls
+ *    do not clear it.
+ *  - DLSYNC_ERROR_INTERNAL means a bug in dlsync (a state it cannot be in):
+ *    report it with its message.
+ *  - Nothing here calls the driver: safe at any time, during capture too.
  */
 #ifndef DLSYNC_STATUS_H
 #define DLSYNC_STATUS_H
@@ -44,17 +49,24 @@ typedef enum dlsync_status {
 } dlsync_status;
 
 /* "DLSYNC_ERROR_CAPTURE_INVALIDATED" for a status; "DLSYNC_STATUS_UNKNOWN" for
- * a value outside the enum. Never NULL, static storage. */
+ * a value outside the enum.
+ * Returns: never NULL, static storage; never fails.
+ * Threads: any thread. Capture: safe at any time. */
 DLSYNC_API const char *dlsync_status_name(dlsync_status status);
 
 /* A short description in words ("a stream's capture has been invalidated").
- * Never NULL, static storage. */
+ * Returns: never NULL, static storage; never fails.
+ * Threads: any thread. Capture: safe at any time. */
 DLSYNC_API const char *dlsync_status_string(dlsync_status status);
 
-/* The calling thread's last error: its status, a message (never NULL; "" when
- * no dlsync call has failed on this thread), and the CUresult of the driver
- * call that failed (0 when the failure was not a driver call's). The message
- * pointer stays valid until the next dlsync call on this thread. */
+/* The calling thread's last error: its status, a message, and the CUresult
+ * of the driver call that failed.
+ * Returns: the status (DLSYNC_SUCCESS when no dlsync call has failed on this
+ *   thread); the message, never NULL ("" then), valid until the next dlsync
+ *   call on this thread; the CUresult, 0 when the failure was not a driver
+ *   call's. Never fail.
+ * Threads: per thread; each thread reads its own.
+ * Capture: safe at any time. */
 DLSYNC_API dlsync_status dlsync_last_status(void);
 DLSYNC_API const char *dlsync_last_error(void);
 DLSYNC_API int dlsync_last_driver_result(void);

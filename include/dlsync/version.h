@@ -1,5 +1,22 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* dlsync: version. DLSYNC_VERSION is MAJOR*10000 + MINOR*100 + PATCH. */
+/* dlsync: version. DLSYNC_VERSION is MAJOR*10000 + MINOR*100 + PATCH.
+ *
+ * What a version promises:
+ *  - 0.x (now): a minor version (0.1 -> 0.2) may change the API and the ABI;
+ *    what changed is in CHANGELOG.md. A patch version (0.1.0 -> 0.1.1) keeps
+ *    both: a program built against 0.1.0 runs with any 0.1.y.
+ *  - The shared library's SONAME is to carry the minor while the major is 0
+ *    (libdlsync.so.0.MINOR), so that the loader never pairs a program with a
+ *    library of another 0.x minor. (CMakeLists.txt's SOVERSION, today the
+ *    major alone, is to follow.)
+ *  - From 1.0: a minor adds to the API and keeps the ABI; only a major
+ *    breaks it, and the SONAME carries the major.
+ *  - The structs with a size and version field (dlsync_context_config,
+ *    dlsync_device_info, dlsync_release_stats) only ever grow at the end;
+ *    dlsync_lane and dlsync_lane_state are frozen as lane.h says.
+ * While the major is 0, a program can check at run time that the library's
+ * major and minor (dlsync_version() / 100) are those it was compiled
+ * against (DLSYNC_VERSION / 100). */
 #ifndef DLSYNC_VERSION_H
 #define DLSYNC_VERSION_H
 
@@ -17,7 +34,9 @@ extern "C" {
 #endif
 
 /* The version of the library linked at run time (compare with DLSYNC_VERSION,
- * the one compiled against). */
+ * the one compiled against), as a number and as "0.1.0" (static storage).
+ * Returns: the version; never fails.
+ * Threads: any thread. Capture: no driver call; safe at any time. */
 DLSYNC_API unsigned dlsync_version(void);
 DLSYNC_API const char *dlsync_version_string(void);
 

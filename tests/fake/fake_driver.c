@@ -1642,8 +1642,8 @@ static CUresult event_record(CUevent he, CUstream hs, unsigned flags) {
   if (r != CUDA_SUCCESS)
     return r;
   /* An eager or plain record refuses another context's event; an external
-   * record during capture takes it (seen on the H200, 2026-12-02: the node
-   * is added and the graph launches). */
+   * record during capture takes it (the node is added and the graph
+   * launches: design.md R15). */
   if (e->ctx != s->ctx && !((flags & CU_EVENT_RECORD_EXTERNAL) && s->cap))
     return CUDA_ERROR_INVALID_HANDLE;
   if (s->legacy && legacy_conflict(s->ctx, true))

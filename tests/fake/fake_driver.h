@@ -7,9 +7,9 @@
  * DAG of "ops", stream capture (join, MERGE, ISOLATION, IMPLICIT, UNJOINED,
  * UNSUPPORTED, external record/wait nodes, capture into a user's graph), graphs
  * built by hand, executables, launches, user objects and fake device memory,
- * with the rules observed on an H200 (CUDA 13.0, driver 580; docs/design.md
- * section 6). Where the driver's behaviour was not observed, the fake picks
- * the loud answer and says so next to the function below.
+ * with the rules of docs/design.md section 6 (CUDA 13.0, driver 580; R1-R13
+ * below are checked on the real driver by tests/gpu/gpu_rules). Where the driver's behaviour was
+ * not observed, the fake picks the loud answer and says so next to the function below.
  *
  * Ownership and threads: the fake is one process-global object (driver entry
  * points carry no user data) guarded by one mutex; every driver entry and
@@ -67,15 +67,15 @@
  *   [R10 RECORD-NODE-WAIT] while the capture holding an event's record node
  *       is active, a plain wait on that event from an eager stream succeeds
  *       and is an ordinary eager wait: the waiter does not join the capture
- *       (the record node is not an eager record). Checked (2026-12-01, H200:
- *       the INVALID_VALUE written here before was not what the driver does).
+ *       (the record node is not an eager record). Checked (design.md
+ *       R10).
  *       A plain wait from another capture on such an event: INVALID_VALUE
  *       and that capture invalidated (not checked).
  *   [R11 STAYS-IN-CAPTURE] a stream that joined a capture leaves it only
  *       when the capture ends, with all its other streams: ending it on a
  *       stream that is not its origin (UNMATCHED), ending it with unjoined
  *       work (UNJOINED) and a clean end each leave no stream in it; a new
- *       capture never has an ended one's id. Checked (2026-12-02, H200);
+ *       capture never has an ended one's id. Checked (design.md R11);
  *       end's fast path relies on it (EX_ONE_CAPTURE).
  *   [R12 ADD-JOIN] inside one capture, cuStreamUpdateCaptureDependencies
  *       (ADD) of one stream's dependency set into another's gives the
@@ -84,18 +84,15 @@
  *       add back counts as the join for the capture's end (R2 looks at what
  *       the origin's dependencies reach). On an eager stream: ILLEGAL_STATE,
  *       nothing harmed; a node of another capture's graph: INVALID_VALUE.
- *       Checked (2026-12-02, H200; the rule checks all but the last case,
- *       which a probe saw: docs/results/2026-12-02-h200/session8/probes);
+ *       Checked (design.md R12; the last two cases: R14);
  *       SAME_CAPTURE relies on it.
  *   [R13 EXTERNAL-PAIR] an external record (CU_EVENT_RECORD_EXTERNAL) in one
  *       capture and an external wait (CU_EVENT_WAIT_EXTERNAL) on that event
  *       in another, active capture: both accepted, in every capture mode; an
  *       event-record node in the first graph, an event-wait node in the
  *       second, both captures end cleanly, whichever ends first. Checked
- *       (2026-12-02, H200; our notes had said INVALID_VALUE, which the driver
- *       does not return; a probe also saw the second graph wait for the
- *       first's node at launch: docs/results/2026-12-02-h200/session9/probes);
- *       TWO_CAPTURES relies on it.
+ *       (design.md R13; that the second graph waits for the first's node at
+ *       launch: R16); TWO_CAPTURES relies on it.
  */
 #ifndef DLSYNC_TESTS_FAKE_DRIVER_H
 #define DLSYNC_TESTS_FAKE_DRIVER_H
@@ -391,7 +388,7 @@ unsigned fake_user_object_refs(CUuserObject o);
  *  - CU_EVENT_RECORD_EXTERNAL: capturing: an event-record node appended, the
  *    event becomes NODE; eager: CUDA_ERROR_ILLEGAL_STATE.
  *    An external record during capture takes an event of another context
- *    too (the driver does: H200, 2026-12-02); a plain or eager record
+ *    too (design.md R15); a plain or eager record
  *    refuses it (INVALID_HANDLE).
  *    CU_EVENT_WAIT_EXTERNAL: capturing: an event-wait node appended, also
  *    for an event NODE of another capture still active (R13); eager:
