@@ -25,10 +25,11 @@ def _package_dirs() -> List[str]:
     return [os.path.abspath(d) for d in sys.modules[_package].__path__]
 
 
-def _find(*parts: str) -> Optional[str]:
+def _find(holding: str, *parts: str) -> Optional[str]:
+    """The first folder <package dir>/<parts> that holds the file ``holding``."""
     for d in _package_dirs():
         path = os.path.join(d, *parts)
-        if os.path.isdir(path):
+        if os.path.isfile(os.path.join(path, holding)):
             return path
     return None
 
@@ -44,8 +45,8 @@ def _missing(what: str, parts: str) -> FileNotFoundError:
 def get_include() -> str:
     """The folder to put on the include path: it holds ``dlsync/dlsync.h``
     (``#include <dlsync/dlsync.h>``)."""
-    found = _find("include")
-    if found is not None and os.path.isfile(os.path.join(found, "dlsync", "dlsync.h")):
+    found = _find(os.path.join("dlsync", "dlsync.h"), "include")
+    if found is not None:
         return found
     root = _loader.source_root(_package_dirs())
     if root is not None:
@@ -57,7 +58,7 @@ def get_cmake_dir() -> str:
     """The folder holding ``dlsyncConfig.cmake``: hand it to CMake as
     ``-Ddlsync_DIR=...`` (or its prefix, two levels up, in
     ``CMAKE_PREFIX_PATH``) for ``find_package(dlsync CONFIG)``."""
-    found = _find("lib", "cmake", "dlsync")
+    found = _find("dlsyncConfig.cmake", "lib", "cmake", "dlsync")
     if found is not None:
         return found
     raise _missing("CMake package", os.path.join("lib", "cmake", "dlsync"))
@@ -65,7 +66,7 @@ def get_cmake_dir() -> str:
 
 def get_pkgconfig_dir() -> str:
     """The folder holding ``dlsync.pc``, for ``PKG_CONFIG_PATH``."""
-    found = _find("lib", "pkgconfig")
-    if found is not None and os.path.isfile(os.path.join(found, "dlsync.pc")):
+    found = _find("dlsync.pc", "lib", "pkgconfig")
+    if found is not None:
         return found
     raise _missing("pkg-config file", os.path.join("lib", "pkgconfig", "dlsync.pc"))

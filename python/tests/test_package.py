@@ -95,18 +95,22 @@ class BuildAgainst(unittest.TestCase):
                 self.assertIn(words, str(info.exception))
                 self.assertIn(empty, str(info.exception))
 
-    def test_this_package_gives_a_folder_with_the_headers(self):
-        inc = dlsync.get_include()
-        self.assertTrue(os.path.isfile(os.path.join(inc, "dlsync", "dlsync.h")), inc)
-        self.assertTrue(os.path.isfile(os.path.join(inc, "dlsync", "version.h")), inc)
-        for fn, f in ((dlsync.get_cmake_dir, "dlsyncConfig.cmake"),
+    def test_this_package_answers_with_what_it_holds(self):
+        pkg = os.path.dirname(os.path.abspath(dlsync.__file__))
+        for fn, f in ((dlsync.get_include, os.path.join("dlsync", "dlsync.h")),
+                      (dlsync.get_cmake_dir, "dlsyncConfig.cmake"),
                       (dlsync.get_pkgconfig_dir, "dlsync.pc")):
             try:
                 found = fn()
             except FileNotFoundError as e:
+                # Neither the wheel's layout nor (for the headers) a source tree.
                 self.assertIn("cmake --install", str(e))
+                self.assertIn(pkg, str(e))
             else:
                 self.assertTrue(os.path.isfile(os.path.join(found, f)), found)
+        if os.path.isfile(os.path.join(pkg, "..", "..", "include", "dlsync", "version.h")):
+            self.assertEqual(os.path.realpath(dlsync.get_include()),
+                             os.path.realpath(os.path.join(pkg, "..", "..", "include")))
 
 
 class PythonDashM(unittest.TestCase):
