@@ -48,11 +48,18 @@ class _Exchange:
 
     __slots__ = ("_handle", "_streams", "began")
 
-    def __init__(self, producer: Any, consumer: Any, flags: int = 0):
+    def __init__(self, producer: Any, consumer: Any, flags: int = 0,
+                 into: Optional[List[Any]] = None):
+        """Begins the exchange. ``into`` (a scope's list) gets it before the
+        library is called, so that an exception raised once the begin has
+        returned (KeyboardInterrupt) leaves it where the scope ends it."""
         p, c = _b.stream_handle(producer), _b.stream_handle(consumer)
         self.began = next(ticks)
-        self._handle = _b.begin(p, c, flags)
+        self._handle = None
         self._streams = (p, c)
+        if into is not None:
+            into.append(self)
+        self._handle = _b.begin(p, c, flags)
 
     @property
     def _lanes(self):

@@ -141,7 +141,7 @@ class _Wrapped:
         if stack and self._covered(stack[-1], producer, consumer):
             pass  # an exchange begun after this wrap was made already orders its work
         elif stack:
-            stack[-1].append(_exchange._Exchange(producer, consumer))
+            _exchange._Exchange(producer, consumer, into=stack[-1])
         else:
             ex = _exchange._Exchange(producer, consumer)
             ex.end()  # eager, no scope: the consumer is ordered; nothing to join

@@ -309,5 +309,16 @@ class ExchangeWalk(unittest.TestCase):
                 self.assertEqual(len(rec.ended), N)
 
 
+@needs_fake
+class SummaryOnTheFake(unittest.TestCase):
+    def test_python_dash_m_summary_names_the_driver_and_each_gpu(self):
+        from dlsync import __main__ as m
+
+        lines = m.summary()
+        self.assertEqual(lines[0], f"dlsync {dlsync.version()}")
+        self.assertRegex(lines[2], r"^driver: CUDA \d+\.\d+$")
+        self.assertRegex(lines[3], r"^GPU 0: Fake GPU 0, sm_\d+, [\d.]+ GiB, [0-9a-f:.]+$")
+
+
 if __name__ == "__main__":
     unittest.main()
