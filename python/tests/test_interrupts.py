@@ -268,6 +268,23 @@ class ExchangeWalk(unittest.TestCase):
             FAKE.work(consumer)
         self.assertEqual(FAKE.end_capture(producer), fake_cuda.CUDA_SUCCESS)
 
+    def test_many_producers_are_one_begin_many_one_wait_each(self):
+        producers = [FAKE.stream() for _ in range(20)]  # past _native.c's stack array
+        consumer = FAKE.stream()
+        calls = []
+        real = _backend.active.begin_many
+
+        def begin_many(ps, c, flags=0):
+            calls.append(len(ps))
+            return real(ps, c, flags)
+
+        waits = FAKE.calls("cuStreamWaitEvent")
+        with mock.patch.object(_backend.active, "begin_many", begin_many):
+            with dlsync.exchange(producers + producers[:7], consumer):
+                self.assertEqual(FAKE.calls("cuStreamWaitEvent") - waits, 20)
+                FAKE.work(consumer)
+        self.assertEqual(calls, [20])
+
     def list_case(self, begin_raises=None, end_raises=None, block=None):
         producers = [FAKE.stream() for _ in range(N)]
         consumer = FAKE.stream()
