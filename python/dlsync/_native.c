@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* dlsync._native: the compiled part of the Python binding (python/dlsync/__init__.py).
+/* dlsync._native: the compiled backend of the Python binding (python/dlsync/_backend.py).
  *
  * A CPython extension on the stable ABI (Py_LIMITED_API 3.9): one abi3 module
  * for every CPython >= 3.9. It provides the calls made at every exchange, so
@@ -8,17 +8,18 @@
  * dlsync_exchange_begin_flags / dlsync_exchange_end, and the begin, end,
  * capture-query, DLPack-value and exchange-API calls of dlsync.wrap.
  *
- * It does not link libdlsync. __init__.py has loaded exactly one libdlsync
- * with ctypes (DLSYNC_LIBRARY, the bundled file, a build folder, the loader's
- * path) and hands this module the addresses of the functions it calls
- * (_init), so that both parts of the binding use one library, one default
- * context and one per-thread last error. Until _init has run every call
- * raises RuntimeError; when this module is missing or refuses to initialise,
- * __init__.py uses its ctypes code instead.
+ * It does not link libdlsync. dlsync/_loader.py has loaded exactly one
+ * libdlsync with ctypes (DLSYNC_LIBRARY, the bundled file, a build folder,
+ * the loader's path) and dlsync/_backend.py hands this module the addresses
+ * of the functions it calls (_init), so that both backends use one library,
+ * one default context and one per-thread last error. Until _init has run
+ * every call raises RuntimeError; when this module is missing or refuses to
+ * initialise, dlsync uses its ctypes backend (dlsync/_ctypes_impl.py).
  *
- * Behaviour is that of the ctypes code it replaces, messages included:
- * python/tests/test_native.py runs the same checks on both paths and compares
- * them call for call.
+ * Behaviour is that of the ctypes backend, messages included (misuse too:
+ * the words are dlsync/_errors.py's): python/tests/test_native.py compares
+ * the two call for call, python/tests/test_backends.py runs one list of
+ * misuses on both.
  */
 #ifndef Py_LIMITED_API
 #define Py_LIMITED_API 0x03090000
@@ -37,14 +38,17 @@
 #include "dlsync/lane.h"
 #include "dlsync/status.h"
 
-/* The contract between _init and __init__.py; __init__.py checks it. */
-#define DLSYNC_PY_ABI 1
+/* The contract between _init and dlsync/_backend.py (NATIVE_ABI), which checks it. */
+#define DLSYNC_PY_ABI 2
 
 /* ---- the library's functions, by address ---- */
 
 typedef dlsync_status dlsync_py_begin_fn(dlsync_exchange **out, dlsync_context *ctx,
                                          dlsync_lane *producer, dlsync_lane *consumer,
                                          uint32_t flags);
+typedef dlsync_status dlsync_py_begin_many_fn(dlsync_exchange **out, dlsync_context *ctx,
+                                              dlsync_lane *producers, size_t n,
+                                              dlsync_lane *consumer, uint32_t flags);
 typedef dlsync_status dlsync_py_end_fn(dlsync_exchange *exchange);
 typedef dlsync_status dlsync_py_context_default_fn(dlsync_context **out);
 typedef const char *dlsync_py_status_name_fn(dlsync_status status);
@@ -65,6 +69,7 @@ typedef int dlsync_py_getattr_fn(PyObject *obj, PyObject *name, PyObject **resul
 #define DLSYNC_PY_SAME_TYPE(fn, type) \
   _Static_assert(_Generic(&fn, type * : 1, default : 0), #fn ": not the type the binding calls")
 DLSYNC_PY_SAME_TYPE(dlsync_exchange_begin_flags, dlsync_py_begin_fn);
+DLSYNC_PY_SAME_TYPE(dlsync_exchange_begin_many, dlsync_py_begin_many_fn);
 DLSYNC_PY_SAME_TYPE(dlsync_exchange_end, dlsync_py_end_fn);
 DLSYNC_PY_SAME_TYPE(dlsync_context_default, dlsync_py_context_default_fn);
 DLSYNC_PY_SAME_TYPE(dlsync_status_name, dlsync_py_status_name_fn);
@@ -75,6 +80,7 @@ DLSYNC_PY_SAME_TYPE(dlsync_env_stream_from_exchange_api, dlsync_py_env_api_fn);
 
 typedef struct dlsync_py_api {
   dlsync_py_begin_fn *exchange_begin_flags;
+  dlsync_py_begin_many_fn *exchange_begin_many;
   dlsync_py_end_fn *exchange_end;
   dlsync_py_context_default_fn *context_default;
   dlsync_py_status_name_fn *status_name;
@@ -94,6 +100,7 @@ static const struct dlsync_py_symbol {
   size_t offset;
 } dlsync_py_symbols[] = {
     {"dlsync_exchange_begin_flags", offsetof(dlsync_py_api, exchange_begin_flags)},
+    {"dlsync_exchange_begin_many", offsetof(dlsync_py_api, exchange_begin_many)},
     {"dlsync_exchange_end", offsetof(dlsync_py_api, exchange_end)},
     {"dlsync_context_default", offsetof(dlsync_py_api, context_default)},
     {"dlsync_status_name", offsetof(dlsync_py_api, status_name)},
@@ -110,7 +117,7 @@ static dlsync_py_api dlsync_py_lib;
 static bool dlsync_py_ready;
 static dlsync_context *dlsync_py_ctx;    /* the default context, once it was created */
 static PyObject *dlsync_py_error;        /* dlsync.Error */
-static PyObject *dlsync_py_python_begin; /* __init__.py's exchange for lists and tensors */
+static PyObject *dlsync_py_python_begin; /* dlsync's Python exchange for lists and tensors */
 static dlsync_py_getattr_fn *dlsync_py_optional_getattr; /* NULL: PyObject_GetAttr */
 static PyObject *dlsync_py_exchange_type;
 
@@ -157,7 +164,7 @@ static PyObject *dlsync_py_type_name(PyObject *obj) {
 
 /* ---- errors: dlsync.Error(status name, the library's message) ---- */
 
-/* Raises dlsync.Error for a failed call, as __init__.py's _check does:
+/* Raises dlsync.Error for a failed call, as _ctypes_impl.py's _check does:
  * dlsync_status_name and dlsync_last_error (decoded with errors="replace"),
  * the message after `prefix` when one is given. Returns NULL. */
 static PyObject *dlsync_py_fail_prefixed(dlsync_status status, PyObject *prefix) {
@@ -205,7 +212,7 @@ static dlsync_context *dlsync_py_context(void) {
   return ctx;
 }
 
-/* ---- stream handles: stream_handle() and _checked_handle() of __init__.py ---- */
+/* ---- stream handles: stream_handle() and checked_handle() of _ctypes_impl.py ---- */
 
 /* Where a value came from, for messages: "the stream" (owner NULL) or
  * "<type(owner).__name__><suffix>". Built only when a message needs it. */
@@ -403,20 +410,54 @@ typedef struct dlsync_py_exchange {
   int state;
 } dlsync_py_exchange;
 
-static PyObject *dlsync_py_exchange_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
-  static char *keywords[] = {"producer", "consumer", "capture_stable", NULL};
-  PyObject *producer, *consumer, *stable = Py_False;
-  dlsync_py_exchange *self;
-  Py_ssize_t n = PyTuple_Size(args);
-  if (kwds == NULL && (n == 2 || n == 3)) {
-    producer = PyTuple_GetItem(args, 0);
-    consumer = PyTuple_GetItem(args, 1);
-    if (n == 3)
-      stable = PyTuple_GetItem(args, 2);
-  } else if (!PyArg_ParseTupleAndKeywords(args, kwds, "OO|O:exchange", keywords, &producer,
-                                          &consumer, &stable)) {
-    return NULL;
+#define DLSYNC_PY_EXCHANGE_SIGNATURE "dlsync.exchange(producer, consumer, capture_stable=False)"
+
+/* Exchange(producer, consumer, capture_stable=False)'s arguments into
+ * values[3] (borrowed), with the TypeError words of _ctypes_impl.py's
+ * exchange_args; -1 with the error set. */
+static int dlsync_py_exchange_args(PyObject *args, PyObject *kwds, PyObject *values[3]) {
+  static const char *const names[3] = {"producer", "consumer", "capture_stable"};
+  Py_ssize_t n = PyTuple_Size(args), pos = 0, i;
+  PyObject *key, *value;
+  if (n > 3) {
+    PyErr_Format(PyExc_TypeError, DLSYNC_PY_EXCHANGE_SIGNATURE ": at most 3 arguments, %zd given",
+                 n);
+    return -1;
   }
+  for (i = 0; i < 3; i++)
+    values[i] = i < n ? PyTuple_GetItem(args, i) : NULL;
+  while (kwds != NULL && PyDict_Next(kwds, &pos, &key, &value)) {
+    for (i = 0; i < 3; i++)
+      if (PyUnicode_Check(key) && PyUnicode_CompareWithASCIIString(key, names[i]) == 0)
+        break;
+    if (i == 3) {
+      PyErr_Format(PyExc_TypeError, DLSYNC_PY_EXCHANGE_SIGNATURE ": no argument named %R", key);
+      return -1;
+    }
+    if (values[i] != NULL) {
+      PyErr_Format(PyExc_TypeError, DLSYNC_PY_EXCHANGE_SIGNATURE ": %s given twice", names[i]);
+      return -1;
+    }
+    values[i] = value;
+  }
+  for (i = 0; i < 2; i++)
+    if (values[i] == NULL) {
+      PyErr_Format(PyExc_TypeError, DLSYNC_PY_EXCHANGE_SIGNATURE ": %s is missing", names[i]);
+      return -1;
+    }
+  if (values[2] == NULL)
+    values[2] = Py_False;
+  return 0;
+}
+
+static PyObject *dlsync_py_exchange_new(PyTypeObject *type, PyObject *args, PyObject *kwds) {
+  PyObject *values[3], *producer, *consumer, *stable;
+  dlsync_py_exchange *self;
+  if (dlsync_py_exchange_args(args, kwds, values) < 0)
+    return NULL;
+  producer = values[0];
+  consumer = values[1];
+  stable = values[2];
   self = (dlsync_py_exchange *)PyType_GenericAlloc(type, 0);
   if (self == NULL)
     return NULL;
@@ -429,7 +470,7 @@ static PyObject *dlsync_py_exchange_new(PyTypeObject *type, PyObject *args, PyOb
   return (PyObject *)self;
 }
 
-/* Whether dlsync.exchange hands the producer to __init__.py: a list or tuple
+/* Whether dlsync.exchange hands the producer to dlsync's Python exchange: a list or tuple
  * of producers, or a tensor or array (anything with __dlpack__ that is not a
  * stream handle), whose stream _producers.find looks for. */
 static int dlsync_py_needs_python(PyObject *producer) {
@@ -630,6 +671,64 @@ static PyObject *dlsync_py_begin(PyObject *module, PyObject *args) {
   return PyLong_FromVoidPtr(exchange);
 }
 
+/* begin_many(producers, consumer, flags=0): dlsync_exchange_begin_many on a
+ * list or tuple of streams; one handle for end(). */
+static PyObject *dlsync_py_begin_many(PyObject *module, PyObject *args) {
+  PyObject *producers, *consumer;
+  unsigned int flags = 0;
+  uintptr_t c;
+  dlsync_lane stack_lanes[16], *lanes = stack_lanes, lc;
+  dlsync_exchange *exchange = NULL;
+  dlsync_context *ctx;
+  PyThreadState *released;
+  dlsync_status status;
+  Py_ssize_t n, i;
+  (void)module;
+  if (!PyArg_ParseTuple(args, "OO|I:begin_many", &producers, &consumer, &flags) ||
+      dlsync_py_check_ready() < 0)
+    return NULL;
+  if (!PyList_Check(producers) && !PyTuple_Check(producers)) {
+    PyErr_SetString(PyExc_TypeError, "begin_many: the producers are a list or tuple of streams");
+    return NULL;
+  }
+  n = PySequence_Size(producers);
+  if (n < 0)
+    return NULL;
+  if ((size_t)n > sizeof stack_lanes / sizeof stack_lanes[0]) {
+    lanes = PyMem_Malloc((size_t)n * sizeof *lanes);
+    if (lanes == NULL)
+      return PyErr_NoMemory();
+  }
+  for (i = 0; i < n; i++) {
+    uintptr_t p;
+    PyObject *item = PySequence_GetItem(producers, i);
+    int rc = item == NULL ? -1 : dlsync_py_handle_value(item, &p);
+    Py_XDECREF(item);
+    if (rc < 0)
+      goto fail;
+    lanes[i] = dlsync_py_lane(p);
+  }
+  if (dlsync_py_handle_value(consumer, &c) < 0)
+    goto fail;
+  ctx = dlsync_py_context();
+  if (ctx == NULL)
+    goto fail;
+  lc = dlsync_py_lane(c);
+  released = PyEval_SaveThread();
+  status =
+      dlsync_py_lib.exchange_begin_many(&exchange, ctx, lanes, (size_t)n, &lc, (uint32_t)flags);
+  PyEval_RestoreThread(released);
+  if (lanes != stack_lanes)
+    PyMem_Free(lanes);
+  if (status != DLSYNC_SUCCESS)
+    return dlsync_py_fail(status);
+  return PyLong_FromVoidPtr(exchange);
+fail:
+  if (lanes != stack_lanes)
+    PyMem_Free(lanes);
+  return NULL;
+}
+
 static PyObject *dlsync_py_end(PyObject *module, PyObject *handle) {
   void *exchange;
   (void)module;
@@ -787,7 +886,7 @@ static PyObject *dlsync_py_init(PyObject *module, PyObject *args) {
 static PyMethodDef dlsync_py_functions[] = {
     {"_init", dlsync_py_init, METH_VARARGS,
      "_init(symbols, error, python_begin, getattr_address)\n--\n\n"
-     "Hands the module the library __init__.py loaded: symbols maps each name of SYMBOLS to "
+     "Hands the module the library dlsync loaded: symbols maps each name of SYMBOLS to "
      "its address; error is dlsync.Error; python_begin(producer, consumer, flags) begins the "
      "exchanges of list and tensor producers (an object with end()); getattr_address is "
      "PyObject_GetOptionalAttr or _PyObject_LookupAttr, or None."},
@@ -803,6 +902,10 @@ static PyMethodDef dlsync_py_functions[] = {
     {"begin", dlsync_py_begin, METH_VARARGS,
      "begin(producer, consumer, flags=0)\n--\n\n"
      "dlsync_exchange_begin_flags on two streams; the exchange's handle (an int) for end()."},
+    {"begin_many", dlsync_py_begin_many, METH_VARARGS,
+     "begin_many(producers, consumer, flags=0)\n--\n\n"
+     "dlsync_exchange_begin_many on a list or tuple of producer streams and a consumer stream; "
+     "one handle (an int) for end()."},
     {"end", dlsync_py_end, METH_O, "end(handle)\n--\n\ndlsync_exchange_end."},
     {"dlpack_stream", dlsync_py_dlpack_stream, METH_VARARGS,
      "dlpack_stream(value, producer)\n--\n\n"

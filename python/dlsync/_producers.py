@@ -7,7 +7,7 @@ The order (first that answers wins):
 2. the producer type's ``__dlpack_c_exchange_api__``: a PyCapsule named
    ``dlpack_exchange_api`` holding a DLPack 1.x ``DLPackExchangeAPI``, whose
    ``current_work_stream`` the library asks
-   (``dlsync_env_stream_from_exchange_api``); the capsule is looked up once
+   (``dlsync_env_stream_from_exchange_api``, through the backend); the capsule is looked up once
    per type;
 3. the object's own ``__cuda_stream__`` (or that of its ``stream`` attribute);
 4. PyTorch's / CuPy's current stream, for their tensors and arrays.
@@ -28,7 +28,9 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
-from typing import Any, Callable, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+
+from ._backend import active as _b
 
 _CAPSULE_NAME = b"dlpack_exchange_api"
 _LEGACY = 1
@@ -61,24 +63,15 @@ class Found(NamedTuple):
 _api_lock = threading.Lock()
 # type -> (capsule, pointer to its DLPackExchangeAPI) or None (the type has none)
 _api_cache: Dict[type, Optional[tuple]] = {}
-_from_api: Optional[Callable] = None
 _capsule_is_valid = None
 _capsule_pointer = None
 
 
 def _bind() -> None:
-    """Binds the library's dlsync_env_stream_from_exchange_api through a
-    PyDLL handle: the GIL stays held during the producer's callback, and a
-    Python exception it sets is raised here."""
-    global _from_api, _capsule_is_valid, _capsule_pointer
-    if _from_api is not None:
+    """PyCapsule_IsValid and PyCapsule_GetPointer through ctypes.pythonapi."""
+    global _capsule_is_valid, _capsule_pointer
+    if _capsule_pointer is not None:
         return
-    from dlsync import _lib  # the package has loaded it by now
-
-    fn = ctypes.PyDLL(_lib._name, handle=_lib._handle).dlsync_env_stream_from_exchange_api
-    fn.restype = ctypes.c_int
-    fn.argtypes = [ctypes.POINTER(ctypes.c_void_p), ctypes.c_void_p, ctypes.c_int32,
-                   ctypes.c_int32]
     valid = ctypes.pythonapi.PyCapsule_IsValid
     valid.restype = ctypes.c_int
     valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
@@ -86,7 +79,6 @@ def _bind() -> None:
     pointer.restype = ctypes.c_void_p
     pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
     _capsule_is_valid, _capsule_pointer = valid, pointer
-    _from_api = fn
 
 
 def exchange_api_of(cls: type) -> Optional[int]:
@@ -110,19 +102,6 @@ def exchange_api_of(cls: type) -> Optional[int]:
     return None if entry is None else entry[1]
 
 
-def _stream_from_api(api: int, device_type: int, device_id: int, cls: type) -> int:
-    pkg = _package()
-    Error, _last_error, _status_name = pkg.Error, pkg._last_error, pkg._status_name
-
-    out = ctypes.c_void_p()
-    status = _from_api(ctypes.byref(out), api, device_type, device_id)
-    if status != 0:
-        raise Error(_status_name(status).decode(),
-                    f"{cls.__name__}.__dlpack_c_exchange_api__: " +
-                    _last_error().decode(errors="replace"))
-    return out.value if out.value is not None else _LEGACY  # NULL: its default stream
-
-
 # ---- the other rules ----
 
 
@@ -139,21 +118,9 @@ def _framework(obj: Any) -> str:
     return type(obj).__module__.split(".")[0]
 
 
-_pkg = None
-
-
-def _package():
-    """The dlsync package (imported by the time anything here is called):
-    kept, so that the per-call paths pay no import statement."""
-    global _pkg
-    if _pkg is None:
-        _pkg = sys.modules[__package__]
-    return _pkg
-
-
 def find(obj: Any, device_type: int, device_id: int, explicit: Any = None) -> Found:
     """Where ``obj``'s pending work is (see the module's docstring)."""
-    stream_handle = _package().stream_handle
+    stream_handle = _b.stream_handle
 
     api = exchange_api_of(type(obj))
     module = _framework(obj)
@@ -162,7 +129,7 @@ def find(obj: Any, device_type: int, device_id: int, explicit: Any = None) -> Fo
     if explicit is not None:
         return Found(stream_handle(explicit), EXPLICIT, exposes)
     if api is not None:
-        return Found(_stream_from_api(api, device_type, device_id, type(obj)), EXCHANGE_API, True)
+        return Found(_b.env_stream(api, device_type, device_id, type(obj)), EXCHANGE_API, True)
     if stream_obj is not None:
         return Found(stream_handle(stream_obj), CUDA_STREAM, True)
     if module == "torch":
@@ -216,44 +183,3 @@ def distinct(handles: Sequence[int]) -> List[int]:
             seen.add(h)
             out.append(h)
     return out
-
-
-class ExchangeEach:
-    """Orders ``consumer`` after each distinct producer stream with one
-    exchange per stream; :meth:`end` ends them newest first and raises the
-    first error after ending all. If a begin fails, those already begun are
-    ended before the error is raised.
-
-    ``begin_one(producer, consumer, flags)`` returns an object with ``end()``
-    (dlsync's ``_Exchange``). A class with the same constructor and ``end()``
-    over the C ``dlsync_exchange_begin_many`` replaces this one in
-    ``dlsync._begin_many``."""
-
-    __slots__ = ("_each",)
-
-    def __init__(self, begin_one: Callable, producers: Sequence[int], consumer: int,
-                 flags: int = 0):
-        self._each: List[Any] = []
-        try:
-            for p in distinct(producers):
-                self._each.append(begin_one(p, consumer, flags))
-        except BaseException:
-            try:
-                self.end()
-            except Exception:  # noqa: BLE001 - the begin's error is the one to raise
-                pass
-            raise
-
-    def __len__(self) -> int:
-        return len(self._each)
-
-    def end(self) -> None:
-        each, self._each = self._each, []
-        first: Optional[BaseException] = None
-        for ex in reversed(each):
-            try:
-                ex.end()
-            except Exception as e:  # noqa: BLE001
-                first = first or e
-        if first is not None:
-            raise first

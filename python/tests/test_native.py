@@ -2,11 +2,12 @@
 """The two paths of the binding, without a GPU: dlsync._native (compiled, the
 stable ABI) and the ctypes fallback (DLSYNC_NO_NATIVE=1, or no built module).
 
-Run in one process, the tests check the path that is active; where the native
-module is active they also compare it call for call with the ctypes code it
-replaces (same values, same exception types and messages) and run
-test_binding, test_hardening, test_producers and this file again in a child
-process with DLSYNC_NO_NATIVE=1, so that one run covers both paths.
+Run in one process, the tests check the backend that is active
+(dlsync._backend.active); where the native one is, they also compare it call
+for call with a ctypes backend over the same library (same values, same
+exception types and messages) and run test_binding, test_hardening,
+test_producers and this file again in a child process with
+DLSYNC_NO_NATIVE=1, so that one run covers both paths.
 
 DLSYNC_EXPECT_NATIVE=1 (the installed wheel, scripts/install-check.sh) fails
 when the native module is not in use. Plain unittest."""
@@ -21,6 +22,7 @@ from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import dlsync  # noqa: E402
+from dlsync import _backend, _ctypes_impl, _exchange  # noqa: E402
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 NATIVE = dlsync._native_active()
@@ -134,19 +136,21 @@ class ActivePath(unittest.TestCase):
         self.assertEqual(os.path.dirname(os.path.abspath(dlsync._native.__file__)), pkg)
 
     def test_the_public_names_are_those_of_the_active_path(self):
+        b = _backend.active
+        self.assertIs(dlsync.stream_handle, b.stream_handle)
+        self.assertEqual(dlsync.capture_state, b.capture_state)
+        self.assertIs(type(dlsync.exchange(0x10, 0x20)), b.Exchange)
+        self.assertEqual(b.name, "native" if NATIVE else "ctypes")
         if NATIVE:
-            self.assertIs(dlsync.stream_handle, dlsync._native.stream_handle)
-            self.assertIs(dlsync.capture_state, dlsync._native.capture_state)
-            self.assertIs(dlsync._dlpack_lane, dlsync._native.dlpack_stream)
-            self.assertIs(type(dlsync.exchange(0x10, 0x20)), dlsync._native.Exchange)
-            self.assertIs(dlsync._producers._stream_from_api, dlsync._native.env_stream)
+            self.assertIs(b.stream_handle, dlsync._native.stream_handle)
+            self.assertIs(b.capture_state, dlsync._native.capture_state)
+            self.assertIs(b.dlpack_stream, dlsync._native.dlpack_stream)
+            self.assertIs(b.begin_many, dlsync._native.begin_many)
+            self.assertIs(b.env_stream, dlsync._native.env_stream)
+            self.assertIs(b.Exchange, dlsync._native.Exchange)
         else:
-            self.assertIs(dlsync.stream_handle, dlsync._stream_handle_py)
-            self.assertIs(dlsync.capture_state, dlsync._capture_state_py)
-            self.assertIs(dlsync._dlpack_lane, dlsync._dlpack_lane_py)
-            self.assertEqual(type(dlsync.exchange(0x10, 0x20)).__name__,
-                             "_GeneratorContextManager")
-            self.assertIs(dlsync._producers._stream_from_api, dlsync._stream_from_api_py)
+            self.assertIs(b.stream_handle, _ctypes_impl.stream_handle)
+            self.assertIsInstance(b, _ctypes_impl.CtypesBackend)
 
     def test_exchange_keeps_its_signature_and_documentation(self):
         import inspect
@@ -159,24 +163,29 @@ class ActivePath(unittest.TestCase):
             dlsync.exchange(0x10)
 
     def test_a_stale_or_missing_native_module_falls_back_with_a_reason(self):
-        stale = types.SimpleNamespace(ABI=dlsync._NATIVE_ABI + 1)
+        stale = types.SimpleNamespace(ABI=_backend.NATIVE_ABI + 1, SYMBOLS=())
         with mock.patch.dict(os.environ, {"DLSYNC_NO_NATIVE": ""}), \
-                mock.patch.object(dlsync.importlib, "import_module", return_value=stale):
-            native, why = dlsync._load_native()
+                mock.patch.object(_backend.importlib, "import_module", return_value=stale):
+            native, why = _backend.load_native(_backend.lib, "dlsync")
         self.assertIsNone(native)
         self.assertIn("stale build", why)
         with mock.patch.dict(os.environ, {"DLSYNC_NO_NATIVE": ""}), \
-                mock.patch.object(dlsync.importlib, "import_module",
+                mock.patch.object(_backend.importlib, "import_module",
                                   side_effect=ImportError("no such file")):
-            native, why = dlsync._load_native()
+            native, why = _backend.load_native(_backend.lib, "dlsync")
+            chosen, why2 = _backend.choose(_backend.lib, "dlsync")
         self.assertIsNone(native)
         self.assertIn("no such file", why)
+        self.assertIsInstance(chosen, _ctypes_impl.CtypesBackend)
+        self.assertEqual(chosen.name, "ctypes")
+        self.assertIn("no such file", why2)
         with mock.patch.dict(os.environ, {"DLSYNC_NO_NATIVE": "1"}):
-            self.assertEqual(dlsync._load_native(), (None, "DLSYNC_NO_NATIVE is set"))
+            self.assertEqual(_backend.load_native(_backend.lib, "dlsync"),
+                             (None, "DLSYNC_NO_NATIVE is set"))
 
     def test_the_optional_getattr_is_found_on_cpython(self):
         if sys.implementation.name == "cpython":
-            self.assertIsInstance(dlsync._optional_getattr_address(), int)
+            self.assertIsInstance(_backend.optional_getattr_address(), int)
 
 
 class BothPaths(unittest.TestCase):
@@ -216,7 +225,9 @@ class BothPaths(unittest.TestCase):
         for call in (lambda: dlsync.exchange(0x10, 0x20).__enter__(),
                      lambda: dlsync.exchange(0x10, 0x20, capture_stable=True).__enter__(),
                      lambda: dlsync.capture_state(0x10),
-                     lambda: dlsync._dlpack_lane(1, 0x10),
+                     lambda: _backend.active.dlpack_stream(1, 0x10),
+                     lambda: _backend.active.begin_many([0x10, 0x11], 0x20),
+                     lambda: dlsync.exchange([0x10, 0x11], 0x20).__enter__(),
                      lambda: dlsync._Exchange(0x10, 0x20)):
             with self.assertRaises(dlsync.Error) as info:
                 call()
@@ -226,20 +237,19 @@ class BothPaths(unittest.TestCase):
     @unittest.skipIf(_has_driver(), "a CUDA driver is present")
     def test_a_failed_enter_leaves_the_exchange_usable(self):
         ex = dlsync.exchange(0x10, 0x20)
-        with self.assertRaises(dlsync.Error):
-            ex.__enter__()
-        if NATIVE:  # a contextmanager's generator is spent after one try
+        for _ in range(2):  # either backend: tried again, the same error (not "entered")
             with self.assertRaises(dlsync.Error):
                 ex.__enter__()
 
     def test_dlpack_values_without_a_producer_need_no_driver(self):
-        self.assertIsNone(dlsync._dlpack_lane(-1, None))
-        self.assertEqual(dlsync._dlpack_lane(1, None), 1)
-        self.assertEqual(dlsync._dlpack_lane(2, None), 2)
-        self.assertEqual(dlsync._dlpack_lane(0x1234, None), 0x1234)
+        dlpack_stream = _backend.active.dlpack_stream
+        self.assertIsNone(dlpack_stream(-1, None))
+        self.assertEqual(dlpack_stream(1, None), 1)
+        self.assertEqual(dlpack_stream(2, None), 2)
+        self.assertEqual(dlpack_stream(0x1234, None), 0x1234)
         for bad in (0, -2):
             with self.assertRaises(dlsync.Error) as info:
-                dlsync._dlpack_lane(bad, None)
+                dlpack_stream(bad, None)
             self.assertEqual(info.exception.status, "DLSYNC_ERROR_INVALID_ARGUMENT")
 
     def test_capture_stable_is_taken_by_its_truth_at_entry(self):
@@ -254,28 +264,38 @@ class BothPaths(unittest.TestCase):
 
 
 class _Log:
-    """A fake _Exchange, as test_producers has: the Python exchanges that
-    dlsync.exchange makes for lists and tensors, recorded."""
+    """The backend's begin, begin_many and end, recorded, as test_producers
+    has: the Python exchanges that dlsync.exchange makes for lists and
+    tensors call them."""
 
     def __init__(self):
         self.calls = []
         self.fail_end = False
+        self.open = {}
+        self._ids = iter(range(0x1000, 1 << 30))
 
-    def exchange_class(self):
-        log = self
+    def begin(self, producer, consumer, flags=0):
+        return self.begin_many([producer], consumer, flags)
 
-        class FakeExchange:
-            def __init__(self, producer, consumer, flags=0):
-                self._streams = (dlsync.stream_handle(producer), dlsync.stream_handle(consumer))
-                self.began = next(dlsync._ticks)
-                log.calls.append(("begin",) + self._streams + (flags,))
+    def begin_many(self, producers, consumer, flags=0):
+        ps = tuple(dlsync.stream_handle(p) for p in producers)
+        c = dlsync.stream_handle(consumer)
+        handle = next(self._ids)
+        self.open[handle] = (ps, c)
+        self.calls.append(("begin", ps, c, flags))
+        return handle
 
-            def end(self):
-                log.calls.append(("end",) + self._streams)
-                if log.fail_end:
-                    raise dlsync.Error("DLSYNC_ERROR_DRIVER", "injected at end")
+    def end(self, handle):
+        ps, c = self.open.pop(handle)
+        self.calls.append(("end", ps, c))
+        if self.fail_end:
+            raise dlsync.Error("DLSYNC_ERROR_DRIVER", "injected at end")
 
-        return FakeExchange
+    def patch(self, test):
+        for name in ("begin", "begin_many", "end"):
+            p = mock.patch.object(_backend.active, name, getattr(self, name))
+            p.start()
+            test.addCleanup(p.stop)
 
 
 class _Tensor:
@@ -293,22 +313,24 @@ class _Tensor:
 
 class PythonExchanges(unittest.TestCase):
     """Lists and tensors as producers: the native exchange hands them to the
-    Python code (dlsync._exchange_python), whose _Exchange a test can fake."""
+    Python code (dlsync._exchange.exchange_python), which calls the backend's
+    begin, begin_many and end: faked here."""
 
     def setUp(self):
         self.log = _Log()
-        p = mock.patch.object(dlsync, "_Exchange", self.log.exchange_class())
-        p.start()
-        self.addCleanup(p.stop)
+        self.log.patch(self)
+
+    def tearDown(self):
+        self.assertEqual(self.log.open, {}, "exchanges begun and never ended")
 
     def test_a_list_and_a_tensor_go_through_the_python_code(self):
         with dlsync.exchange([0x51, _Tensor(0x52), 0x51], 0xC0, capture_stable=True):
-            self.assertEqual(self.log.calls, [("begin", 0x51, 0xC0, 1), ("begin", 0x52, 0xC0, 1)])
-        self.assertEqual(self.log.calls[2:], [("end", 0x52, 0xC0), ("end", 0x51, 0xC0)])
+            self.assertEqual(self.log.calls, [("begin", (0x51, 0x52), 0xC0, 1)])
+        self.assertEqual(self.log.calls[1:], [("end", (0x51, 0x52), 0xC0)])
         self.log.calls.clear()
         with dlsync.exchange(_Tensor(0x53), _Proto((0, 0xC1))):
             pass
-        self.assertEqual(self.log.calls, [("begin", 0x53, 0xC1, 0), ("end", 0x53, 0xC1)])
+        self.assertEqual(self.log.calls, [("begin", (0x53,), 0xC1, 0), ("end", (0x53,), 0xC1)])
 
     def test_the_block_error_passes_and_the_exchange_still_ends(self):
         with self.assertRaises(KeyError):
@@ -339,56 +361,51 @@ class PythonExchanges(unittest.TestCase):
         self.assertFalse(ex.__exit__(None, None, None))
 
 
-@needs_native
-class NativeOnly(unittest.TestCase):
-    def test_the_exchange_object_refuses_misuse(self):
-        ex = dlsync._native.Exchange(producer=[0x51], consumer=0xC0, capture_stable=False)
-        with self.assertRaises(RuntimeError):
-            ex.__exit__(None, None, None)
-        with mock.patch.object(dlsync, "_Exchange", _Log().exchange_class()):
-            with ex:
-                with self.assertRaises(RuntimeError):
-                    ex.__enter__()
-            with ex:  # entered again once exited
-                pass
-        with self.assertRaises(TypeError):
-            dlsync._native.Exchange(0x10)
-        with self.assertRaises(TypeError):
-            dlsync._native.Exchange(0x10, 0x20, bogus=1)
-
+class EitherBackend(unittest.TestCase):
     def test_the_garbage_collector_sees_what_an_exchange_holds(self):
         producers = [0x51]
         ex = dlsync.exchange(producers, 0xC0)
-        self.assertIn(producers, gc.get_referents(ex))
+        if NATIVE:
+            self.assertIn(producers, gc.get_referents(ex))
         producers.append(ex)  # a cycle
         del ex, producers
         self.assertGreaterEqual(gc.collect(), 1)
 
     def test_end_takes_a_handle(self):
         for bad in ("x", 1.5, True, None):
-            with self.assertRaises(TypeError):
-                dlsync._native.end(bad)
+            with self.assertRaises(TypeError) as info:
+                _backend.active.end(bad)
+            self.assertEqual(str(info.exception), "end: an exchange handle (int) from begin")
 
+
+@needs_native
+class NativeOnly(unittest.TestCase):
     def test_the_module_names_what_it_needs(self):
         self.assertIn("dlsync_exchange_begin_flags", dlsync._native.SYMBOLS)
-        self.assertEqual(dlsync._native.ABI, dlsync._NATIVE_ABI)
-        self.assertEqual(dlsync._native.POINTER_BITS, 8 * dlsync.ctypes.sizeof(dlsync._vp))
+        self.assertIn("dlsync_exchange_begin_many", dlsync._native.SYMBOLS)
+        self.assertEqual(dlsync._native.ABI, _backend.NATIVE_ABI)
+        self.assertEqual(dlsync._native.POINTER_BITS, 8 * _ctypes_impl.ctypes.sizeof(
+            _ctypes_impl.ctypes.c_void_p))
 
 
 @needs_native
 class SameAsCtypes(unittest.TestCase):
-    """The compiled calls against the ctypes code they replace."""
+    """The compiled calls against a ctypes backend over the same library."""
+
+    def setUp(self):
+        self.ct = _ctypes_impl.CtypesBackend(_backend.lib)
+        self.ct.python_begin = _exchange.exchange_python
 
     def test_stream_handle(self):
         for value in STREAM_VALUES:
             native = _outcome(dlsync._native.stream_handle, value)
-            python = _outcome(dlsync._stream_handle_py, value)
+            python = _outcome(self.ct.stream_handle, value)
             self.assertEqual(native, python, repr(value))
 
     def test_dlpack_values(self):
         for value in (-1, 0, 1, 2, 3, -2, 2**62, -(2**63)):
             self.assertEqual(_outcome(dlsync._native.dlpack_stream, value, None),
-                             _outcome(dlsync._dlpack_lane_py, value, None), value)
+                             _outcome(self.ct.dlpack_stream, value, None), value)
 
     def test_the_producers_exchange_api(self):
         try:  # its capsules: a DLPack exchange API built with ctypes
@@ -401,8 +418,14 @@ class SameAsCtypes(unittest.TestCase):
             api = dlsync._producers.exchange_api_of(cls)
             for device in ((2, 0), (2, 3), (1, 0)):
                 self.assertEqual(_outcome(dlsync._native.env_stream, api, *device, cls),
-                                 _outcome(dlsync._stream_from_api_py, api, *device, cls),
+                                 _outcome(self.ct.env_stream, api, *device, cls),
                                  (answer, major, device))
+
+    def test_begin_many_checks_its_arguments_alike(self):
+        for args in (((0x10, 1.5), 0x20), ([2**64], 0x20), ([0x10], "s"), ("ab", 0x20),
+                     (None, 0x20), ({0x10}, 0x20)):
+            self.assertEqual(_outcome(dlsync._native.begin_many, *args),
+                             _outcome(self.ct.begin_many, *args), args)
 
     @unittest.skipIf(_has_driver(), "a CUDA driver is present")
     def test_errors_of_the_library(self):
@@ -410,19 +433,21 @@ class SameAsCtypes(unittest.TestCase):
             return lambda p, c, s: impl(p, c, s).__enter__()
 
         for args in ((0x10, 0x20, False), (0x10, 0x20, True), (None, 2, False),
-                     (2**64, 0x10, False), (0x10, "s", False)):
+                     (2**64, 0x10, False), (0x10, "s", False), ([0x10, 0x11], 0x20, False)):
             self.assertEqual(_outcome(enter(dlsync._native.Exchange), *args),
-                             _outcome(enter(dlsync._exchange_py), *args), args)
+                             _outcome(enter(self.ct.Exchange), *args), args)
         for stream in (0x10, 2**64, 1.5):
             self.assertEqual(_outcome(dlsync._native.capture_state, stream),
-                             _outcome(dlsync._capture_state_py, stream), stream)
+                             _outcome(self.ct.capture_state, stream), stream)
         for value, producer in ((1, 0x10), (0, 0x10), (1, -1)):
             self.assertEqual(_outcome(dlsync._native.dlpack_stream, value, producer),
-                             _outcome(dlsync._dlpack_lane_py, value, producer), (value, producer))
+                             _outcome(self.ct.dlpack_stream, value, producer), (value, producer))
         self.assertEqual(_outcome(dlsync._native.begin, 0x10, 0x20, 0),
-                         _outcome(dlsync._begin_py, 0x10, 0x20, 0))
+                         _outcome(self.ct.begin, 0x10, 0x20, 0))
+        self.assertEqual(_outcome(dlsync._native.begin_many, [0x10, 0x11], 0x20, 0),
+                         _outcome(self.ct.begin_many, [0x10, 0x11], 0x20, 0))
         self.assertEqual(_outcome(dlsync._native.end, 0x1234),
-                         _outcome(dlsync._end_py, 0x1234))
+                         _outcome(self.ct.end, 0x1234))
 
 
 @unittest.skipUnless(NATIVE and not CHILD, "the ctypes path is the one in use here already")
@@ -431,7 +456,8 @@ class CtypesPathToo(unittest.TestCase):
         env = dict(os.environ, DLSYNC_NO_NATIVE="1", DLSYNC_TEST_NATIVE_CHILD="1",
                    PYTHONDONTWRITEBYTECODE="1")
         env.pop("DLSYNC_EXPECT_NATIVE", None)
-        modules = [m for m in ("test_binding", "test_hardening", "test_producers", "test_native")
+        modules = [m for m in ("test_binding", "test_hardening", "test_producers", "test_native",
+                               "test_backends", "test_interrupts")
                    if os.path.isfile(os.path.join(HERE, m + ".py"))]
         run = subprocess.run([sys.executable, "-m", "unittest", *modules], cwd=HERE, env=env,
                              stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True,

@@ -13,7 +13,7 @@ from unittest import mock
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import dlsync  # noqa: E402
-from dlsync import _producers  # noqa: E402
+from dlsync import _backend, _exchange, _producers  # noqa: E402
 
 KDLCUDA = 2
 
@@ -94,44 +94,62 @@ def _producer_class(capsule=None, module="somelib", cuda_stream=None, stream_att
 
 
 class _Log:
+    """The backend's begin, begin_many, end and capture query, recorded (the
+    interface of dlsync._backend: what the Python exchanges call)."""
+
     def __init__(self):
         self.calls = []
         self.capturing = set()
         self.fail_begin_on = None
+        self.open = {}  # handle -> (producers, consumer)
+        self._ids = iter(range(0x1000, 1 << 30))
 
-    def exchange_class(self):
-        log = self
+    def _begun(self, producers, consumer):
+        if self.fail_begin_on in producers:
+            raise dlsync.Error("DLSYNC_ERROR_DRIVER", "injected")
+        handle = next(self._ids)
+        self.open[handle] = (producers, consumer)
+        return handle
 
-        class FakeExchange:
-            def __init__(self, producer, consumer, flags=0):
-                p, c = dlsync.stream_handle(producer), dlsync.stream_handle(consumer)
-                if p == log.fail_begin_on:
-                    raise dlsync.Error("DLSYNC_ERROR_DRIVER", "injected")
-                self.began = next(dlsync._ticks)
-                self._lanes = (types.SimpleNamespace(stream=p), types.SimpleNamespace(stream=c))
-                log.calls.append(("begin", p, c, flags))
+    def begin(self, producer, consumer, flags=0):
+        p, c = dlsync.stream_handle(producer), dlsync.stream_handle(consumer)
+        handle = self._begun((p,), c)
+        self.calls.append(("begin", p, c, flags))
+        return handle
 
-            def end(self):
-                log.calls.append(("end", self._lanes[0].stream, self._lanes[1].stream))
+    def begin_many(self, producers, consumer, flags=0):
+        ps = tuple(dlsync.stream_handle(p) for p in producers)
+        c = dlsync.stream_handle(consumer)
+        handle = self._begun(ps, c)
+        self.calls.append(("begin_many", ps, c, flags))
+        return handle
 
-        return FakeExchange
+    def end(self, handle):
+        ps, c = self.open.pop(handle)
+        self.calls.append(("end", ps[0] if len(ps) == 1 else ps, c))
 
     def capture_state(self, stream):
         return "capturing" if dlsync.stream_handle(stream) in self.capturing else "eager"
+
+    def patch(self, test):
+        """Puts the fakes in the backend for the test's duration."""
+        for name in ("begin", "begin_many", "end", "capture_state"):
+            p = mock.patch.object(_backend.active, name, getattr(self, name))
+            p.start()
+            test.addCleanup(p.stop)
 
 
 class _Faked(unittest.TestCase):
     def setUp(self):
         self.log = _Log()
-        for name, value in (("_Exchange", self.log.exchange_class()),
-                            ("capture_state", self.log.capture_state)):
-            p = mock.patch.object(dlsync, name, value)
-            p.start()
-            self.addCleanup(p.stop)
+        self.log.patch(self)
         # No framework in sys.modules unless a test puts a fake one there.
         p = mock.patch.dict(sys.modules, {"torch": None, "cupy": None})
         p.start()
         self.addCleanup(p.stop)
+
+    def tearDown(self):
+        self.assertEqual(self.log.open, {}, "exchanges begun and never ended")
 
 
 class Find(unittest.TestCase):
@@ -329,26 +347,49 @@ class ExchangeApiProducer(_Faked):
 
 
 class ManyProducers(_Faked):
-    def test_one_exchange_per_distinct_stream_ended_newest_first(self):
+    def test_one_begin_many_over_the_distinct_streams_one_end(self):
         a = _producer_class(_capsule(0xA3))()
         with dlsync.exchange([0x51, a, 0x52, 0x51, 0xA3], 0xC0, capture_stable=True):
-            self.assertEqual(self.log.calls, [("begin", 0x51, 0xC0, 1), ("begin", 0xA3, 0xC0, 1),
-                                              ("begin", 0x52, 0xC0, 1)])
-        self.assertEqual(self.log.calls[3:], [("end", 0x52, 0xC0), ("end", 0xA3, 0xC0),
-                                              ("end", 0x51, 0xC0)])
+            self.assertEqual(self.log.calls, [("begin_many", (0x51, 0xA3, 0x52), 0xC0, 1)])
+        self.assertEqual(self.log.calls[1:], [("end", (0x51, 0xA3, 0x52), 0xC0)])
+
+    def test_one_distinct_stream_is_one_plain_begin_and_an_empty_list_none(self):
+        with dlsync.exchange([0x51, 0x51], 0xC0):
+            pass
+        with dlsync.exchange([], 0xC0):
+            pass
+        self.assertEqual(self.log.calls, [("begin", 0x51, 0xC0, 0), ("end", 0x51, 0xC0)])
+
+    def test_more_than_the_library_takes_at_once_are_begun_in_chunks(self):
+        with mock.patch.object(_exchange, "MANY_MAX", 2):
+            with dlsync.exchange((0x51, 0x52, 0x53, 0x54, 0x55), 0xC0):
+                pass
+        self.assertEqual(self.log.calls, [
+            ("begin_many", (0x51, 0x52), 0xC0, 0), ("begin_many", (0x53, 0x54), 0xC0, 0),
+            ("begin", 0x55, 0xC0, 0), ("end", 0x55, 0xC0), ("end", (0x53, 0x54), 0xC0),
+            ("end", (0x51, 0x52), 0xC0)])
 
     def test_a_failed_begin_ends_those_begun_and_raises(self):
+        self.log.fail_begin_on = 0x53
+        with mock.patch.object(_exchange, "MANY_MAX", 2):
+            with self.assertRaises(dlsync.Error):
+                with dlsync.exchange((0x51, 0x52, 0x53), 0xC0):
+                    self.fail("the block must not run")
+        self.assertEqual(self.log.calls, [("begin_many", (0x51, 0x52), 0xC0, 0),
+                                          ("end", (0x51, 0x52), 0xC0)])
+
+    def test_a_failed_begin_many_begins_nothing(self):
         self.log.fail_begin_on = 0x52
         with self.assertRaises(dlsync.Error):
             with dlsync.exchange((0x51, 0x52, 0x53), 0xC0):
                 self.fail("the block must not run")
-        self.assertEqual(self.log.calls, [("begin", 0x51, 0xC0, 0), ("end", 0x51, 0xC0)])
+        self.assertEqual(self.log.calls, [])
 
     def test_an_error_in_the_block_still_ends_every_exchange(self):
         with self.assertRaises(KeyError):
             with dlsync.exchange([0x51, 0x52], 0xC0):
                 raise KeyError("user")
-        self.assertEqual([c[0] for c in self.log.calls], ["begin", "begin", "end", "end"])
+        self.assertEqual([c[0] for c in self.log.calls], ["begin_many", "end"])
 
 
 class ScopeSharing(_Faked):

@@ -1,0 +1,335 @@
+# SPDX-License-Identifier: Apache-2.0
+"""The ctypes backend: every call of the binding through ctypes.
+
+It is the fallback where dlsync._native cannot be used, and the part the
+compiled backend shares (the fences, the library's version and path).
+``CtypesBackend(lib)`` has the interface of dlsync._backend.Backend."""
+
+from __future__ import annotations
+
+import ctypes
+import threading
+from typing import Any, Callable, Optional, Sequence
+
+from . import _errors
+from ._errors import Error
+
+LEGACY = 1
+PER_THREAD = 2
+CAPTURE_STABLE = 1  # DLSYNC_EXCHANGE_CAPTURE_STABLE
+MANY_MAX = 1024  # DLSYNC_EXCHANGE_MANY_MAX
+
+_LANE_STREAM = 1
+_LANE_CAPTURING = 1
+_vp = ctypes.c_void_p
+_P = ctypes.POINTER
+_POINTER_BITS = 8 * ctypes.sizeof(_vp)
+_HANDLE_LIMIT = 1 << _POINTER_BITS
+
+
+class _Lane(ctypes.Structure):
+    _fields_ = [
+        ("kind", ctypes.c_int),
+        ("stream", _vp),
+        ("graph", _vp),
+        ("deps", _P(_vp)),
+        ("ndeps", ctypes.c_size_t),
+        ("capacity", ctypes.c_size_t),
+    ]
+
+
+class _LaneState(ctypes.Structure):
+    _fields_ = [
+        ("kind", ctypes.c_int),
+        ("capture_id", ctypes.c_uint64),
+        ("graph", _vp),
+    ]
+
+
+# ---- stream handles (the same checks and words as _native.c) ----
+
+
+def checked_handle(value: Any, what: str) -> int:
+    """A stream handle as the library takes it: an int (not a bool, not a
+    float: ctypes would truncate those), 0 <= value < 2**64 (an unsigned
+    pointer; ctypes would wrap the rest). TypeError or ValueError naming
+    the value otherwise."""
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(
+            f"{what} must be an int stream handle (CUstream / cudaStream_t), "
+            f"not {type(value).__name__} {value!r}"
+        )
+    if not 0 <= value < _HANDLE_LIMIT:
+        raise ValueError(
+            f"{what} is {value}: a stream handle is an unsigned pointer, "
+            f"0 <= handle < 2**{_POINTER_BITS} (0 and 1: the legacy "
+            "default stream, 2: the per-thread default stream)"
+        )
+    return value
+
+
+def stream_handle(stream: Any) -> int:
+    """The CUstream handle of a stream object or integer.
+
+    Accepts ints, objects with ``__cuda_stream__`` (returning ``(version,
+    handle)``), ``torch.cuda.Stream`` (``cuda_stream``), CuPy streams
+    (``ptr``) and objects with a ``handle`` attribute. ``None`` is the legacy
+    default stream."""
+    if stream is None:
+        return LEGACY
+    if isinstance(stream, int):
+        return checked_handle(stream, "the stream")
+    proto = getattr(stream, "__cuda_stream__", None)
+    if proto is not None:
+        value = proto() if callable(proto) else proto
+        if isinstance(value, tuple):
+            value = value[1] if len(value) == 2 else None
+        return checked_handle(value, f"{type(stream).__name__}.__cuda_stream__()")
+    for attr in ("cuda_stream", "ptr", "handle"):
+        value = getattr(stream, attr, None)
+        if value is not None:
+            return checked_handle(value, f"{type(stream).__name__}.{attr}")
+    raise TypeError(f"cannot find a CUDA stream handle in {type(stream).__name__}")
+
+
+def needs_python(producer: Any) -> bool:
+    """Whether dlsync.exchange hands the producer to the Python exchange
+    (dlsync._exchange): a list or tuple of producers, or a tensor or array
+    (anything with ``__dlpack__`` that is not a stream handle)."""
+    if isinstance(producer, (list, tuple)):
+        return True
+    if producer is None or isinstance(producer, int):
+        return False
+    return hasattr(producer, "__dlpack__")
+
+
+def exchange_args(args: tuple, kwargs: dict):
+    """(producer, consumer, capture_stable) of Exchange(...), with the
+    TypeError _native.c raises for the same call."""
+    names = ("producer", "consumer", "capture_stable")
+    if len(args) > 3:
+        raise TypeError(f"{_errors.EXCHANGE_SIGNATURE}: at most 3 arguments, {len(args)} given")
+    values = list(args) + [None] * (3 - len(args))
+    given = [True] * len(args) + [False] * (3 - len(args))
+    for key, value in kwargs.items():
+        if key not in names:
+            raise TypeError(f"{_errors.EXCHANGE_SIGNATURE}: no argument named {key!r}")
+        i = names.index(key)
+        if given[i]:
+            raise TypeError(f"{_errors.EXCHANGE_SIGNATURE}: {key} given twice")
+        values[i], given[i] = value, True
+    for i in (0, 1):
+        if not given[i]:
+            raise TypeError(f"{_errors.EXCHANGE_SIGNATURE}: {names[i]} is missing")
+    return values[0], values[1], values[2] if given[2] else False
+
+
+_IDLE, _BUSY, _ACTIVE = 0, 1, 2
+
+
+class CtypesBackend:
+    """Every call through ctypes (see dlsync._backend.Backend)."""
+
+    name = "ctypes"
+
+    def __init__(self, lib: ctypes.CDLL):
+        self.lib = lib
+        self.python_begin: Optional[Callable] = None  # set by dlsync._exchange
+        fn = self._fn
+        self._status_name = fn("dlsync_status_name", ctypes.c_char_p, ctypes.c_int)
+        self._last_error = fn("dlsync_last_error", ctypes.c_char_p)
+        self._version_string = fn("dlsync_version_string", ctypes.c_char_p)
+        self._context_default = fn("dlsync_context_default", ctypes.c_int, _P(_vp))
+        self._begin = fn("dlsync_exchange_begin_flags", ctypes.c_int, _P(_vp), _vp, _P(_Lane),
+                         _P(_Lane), ctypes.c_uint32)
+        self._begin_many = fn("dlsync_exchange_begin_many", ctypes.c_int, _P(_vp), _vp,
+                              _P(_Lane), ctypes.c_size_t, _P(_Lane), ctypes.c_uint32)
+        self._end = fn("dlsync_exchange_end", ctypes.c_int, _vp)
+        self._lane_query = fn("dlsync_lane_query", ctypes.c_int, _P(_LaneState), _vp, _P(_Lane))
+        self._fence_signal = fn("dlsync_fence_signal", ctypes.c_int, _P(_vp), _vp, _P(_Lane))
+        self._fence_wait = fn("dlsync_fence_wait", ctypes.c_int, _vp, _P(_Lane))
+        self._fence_release = fn("dlsync_fence_release", None, _vp)
+        self._dlpack_stream = fn("dlsync_dlpack_stream", ctypes.c_int, _P(_Lane),
+                                 _P(ctypes.c_bool), _vp, ctypes.c_int64, _P(_Lane))
+        # With the GIL held (a PyDLL handle): the producer's current_work_stream
+        # may be Python code, and an exception it sets is raised here.
+        api = ctypes.PyDLL(lib._name, handle=lib._handle).dlsync_env_stream_from_exchange_api
+        api.restype = ctypes.c_int
+        api.argtypes = [_P(_vp), _vp, ctypes.c_int32, ctypes.c_int32]
+        self._env_api = api
+        self._ctx_lock = threading.Lock()
+        self._ctx: Optional[int] = None
+        self.stream_handle = stream_handle
+        self.Exchange = self._exchange_type()
+
+    def _fn(self, name: str, restype, *argtypes):
+        f = getattr(self.lib, name)
+        f.restype = restype
+        f.argtypes = list(argtypes)
+        return f
+
+    # ---- the library ----
+
+    def version(self) -> str:
+        return self._version_string().decode()
+
+    def library_path(self) -> str:
+        return str(self.lib._name)
+
+    def error(self, status: int, prefix: str = "") -> Error:
+        """dlsync.Error for a failed call: the status name and the last error."""
+        return Error(self._status_name(status).decode(),
+                     prefix + self._last_error().decode(errors="replace"))
+
+    def _check(self, status: int) -> None:
+        if status != _errors.SUCCESS:
+            raise self.error(status)
+
+    def context(self) -> int:
+        with self._ctx_lock:
+            if self._ctx is None:
+                out = _vp()
+                self._check(self._context_default(ctypes.byref(out)))
+                self._ctx = out.value
+            return self._ctx
+
+    @staticmethod
+    def _lane(handle: int) -> _Lane:
+        return _Lane(_LANE_STREAM, handle, None, None, 0, 0)
+
+    # ---- the interface ----
+
+    def capture_state(self, stream: Any) -> str:
+        """'eager' or 'capturing' (the driver asked now)."""
+        lane = self._lane(stream_handle(stream))
+        st = _LaneState()
+        self._check(self._lane_query(ctypes.byref(st), self.context(), ctypes.byref(lane)))
+        return "capturing" if st.kind == _LANE_CAPTURING else "eager"
+
+    def dlpack_stream(self, value: int, producer: Any) -> Optional[int]:
+        """dlsync_dlpack_stream: the consumer's stream handle for a DLPack
+        value, or None for -1 (no ordering). With producer None only the
+        value is checked (no driver call)."""
+        out = _Lane()
+        ordered = ctypes.c_bool(False)
+        if producer is None:
+            status = self._dlpack_stream(ctypes.byref(out), ctypes.byref(ordered), None, value,
+                                         None)
+        else:
+            p = self._lane(stream_handle(producer))
+            status = self._dlpack_stream(ctypes.byref(out), ctypes.byref(ordered), self.context(),
+                                         value, ctypes.byref(p))
+        self._check(status)
+        if not ordered.value:
+            return None
+        return out.stream or 0
+
+    def begin(self, producer: Any, consumer: Any, flags: int = 0) -> int:
+        """dlsync_exchange_begin_flags on two streams: the exchange's handle."""
+        p, c = self._lane(stream_handle(producer)), self._lane(stream_handle(consumer))
+        out = _vp()
+        self._check(self._begin(ctypes.byref(out), self.context(), ctypes.byref(p),
+                                ctypes.byref(c), flags))
+        return out.value
+
+    def begin_many(self, producers: Sequence[Any], consumer: Any, flags: int = 0) -> int:
+        """dlsync_exchange_begin_many: the consumer after each producer
+        stream, one handle."""
+        if not isinstance(producers, (list, tuple)):
+            raise TypeError(_errors.MANY_TAKES_A_LIST)
+        lanes = (_Lane * max(len(producers), 1))()
+        for i, p in enumerate(producers):
+            lanes[i] = self._lane(stream_handle(p))
+        c = self._lane(stream_handle(consumer))
+        out = _vp()
+        self._check(self._begin_many(ctypes.byref(out), self.context(), lanes, len(producers),
+                                     ctypes.byref(c), flags))
+        return out.value
+
+    def end(self, handle: int) -> None:
+        """dlsync_exchange_end."""
+        if isinstance(handle, bool) or not isinstance(handle, int):
+            raise TypeError(_errors.END_TAKES_A_HANDLE)
+        self._check(self._end(handle))
+
+    def env_stream(self, api: int, device_type: int, device_id: int, cls: type) -> int:
+        """dlsync_env_stream_from_exchange_api: the producer's current work
+        stream (1, the legacy stream, for NULL)."""
+        out = _vp()
+        status = self._env_api(ctypes.byref(out), api, device_type, device_id)
+        if status != _errors.SUCCESS:
+            raise self.error(status, f"{cls.__name__}.__dlpack_c_exchange_api__: ")
+        return out.value if out.value is not None else LEGACY
+
+    def fence_signal(self, stream: Any) -> int:
+        lane = self._lane(stream_handle(stream))
+        out = _vp()
+        self._check(self._fence_signal(ctypes.byref(out), self.context(), ctypes.byref(lane)))
+        return out.value
+
+    def fence_wait(self, fence: int, stream: Any) -> None:
+        lane = self._lane(stream_handle(stream))
+        self._check(self._fence_wait(fence, ctypes.byref(lane)))
+
+    def fence_release(self, fence: int) -> None:
+        self._fence_release(fence)
+
+    def _exchange_type(self):
+        backend = self
+
+        class Exchange:
+            """The context manager of dlsync.exchange: __enter__ orders the
+            consumer after the producer, __exit__ the producer's later work
+            after the consumer's. Lists and tensors as producers are handed
+            to the Python exchange of dlsync."""
+
+            __slots__ = ("_producer", "_consumer", "_stable", "_python", "_handle", "_state")
+
+            def __init__(self, *args: Any, **kwargs: Any):
+                self._state = _IDLE
+                self._python = self._handle = None
+                self._producer, self._consumer, self._stable = exchange_args(args, kwargs)
+
+            def __enter__(self) -> None:
+                if self._state != _IDLE:
+                    raise RuntimeError(_errors.ALREADY_ENTERED)
+                flags = CAPTURE_STABLE if self._stable else 0  # its truth at entry
+                python = needs_python(self._producer)
+                self._state = _BUSY
+                try:
+                    if python:
+                        self._python = backend.python_begin(self._producer, self._consumer,
+                                                            flags)
+                    else:
+                        self._handle = backend.begin(self._producer, self._consumer, flags)
+                except BaseException:
+                    self._state = _IDLE
+                    raise
+                self._state = _ACTIVE
+
+            def _finish(self) -> None:
+                self._state = _BUSY
+                python, handle = self._python, self._handle
+                self._python = self._handle = None
+                try:
+                    if python is not None:
+                        python.end()
+                    elif handle is not None:
+                        backend.end(handle)
+                finally:
+                    self._state = _IDLE
+
+            def __exit__(self, *exc: Any) -> bool:
+                if self._state != _ACTIVE:
+                    raise RuntimeError(_errors.EXIT_WITHOUT_ENTER)
+                self._finish()
+                return False
+
+            def __del__(self):
+                # Entered and never exited: ended as it goes (as _native.c's
+                # dealloc does); an error then is reported as unraisable.
+                if getattr(self, "_state", _IDLE) == _ACTIVE:
+                    self._finish()
+
+        Exchange.__module__ = "dlsync._ctypes_impl"
+        return Exchange

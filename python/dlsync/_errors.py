@@ -1,0 +1,31 @@
+# SPDX-License-Identifier: Apache-2.0
+"""dlsync.Error and the words both backends use for misuse.
+
+The compiled backend (_native.c) spells the same messages; the misuse test
+(python/tests/test_backends.py) runs one list of misuses on both and compares
+type and message."""
+
+from __future__ import annotations
+
+SUCCESS = 0
+INVALID_ARGUMENT = "DLSYNC_ERROR_INVALID_ARGUMENT"
+CAPTURE_ORDER = "DLSYNC_ERROR_CAPTURE_ORDER"
+
+
+class Error(RuntimeError):
+    """A dlsync call failed. ``status`` is the status name, ``message`` the
+    library's words for what went wrong."""
+
+    def __init__(self, status: str, message: str):
+        super().__init__(f"{status}: {message}")
+        self.status = status
+        self.message = message
+
+
+# The exchange object (dlsync.exchange's context manager), on both backends.
+ALREADY_ENTERED = "dlsync.exchange: already entered (an exchange is entered once at a time)"
+EXIT_WITHOUT_ENTER = "dlsync.exchange: __exit__ without a matching __enter__"
+EXCHANGE_SIGNATURE = "dlsync.exchange(producer, consumer, capture_stable=False)"
+# The backend's end() and begin_many() arguments.
+END_TAKES_A_HANDLE = "end: an exchange handle (int) from begin"
+MANY_TAKES_A_LIST = "begin_many: the producers are a list or tuple of streams"

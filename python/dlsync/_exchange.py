@@ -1,0 +1,169 @@
+# SPDX-License-Identifier: Apache-2.0
+"""dlsync.exchange, and the exchange objects wrap and scope keep.
+
+``_Exchange`` is one library exchange (one handle) between a producer stream
+and a consumer stream; ``_Many`` the exchange of several producers with one
+consumer (dlsync_exchange_begin_many: one handle per up to 1024 distinct
+producer streams). Both are ended by ``end()``; ``end_all`` ends a list of
+them, every one whatever an earlier end raised."""
+
+from __future__ import annotations
+
+import itertools
+from typing import Any, List, NamedTuple, Optional, Sequence
+
+from . import _producers
+from ._backend import active as _b
+from ._ctypes_impl import CAPTURE_STABLE, MANY_MAX
+from ._errors import INVALID_ARGUMENT, Error
+
+# Ticks order wraps and exchanges: an exchange begun after a wrap was made
+# covers that wrap's producer work too (see dlsync._scope).
+ticks = itertools.count()
+
+
+def end_all(exchanges: Sequence[Any]) -> None:
+    """Ends each of ``exchanges`` (objects with ``end()``), newest first, as
+    contextlib.ExitStack runs its exits: whatever one end raises
+    (BaseException included: KeyboardInterrupt, a TypeError), the others
+    still end; then the first exception raised is raised again."""
+    first: Optional[BaseException] = None
+    for ex in reversed(exchanges):
+        try:
+            ex.end()
+        except BaseException as e:  # noqa: BLE001 - re-raised below
+            if first is None:
+                first = e
+    if first is not None:
+        raise first
+
+
+class _StreamLane(NamedTuple):
+    stream: int
+
+
+class _Exchange:
+    """One exchange between two streams, ended by :meth:`end` (wrap, scope,
+    and dlsync.exchange for tensor producers)."""
+
+    __slots__ = ("_handle", "_streams", "began")
+
+    def __init__(self, producer: Any, consumer: Any, flags: int = 0,
+                 into: Optional[List[Any]] = None):
+        """Begins the exchange. ``into`` (a scope's list) gets it before the
+        library is called, so that an exception raised once the begin has
+        returned (KeyboardInterrupt) leaves it where the scope ends it."""
+        p, c = _b.stream_handle(producer), _b.stream_handle(consumer)
+        self.began = next(ticks)
+        self._handle = None
+        self._streams = (p, c)
+        if into is not None:
+            into.append(self)
+        self._handle = _b.begin(p, c, flags)
+
+    @property
+    def _lanes(self):
+        """The (producer, consumer) lanes, read as ``_lanes[i].stream``."""
+        return (_StreamLane(self._streams[0]), _StreamLane(self._streams[1]))
+
+    def end(self) -> None:
+        handle, self._handle = self._handle, None
+        if handle is not None:
+            _b.end(handle)
+
+
+class _Many:
+    """Many producers, one consumer: the consumer ordered after each distinct
+    producer stream once, with dlsync_exchange_begin_many (one handle for up
+    to DLSYNC_EXCHANGE_MANY_MAX of them; none for an empty list). If a begin
+    fails, the handles already begun are ended before its error is raised;
+    :meth:`end` ends them all (newest first) and raises the first error."""
+
+    __slots__ = ("_handles",)
+
+    def __init__(self, producers: Sequence[int], consumer: int, flags: int = 0):
+        self._handles: List[int] = []
+        streams = _producers.distinct(producers)
+        try:
+            for i in range(0, len(streams), MANY_MAX):
+                chunk = streams[i:i + MANY_MAX]
+                if len(chunk) == 1:
+                    self._handles.append(_b.begin(chunk[0], consumer, flags))
+                else:
+                    self._handles.append(_b.begin_many(chunk, consumer, flags))
+        except BaseException:
+            try:
+                self.end()
+            except BaseException:  # noqa: BLE001 - the begin's error is the one to raise
+                pass
+            raise
+
+    def __len__(self) -> int:
+        return len(self._handles)
+
+    def end(self) -> None:
+        handles, self._handles = self._handles, []
+        end_all([_Handle(h) for h in handles])
+
+
+class _Handle:
+    __slots__ = ("handle",)
+
+    def __init__(self, handle: int):
+        self.handle = handle
+
+    def end(self) -> None:
+        _b.end(self.handle)
+
+
+def _producer_handle(producer: Any) -> int:
+    """A stream, or a tensor / array whose stream dlsync can find."""
+    if producer is None or isinstance(producer, int) or not hasattr(producer, "__dlpack__"):
+        return _b.stream_handle(producer)
+    device_type, device_id = producer.__dlpack_device__()
+    found = _producers.find(producer, int(device_type), int(device_id))
+    if found.stream is None:
+        raise Error(
+            INVALID_ARGUMENT,
+            f"dlsync.exchange: {type(producer).__name__} exposes no stream to order after; "
+            "hand it to the consumer as dlsync.wrap(x) (its __dlpack__ is then given the "
+            "consumer's stream) or name its stream",
+        )
+    return found.stream
+
+
+def exchange_python(producer: Any, consumer: Any, flags: int):
+    """The exchanges of dlsync.exchange made in Python: for a list or tuple of
+    producers and for tensors (both backends' Exchange hand those here). An
+    object with ``end()``."""
+    if isinstance(producer, (list, tuple)):
+        handles = [_producer_handle(p) for p in producer]
+        return _Many(handles, _b.stream_handle(consumer), flags)
+    return _Exchange(_producer_handle(producer), consumer, flags)
+
+
+_b.python_begin = exchange_python
+
+
+def exchange(producer: Any, consumer: Any, capture_stable: bool = False):
+    """Orders ``consumer`` after ``producer`` on entry, and the producer's
+    later work after the consumer's work inside the block on exit. Under
+    stream capture an eager consumer joins the producer's capture and is
+    joined back on exit.
+
+    ``producer`` is a stream, a tensor or array whose stream dlsync can find
+    (as :func:`wrap` does), or a list or tuple of those: the consumer is then
+    ordered after each distinct producer stream once
+    (dlsync_exchange_begin_many).
+
+    ``capture_stable=True`` (DLSYNC_EXCHANGE_CAPTURE_STABLE) promises that no
+    capture begins or ends on either stream inside the block, so the exit
+    asks the driver nothing; a broken promise costs a capture (exchange.h).
+
+    A context manager (the backend's ``Exchange``: its ``__enter__`` begins,
+    its ``__exit__`` ends), entered once at a time; entering it while it is
+    entered, or exiting it when it is not, is RuntimeError."""
+    return _b.Exchange(producer, consumer, capture_stable)
+
+
+__all__ = ["exchange", "CAPTURE_STABLE"]

@@ -1,0 +1,294 @@
+# SPDX-License-Identifier: Apache-2.0
+"""One list of misuses, run on both backends (dlsync._native and the ctypes
+code): each raises the same exception type with the same message on both.
+
+The list runs in two child processes, one per backend: the ctypes one with
+DLSYNC_NO_NATIVE=1, the compiled one where dlsync._native is in use here
+(the installed wheel), else from a copy of the package with _native.c built
+by the C compiler into it (a source tree; skipped, saying why, where there
+is no compiler or no Python headers). With the fake driver
+(DLSYNC_TEST_FAKE_LIBCUDA, fake_cuda.py) the misuses that need real
+exchanges run too (a handle ended twice, an exchange on a stream the driver
+does not know). Plain unittest."""
+import json
+import os
+import shutil
+import subprocess
+import sys
+import sysconfig
+import tempfile
+import unittest
+
+HERE = os.path.dirname(os.path.abspath(__file__))
+CHILD = "--misuse-child" in sys.argv
+
+if CHILD:
+    import fake_cuda  # before dlsync asks for a context
+
+    FAKE, _ = fake_cuda.load()
+if os.environ.get("DLSYNC_TEST_PKG"):
+    sys.path.insert(0, os.environ["DLSYNC_TEST_PKG"])
+else:
+    sys.path.insert(0, os.path.join(HERE, ".."))
+import dlsync  # noqa: E402
+from dlsync import _backend, _loader  # noqa: E402
+
+
+class _Truth:
+    def __bool__(self):
+        raise ZeroDivisionError("its truth raises")
+
+
+class _Proto:
+    def __init__(self, value):
+        self.value = value
+
+    def __cuda_stream__(self):
+        return self.value
+
+
+class _NoStream:
+    """A CUDA DLPack producer that exposes no stream (JAX's case)."""
+
+    def __dlpack_device__(self):
+        return (2, 0)
+
+    def __dlpack__(self, stream=None, **kw):
+        return "capsule"
+
+
+def _entered(producer=(), consumer=0x20):
+    """An exchange entered without a driver call: an empty list of producers."""
+    ex = dlsync.exchange(list(producer), consumer)
+    ex.__enter__()
+    return ex
+
+
+def _reenter():
+    ex = _entered()
+    try:
+        ex.__enter__()
+    finally:
+        ex.__exit__(None, None, None)
+
+
+def _exit_twice():
+    ex = _entered()
+    ex.__exit__(None, None, None)
+    ex.__exit__(None, None, None)
+
+
+def _with_inside_with():
+    ex = dlsync.exchange([], 0x20)
+    with ex:
+        with ex:
+            pass
+
+
+def _enter_exit_enter_exit():
+    ex = dlsync.exchange([], 0x20)
+    for _ in range(2):
+        with ex:
+            pass
+    return "entered twice in turn"
+
+
+def _exchange_type():
+    return type(dlsync.exchange(0x10, 0x20))
+
+
+def _enter(*args, **kwargs):
+    return lambda: dlsync.exchange(*args, **kwargs).__enter__()
+
+
+def _closed_fence_wait():
+    f = dlsync.Fence.__new__(dlsync.Fence)
+    f._handle = None
+    f.wait(0x10)
+
+
+def _wrap_export(stream):
+    return lambda: dlsync.wrap(_NoStream(), producer=0x10).__dlpack__(stream=stream)
+
+
+MISUSES = [
+    ("__exit__ without __enter__", lambda: dlsync.exchange(0x10, 0x20).__exit__(None, None, None)),
+    ("entered while entered", _reenter),
+    ("__exit__ twice", _exit_twice),
+    ("with inside its own with", _with_inside_with),
+    ("entered again once exited (allowed)", _enter_exit_enter_exit),
+    ("Exchange(): no consumer", lambda: _exchange_type()(0x10)),
+    ("Exchange(): four arguments", lambda: _exchange_type()(0x10, 0x20, False, 1)),
+    ("Exchange(): unknown keyword", lambda: _exchange_type()(0x10, 0x20, bogus=1)),
+    ("Exchange(): producer twice", lambda: _exchange_type()(0x10, 0x20, producer=0x30)),
+    ("Exchange(): keywords only, no consumer", lambda: _exchange_type()(producer=0x10)),
+    ("exchange(): no consumer", lambda: dlsync.exchange(0x10)),
+    ("producer a float", _enter(1.5, 0x20)),
+    ("producer a bool", _enter(True, 0x20)),
+    ("producer 2**64", _enter(2**64, 0x20)),
+    ("producer -1", _enter(-1, 0x20)),
+    ("producer an object", _enter(object(), 0x20)),
+    ("consumer a str", _enter(0x10, "s")),
+    ("consumer's __cuda_stream__ a triple", _enter(0x10, _Proto((1, 2, 3)))),
+    ("capture_stable's truth raises", _enter([], 0x20, capture_stable=_Truth())),
+    ("a list with a float", _enter([0x10, 1.5], 0x20)),
+    ("a list, consumer a str", _enter([0x10], "s")),
+    ("a tensor that exposes no stream", _enter(_NoStream(), 0x20)),
+    ("stream_handle(1.5)", lambda: dlsync.stream_handle(1.5)),
+    ("stream_handle(object())", lambda: dlsync.stream_handle(object())),
+    ("capture_state(2**64)", lambda: dlsync.capture_state(2**64)),
+    ("Fence(1.5)", lambda: dlsync.Fence(1.5)),
+    ("Fence(2**64)", lambda: dlsync.Fence(2**64)),
+    ("a closed fence waited for", _closed_fence_wait),
+    ("wrap: __dlpack__(stream=1.5)", _wrap_export(1.5)),
+    ("wrap: __dlpack__(stream=2**64)", _wrap_export(2**64)),
+    ("wrap: __dlpack__(stream=0)", _wrap_export(0)),
+    ("wrap: __dlpack__(stream=-2)", _wrap_export(-2)),
+    ("end('x')", lambda: _backend.active.end("x")),
+    ("end(True)", lambda: _backend.active.end(True)),
+    ("end(None)", lambda: _backend.active.end(None)),
+    ("end of a value that was never a handle", lambda: _backend.active.end(0x1234)),
+    ("begin_many of a str", lambda: _backend.active.begin_many("ab", 0x20)),
+    ("begin_many of None", lambda: _backend.active.begin_many(None, 0x20)),
+    ("begin_many of a set", lambda: _backend.active.begin_many({0x10}, 0x20)),
+    ("begin_many of a list with a float", lambda: _backend.active.begin_many([0x10, 1.5], 0x20)),
+]
+
+
+def _fake_misuses(fake):
+    s1, s2 = fake.stream(), fake.stream()
+
+    def end_twice():
+        h = _backend.active.begin(s1, s2, 0)
+        _backend.active.end(h)
+        _backend.active.end(h)
+
+    def many_ended_twice():
+        h = _backend.active.begin_many([s1, fake.stream()], s2, 0)
+        _backend.active.end(h)
+        _backend.active.end(h)
+
+    return [
+        ("a handle ended twice", end_twice),
+        ("a begin_many handle ended twice", many_ended_twice),
+        ("an exchange on a stream the driver does not know", _enter(0x10, s2)),
+        ("begin_many of no producers", lambda: _backend.active.begin_many([], s2)),
+        ("unknown flag bits", lambda: _backend.active.begin(s1, s2, 1 << 7)),
+        ("a fence on a stream the driver does not know", lambda: dlsync.Fence(0x10)),
+    ]
+
+
+# Must raise (type name) on both; everything else in MISUSES must not.
+MUST_RAISE = {name: None for name, _ in MISUSES}
+MUST_RAISE["entered again once exited (allowed)"] = "ok"
+
+
+def _outcome(fn):
+    try:
+        value = fn()
+    except BaseException as e:  # noqa: BLE001
+        return ["raised", type(e).__name__, str(e)]
+    return ["ok", repr(value)]
+
+
+def child() -> int:
+    cases = list(MISUSES)
+    if FAKE is not None:
+        cases += _fake_misuses(FAKE)
+    out = {"backend": _backend.active.name, "fake": FAKE is not None,
+           "outcomes": [[name] + _outcome(fn) for name, fn in cases]}
+    print(json.dumps(out))
+    return 0
+
+
+def _run_child(env_extra, drop=()):
+    env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", **env_extra)
+    for k in drop:
+        env.pop(k, None)
+    done = subprocess.run([sys.executable, os.path.join(HERE, "test_backends.py"),
+                           "--misuse-child"], cwd=HERE, env=env, stdout=subprocess.PIPE,
+                          stderr=subprocess.PIPE, text=True, timeout=300)
+    if done.returncode != 0:
+        raise AssertionError(f"the child failed (rc {done.returncode}):\n{done.stderr[-3000:]}")
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _native_package(tmp):
+    """(DLSYNC_TEST_PKG for a child on the compiled backend, None) or (None,
+    why not): where dlsync._native is in use here, this package; otherwise a
+    copy with _native.c built into it."""
+    if dlsync._native_active():
+        return {}, None
+    pkg = os.path.dirname(os.path.abspath(dlsync.__file__))
+    root = _loader.source_root([pkg])
+    source = os.path.join(pkg, "_native.c")
+    cc = os.environ.get("CC") or shutil.which("cc") or shutil.which("gcc")
+    include = sysconfig.get_paths().get("include")
+    if root is None or not os.path.isfile(source):
+        return None, "not a source tree and dlsync._native is not in use"
+    if cc is None or not include or not os.path.isfile(os.path.join(include, "Python.h")):
+        return None, f"no C compiler ({cc}) or no Python headers ({include}) to build _native"
+    copy = os.path.join(tmp, "dlsync")
+    shutil.copytree(pkg, copy, ignore=shutil.ignore_patterns("__pycache__", "*.so"))
+    done = subprocess.run([cc, "-O1", "-std=c11", "-shared", "-fPIC", "-fvisibility=hidden",
+                           "-DPy_LIMITED_API=0x03090000", "-I", os.path.join(root, "include"),
+                           "-I", include, source, "-o", os.path.join(copy, "_native.abi3.so")],
+                          stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    if done.returncode != 0:
+        raise AssertionError(f"building _native failed:\n{done.stdout[-3000:]}")
+    return {"DLSYNC_TEST_PKG": tmp}, None
+
+
+class SameMisuseOnBothBackends(unittest.TestCase):
+    def test_every_misuse_raises_alike_on_both_backends(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            env, why = _native_package(tmp)
+            if env is None:
+                self.skipTest(why)
+            native = _run_child(env, drop=("DLSYNC_NO_NATIVE",))
+            ctypes_ = _run_child({"DLSYNC_NO_NATIVE": "1"})
+        self.assertEqual(native["backend"], "native")
+        self.assertEqual(ctypes_["backend"], "ctypes")
+        self.assertEqual(native["fake"], ctypes_["fake"])
+        self.assertGreaterEqual(len(native["outcomes"]), len(MISUSES))
+        for n, c in zip(native["outcomes"], ctypes_["outcomes"]):
+            self.assertEqual(n, c, f"{n[0]}: native and ctypes differ")
+        self.assertEqual(len(native["outcomes"]), len(ctypes_["outcomes"]))
+        for outcome in ctypes_["outcomes"]:
+            name = outcome[0]
+            if MUST_RAISE.get(name) == "ok":
+                self.assertEqual(outcome[1], "ok", outcome)
+            else:
+                self.assertEqual(outcome[1], "raised", outcome)
+                self.assertNotIn(outcome[2], ("AttributeError", "SystemError"), outcome)
+        by_name = {o[0]: o for o in ctypes_["outcomes"]}
+        self.assertEqual(by_name["entered while entered"][2:],
+                         ["RuntimeError", "dlsync.exchange: already entered (an exchange is "
+                          "entered once at a time)"])
+        for name in ("__exit__ without __enter__", "__exit__ twice"):
+            self.assertEqual(by_name[name][2:], ["RuntimeError", "dlsync.exchange: __exit__ "
+                                                 "without a matching __enter__"])
+
+    @unittest.skipUnless(os.environ.get("DLSYNC_TEST_FAKE_LIBCUDA"), "no fake driver")
+    def test_the_interrupt_walk_on_the_compiled_backend_too(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            env, why = _native_package(tmp)
+            if env is None:
+                self.skipTest(why)
+            if not env:
+                self.skipTest("the compiled backend is the one in use here: test_interrupts "
+                              "runs on it in this process")
+            env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", DLSYNC_EXPECT_NATIVE="1", **env)
+            env.pop("DLSYNC_NO_NATIVE", None)
+            done = subprocess.run([sys.executable, "-m", "unittest", "test_interrupts"],
+                                  cwd=HERE, env=env, stdout=subprocess.PIPE,
+                                  stderr=subprocess.STDOUT, text=True, timeout=300)
+        self.assertEqual(done.returncode, 0, done.stdout[-4000:])
+        self.assertIn("OK", done.stdout)
+        self.assertNotIn("skipped", done.stdout)
+
+
+if __name__ == "__main__":
+    if CHILD:
+        sys.exit(child())
+    unittest.main()
