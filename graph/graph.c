@@ -531,8 +531,14 @@ dlsync_status dlsync__graph_event_node_failed(const dlsync__driver *d, CUresult 
     bool foreign = false;
     if (d->GraphGetNodes(graph, NULL, &count) == CUDA_SUCCESS && count == 0) {
       foreign = true; /* an empty graph holds none of them */
-    } else if ((nodes = dlsync__calloc(count + 1, sizeof *nodes)) != NULL &&
-               d->GraphGetNodes(graph, nodes, &count) == CUDA_SUCCESS) {
+    } else if ((nodes = dlsync__calloc(count + 1, sizeof *nodes)) == NULL) {
+      /* The diagnosis itself needs memory: say so rather than answer less. */
+      return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
+                          "%s lane, graph %p: out of memory while checking which of its %zu "
+                          "dependencies the driver refused (cuGraphAdd%sNode failed: %s)",
+                          role, (void *)graph, ndeps, record ? "EventRecord" : "EventWait",
+                          dlsync__driver_error_name(d, r));
+    } else if (d->GraphGetNodes(graph, nodes, &count) == CUDA_SUCCESS) {
       for (size_t i = 0; i < ndeps && !foreign; i++) {
         bool found = false;
         for (size_t j = 0; j < count && !found; j++)
