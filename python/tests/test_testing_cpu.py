@@ -419,9 +419,83 @@ class Tensor:
     def __add__(self, k):
         return Tensor([v + k for v in self.vals])
 
+    def cpu(self):
+        return Tensor(self.vals)
+
+    def add_(self, k):
+        def run():
+            self.vals = [v + k for v in self.vals]
+        launch(run)
+        return self
+
+    def uniform_(self, generator=None):
+        (generator or cuda.default_generators[0]).state.increase(4)
+        return self
+
+class Allocator:
+    """PyTorch's caching allocator, as far as captures touch it: pools that
+    captures route allocations to (beginAllocateToPool) and their use
+    counts."""
+
+    def __init__(self):
+        self.underway, self.pools, self.next_pool = [], {}, 1
+
+    def begin(self, pool):
+        self.underway.append(pool)
+        self.pools[pool] = self.pools.get(pool, 0) + 1
+
+    def end(self, device, pool):
+        if pool not in self.underway:
+            raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+        self.underway.remove(pool)
+
+    def release(self, device, pool):
+        self.pools[pool] -= 1
+        if not self.pools[pool]:
+            del self.pools[pool]
+
+allocator = Allocator()
+
+class GeneratorState:
+    """A CUDA generator's state as PyTorch 2.11 keeps it: seed, offset, and
+    whether a capture is on (capture_prologue .. capture_epilogue)."""
+
+    def __init__(self):
+        self.seed, self.offset, self.capturing = 67280421310721, 0, False
+
+    def increase(self, n):
+        if cuda.current_stream().graph is not None:
+            if not self.capturing:
+                raise RuntimeError("Attempt to increase offset for a CUDA generator not in "
+                                   "capture mode.")
+        elif self.capturing:
+            raise RuntimeError("Offset increment outside graph capture encountered "
+                               "unexpectedly.")
+        else:
+            self.offset += n
+
+class CudaGenerator:
+    def __init__(self):
+        self.state = GeneratorState()
+
+    def get_state(self):
+        return Tensor([self.state.seed, self.state.offset])
+
+    def set_state(self, t):
+        self.state.seed, self.state.offset = int(t.vals[0]), int(t.vals[1])
+
 class Graph:
-    def capture_begin(self, capture_error_mode="global"):
+    def capture_begin(self, pool=None, capture_error_mode="global"):
         s = cuda.current_stream()
+        # As CUDAGraph::capture_begin: the default generator is registered and
+        # put in capture mode, the pool opened, then the capture begun.
+        self.gen = cuda.default_generators[0].state
+        self.gen.capturing = True
+        if pool is None:
+            pool = (allocator.next_pool, 0)
+            allocator.next_pool += 1
+        self.pool = tuple(pool)
+        allocator.begin(self.pool)
         self.mode, self.origin, self.thunks = capture_error_mode, s, []
         self.unjoined, self.invalid = set(), False
         self.thread = threading.current_thread()
@@ -430,6 +504,9 @@ class Graph:
             active.append(self)
 
     def capture_end(self):
+        if cuda.current_stream() is not self.origin:
+            raise RuntimeError("Capture must end on the same stream it began on.")
+        # cudaStreamEndCapture: the capture is over whether it failed or not.
         with lock:
             active.remove(self)
         for st in [self.origin, *self.unjoined]:
@@ -439,14 +516,54 @@ class Graph:
                                "capture")
         if self.unjoined:
             raise RuntimeError("CUDA error: capturing stream has unjoined work")
+        # Only a capture that ended gets here (as in PyTorch).
+        allocator.end(0, self.pool)
+        self.gen.capturing = False
+        self.ended = True
 
     def replay(self):
         for thunk in self.thunks:
             thunk()
 
+    def __del__(self):
+        if getattr(self, "ended", False):
+            allocator.release(0, self.pool)
+
+class FakeDriver:
+    """The driver calls dlsync.testing's restore makes, on these streams."""
+
+    available = True
+
+    def __init__(self):
+        self.tls = threading.local()
+        self.ended = []
+
+    def exchange_mode(self, mode):
+        old = getattr(self.tls, "mode", 0)
+        self.tls.mode = mode
+        return old
+
+    def capture_status(self, handle):
+        return 1 if streams[handle].graph is not None else 0
+
+    def end_capture(self, handle):
+        st = streams[handle]
+        g = st.graph
+        with lock:
+            if g in active:
+                active.remove(g)
+        for other in [g.origin, *g.unjoined]:
+            other.graph = None
+        self.ended.append(handle)
+
+driver = FakeDriver()
+streams = {}
+
 class Stream:
     def __init__(self, device=None):
         self.graph = None
+        self.cuda_stream = 0x1000 + len(streams)
+        streams[self.cuda_stream] = self
 
     def wait_stream(self, other):
         if other.graph is not None and self.graph is None:
@@ -529,7 +646,21 @@ def assert_close(a, b, rtol=None, atol=None, equal_nan=True, check_device=True):
                              f"{len(a.vals)}")
 
 default = Stream()
+cuda.default_generators = [CudaGenerator()]
 cuda.is_available = lambda: True
+cuda.current_device = lambda: 0
+cuda.set_stream = lambda s: setattr(tls, "current", s)
+def graph_pool_handle():
+    allocator.next_pool += 1
+    return (0, allocator.next_pool)
+
+cuda.graph_pool_handle = graph_pool_handle
+torch.fake_driver, torch.fake_allocator, torch.fake_streams = driver, allocator, streams
+torch._C = types.SimpleNamespace(_cuda_endAllocateToPool=allocator.end,
+                                 _cuda_releasePool=allocator.release)
+torch.empty = lambda n, device=None: Tensor([0.0] * n)
+torch.zeros = lambda n, device=None: Tensor([0.0] * n)
+torch.cuda.__dict__["fake"] = True
 cuda.synchronize = lambda: _unsafe(device_wide=True)
 cuda.current_stream = lambda device=None: getattr(tls, "current", default)
 cuda.Stream, cuda.CUDAGraph, cuda.Event = Stream, Graph, Event
@@ -562,8 +693,13 @@ class FlowOnAFakeTorch(unittest.TestCase):
         self.x = torch.tensor([1.0, 2.0, 3.0, 4.0])
         self.out = torch.tensor([0.0] * 4)
         self.side = torch.cuda.Stream()
+        self.saved_driver = dt._restore.Driver
+        dt._restore.Driver = lambda: torch.fake_driver
+        del dt._restore.UNCLEAN[:]
 
     def tearDown(self):
+        dt._restore.Driver = self.saved_driver
+        del dt._restore.UNCLEAN[:]
         for k, v in self.saved.items():
             if v is None:
                 sys.modules.pop(k, None)
