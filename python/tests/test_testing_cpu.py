@@ -497,7 +497,7 @@ class Graph:
         self.pool = tuple(pool)
         allocator.begin(self.pool)
         self.mode, self.origin, self.thunks = capture_error_mode, s, []
-        self.unjoined, self.invalid = set(), False
+        self.unjoined, self.joined, self.invalid = set(), set(), False
         self.thread = threading.current_thread()
         s.graph = self
         with lock:
@@ -509,7 +509,7 @@ class Graph:
         # cudaStreamEndCapture: the capture is over whether it failed or not.
         with lock:
             active.remove(self)
-        for st in [self.origin, *self.unjoined]:
+        for st in [self.origin, *self.joined]:
             st.graph = None
         if self.invalid:
             raise RuntimeError("CUDA error: operation failed due to a previous error during "
@@ -552,7 +552,7 @@ class FakeDriver:
         with lock:
             if g in active:
                 active.remove(g)
-        for other in [g.origin, *g.unjoined]:
+        for other in [g.origin, *g.joined]:
             other.graph = None
         self.ended.append(handle)
 
@@ -569,6 +569,7 @@ class Stream:
         if other.graph is not None and self.graph is None:
             self.graph = other.graph  # joins the capture
             other.graph.unjoined.add(self)
+            other.graph.joined.add(self)
         elif other.graph is not None and other.graph is self.graph:
             self.graph.unjoined.discard(other)  # joined back
 
@@ -656,6 +657,7 @@ def graph_pool_handle():
 
 cuda.graph_pool_handle = graph_pool_handle
 torch.fake_driver, torch.fake_allocator, torch.fake_streams = driver, allocator, streams
+torch.fake_default = default
 torch._C = types.SimpleNamespace(_cuda_endAllocateToPool=allocator.end,
                                  _cuda_releasePool=allocator.release)
 torch.empty = lambda n, device=None: Tensor([0.0] * n)
@@ -673,6 +675,7 @@ torch.zeros_like = torch.empty_like = lambda t: Tensor([0.0] * len(t.vals))
 torch.equal = lambda a, b: a.vals == b.vals
 torch.compile = lambda fn, mode=None: fn
 torch.tensor = Tensor
+Tensor.__module__ = "torch"  # pickled by reference into a child process
 '''
 
 
@@ -808,6 +811,157 @@ class FlowOnAFakeTorch(unittest.TestCase):
         with self.assertRaises(ValueError):
             dt.check_capture(lambda v: v, 3.0)
 
+
+
+def _double(x):
+    """A module-level op: the child of check_capture(isolate=True) imports it by name."""
+    import torch
+
+    print("the op ran in the child")
+    return torch.mul(x, 2, out=torch.empty_like(x))
+
+
+def _fake_torch_dir(tmp):
+    """A folder with the fake PyTorch as a package named torch, for child
+    processes (spawned check_capture, a pytest of its own)."""
+    os.makedirs(os.path.join(tmp, "torch"))
+    with open(os.path.join(tmp, "torch", "__init__.py"), "w") as f:
+        f.write(f"_SYNC_MSG = {_SYNC_MSG!r}\n" + _FAKE_TORCH + "\nimport sys\n"
+                "sys.modules.update({'torch': torch, 'torch.cuda': cuda, "
+                "'torch.testing': testing})\n")
+    return tmp
+
+
+@unittest.skipIf(dt.gpu_unavailable_reason() == "", "a GPU is present: tests/gpu runs the real one")
+class RestoreOnAFakeTorch(FlowOnAFakeTorch):
+    """What a failed capture leaves in PyTorch 2.11 (as the fake models it:
+    the default generator in capture mode, the allocator's pool underway, a
+    stream still capturing) and the harness putting each back."""
+
+    def _draws(self):
+        torch = self.torch
+        torch.empty(4).uniform_(generator=torch.cuda.default_generators[0])
+
+    def _unjoined(self):
+        return self._side(join_back=False)
+
+    def test_the_fake_leaves_what_pytorch_leaves(self):
+        # The control: without the harness a failed capture_end leaves the
+        # generator in capture mode and the pool underway.
+        torch, s = self.torch, self.torch.cuda.Stream()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(s):
+            g.capture_begin()
+            self._unjoined()(self.x)
+            with self.assertRaises(RuntimeError):
+                g.capture_end()
+        with self.assertRaises(RuntimeError) as info:
+            self._draws()
+        self.assertIn("Offset increment outside graph capture", str(info.exception))
+        self.assertEqual(len(torch.fake_allocator.underway), 1)
+
+    def test_after_a_failed_capture_the_process_works(self):
+        torch = self.torch
+        r = self._check(self._unjoined())
+        self.assertEqual(r.case("global").diagnosis.category, "unjoined work")
+        for mode in dt.MODES:
+            restored = " | ".join(r.case(mode).restored)
+            self.assertIn("default generator out of capture mode", restored)
+            self.assertIn("ended the allocator's routing to pool", restored)
+            self.assertIn("released pool", restored)
+            self.assertEqual(r.case(mode).left, [])
+        self.assertEqual(torch.fake_allocator.underway, [])
+        self._draws()  # a random draw works
+        good = self._check(self._side())  # a correct op's check passes
+        self.assertTrue(good.ok, good.message())
+        g, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()  # and a capture of its own
+        with torch.cuda.stream(s):
+            g.capture_begin()
+            torch.mul(self.x, 5, out=self.out)
+            g.capture_end()
+        self.x.vals = [1.0, 2.0, 3.0, 4.0]
+        g.replay()
+        self.assertEqual(self.out.vals, [5.0, 10.0, 15.0, 20.0])
+        self._draws()
+        self.assertEqual(dt._restore.UNCLEAN, [])
+
+    def test_a_capture_the_op_began_and_never_ended_is_ended(self):
+        torch, lib = self.torch, self.torch.cuda.Stream()
+
+        def own_graph(x):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(lib):
+                g.capture_begin()  # and no capture_end: the stream keeps capturing
+            return torch.mul(x, 2, out=torch.empty_like(x))
+
+        r = self._check(own_graph, modes=("global",))
+        eager = r.case("eager")
+        # The GLOBAL capture the op left open refuses the harness's own sync.
+        self.assertEqual(eager.diagnosis.category, "sync during capture")
+        self.assertIn(f"ended the capture left open on stream {lib.cuda_stream:#x}",
+                      eager.restored)
+        self.assertIn(lib.cuda_stream, torch.fake_driver.ended)
+        self.assertIsNone(lib.graph)
+        self.assertEqual(torch.fake_allocator.underway, [])
+        self._draws()
+        good = self._check(self._side())
+        self.assertTrue(good.ok, good.message())
+
+    def test_mode_stream_and_rng_are_put_back(self):
+        torch, other = self.torch, self.torch.cuda.Stream()
+        before = torch.cuda.default_generators[0].get_state().vals
+
+        def careless(x):
+            torch.fake_driver.exchange_mode(2)  # RELAXED, never set back
+            self._draws()  # eagerly: the offset moves
+            y = torch.mul(x, 2, out=torch.empty_like(x))
+            torch.cuda.set_stream(other)  # and the current stream changed for good
+            return y
+
+        r = self._check(careless, modes=("global",))
+        self.assertTrue(r.ok, r.message())
+        self.assertIn("thread capture mode 2 -> 0", r.case("eager").restored)
+        self.assertIn("current stream of cuda:0", r.case("eager").restored)
+        self.assertIn("the op left another current stream; set back before capture_end",
+                      r.case("global").restored)
+        self.assertIn("seed and offset of cuda:0's default generator", r.cases[-1].restored)
+        self.assertEqual(torch.fake_driver.exchange_mode(0), 0)
+        self.assertIs(torch.cuda.current_stream(), torch.fake_default)
+        self.assertEqual(torch.cuda.default_generators[0].get_state().vals, before)
+
+    def test_a_harness_thread_still_running_is_reported_and_marks_the_process(self):
+        import threading
+
+        torch = self.torch
+        stop = threading.Event()
+        snap = dt._restore.take(torch, torch.fake_driver, [0])
+        t = threading.Thread(target=stop.wait, name="dlsync-testing-stuck", daemon=True)
+        t.start()
+        try:
+            done, left = dt._restore.after_case(torch, torch.fake_driver, snap,
+                                                dt._restore.Watch(torch), [], [])
+        finally:
+            stop.set()
+            t.join()
+        self.assertEqual(left, ["harness thread(s) still running: dlsync-testing-stuck"])
+        self.assertEqual(dt._restore.UNCLEAN, left)
+
+    def test_isolate_runs_the_check_in_a_spawned_child(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            sys.path.insert(0, _fake_torch_dir(tmp))
+            try:
+                r = dt.check_capture(_double, self.x, modes=("global",), raise_on_failure=False,
+                                     isolate=True)
+            finally:
+                sys.path.remove(tmp)
+        self.assertTrue(r.isolated)
+        self.assertTrue(r.ok, r.message())
+        self.assertEqual([c.name for c in r.cases], ["eager", "global"])
+        self.assertIn("the op ran in the child", r.child_output)
+        self.assertIn("(in a child process)", r.message().splitlines()[0])
+        with self.assertRaises(ValueError) as info:
+            dt.check_capture(lambda x: x, self.x, isolate=True)
+        self.assertIn("importable by name", str(info.exception))
 
 PLUGIN_CASES = '''
 import sys
