@@ -686,8 +686,9 @@ def _fake_torch():
     return ns["torch"]
 
 
-@unittest.skipIf(dt.gpu_unavailable_reason() == "", "a GPU is present: tests/gpu runs the real one")
-class FlowOnAFakeTorch(unittest.TestCase):
+class _FakeTorchCase(unittest.TestCase):
+    """The fake PyTorch installed as torch for each test (no tests here)."""
+
     def setUp(self):
         self.saved = {k: sys.modules.get(k) for k in ("torch", "torch.cuda", "torch.testing")}
         torch = self.torch = _fake_torch()
@@ -727,6 +728,9 @@ class FlowOnAFakeTorch(unittest.TestCase):
 
         return side_op
 
+
+@unittest.skipIf(dt.gpu_unavailable_reason() == "", "a GPU is present: tests/gpu runs the real one")
+class FlowOnAFakeTorch(_FakeTorchCase):
     def test_a_correct_op_passes_every_case(self):
         r = self._check(self._side(), compile=True, neighbour=(None, "capture"))
         self.assertTrue(r.ok, r.message())
@@ -833,7 +837,7 @@ def _fake_torch_dir(tmp):
 
 
 @unittest.skipIf(dt.gpu_unavailable_reason() == "", "a GPU is present: tests/gpu runs the real one")
-class RestoreOnAFakeTorch(FlowOnAFakeTorch):
+class RestoreOnAFakeTorch(_FakeTorchCase):
     """What a failed capture leaves in PyTorch 2.11 (as the fake models it:
     the default generator in capture mode, the allocator's pool underway, a
     stream still capturing) and the harness putting each back."""
@@ -981,6 +985,10 @@ def test_fixture(capture_check):
 def test_misspelt_option(x):
     return x
 
+@pytest.mark.capture_modes("globl", "relaxed")
+def test_misspelt_mode(x):
+    return x
+
 @pytest.fixture
 def x():
     import torch
@@ -1001,16 +1009,108 @@ class Plugin(unittest.TestCase):
                  "-rsE", "-q", path],
                 cwd=tmp, env=_env(), capture_output=True, text=True)
             out = run.stdout + run.stderr
-            self.assertIn("1 passed, 2 skipped, 1 error", out, out)
+            self.assertIn("1 passed, 2 skipped, 2 errors", out, out)
             reason = "dlsync capture check: " + dt.gpu_unavailable_reason()
             self.assertEqual(out.count(reason), 2, out)
             self.assertIn("unknown capture_modes option(s) replay", out, out)
+            # A misspelt mode is an error too, not a skip, without a GPU.
+            self.assertIn("test_misspelt_mode: capture_modes: unknown capture mode(s) 'globl'; "
+                          "known: global, thread_local, relaxed", out, out)
 
     def test_the_marker_is_registered(self):
         run = subprocess.run(
             [sys.executable, "-m", "pytest", *_plugin_args(), "--markers"],
             env=_env(), capture_output=True, text=True, check=True)
         self.assertIn("@pytest.mark.capture_modes(*modes, replays=3", run.stdout)
+        from dlsync.testing import pytest_plugin
+
+        line = next(x for x in run.stdout.splitlines() if "capture_modes(" in x)
+        for option in pytest_plugin._OPTIONS:
+            self.assertIn(f"{option}=", line)
+
+
+PLUGIN_FAKE_CASES = '''
+import threading
+import pytest
+import torch
+
+side = torch.cuda.Stream()
+
+@pytest.fixture
+def x():
+    return torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+@pytest.mark.capture_modes("global", replays=2)
+def test_unjoined(x):
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        return torch.mul(x, 3, out=torch.empty_like(x))
+
+@pytest.mark.capture_modes("global")
+def test_leaves_a_thread(x):
+    stop = threading.Event()
+    threading.Thread(target=stop.wait, name="dlsync-testing-stray", daemon=True).start()
+    return torch.mul(x, 2, out=torch.empty_like(x))
+
+@pytest.mark.capture_modes("global")
+def test_after(x):
+    return torch.mul(x, 2, out=torch.empty_like(x))
+
+@pytest.mark.capture_modes("relaxed", isolate=True)
+def test_marked_isolated(x):
+    return torch.mul(x, 4, out=torch.empty_like(x))
+'''
+
+
+@unittest.skipUnless(_has_pytest(), "pytest is not installed")
+@unittest.skipIf(dt.gpu_unavailable_reason() == "", "a GPU is present: tests/gpu runs the plugin")
+class PluginOnAFakeTorch(unittest.TestCase):
+    """The plugin in a pytest of its own, on the fake PyTorch: the JSON
+    report, isolation by marker, and isolation chosen after a case that left
+    state behind."""
+
+    def test_report_and_isolation(self):
+        import json
+
+        with tempfile.TemporaryDirectory() as tmp:
+            _fake_torch_dir(os.path.join(tmp, "fake"))
+            cases = os.path.join(tmp, "cases")
+            os.makedirs(cases)
+            with open(os.path.join(cases, "test_fake_cases.py"), "w") as f:
+                f.write(textwrap.dedent(PLUGIN_FAKE_CASES))
+            env = _env()
+            env["PYTHONPATH"] = os.path.join(tmp, "fake") + os.pathsep + env["PYTHONPATH"]
+            report = os.path.join(tmp, "report.json")
+            run = subprocess.run(
+                [sys.executable, "-m", "pytest", *_plugin_args(), "-p", "no:cacheprovider",
+                 "-q", f"--dlsync-report={report}", "test_fake_cases.py"],
+                cwd=cases, env=env, capture_output=True, text=True, timeout=300)
+            out = run.stdout + run.stderr
+            self.assertIn("1 failed, 3 passed", out, out)
+            with open(report) as f:
+                records = json.load(f)["records"]
+        by = {(r["test"].split("::")[-1], r["case"]): r for r in records}
+        self.assertEqual(sorted(by), sorted([
+            ("test_unjoined", "eager"), ("test_unjoined", "global"),
+            ("test_leaves_a_thread", "eager"), ("test_leaves_a_thread", "global"),
+            ("test_after", "eager"), ("test_after", "global"),
+            ("test_marked_isolated", "eager"), ("test_marked_isolated", "relaxed")]), records)
+        bad = by[("test_unjoined", "global")]
+        self.assertEqual((bad["verdict"], bad["category"], bad["mode"]),
+                         ("failed", "unjoined work", "global"))
+        self.assertEqual(bad["first_error"], "RuntimeError: CUDA error: capturing stream has "
+                                             "unjoined work")
+        self.assertEqual(bad["where"], "raised when the capture ended (no call of the op raised)")
+        self.assertIn("default generator out of capture mode", " ".join(bad["restored"]))
+        self.assertEqual(by[("test_unjoined", "eager")]["verdict"], "ok")
+        self.assertIn("harness thread(s) still running: dlsync-testing-stray",
+                      " ".join(by[("test_leaves_a_thread", "eager")]["left"]))
+        # Not isolated until a case left state behind; then every check is.
+        self.assertEqual([by[(t, "eager")]["isolated"] for t in
+                          ("test_unjoined", "test_leaves_a_thread", "test_after",
+                           "test_marked_isolated")], [False, False, True, True])
+        self.assertIn("checks after this ran in child processes", out, out)
+        self.assertIn("test_after: passed (in a child process)", out, out)
 
 
 if __name__ == "__main__":
