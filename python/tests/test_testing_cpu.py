@@ -300,6 +300,11 @@ class Helpers(unittest.TestCase):
         self.assertEqual(rp.user_frame(frames), "test_ops.py:12 in op: torch.cuda.synchronize()")
         self.assertEqual(rp.user_frame(frames[:1] + frames[2:]), "")
         self.assertEqual(rp.user_frame([("/a/b.py", 3, "f", None)]), "b.py:3 in f")
+        # Any module of this dlsync package is skipped, not only its __init__.py.
+        package = os.path.dirname(os.path.abspath(dt.__file__ + "/.."))
+        inner = os.path.join(os.path.dirname(package), "dlsync", "_wrap.py")
+        self.assertEqual(rp.user_frame(frames[:2] + [(inner, 40, "__dlpack__", "raise ...")]),
+                         "test_ops.py:12 in op: torch.cuda.synchronize()")
 
     def test_where_an_exception_was_raised(self):
         def op():

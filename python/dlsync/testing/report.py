@@ -344,6 +344,8 @@ _SKIP_PARTS = (
     os.sep + "jaxlib" + os.sep,
     os.sep + "contextlib.py",
     os.sep + "threading.py",
+    # dlsync itself (every module of the package, wherever it is installed)
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
     os.sep + "dlsync" + os.sep + "__init__.py",
     os.sep + "dlsync" + os.sep + "testing" + os.sep,
     os.sep + "_pytest" + os.sep,
