@@ -54,10 +54,10 @@ def pytest_addoption(parser: Any) -> None:
     group.addoption("--dlsync-isolate", action="store_true", default=False,
                     help="run every capture check in a child process")
     group.addoption("--dlsync-child-report", metavar="PATH", default=None,
-                    help=argparse_suppress())
+                    help=_suppress())
 
 
-def argparse_suppress() -> str:
+def _suppress() -> str:
     import argparse
 
     return argparse.SUPPRESS
