@@ -955,6 +955,51 @@ class RestoreOnAFakeTorch(_FakeTorchCase):
         self.assertEqual(left, ["harness thread(s) still running: dlsync-testing-stuck"])
         self.assertEqual(dt._restore.UNCLEAN, left)
 
+    def test_the_watch_puts_capture_begin_and_end_back(self):
+        cls = self.torch.cuda.CUDAGraph
+        begin, end = cls.__dict__["capture_begin"], cls.__dict__["capture_end"]
+        self._check(self._unjoined(), modes=("global",))
+        self.assertIs(cls.__dict__["capture_begin"], begin)
+        self.assertIs(cls.__dict__["capture_end"], end)
+
+        class Sub(cls):  # methods inherited: no attribute of its own afterwards
+            pass
+
+        self.torch.cuda.CUDAGraph = Sub
+        with dt._restore.Watch(self.torch):
+            self.assertIn("capture_begin", vars(Sub))
+        self.assertNotIn("capture_begin", vars(Sub))
+        self.assertNotIn("capture_end", vars(Sub))
+
+    def test_another_live_threads_capture_is_not_ended(self):
+        import threading
+
+        torch, lib = self.torch, self.torch.cuda.Stream()
+        began, stop = threading.Event(), threading.Event()
+        watch = dt._restore.Watch(torch)
+
+        def user_thread():
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(lib):
+                g.capture_begin(capture_error_mode="relaxed")
+                began.set()
+                stop.wait()
+                g.capture_end()
+
+        with watch:
+            t = threading.Thread(target=user_thread)
+            t.start()
+            began.wait()
+        done, left = [], []
+        try:
+            dt._restore.end_failed_captures(torch, torch.fake_driver, watch.tracked, done, left)
+            self.assertEqual((done, left), ([], []))
+            self.assertIsNotNone(lib.graph)  # still capturing: its thread ends it
+        finally:
+            stop.set()
+            t.join()
+        self.assertIsNone(lib.graph)
+
     def test_isolate_runs_the_check_in_a_spawned_child(self):
         with tempfile.TemporaryDirectory() as tmp:
             sys.path.insert(0, _fake_torch_dir(tmp))

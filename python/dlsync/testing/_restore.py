@@ -112,6 +112,7 @@ class Tracked:
     device: int
     stream: int  # the capturing stream's handle
     ended: bool = False
+    thread: Any = None  # the thread that began it
 
 
 @dataclass
@@ -167,10 +168,10 @@ class Watch:
         self.torch = torch
         self.tracked: List[Tracked] = []
         self._lock = threading.Lock()
-        self._saved: Optional[Tuple[Any, Any]] = None
+        self._saved: Optional[Tuple[Any, Any, bool, bool]] = None
 
     def track(self, graph: Any, pool: Any, device: int, stream: int) -> Tracked:
-        t = Tracked(graph, pool, device, stream)
+        t = Tracked(graph, pool, device, stream, thread=threading.current_thread())
         with self._lock:
             self.tracked.append(t)
         return t
@@ -202,14 +203,20 @@ class Watch:
             watch.ended(graph)
             return out
 
-        self._saved = (begin, end)
+        self._saved = (begin, end, "capture_begin" in vars(cls), "capture_end" in vars(cls))
         cls.capture_begin, cls.capture_end = capture_begin, capture_end
         return self
 
     def __exit__(self, *exc: Any) -> None:
         if self._saved is not None:
             cls = self.torch.cuda.CUDAGraph
-            cls.capture_begin, cls.capture_end = self._saved
+            begin, end, own_begin, own_end = self._saved
+            for name, f, own in (("capture_begin", begin, own_begin),
+                                 ("capture_end", end, own_end)):
+                if own:
+                    setattr(cls, name, f)
+                else:  # inherited: the class gets no attribute of its own
+                    delattr(cls, name)
             self._saved = None
 
 
@@ -229,9 +236,12 @@ def end_failed_captures(torch: Any, driver: Driver, tracked: List[Tracked],
     end_pool = _private(torch, "_cuda_endAllocateToPool", "_cuda_endAllocateCurrentStreamToPool")
     release = _private(torch, "_cuda_releasePool")
     devices: List[int] = []
+    me = threading.current_thread()
     for t in tracked:
         if t.ended:
             continue
+        if t.thread is not None and t.thread is not me and t.thread.is_alive():
+            continue  # another thread's capture may still be going on: not ours to end
         if t.device not in devices:
             devices.append(t.device)
         if driver.available:
