@@ -955,6 +955,17 @@ class RestoreOnAFakeTorch(_FakeTorchCase):
         self.assertEqual(left, ["harness thread(s) still running: dlsync-testing-stuck"])
         self.assertEqual(dt._restore.UNCLEAN, left)
 
+    def test_without_libcuda_the_driver_touches_nothing(self):
+        d = self.saved_driver()  # the real class (setUp replaced it with the fake)
+        d.lib = None  # as where libcuda.so.1 cannot be loaded
+        self.assertFalse(d.available)
+        snap = dt._restore.take(self.torch, d, [0])
+        self.assertIsNone(snap.mode)
+        done, left = [], []
+        dt._restore.end_open_streams(d, [self.side.cuda_stream], done, left)
+        dt._restore.put_back(self.torch, d, snap, done, left)
+        self.assertEqual((done, left), ([], []))
+
     def test_the_watch_puts_capture_begin_and_end_back(self):
         cls = self.torch.cuda.CUDAGraph
         begin, end = cls.__dict__["capture_begin"], cls.__dict__["capture_end"]
