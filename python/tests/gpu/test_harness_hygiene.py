@@ -23,7 +23,6 @@ import ctypes
 import os
 import subprocess
 import sys
-import textwrap
 import threading
 import time
 
