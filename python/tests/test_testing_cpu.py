@@ -871,7 +871,10 @@ class RestoreOnAFakeTorch(_FakeTorchCase):
 
     def test_after_a_failed_capture_the_process_works(self):
         torch = self.torch
+        kept = len(dt._restore._KEPT)
         r = self._check(self._unjoined())
+        # The three failed graphs (one per mode) stay alive; the passing ones do not.
+        self.assertEqual(len(dt._restore._KEPT), kept + 3)
         self.assertEqual(r.case("global").diagnosis.category, "unjoined work")
         for mode in dt.MODES:
             restored = " | ".join(r.case(mode).restored)

@@ -21,9 +21,10 @@ A capture that fails half-way leaves state behind in PyTorch (2.11's
   ``torch._C._cuda_releasePool`` on the pool's id, which the harness knows
   because every capture made during a case is given a pool of its own
   (``torch.cuda.graph_pool_handle()``) when its caller gave none.
-- The graph object of a failed capture is kept alive: the pinned host
-  allocator's pool routing (PyTorch versions that have one) and the map of
-  graphs being captured hold pointers to it, and no Python binding ends them.
+- The graph object of a capture that failed before its pool was ended is
+  kept alive: the pinned host allocator's pool routing (PyTorch versions that
+  have one) and the map of graphs being captured hold pointers to it, and no
+  Python binding ends them.
 - A stream whose capture was begun and never ended (an op that changed the
   current stream, so ``capture_end`` refused to run) keeps capturing: in
   GLOBAL mode every unsafe call of every thread then fails. Ended with
@@ -252,11 +253,14 @@ def end_failed_captures(torch: Any, driver: Driver, tracked: List[Tracked],
             except RuntimeError as e:
                 left.append(f"stream {t.stream:#x} still captures: {e}")
         pool = tuple(t.pool) if t.pool is not None else None
+        keep = True
         if pool is not None and end_pool is not None:
             try:
                 end_pool(t.device, pool)
             except Exception:  # noqa: BLE001 - "not currently recording": the end got there
-                pass
+                # cudaStreamEndCapture ran (or the capture never began): nothing
+                # points at the graph, and its own reset releases the pool.
+                keep = False
             else:
                 done.append(f"ended the allocator's routing to pool {pool}")
                 if release is not None:
@@ -267,7 +271,8 @@ def end_failed_captures(torch: Any, driver: Driver, tracked: List[Tracked],
                         left.append(f"pool {pool} not released: {e}")
         elif pool is not None:
             left.append(f"pool {pool}: this PyTorch has no _cuda_endAllocateToPool")
-        _KEPT.append(t.graph)
+        if keep:
+            _KEPT.append(t.graph)
     return devices
 
 
