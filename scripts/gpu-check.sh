@@ -167,7 +167,8 @@ if [ -n "${HARNESS_RUNS:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
   : >"$out/harness-runs.txt"
   for i in $(seq 2 "$HARNESS_RUNS"); do
     (cd "$root/python" && DLSYNC_LIBRARY="$build/libdlsync.so" KERNEL_LIB="$build/libkernel_lib.so" \
-      PYTHONUNBUFFERED=1 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_testing.py) \
+      PYTHONUNBUFFERED=1 python3 -m pytest -q -p no:cacheprovider tests/gpu/test_testing.py \
+      tests/gpu/test_harness_hygiene.py) \
       >"$out/harness-run$i.txt" 2>&1 || harness_rc=$?
     echo "harness run $i: $(tail -n 1 "$out/harness-run$i.txt")" >>"$out/harness-runs.txt"
   done

@@ -300,6 +300,11 @@ class Helpers(unittest.TestCase):
         self.assertEqual(rp.user_frame(frames), "test_ops.py:12 in op: torch.cuda.synchronize()")
         self.assertEqual(rp.user_frame(frames[:1] + frames[2:]), "")
         self.assertEqual(rp.user_frame([("/a/b.py", 3, "f", None)]), "b.py:3 in f")
+        # Any module of this dlsync package is skipped, not only its __init__.py.
+        package = os.path.dirname(os.path.abspath(dt.__file__ + "/.."))
+        inner = os.path.join(os.path.dirname(package), "dlsync", "_wrap.py")
+        self.assertEqual(rp.user_frame(frames[:2] + [(inner, 40, "__dlpack__", "raise ...")]),
+                         "test_ops.py:12 in op: torch.cuda.synchronize()")
 
     def test_where_an_exception_was_raised(self):
         def op():
@@ -419,39 +424,157 @@ class Tensor:
     def __add__(self, k):
         return Tensor([v + k for v in self.vals])
 
+    def cpu(self):
+        return Tensor(self.vals)
+
+    def add_(self, k):
+        def run():
+            self.vals = [v + k for v in self.vals]
+        launch(run)
+        return self
+
+    def uniform_(self, generator=None):
+        (generator or cuda.default_generators[0]).state.increase(4)
+        return self
+
+class Allocator:
+    """PyTorch's caching allocator, as far as captures touch it: pools that
+    captures route allocations to (beginAllocateToPool) and their use
+    counts."""
+
+    def __init__(self):
+        self.underway, self.pools, self.next_pool = [], {}, 1
+
+    def begin(self, pool):
+        self.underway.append(pool)
+        self.pools[pool] = self.pools.get(pool, 0) + 1
+
+    def end(self, device, pool):
+        if pool not in self.underway:
+            raise RuntimeError("endAllocatePool: not currently recording to mempool_id")
+        self.underway.remove(pool)
+
+    def release(self, device, pool):
+        self.pools[pool] -= 1
+        if not self.pools[pool]:
+            del self.pools[pool]
+
+allocator = Allocator()
+
+class GeneratorState:
+    """A CUDA generator's state as PyTorch 2.11 keeps it: seed, offset, and
+    whether a capture is on (capture_prologue .. capture_epilogue)."""
+
+    def __init__(self):
+        self.seed, self.offset, self.capturing = 67280421310721, 0, False
+
+    def increase(self, n):
+        if cuda.current_stream().graph is not None:
+            if not self.capturing:
+                raise RuntimeError("Attempt to increase offset for a CUDA generator not in "
+                                   "capture mode.")
+        elif self.capturing:
+            raise RuntimeError("Offset increment outside graph capture encountered "
+                               "unexpectedly.")
+        else:
+            self.offset += n
+
+class CudaGenerator:
+    def __init__(self):
+        self.state = GeneratorState()
+
+    def get_state(self):
+        return Tensor([self.state.seed, self.state.offset])
+
+    def set_state(self, t):
+        self.state.seed, self.state.offset = int(t.vals[0]), int(t.vals[1])
+
 class Graph:
-    def capture_begin(self, capture_error_mode="global"):
+    def capture_begin(self, pool=None, capture_error_mode="global"):
         s = cuda.current_stream()
+        # As CUDAGraph::capture_begin: the default generator is registered and
+        # put in capture mode, the pool opened, then the capture begun.
+        self.gen = cuda.default_generators[0].state
+        self.gen.capturing = True
+        if pool is None:
+            pool = (allocator.next_pool, 0)
+            allocator.next_pool += 1
+        self.pool = tuple(pool)
+        allocator.begin(self.pool)
         self.mode, self.origin, self.thunks = capture_error_mode, s, []
-        self.unjoined, self.invalid = set(), False
+        self.unjoined, self.joined, self.invalid = set(), set(), False
         self.thread = threading.current_thread()
         s.graph = self
         with lock:
             active.append(self)
 
     def capture_end(self):
+        if cuda.current_stream() is not self.origin:
+            raise RuntimeError("Capture must end on the same stream it began on.")
+        # cudaStreamEndCapture: the capture is over whether it failed or not.
         with lock:
             active.remove(self)
-        for st in [self.origin, *self.unjoined]:
+        for st in [self.origin, *self.joined]:
             st.graph = None
         if self.invalid:
             raise RuntimeError("CUDA error: operation failed due to a previous error during "
                                "capture")
         if self.unjoined:
             raise RuntimeError("CUDA error: capturing stream has unjoined work")
+        # Only a capture that ended gets here (as in PyTorch).
+        allocator.end(0, self.pool)
+        self.gen.capturing = False
+        self.ended = True
 
     def replay(self):
         for thunk in self.thunks:
             thunk()
 
+    def __del__(self):
+        if getattr(self, "ended", False):
+            allocator.release(0, self.pool)
+
+class FakeDriver:
+    """The driver calls dlsync.testing's restore makes, on these streams."""
+
+    available = True
+
+    def __init__(self):
+        self.tls = threading.local()
+        self.ended = []
+
+    def exchange_mode(self, mode):
+        old = getattr(self.tls, "mode", 0)
+        self.tls.mode = mode
+        return old
+
+    def capture_status(self, handle):
+        return 1 if streams[handle].graph is not None else 0
+
+    def end_capture(self, handle):
+        st = streams[handle]
+        g = st.graph
+        with lock:
+            if g in active:
+                active.remove(g)
+        for other in [g.origin, *g.joined]:
+            other.graph = None
+        self.ended.append(handle)
+
+driver = FakeDriver()
+streams = {}
+
 class Stream:
     def __init__(self, device=None):
         self.graph = None
+        self.cuda_stream = 0x1000 + len(streams)
+        streams[self.cuda_stream] = self
 
     def wait_stream(self, other):
         if other.graph is not None and self.graph is None:
             self.graph = other.graph  # joins the capture
             other.graph.unjoined.add(self)
+            other.graph.joined.add(self)
         elif other.graph is not None and other.graph is self.graph:
             self.graph.unjoined.discard(other)  # joined back
 
@@ -529,7 +652,22 @@ def assert_close(a, b, rtol=None, atol=None, equal_nan=True, check_device=True):
                              f"{len(a.vals)}")
 
 default = Stream()
+cuda.default_generators = [CudaGenerator()]
 cuda.is_available = lambda: True
+cuda.current_device = lambda: 0
+cuda.set_stream = lambda s: setattr(tls, "current", s)
+def graph_pool_handle():
+    allocator.next_pool += 1
+    return (0, allocator.next_pool)
+
+cuda.graph_pool_handle = graph_pool_handle
+torch.fake_driver, torch.fake_allocator, torch.fake_streams = driver, allocator, streams
+torch.fake_default = default
+torch._C = types.SimpleNamespace(_cuda_endAllocateToPool=allocator.end,
+                                 _cuda_releasePool=allocator.release)
+torch.empty = lambda n, device=None: Tensor([0.0] * n)
+torch.zeros = lambda n, device=None: Tensor([0.0] * n)
+torch.cuda.__dict__["fake"] = True
 cuda.synchronize = lambda: _unsafe(device_wide=True)
 cuda.current_stream = lambda device=None: getattr(tls, "current", default)
 cuda.Stream, cuda.CUDAGraph, cuda.Event = Stream, Graph, Event
@@ -542,6 +680,7 @@ torch.zeros_like = torch.empty_like = lambda t: Tensor([0.0] * len(t.vals))
 torch.equal = lambda a, b: a.vals == b.vals
 torch.compile = lambda fn, mode=None: fn
 torch.tensor = Tensor
+Tensor.__module__ = "torch"  # pickled by reference into a child process
 '''
 
 
@@ -552,8 +691,9 @@ def _fake_torch():
     return ns["torch"]
 
 
-@unittest.skipIf(dt.gpu_unavailable_reason() == "", "a GPU is present: tests/gpu runs the real one")
-class FlowOnAFakeTorch(unittest.TestCase):
+class _FakeTorchCase(unittest.TestCase):
+    """The fake PyTorch installed as torch for each test (no tests here)."""
+
     def setUp(self):
         self.saved = {k: sys.modules.get(k) for k in ("torch", "torch.cuda", "torch.testing")}
         torch = self.torch = _fake_torch()
@@ -562,8 +702,13 @@ class FlowOnAFakeTorch(unittest.TestCase):
         self.x = torch.tensor([1.0, 2.0, 3.0, 4.0])
         self.out = torch.tensor([0.0] * 4)
         self.side = torch.cuda.Stream()
+        self.saved_driver = dt._restore.Driver
+        dt._restore.Driver = lambda: torch.fake_driver
+        del dt._restore.UNCLEAN[:]
 
     def tearDown(self):
+        dt._restore.Driver = self.saved_driver
+        del dt._restore.UNCLEAN[:]
         for k, v in self.saved.items():
             if v is None:
                 sys.modules.pop(k, None)
@@ -588,6 +733,9 @@ class FlowOnAFakeTorch(unittest.TestCase):
 
         return side_op
 
+
+@unittest.skipIf(dt.gpu_unavailable_reason() == "", "a GPU is present: tests/gpu runs the real one")
+class FlowOnAFakeTorch(_FakeTorchCase):
     def test_a_correct_op_passes_every_case(self):
         r = self._check(self._side(), compile=True, neighbour=(None, "capture"))
         self.assertTrue(r.ok, r.message())
@@ -673,6 +821,216 @@ class FlowOnAFakeTorch(unittest.TestCase):
             dt.check_capture(lambda v: v, 3.0)
 
 
+
+def _double(x):
+    """A module-level op: the child of check_capture(isolate=True) imports it by name."""
+    import torch
+
+    print("the op ran in the child")
+    return torch.mul(x, 2, out=torch.empty_like(x))
+
+
+def _fake_torch_dir(tmp):
+    """A folder with the fake PyTorch as a package named torch, for child
+    processes (spawned check_capture, a pytest of its own)."""
+    os.makedirs(os.path.join(tmp, "torch"))
+    with open(os.path.join(tmp, "torch", "__init__.py"), "w") as f:
+        f.write(f"_SYNC_MSG = {_SYNC_MSG!r}\n" + _FAKE_TORCH + "\nimport sys\n"
+                "sys.modules.update({'torch': torch, 'torch.cuda': cuda, "
+                "'torch.testing': testing})\n")
+    return tmp
+
+
+@unittest.skipIf(dt.gpu_unavailable_reason() == "", "a GPU is present: tests/gpu runs the real one")
+class RestoreOnAFakeTorch(_FakeTorchCase):
+    """What a failed capture leaves in PyTorch 2.11 (as the fake models it:
+    the default generator in capture mode, the allocator's pool underway, a
+    stream still capturing) and the harness putting each back."""
+
+    def _draws(self):
+        torch = self.torch
+        torch.empty(4).uniform_(generator=torch.cuda.default_generators[0])
+
+    def _unjoined(self):
+        return self._side(join_back=False)
+
+    def test_the_fake_leaves_what_pytorch_leaves(self):
+        # The control: without the harness a failed capture_end leaves the
+        # generator in capture mode and the pool underway.
+        torch, s = self.torch, self.torch.cuda.Stream()
+        g = torch.cuda.CUDAGraph()
+        with torch.cuda.stream(s):
+            g.capture_begin()
+            self._unjoined()(self.x)
+            with self.assertRaises(RuntimeError):
+                g.capture_end()
+        with self.assertRaises(RuntimeError) as info:
+            self._draws()
+        self.assertIn("Offset increment outside graph capture", str(info.exception))
+        self.assertEqual(len(torch.fake_allocator.underway), 1)
+
+    def test_after_a_failed_capture_the_process_works(self):
+        torch = self.torch
+        kept = len(dt._restore._KEPT)
+        r = self._check(self._unjoined())
+        # The three failed graphs (one per mode) stay alive; the passing ones do not.
+        self.assertEqual(len(dt._restore._KEPT), kept + 3)
+        self.assertEqual(r.case("global").diagnosis.category, "unjoined work")
+        for mode in dt.MODES:
+            restored = " | ".join(r.case(mode).restored)
+            self.assertIn("default generator out of capture mode", restored)
+            self.assertIn("ended the allocator's routing to pool", restored)
+            self.assertIn("released pool", restored)
+            self.assertEqual(r.case(mode).left, [])
+        self.assertEqual(torch.fake_allocator.underway, [])
+        self._draws()  # a random draw works
+        good = self._check(self._side())  # a correct op's check passes
+        self.assertTrue(good.ok, good.message())
+        g, s = torch.cuda.CUDAGraph(), torch.cuda.Stream()  # and a capture of its own
+        with torch.cuda.stream(s):
+            g.capture_begin()
+            torch.mul(self.x, 5, out=self.out)
+            g.capture_end()
+        self.x.vals = [1.0, 2.0, 3.0, 4.0]
+        g.replay()
+        self.assertEqual(self.out.vals, [5.0, 10.0, 15.0, 20.0])
+        self._draws()
+        self.assertEqual(dt._restore.UNCLEAN, [])
+
+    def test_a_capture_the_op_began_and_never_ended_is_ended(self):
+        torch, lib = self.torch, self.torch.cuda.Stream()
+
+        def own_graph(x):
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(lib):
+                g.capture_begin()  # and no capture_end: the stream keeps capturing
+            return torch.mul(x, 2, out=torch.empty_like(x))
+
+        r = self._check(own_graph, modes=("global",))
+        eager = r.case("eager")
+        # The GLOBAL capture the op left open refuses the harness's own sync.
+        self.assertEqual(eager.diagnosis.category, "sync during capture")
+        self.assertIn(f"ended the capture left open on stream {lib.cuda_stream:#x}",
+                      eager.restored)
+        self.assertIn(lib.cuda_stream, torch.fake_driver.ended)
+        self.assertIsNone(lib.graph)
+        self.assertEqual(torch.fake_allocator.underway, [])
+        self._draws()
+        good = self._check(self._side())
+        self.assertTrue(good.ok, good.message())
+
+    def test_mode_stream_and_rng_are_put_back(self):
+        torch, other = self.torch, self.torch.cuda.Stream()
+        before = torch.cuda.default_generators[0].get_state().vals
+
+        def careless(x):
+            torch.fake_driver.exchange_mode(2)  # RELAXED, never set back
+            self._draws()  # eagerly: the offset moves
+            y = torch.mul(x, 2, out=torch.empty_like(x))
+            torch.cuda.set_stream(other)  # and the current stream changed for good
+            return y
+
+        r = self._check(careless, modes=("global",))
+        self.assertTrue(r.ok, r.message())
+        self.assertIn("thread capture mode 2 -> 0", r.case("eager").restored)
+        self.assertIn("current stream of cuda:0", r.case("eager").restored)
+        self.assertIn("the op left another current stream; set back before capture_end",
+                      r.case("global").restored)
+        self.assertIn("seed and offset of cuda:0's default generator", r.cases[-1].restored)
+        self.assertEqual(torch.fake_driver.exchange_mode(0), 0)
+        self.assertIs(torch.cuda.current_stream(), torch.fake_default)
+        self.assertEqual(torch.cuda.default_generators[0].get_state().vals, before)
+
+    def test_a_harness_thread_still_running_is_reported_and_marks_the_process(self):
+        import threading
+
+        torch = self.torch
+        stop = threading.Event()
+        snap = dt._restore.take(torch, torch.fake_driver, [0])
+        t = threading.Thread(target=stop.wait, name="dlsync-testing-stuck", daemon=True)
+        t.start()
+        try:
+            done, left = dt._restore.after_case(torch, torch.fake_driver, snap,
+                                                dt._restore.Watch(torch), [], [])
+        finally:
+            stop.set()
+            t.join()
+        self.assertEqual(left, ["harness thread(s) still running: dlsync-testing-stuck"])
+        self.assertEqual(dt._restore.UNCLEAN, left)
+
+    def test_without_libcuda_the_driver_touches_nothing(self):
+        d = self.saved_driver()  # the real class (setUp replaced it with the fake)
+        d.lib = None  # as where libcuda.so.1 cannot be loaded
+        self.assertFalse(d.available)
+        snap = dt._restore.take(self.torch, d, [0])
+        self.assertIsNone(snap.mode)
+        done, left = [], []
+        dt._restore.end_open_streams(d, [self.side.cuda_stream], done, left)
+        dt._restore.put_back(self.torch, d, snap, done, left)
+        self.assertEqual((done, left), ([], []))
+
+    def test_the_watch_puts_capture_begin_and_end_back(self):
+        cls = self.torch.cuda.CUDAGraph
+        begin, end = cls.__dict__["capture_begin"], cls.__dict__["capture_end"]
+        self._check(self._unjoined(), modes=("global",))
+        self.assertIs(cls.__dict__["capture_begin"], begin)
+        self.assertIs(cls.__dict__["capture_end"], end)
+
+        class Sub(cls):  # methods inherited: no attribute of its own afterwards
+            pass
+
+        self.torch.cuda.CUDAGraph = Sub
+        with dt._restore.Watch(self.torch):
+            self.assertIn("capture_begin", vars(Sub))
+        self.assertNotIn("capture_begin", vars(Sub))
+        self.assertNotIn("capture_end", vars(Sub))
+
+    def test_another_live_threads_capture_is_not_ended(self):
+        import threading
+
+        torch, lib = self.torch, self.torch.cuda.Stream()
+        began, stop = threading.Event(), threading.Event()
+        watch = dt._restore.Watch(torch)
+
+        def user_thread():
+            g = torch.cuda.CUDAGraph()
+            with torch.cuda.stream(lib):
+                g.capture_begin(capture_error_mode="relaxed")
+                began.set()
+                stop.wait()
+                g.capture_end()
+
+        with watch:
+            t = threading.Thread(target=user_thread)
+            t.start()
+            began.wait()
+        done, left = [], []
+        try:
+            dt._restore.end_failed_captures(torch, torch.fake_driver, watch.tracked, done, left)
+            self.assertEqual((done, left), ([], []))
+            self.assertIsNotNone(lib.graph)  # still capturing: its thread ends it
+        finally:
+            stop.set()
+            t.join()
+        self.assertIsNone(lib.graph)
+
+    def test_isolate_runs_the_check_in_a_spawned_child(self):
+        with tempfile.TemporaryDirectory() as tmp:
+            sys.path.insert(0, _fake_torch_dir(tmp))
+            try:
+                r = dt.check_capture(_double, self.x, modes=("global",), raise_on_failure=False,
+                                     isolate=True)
+            finally:
+                sys.path.remove(tmp)
+        self.assertTrue(r.isolated)
+        self.assertTrue(r.ok, r.message())
+        self.assertEqual([c.name for c in r.cases], ["eager", "global"])
+        self.assertIn("the op ran in the child", r.child_output)
+        self.assertIn("(in a child process)", r.message().splitlines()[0])
+        with self.assertRaises(ValueError) as info:
+            dt.check_capture(lambda x: x, self.x, isolate=True)
+        self.assertIn("importable by name", str(info.exception))
+
 PLUGIN_CASES = '''
 import sys
 import pytest
@@ -689,6 +1047,10 @@ def test_fixture(capture_check):
 
 @pytest.mark.capture_modes(replay=2)
 def test_misspelt_option(x):
+    return x
+
+@pytest.mark.capture_modes("globl", "relaxed")
+def test_misspelt_mode(x):
     return x
 
 @pytest.fixture
@@ -711,16 +1073,108 @@ class Plugin(unittest.TestCase):
                  "-rsE", "-q", path],
                 cwd=tmp, env=_env(), capture_output=True, text=True)
             out = run.stdout + run.stderr
-            self.assertIn("1 passed, 2 skipped, 1 error", out, out)
+            self.assertIn("1 passed, 2 skipped, 2 errors", out, out)
             reason = "dlsync capture check: " + dt.gpu_unavailable_reason()
             self.assertEqual(out.count(reason), 2, out)
             self.assertIn("unknown capture_modes option(s) replay", out, out)
+            # A misspelt mode is an error too, not a skip, without a GPU.
+            self.assertIn("test_misspelt_mode: capture_modes: unknown capture mode(s) 'globl'; "
+                          "known: global, thread_local, relaxed", out, out)
 
     def test_the_marker_is_registered(self):
         run = subprocess.run(
             [sys.executable, "-m", "pytest", *_plugin_args(), "--markers"],
             env=_env(), capture_output=True, text=True, check=True)
         self.assertIn("@pytest.mark.capture_modes(*modes, replays=3", run.stdout)
+        from dlsync.testing import pytest_plugin
+
+        line = next(x for x in run.stdout.splitlines() if "capture_modes(" in x)
+        for option in pytest_plugin._OPTIONS:
+            self.assertIn(f"{option}=", line)
+
+
+PLUGIN_FAKE_CASES = '''
+import threading
+import pytest
+import torch
+
+side = torch.cuda.Stream()
+
+@pytest.fixture
+def x():
+    return torch.tensor([1.0, 2.0, 3.0, 4.0])
+
+@pytest.mark.capture_modes("global", replays=2)
+def test_unjoined(x):
+    side.wait_stream(torch.cuda.current_stream())
+    with torch.cuda.stream(side):
+        return torch.mul(x, 3, out=torch.empty_like(x))
+
+@pytest.mark.capture_modes("global")
+def test_leaves_a_thread(x):
+    stop = threading.Event()
+    threading.Thread(target=stop.wait, name="dlsync-testing-stray", daemon=True).start()
+    return torch.mul(x, 2, out=torch.empty_like(x))
+
+@pytest.mark.capture_modes("global")
+def test_after(x):
+    return torch.mul(x, 2, out=torch.empty_like(x))
+
+@pytest.mark.capture_modes("relaxed", isolate=True)
+def test_marked_isolated(x):
+    return torch.mul(x, 4, out=torch.empty_like(x))
+'''
+
+
+@unittest.skipUnless(_has_pytest(), "pytest is not installed")
+@unittest.skipIf(dt.gpu_unavailable_reason() == "", "a GPU is present: tests/gpu runs the plugin")
+class PluginOnAFakeTorch(unittest.TestCase):
+    """The plugin in a pytest of its own, on the fake PyTorch: the JSON
+    report, isolation by marker, and isolation chosen after a case that left
+    state behind."""
+
+    def test_report_and_isolation(self):
+        import json
+
+        with tempfile.TemporaryDirectory() as tmp:
+            _fake_torch_dir(os.path.join(tmp, "fake"))
+            cases = os.path.join(tmp, "cases")
+            os.makedirs(cases)
+            with open(os.path.join(cases, "test_fake_cases.py"), "w") as f:
+                f.write(textwrap.dedent(PLUGIN_FAKE_CASES))
+            env = _env()
+            env["PYTHONPATH"] = os.path.join(tmp, "fake") + os.pathsep + env["PYTHONPATH"]
+            report = os.path.join(tmp, "report.json")
+            run = subprocess.run(
+                [sys.executable, "-m", "pytest", *_plugin_args(), "-p", "no:cacheprovider",
+                 "-q", f"--dlsync-report={report}", "test_fake_cases.py"],
+                cwd=cases, env=env, capture_output=True, text=True, timeout=300)
+            out = run.stdout + run.stderr
+            self.assertIn("1 failed, 3 passed", out, out)
+            with open(report) as f:
+                records = json.load(f)["records"]
+        by = {(r["test"].split("::")[-1], r["case"]): r for r in records}
+        self.assertEqual(sorted(by), sorted([
+            ("test_unjoined", "eager"), ("test_unjoined", "global"),
+            ("test_leaves_a_thread", "eager"), ("test_leaves_a_thread", "global"),
+            ("test_after", "eager"), ("test_after", "global"),
+            ("test_marked_isolated", "eager"), ("test_marked_isolated", "relaxed")]), records)
+        bad = by[("test_unjoined", "global")]
+        self.assertEqual((bad["verdict"], bad["category"], bad["mode"]),
+                         ("failed", "unjoined work", "global"))
+        self.assertEqual(bad["first_error"], "RuntimeError: CUDA error: capturing stream has "
+                                             "unjoined work")
+        self.assertEqual(bad["where"], "raised when the capture ended (no call of the op raised)")
+        self.assertIn("default generator out of capture mode", " ".join(bad["restored"]))
+        self.assertEqual(by[("test_unjoined", "eager")]["verdict"], "ok")
+        self.assertIn("harness thread(s) still running: dlsync-testing-stray",
+                      " ".join(by[("test_leaves_a_thread", "eager")]["left"]))
+        # Not isolated until a case left state behind; then every check is.
+        self.assertEqual([by[(t, "eager")]["isolated"] for t in
+                          ("test_unjoined", "test_leaves_a_thread", "test_after",
+                           "test_marked_isolated")], [False, False, True, True])
+        self.assertIn("checks after this ran in child processes", out, out)
+        self.assertIn("test_after: passed (in a child process)", out, out)
 
 
 if __name__ == "__main__":

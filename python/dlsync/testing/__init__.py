@@ -30,6 +30,7 @@ import time
 import traceback
 from typing import Any, Callable, Dict, Iterator, List, Optional, Sequence, Tuple
 
+from . import _restore
 from .report import (
     ERROR_TABLE,
     CaptureReport,
@@ -270,6 +271,8 @@ class _Harness:
         self.reference, self.new_inputs = reference, new_inputs
         self.rtol, self.atol = rtol, atol
         self.producer = torch.cuda.Stream(self.device)
+        self.streams: List[Any] = [self.producer]  # every stream the harness made
+        self.reset: List[str] = []  # what the harness itself set back during the case
         self.gen = torch.Generator(device=self.device)
         self.gen.manual_seed(seed)
         self.cycles = int(slow_producer_ms * _cycles_per_ms(torch, self.device))
@@ -391,6 +394,9 @@ class _Harness:
         g = torch.cuda.CUDAGraph()
         capture_stream = torch.cuda.Stream(self.device)
         nb = _Neighbour(torch, neighbour, self.device) if neighbour else None
+        self.streams.append(capture_stream)
+        if nb is not None:
+            self.streams += [nb.s1, nb.s2]
         out = None
         try:
             # One eager call on the capture stream first, as PyTorch's CUDA
@@ -412,6 +418,11 @@ class _Harness:
                     finally:
                         if nb is not None:
                             nb.stop()  # the neighbour ends its capture before the op's
+                        if torch.cuda.current_stream(self.device) != capture_stream:
+                            # capture_end must run on the stream the capture began on
+                            torch.cuda.set_stream(capture_stream)
+                            self.reset.append("the op left another current stream; set back "
+                                              "before capture_end")
                         g.capture_end()
             finally:
                 if nb is not None:
@@ -424,6 +435,8 @@ class _Harness:
         if nb is not None:
             case.neighbour_errors = nb.problems()
             nb.join(_WAIT_S)
+            if nb.is_alive():
+                case.left.append(f"{nb.name} did not finish in {_WAIT_S:.0f} s")
         if not case.captured:
             return case
         try:
@@ -514,7 +527,7 @@ def check_capture(fn: Callable, *inputs: Any, modes: Sequence[str] = MODES, repl
                   atol: Optional[float] = None, slow_producer_ms: float = 10.0,
                   reference: Optional[Callable] = None, new_inputs: Optional[Callable] = None,
                   seed: int = 0, name: Optional[str] = None, eager: bool = True,
-                  raise_on_failure: bool = True) -> CaptureReport:
+                  raise_on_failure: bool = True, isolate: bool = False) -> CaptureReport:
     """Checks that ``fn(*inputs)`` gives the eager result when PyTorch
     captures it and replays the graph with new inputs.
 
@@ -538,21 +551,74 @@ def check_capture(fn: Callable, *inputs: Any, modes: Sequence[str] = MODES, repl
     are random (normal for floating types, -100..100 for integers) from a
     generator seeded with ``seed``.
 
+    After every case the process is put back as the check found it: the
+    default CUDA generators (out of capture mode, same seeds and offsets),
+    the thread's capture mode, the current device and streams, CuPy's
+    current stream, the allocator pools of captures that failed, and no
+    stream of the harness left capturing (docs/testing.md). What could not
+    be put back is listed in the report; ``isolate=True`` runs the whole
+    check in a child process (spawned, not forked: ``fn``, ``reference`` and
+    ``new_inputs`` must be importable by name) and returns its report.
+
     Returns the :class:`CaptureReport`; if a case failed and
     ``raise_on_failure`` is true, raises ``AssertionError`` with the report
     (the exception's ``report`` attribute). Needs PyTorch and a CUDA GPU."""
     mode_list, neighbours = _check_args(modes, replays, neighbour, rtol, atol, slow_producer_ms)
+    options = dict(modes=mode_list, replays=replays, compile=compile, neighbour=neighbours,
+                   rtol=rtol, atol=atol, slow_producer_ms=slow_producer_ms, reference=reference,
+                   new_inputs=new_inputs, seed=seed, name=name, eager=eager)
+    if isolate:
+        from ._child import run_isolated
+
+        report = run_isolated(fn, inputs, options)
+        return report.raise_if_failed() if raise_on_failure else report
     reason = gpu_unavailable_reason()
     if reason:
         raise RuntimeError(f"dlsync.testing.check_capture cannot run: {reason}")
     import torch
 
-    h = _Harness(torch, fn, inputs, reference=reference or fn, new_inputs=new_inputs, rtol=rtol,
-                 atol=atol, slow_producer_ms=slow_producer_ms, seed=seed)
-    report = CaptureReport(name or getattr(fn, "__qualname__", None) or repr(fn))
-    with torch.cuda.device(h.device):
-        if eager:
-            first = h.eager(replays)
+    report = _check(torch, fn, inputs, options, _restore.Driver())
+    return report.raise_if_failed() if raise_on_failure else report
+
+
+def _device_index(device: Any) -> int:
+    index = getattr(device, "index", None)
+    if not isinstance(index, int):
+        text = str(device)
+        index = int(text.split(":", 1)[1]) if ":" in text else 0
+    return int(index)
+
+
+def _check(torch: Any, fn: Callable, inputs: Tuple[Any, ...], options: Dict[str, Any],
+           driver: Any) -> CaptureReport:
+    """check_capture in this process, every case followed by a restore."""
+    mode_list, neighbours = options["modes"], options["neighbour"]
+    replays = options["replays"]
+    h = _Harness(torch, fn, inputs, reference=options["reference"] or fn,
+                 new_inputs=options["new_inputs"], rtol=options["rtol"], atol=options["atol"],
+                 slow_producer_ms=options["slow_producer_ms"], seed=options["seed"])
+    report = CaptureReport(options["name"] or getattr(fn, "__qualname__", None) or repr(fn))
+    dev = _device_index(h.device)
+    snap = _restore.take(torch, driver, [dev])
+    threads_before = _restore.harness_threads()
+
+    def run(case_fn: Callable[[], CaseResult]) -> CaseResult:
+        h.reset = []
+        watch = _restore.Watch(torch)
+        try:
+            with watch, torch.cuda.device(h.device):
+                case = case_fn()
+        finally:
+            done, left = _restore.after_case(torch, driver, snap, watch,
+                                             [int(s.cuda_stream) for s in h.streams],
+                                             threads_before)
+        case.restored = h.reset + done
+        case.left += left
+        return case
+
+    try:
+        if options["eager"]:
+            first = run(lambda: h.eager(replays))
             report.cases.append(first)
             if first.errors:
                 for mode in mode_list:
@@ -560,10 +626,18 @@ def check_capture(fn: Callable, *inputs: Any, modes: Sequence[str] = MODES, repl
                         report.cases.append(CaseResult(mode if n is None else f"{mode}+{n}", mode,
                                                        n or "-",
                                                        skipped="the op failed eagerly"))
-                return report.raise_if_failed() if raise_on_failure else report
+                return report
         for mode in mode_list:
             for n in neighbours:
-                report.cases.append(h.captured(mode, replays, n))
-        if compile:
-            report.cases.append(h.compiled(replays))
-    return report.raise_if_failed() if raise_on_failure else report
+                report.cases.append(run(lambda: h.captured(mode, replays, n)))
+        if options["compile"]:
+            report.cases.append(run(lambda: h.compiled(replays)))
+    finally:
+        done: List[str] = []
+        left: List[str] = []
+        _restore.put_back(torch, driver, snap, done, left, rng=True)
+        if report.cases:
+            report.cases[-1].restored += done
+            report.cases[-1].left += left
+        _restore.UNCLEAN.extend(left)
+    return report

@@ -218,6 +218,8 @@ class CaseResult:
     neighbour_errors: List[str] = field(default_factory=list)
     skipped: str = ""  # why the case did not run
     note: str = ""  # what a passing case does not prove (e.g. nothing was captured)
+    restored: List[str] = field(default_factory=list)  # state the case left, put back after it
+    left: List[str] = field(default_factory=list)  # state the case left that could not be
 
     @property
     def wrong_runs(self) -> int:
@@ -342,6 +344,8 @@ _SKIP_PARTS = (
     os.sep + "jaxlib" + os.sep,
     os.sep + "contextlib.py",
     os.sep + "threading.py",
+    # dlsync itself (every module of the package, wherever it is installed)
+    os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
     os.sep + "dlsync" + os.sep + "__init__.py",
     os.sep + "dlsync" + os.sep + "testing" + os.sep,
     os.sep + "_pytest" + os.sep,
@@ -375,6 +379,14 @@ class CaptureReport:
     def __init__(self, name: str, cases: Optional[List[CaseResult]] = None):
         self.name = name
         self.cases: List[CaseResult] = list(cases or [])
+        self.isolated = False  # run in a child process (check_capture(isolate=True))
+        self.child_output = ""  # what the child process printed, when isolated
+
+    @property
+    def left(self) -> List[str]:
+        """State that some case left in the process and that could not be
+        restored (then later checks belong in a child process)."""
+        return [x for c in self.cases for x in c.left]
 
     @property
     def ok(self) -> bool:
@@ -421,6 +433,8 @@ class CaptureReport:
         else:
             head = (f"capture check of {self.name}: {len(failed)} of {len(self.cases)} cases "
                     "failed")
+        if self.isolated:
+            head += " (in a child process)"
         lines = [head, self.table()]
         # Cases with the same diagnosis (word for word) are named together.
         groups: List[Tuple[List[str], List[str]]] = []
@@ -436,7 +450,39 @@ class CaptureReport:
             lines.append("")
             lines.append(f"[{', '.join(names)}] " + text[0])
             lines.extend(text[1:])
+        left = self.left
+        if left:
+            lines.append("")
+            lines.append("left in the process (could not be restored; later checks should run "
+                         "in a child process, isolate=True):")
+            lines.extend(f"  {x}" for x in left)
         return "\n".join(lines)
+
+    def records(self, test: str = "") -> List[dict]:
+        """One JSON-ready dict per case: test id, case, mode, neighbour,
+        verdict, category, first error line, where, and what was restored
+        or left."""
+        out = []
+        for c in self.cases:
+            d = c.diagnosis
+            out.append({
+                "test": test or self.name,
+                "check": self.name,
+                "case": c.name,
+                "mode": c.mode,
+                "neighbour": c.neighbour,
+                "verdict": "ok" if d is None else ("skipped" if c.skipped else "failed"),
+                "category": "" if d is None else d.category,
+                "headline": "" if d is None else d.headline,
+                "first_error": (d.said if d is not None and d.said else
+                                (_first_line(c.errors[0]) if c.errors else "")),
+                "where": c.where if d is None else (d.where or c.where),
+                "runs": c.runs,
+                "isolated": self.isolated,
+                "restored": list(c.restored),
+                "left": list(c.left),
+            })
+        return out
 
     def __str__(self) -> str:
         return self.message()

@@ -22,10 +22,43 @@ def record():
     return _record
 
 
+_harness = []
+
+
+@pytest.fixture
+def harness_row():
+    """A row of the harness table (test_harness_hygiene.py): what was
+    checked, whether it passed, the check's time, what the harness said."""
+
+    def _row(test, what, ok, seconds, note):
+        _harness.append((test, what, "PASS" if ok else "FAIL", seconds, note))
+
+    return _row
+
+
 def pytest_terminal_summary(terminalreporter):
+    _frameworks(terminalreporter.write_line)
+    _harness_table(terminalreporter.write_line)
+
+
+def _harness_table(w):
+    if not _harness:
+        return
+    w("")
+    w(f"{'dlsync.testing in a suite':32} {'what':44} {'time':>6}   verdict")
+    for test, what, verdict, seconds, _ in _harness:
+        t = "" if seconds is None else f"{seconds:5.2f}s"
+        w(f"{test:32} {what[:44]:44} {t:>6}   {verdict}")
+    w("what the harness said:")
+    for test, _, verdict, _, note in _harness:
+        w(f"  {test}: {note[:300]}")
+    passed = sum(1 for r in _harness if r[2] == "PASS")
+    w(f"harness: {passed} passed, {len(_harness) - passed} failed")
+
+
+def _frameworks(w):
     if not _rows:
         return
-    w = terminalreporter.write_line
     w("")
     w(f"{'case':20} {'setting':17} {'mode':13} {'runs':>5} {'wrong':>5} {'broke':>5}"
       f"   {'ctl-w':>5} {'ctl-b':>5}   verdict")

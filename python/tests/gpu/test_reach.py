@@ -397,7 +397,7 @@ def _scope_shared(use):
     s = torch.cuda.Stream()
     cs = cupy.cuda.Stream(non_blocking=True)
     res = cupy.zeros(8, dtype=cupy.float32)
-    real = dlsync._Exchange
+    real = dlsync._exchange._Exchange
     begun = []
 
     class Counted(real):
@@ -409,7 +409,7 @@ def _scope_shared(use):
 
     runs = wrong = 0
     note = ""
-    dlsync._Exchange = Counted
+    dlsync._exchange._Exchange = Counted
     try:
         for i in range(10):
             x = torch.full((N,), float(i + 1), device="cuda")
@@ -437,7 +437,7 @@ def _scope_shared(use):
                 note = note or f"run {i}: {len(begun)} exchanges, want 1"
             torch.cuda.synchronize()
     finally:
-        dlsync._Exchange = real
+        dlsync._exchange._Exchange = real
     return runs, wrong, 0, note
 
 

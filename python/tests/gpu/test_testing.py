@@ -306,6 +306,10 @@ def test_syncing_body(x):
     torch.cuda.synchronize()
     return y
 
+@pytest.mark.capture_modes("relaxed", isolate=True)
+def test_isolated_body(x):
+    return x * 3
+
 @pytest.mark.capture_modes("thread_local", replays=2)
 def test_fixture(capture_check):
     report = capture_check(lambda t: t + 1, torch.zeros(64, device="cuda"))
@@ -326,12 +330,24 @@ def test_the_pytest_plugin_runs_marked_tests(tmp_path):
     env["PYTHONPATH"] = PYTHON_DIR + os.pathsep + env.get("PYTHONPATH", "")
     # Installed, the entry point loads the plugin; -p as well would register it twice.
     plugin = [] if _installed_entry_point() else ["-p", "dlsync.testing.pytest_plugin"]
+    report = tmp_path / "report.json"
     run = subprocess.run([sys.executable, "-m", "pytest", *plugin, "-p", "no:cacheprovider",
-                          "-q", "test_cases.py"], cwd=tmp_path, env=env, capture_output=True,
-                         text=True, timeout=300)
+                          "-q", f"--dlsync-report={report}", "test_cases.py"], cwd=tmp_path,
+                         env=env, capture_output=True, text=True, timeout=300)
     out = run.stdout + run.stderr
     print(out)
-    assert "1 failed, 2 passed" in out, out
+    assert "1 failed, 3 passed" in out, out
+    import json
+
+    records = json.loads(report.read_text())["records"]
+    by = {(r["test"].split("::")[-1], r["case"]): r for r in records}
+    bad = by[("test_syncing_body", "global")]
+    assert (bad["verdict"], bad["category"]) == ("failed", "sync during capture"), bad
+    assert "torch.cuda.synchronize()" in bad["where"], bad
+    assert any("default generator out of capture mode" in x for x in bad["restored"]), bad
+    assert by[("test_isolated_body", "relaxed")]["isolated"] is True, records
+    assert by[("test_isolated_body", "relaxed")]["verdict"] == "ok", records
+    assert by[("test_good_body", "global")]["isolated"] is False, records
     assert "FAILED test_cases.py::test_syncing_body" in out, out
     assert "capture broke: sync during capture (cudaErrorStreamCaptureUnsupported)" in out, out
     assert "dlsync capture conformance" in out, out
