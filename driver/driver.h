@@ -116,6 +116,8 @@ enum {
   X(GraphExecDestroy, PFN_cuGraphExecDestroy_v10000, 10000, DLSYNC__NEED_SUPPORT)               \
   X(GraphLaunch, PFN_cuGraphLaunch_v10000, 10000, DLSYNC__NEED_SUPPORT)                         \
   X(GraphExecMemsetNodeSetParams, PFN_cuGraphExecMemsetNodeSetParams_v10020, 10020,             \
+    DLSYNC__NEED_SUPPORT)                                                                       \
+  X(GraphConditionalHandleCreate, PFN_cuGraphConditionalHandleCreate_v12030, 12030,             \
     DLSYNC__NEED_SUPPORT)
 
 typedef struct dlsync__driver {

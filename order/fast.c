@@ -53,6 +53,9 @@ static DLSYNC__INLINE bool fast_graph_rows(dlsync_context *ctx, dlsync__thread *
   row = classify_now(DLSYNC__OP_ORDER, f, t, false);
   if (row != DLSYNC__ROW_EAGER_TO_CAPTURE && row != DLSYNC__ROW_TWO_CAPTURES)
     return false;
+  *st = body_guard(ctx, row, f, t);
+  if (DLSYNC__UNLIKELY(*st != DLSYNC_SUCCESS))
+    return true;
   pk.pool = pre->opened.pool;
   pk.from_memo = true;
   pk.stream = pre->first->stream;
@@ -79,7 +82,10 @@ static DLSYNC__INLINE bool fast_eager_to_capture(dlsync_context *ctx, dlsync__th
   dlsync__pair p = pre_pair(pre);
   CUevent ev;
   CUresult r;
-  if (DLSYNC__UNLIKELY(pre->opened.pool == NULL))
+  /* A declared conditional body anywhere: the lanes are written and the
+   * row's function checks them (body_guard). */
+  if (DLSYNC__UNLIKELY(pre->opened.pool == NULL) ||
+      DLSYNC__UNLIKELY(dlsync__bodies_any(&ctx->bodies)))
     return false;
   ev = dlsync__graph_capture_event_reserved(th, &ctx->pools, pre->opened.pool, ct->id);
   if (DLSYNC__UNLIKELY(ev == NULL))

@@ -66,6 +66,20 @@ DLSYNC__NOINLINE void dlsync__trace_row(dlsync__op op, dlsync__row row,
                                         const dlsync__lane_now *first, const dlsync__lane_now *then,
                                         dlsync_status st);
 
+/* The rows that add nodes, before anything is queued: neither lane may be a
+ * declared body. One load while the context has none. */
+static DLSYNC__INLINE dlsync_status body_guard(dlsync_context *ctx, dlsync__row row,
+                                               const dlsync__lane_now *first,
+                                               const dlsync__lane_now *then) {
+  dlsync_status st;
+  if (DLSYNC__LIKELY(!dlsync__bodies_any(&ctx->bodies)))
+    return DLSYNC_SUCCESS;
+  st = dlsync__body_refuse(&ctx->bodies, dlsync__row_name(row), then, false);
+  if (st == DLSYNC_SUCCESS)
+    st = dlsync__body_refuse(&ctx->bodies, dlsync__row_name(row), first, true);
+  return st;
+}
+
 /* The driver refused an event of another context (a stream handle reused
  * in another context, found through the memo). */
 static inline bool context_mismatch(CUresult r) {
@@ -299,6 +313,8 @@ static DLSYNC__INLINE dlsync_status order_row_inline(dlsync_context *ctx, dlsync
   dlsync__row row = classify_now(step->op, first, then, step->first_pending);
   step->row = row;
   if (dlsync__row_nodes(row) > 0) {
+    /* No event node in a conditional body (include/dlsync/conditional.h). */
+    DLSYNC_TRY(body_guard(ctx, row, first, then));
     /* A built lane that gets a node must have room for its new frontier:
      * checked before anything is given to a graph. */
     if (first->kind == DLSYNC_LANE_BUILT)

@@ -14,5 +14,6 @@
 #include "dlsync/env.h"
 #include "dlsync/fence.h"
 #include "dlsync/release.h"
+#include "dlsync/conditional.h"
 
 #endif

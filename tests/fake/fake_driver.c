@@ -245,6 +245,11 @@ struct fnode {
   fdep *in;
   size_t nin, capin;
   uint64_t mark;
+  /* Conditional nodes: their bodies, owned by the node ([R14 COND-BODY]);
+   * body_handles is the array phGraph_out points to. */
+  fgraph **bodies;
+  CUgraph *body_handles;
+  unsigned nbodies;
 };
 
 struct fgraph {
@@ -254,6 +259,7 @@ struct fgraph {
   furef *urefs;
   size_t nu, capu;
   fcapture *building; /* the active capture that builds this graph */
+  fnode *owner;       /* a conditional node's body: that node ([R14 COND-BODY]) */
 };
 
 typedef struct fexec_item {
@@ -577,7 +583,13 @@ static fgraph *graph_new(void) {
   return g;
 }
 
+static void graph_free(fgraph *g);
+
 static void node_free(fnode *n) {
+  for (unsigned i = 0; i < n->nbodies; i++)
+    graph_free(n->bodies[i]);
+  free(n->bodies);
+  free(n->body_handles);
   slot_free(n->h);
   free(n->in);
   free(n->label);
@@ -1099,6 +1111,8 @@ static void state_free(void) {
     if (S.slots[i].kind == FK_GRAPH) {
       fgraph *g = S.slots[i].obj;
       for (size_t j = 0; j < g->n; j++) {
+        free(g->nodes[j]->bodies); /* the bodies are graphs of their own slots */
+        free(g->nodes[j]->body_handles);
         free(g->nodes[j]->in);
         free(g->nodes[j]->label);
         free(g->nodes[j]);
@@ -2090,6 +2104,8 @@ static CUresult CUDAAPI fk_GraphDestroy(CUgraph h) {
     return leave(CUDA_ERROR_INVALID_VALUE);
   if (g->building)
     return leave(CUDA_ERROR_ILLEGAL_STATE);
+  if (g->owner) /* a body belongs to its node (not observed: the loud answer) */
+    return leave(CUDA_ERROR_INVALID_VALUE);
   graph_free(g);
   return leave(CUDA_SUCCESS);
 }
@@ -2197,6 +2213,35 @@ static bool all_zero(const void *p, size_t n) {
   return true;
 }
 
+/* [R14 COND-BODY] A conditional node (IF: 1 or 2 bodies, WHILE: 1, SWITCH:
+ * any > 0) with a handle made by cuGraphConditionalHandleCreate (any
+ * non-zero value here) in a context: its bodies are new empty graphs that
+ * the node owns (phGraph_out points at the node's array). */
+static CUresult add_conditional_node(CUgraphNode *out, CUgraph hg, const CUgraphNode *deps,
+                                     const CUgraphEdgeData *data, size_t n,
+                                     CUDA_CONDITIONAL_NODE_PARAMS *c) {
+  fnode *node = NULL;
+  CUresult r;
+  bool size_ok = (c->type == CU_GRAPH_COND_TYPE_IF && (c->size == 1 || c->size == 2)) ||
+                 (c->type == CU_GRAPH_COND_TYPE_WHILE && c->size == 1) ||
+                 (c->type == CU_GRAPH_COND_TYPE_SWITCH && c->size > 0 && c->size <= 64);
+  if (!size_ok || c->handle == 0 || !GET_CTX(c->ctx))
+    return CUDA_ERROR_INVALID_VALUE;
+  r = add_plain_node(out, hg, deps, data, n, CU_GRAPH_NODE_TYPE_CONDITIONAL, &node);
+  if (r != CUDA_SUCCESS)
+    return r;
+  node->nbodies = c->size;
+  node->bodies = xcalloc(c->size, sizeof *node->bodies);
+  node->body_handles = xcalloc(c->size, sizeof *node->body_handles);
+  for (unsigned i = 0; i < c->size; i++) {
+    node->bodies[i] = graph_new();
+    node->bodies[i]->owner = node;
+    node->body_handles[i] = node->bodies[i]->h;
+  }
+  c->phGraph_out = node->body_handles;
+  return CUDA_SUCCESS;
+}
+
 static CUresult graph_add_node(CUgraphNode *out, CUgraph hg, const CUgraphNode *deps,
                                const CUgraphEdgeData *data, size_t n, CUgraphNodeParams *p) {
   if (!out || !p || !all_zero(p->reserved0, sizeof p->reserved0) || p->reserved2 != 0)
@@ -2228,6 +2273,8 @@ static CUresult graph_add_node(CUgraphNode *out, CUgraph hg, const CUgraphNode *
     if (p->memcpy.flags != 0 || p->memcpy.reserved != 0 || !GET_CTX(p->memcpy.copyCtx))
       return CUDA_ERROR_INVALID_VALUE;
     return add_plain_node(out, hg, deps, data, n, CU_GRAPH_NODE_TYPE_MEMCPY, NULL);
+  case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+    return add_conditional_node(out, hg, deps, data, n, &p->conditional);
   case CU_GRAPH_NODE_TYPE_HOST:
     if (!p->host.fn)
       return CUDA_ERROR_INVALID_VALUE;
@@ -2411,6 +2458,47 @@ static CUresult CUDAAPI fk_GraphRetainUserObject(CUgraph hg, CUuserObject h, uns
 
 /* ---- executables and launches ---------------------------------------------------------------- */
 
+/* [R14 COND-BODY] Every node of a conditional body (at any depth) is a
+ * kernel, empty, memset, memcpy or conditional node (cuda.h's list also has
+ * child graphs, which the fake does not make); an event-record or
+ * event-wait node there fails the parent's instantiation with
+ * CUDA_ERROR_INVALID_VALUE, though it was accepted when it was added. */
+static bool bodies_admissible(const fgraph *g, bool in_body) {
+  for (size_t i = 0; i < g->n; i++) {
+    const fnode *n = g->nodes[i];
+    switch (n->type) {
+    case CU_GRAPH_NODE_TYPE_KERNEL:
+    case CU_GRAPH_NODE_TYPE_EMPTY:
+    case CU_GRAPH_NODE_TYPE_MEMSET:
+    case CU_GRAPH_NODE_TYPE_MEMCPY:
+    case CU_GRAPH_NODE_TYPE_GRAPH:
+      break;
+    case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+      for (unsigned b = 0; b < n->nbodies; b++)
+        if (!bodies_admissible(n->bodies[b], true))
+          return false;
+      break;
+    default:
+      if (in_body)
+        return false;
+      break;
+    }
+  }
+  return true;
+}
+
+static CUresult CUDAAPI fk_GraphConditionalHandleCreate(CUgraphConditionalHandle *out, CUgraph hg,
+                                                        CUcontext hc, unsigned int value,
+                                                        unsigned int flags) {
+  ENTER(GraphConditionalHandleCreate);
+  static CUgraphConditionalHandle next = 1;
+  (void)value;
+  if (!out || !GET_GRAPH(hg) || !GET_CTX(hc) || (flags & ~CU_GRAPH_COND_ASSIGN_DEFAULT))
+    return leave(CUDA_ERROR_INVALID_VALUE);
+  *out = next++;
+  return leave(CUDA_SUCCESS);
+}
+
 static CUresult CUDAAPI fk_GraphInstantiateWithFlags(CUgraphExec *px, CUgraph hg,
                                                      unsigned long long flags) {
   ENTER(GraphInstantiateWithFlags);
@@ -2422,6 +2510,8 @@ static CUresult CUDAAPI fk_GraphInstantiateWithFlags(CUgraphExec *px, CUgraph hg
     return leave(CUDA_ERROR_NOT_SUPPORTED);
   if (g->building)
     return leave(CUDA_ERROR_ILLEGAL_STATE);
+  if (!bodies_admissible(g, false))
+    return leave(CUDA_ERROR_INVALID_VALUE);
   fexec *x = xcalloc(1, sizeof *x);
   x->items = g->n ? xcalloc(g->n, sizeof *x->items) : NULL;
   x->n = g->n;
@@ -3076,6 +3166,14 @@ const char *fake_node_label(CUgraphNode h) {
   const char *l = n ? (n->label ? n->label : "") : NULL;
   unlock();
   return l;
+}
+
+bool fake_graph_is_body(CUgraph h) {
+  lock();
+  fgraph *g = GET_GRAPH(h);
+  bool body = g && g->owner;
+  unlock();
+  return body;
 }
 
 CUgraph fake_node_graph(CUgraphNode h) {

@@ -96,6 +96,25 @@
  *       does not return; a probe also saw the second graph wait for the
  *       first's node at launch: docs/results/2026-12-02-h200/session9/probes);
  *       TWO_CAPTURES relies on it.
+ *   [R14 COND-BODY] a conditional node (cuGraphAddNode, IF / WHILE / SWITCH,
+ *       a handle from cuGraphConditionalHandleCreate) owns its bodies
+ *       (phGraph_out; cuGraphDestroy of a body: INVALID_VALUE, not
+ *       observed). A capture into a body (cuStreamBeginCaptureToGraph) has
+ *       the body as its graph (cuStreamGetCaptureInfo); an external wait
+ *       there is accepted and the capture ends cleanly, but the parent's
+ *       cuGraphInstantiate fails with INVALID_VALUE while any body, at any
+ *       depth, holds a node other than kernel, empty, memset, memcpy, child
+ *       graph or conditional. Checked (gpu_rules; the issue's H200 run saw
+ *       the same for EAGER_TO_CAPTURE in an IF body). dlsync's refusal of
+ *       the rows that add event nodes to a declared body rests on it.
+ *   [R15 COND-BODY-BY-HAND] an event-wait node added by hand
+ *       (cuGraphAddEventWaitNode) to a body is accepted too, and the
+ *       parent's instantiation fails: the fake's guess from R14, checked by
+ *       gpu_rules; dlsync does not rely on it.
+ *   [R16 COND-BODY-EDGES] in a capture into a body, a join by a plain wait
+ *       and cuStreamUpdateCaptureDependencies ADD work as in any capture;
+ *       the parent instantiates. Checked; JOIN and SAME_CAPTURE rely on it
+ *       inside a body.
  */
 #ifndef DLSYNC_TESTS_FAKE_DRIVER_H
 #define DLSYNC_TESTS_FAKE_DRIVER_H
@@ -329,6 +348,8 @@ int fake_node_type(CUgraphNode n);
 /* The label given to fake_work / fake_graph_add_work ("" when none; NULL for
  * a bad handle). Valid while the graph lives. */
 const char *fake_node_label(CUgraphNode n);
+/* Is g a conditional node's body ([R14 COND-BODY])? */
+bool fake_graph_is_body(CUgraph g);
 /* The graph a node belongs to. */
 CUgraph fake_node_graph(CUgraphNode n);
 
@@ -419,8 +440,9 @@ unsigned fake_user_object_refs(CUuserObject o);
  *
  * Graphs: nodes of other graphs as dependencies, duplicated dependencies, or
  * an existing edge added again: CUDA_ERROR_INVALID_VALUE. cuGraphAddNode
- * supports EMPTY, EVENT_RECORD, WAIT_EVENT, MEMSET, MEMCPY and HOST params
- * (others: CUDA_ERROR_NOT_SUPPORTED). cuGraphGetNodes/GetEdges follow the
+ * supports EMPTY, EVENT_RECORD, WAIT_EVENT, MEMSET, MEMCPY, HOST and
+ * CONDITIONAL params (others: CUDA_ERROR_NOT_SUPPORTED; conditional
+ * bodies: R14). cuGraphGetNodes/GetEdges follow the
  * driver's "NULL array: count only" convention (GetEdges without edge data
  * while an edge has some: CUDA_ERROR_LOSSY_QUERY). Destroying or instantiating
  * a graph that an active capture builds: CUDA_ERROR_ILLEGAL_STATE (not observed).
