@@ -1,5 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The conditional bodies a context was told of (graph/body.h). */
+#include <stdio.h>
+
 #include "graph/body.h"
 
 static void bodies_lock(dlsync__bodies *b) {
@@ -64,16 +66,18 @@ dlsync_status dlsync__body_refuse(const dlsync__bodies *b, const char *what,
   bool capturing = l->kind == DLSYNC_LANE_CAPTURING;
   if (l->kind == DLSYNC_LANE_EAGER || !dlsync__bodies_has(b, l->graph))
     return DLSYNC_SUCCESS;
-  return dlsync__fail(
-      DLSYNC_ERROR_CONDITIONAL_BODY,
-      "%s: the %s lane is %s %p%s, and graph %p is a conditional node's body "
-      "(dlsync_conditional_body_add): this would add an event-%s node there, which CUDA does not "
-      "admit in a body (the parent graph would fail to instantiate). Nothing was queued; %s. "
-      "Order this work before the conditional node (on the parent graph's lane, before the body "
-      "is captured or built), or bring the other stream into the body's capture so that the "
-      "order takes edges only",
-      what, l->role, capturing ? "stream" : "a graph lane on graph",
-      capturing ? (void *)l->stream : (void *)l->graph, capturing ? " capturing into it" : "",
-      (void *)l->graph, record ? "record" : "wait",
-      capturing ? "the capture is still valid" : "the graph is unchanged");
+  char where[64];
+  if (capturing)
+    snprintf(where, sizeof where, "stream %p capturing into graph %p", (void *)l->stream,
+             (void *)l->graph);
+  else
+    snprintf(where, sizeof where, "a graph lane on graph %p", (void *)l->graph);
+  return dlsync__fail(DLSYNC_ERROR_CONDITIONAL_BODY,
+                      "%s: the %s lane is %s, a conditional node's body "
+                      "(dlsync_conditional_body_add), where CUDA admits no event-%s node (the "
+                      "parent graph would fail to instantiate). Nothing was queued; %s. Order this "
+                      "work before the conditional node (on the parent graph's lane), or bring the "
+                      "other stream into the body's capture (edges only)",
+                      what, l->role, where, record ? "record" : "wait",
+                      capturing ? "the capture is still valid" : "the graph is unchanged");
 }
