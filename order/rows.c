@@ -324,3 +324,12 @@ dlsync_status dlsync_conditional_body_remove(dlsync_context *ctx, struct CUgraph
 int dlsync_conditional_body_is_declared(dlsync_context *ctx, struct CUgraph_st *body) {
   return ctx != NULL && dlsync__bodies_has(&ctx->bodies, body);
 }
+
+/* ---- a library's own graph on any lane (include/dlsync/graph.h) ---- */
+
+dlsync_status dlsync_graph_launch(dlsync_context *ctx, struct CUgraph_st *graph,
+                                  struct CUgraphExec_st *exec, dlsync_lane *lane) {
+  if (ctx == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_graph_launch: ctx is NULL");
+  return dlsync__graph_launch_at(ctx->drv, graph, exec, lane);
+}

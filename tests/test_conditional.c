@@ -1,13 +1,19 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* Conditional nodes' bodies (include/dlsync/conditional.h) on the fake
- * driver, which models them as the H200 does (R14..R16 of
+/* Structured graphs on the fake driver: conditional nodes' bodies
+ * (include/dlsync/conditional.h) and a library's own graph run on any lane
+ * (include/dlsync/graph.h).
+ *
+ * Bodies: the fake models them as the H200 does (R14..R16 of
  * tests/fake/fake_driver.h, checked by gpu_rules): an event node in a body
  * is accepted when added and the parent graph then fails to instantiate.
- * These tests check that, for a declared body, the rows that take edges only
- * work and leave a parent that instantiates, and that every row that would
- * add an event node there is refused at once, by name, with nothing queued
- * and the capture still valid; and that an undeclared body shows the
- * failure the declaration prevents. */
+ * For a declared body, the rows that take edges only work and leave a parent
+ * that instantiates; every row that would add an event node there is
+ * refused at once, by name, with nothing queued and the capture still
+ * valid; an undeclared body shows the failure the declaration prevents.
+ *
+ * A library's graph: launched on an eager stream, a child node at a
+ * capture's dependencies or a graph lane's frontier; bad input and every
+ * driver call failing in turn. */
 #include <setjmp.h>
 #include <stdarg.h>
 #include <stddef.h>
@@ -361,6 +367,196 @@ static void bad_arguments(void **state) {
                       "DLSYNC_ERROR_CONDITIONAL_BODY");
 }
 
+/* ---- a library's own graph on any lane (include/dlsync/graph.h) ---- */
+
+/* The library's graph: two kernel nodes, one after the other. */
+static CUgraph library_graph(void) {
+  CUgraph g = NULL;
+  CUgraphNode a;
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  a = fake_graph_add_work(g, NULL, 0, "lib a");
+  assert_non_null(fake_graph_add_work(g, &a, 1, "lib b"));
+  return g;
+}
+
+/* Eager: the executable is launched on the stream, after its earlier work;
+ * no executable: refused before any driver call. */
+static void graph_launch_eager(void **state) {
+  CUgraph g = library_graph();
+  CUgraphExec x = NULL;
+  dlsync_lane lp = dlsync_lane_stream(P);
+  uint64_t before;
+  (void)state;
+  assert_int_equal(D->GraphInstantiateWithFlags(&x, g, 0), CUDA_SUCCESS);
+  before = fake_work(P, "before", NULL);
+  fake_log_reset();
+  assert_int_equal(dlsync_graph_launch(ctx, g, x, &lp), DLSYNC_SUCCESS);
+  assert_int_equal(fake_call_count("cuGraphLaunch"), 1);
+  assert_true(fake_happens_before(before, fake_stream_last_op(P)));
+  fake_log_reset();
+  assert_int_equal(dlsync_graph_launch(ctx, g, NULL, &lp), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_message_has("exec is NULL");
+  assert_int_equal(fake_calls_total(), 1); /* the lane's status query */
+  assert_int_equal(D->GraphExecDestroy(x), CUDA_SUCCESS);
+  destroy_graph(g);
+}
+
+/* Capturing: one child-graph node after the capture's current dependencies
+ * only (not after a joined stream's unrelated work), which become that node;
+ * the caller's graph may go at once; the capture ends cleanly and
+ * instantiates, with the library's two nodes inside. */
+static void graph_launch_in_capture(void **state) {
+  CUgraph g = library_graph(), cap;
+  CUgraphNode w = NULL, side = NULL, deps[2];
+  CUevent fork = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+  CUevent join = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+  dlsync_lane lc = dlsync_lane_stream(C);
+  size_t nodes_before;
+  (void)state;
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  assert_int_equal(D->EventRecord(fork, C), CUDA_SUCCESS);
+  assert_int_equal(D->StreamWaitEvent(P, fork, 0), CUDA_SUCCESS); /* P joins */
+  assert_int_equal(fake_work_ex(P, "unrelated", NULL, &side), CUDA_SUCCESS);
+  assert_int_equal(fake_work_ex(C, "caller's work", NULL, &w), CUDA_SUCCESS);
+  nodes_before = fake_graph_count_nodes(fake_capture_graph(C), -1);
+  fake_log_reset();
+  assert_int_equal(dlsync_graph_launch(ctx, g, NULL, &lc), DLSYNC_SUCCESS);
+  destroy_graph(g); /* the caller's copy: the child node has its own */
+  assert_int_equal(fake_capture_deps(C, deps, 2), 1);
+  assert_int_equal(fake_node_type(deps[0]), CU_GRAPH_NODE_TYPE_GRAPH);
+  assert_int_equal(fake_graph_count_nodes(fake_capture_graph(C), -1), nodes_before + 1);
+  assert_true(fake_graph_has_edge(fake_capture_graph(C), w, deps[0]));
+  assert_false(fake_graph_has_path(fake_capture_graph(C), side, deps[0]));
+  assert_int_equal(
+      fake_graph_count_nodes(fake_node_child_graph(deps[0]), CU_GRAPH_NODE_TYPE_KERNEL), 2);
+  assert_null(strstr(fake_call_log(), "cuGraphLaunch"));
+  assert_int_equal(D->EventRecord(join, P), CUDA_SUCCESS);
+  assert_int_equal(D->StreamWaitEvent(C, join, 0), CUDA_SUCCESS);
+  cap = end_capture_ok(C);
+  assert_int_equal(instantiate(cap), CUDA_SUCCESS);
+  destroy_graph(cap);
+  fake_event_destroy(fork);
+  fake_event_destroy(join);
+}
+
+/* A graph lane: a child node after the frontier, which becomes it; a lane
+ * without room for one node is refused, nothing added. */
+static void graph_launch_on_graph_lane(void **state) {
+  CUgraph g = library_graph(), host;
+  CUgraphNode a[2], b[2];
+  dlsync_lane la, full;
+  (void)state;
+  assert_int_equal(D->GraphCreate(&host, 0), CUDA_SUCCESS);
+  a[0] = fake_graph_add_work(host, NULL, 0, "a");
+  a[1] = fake_graph_add_work(host, NULL, 0, "a'");
+  la = dlsync_lane_graph(host, a, 2, 2);
+  assert_int_equal(dlsync_graph_launch(ctx, g, NULL, &la), DLSYNC_SUCCESS);
+  assert_int_equal(la.ndeps, 1);
+  assert_int_equal(fake_node_type(a[0]), CU_GRAPH_NODE_TYPE_GRAPH);
+  assert_int_equal(fake_graph_count_nodes(host, -1), 3);
+  b[0] = a[0];
+  full = dlsync_lane_graph(host, b, 1, 0);
+  assert_int_equal(dlsync_graph_launch(ctx, g, NULL, &full), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(fake_graph_count_nodes(host, -1), 3);
+  assert_int_equal(instantiate(host), CUDA_SUCCESS);
+  destroy_graph(g);
+  destroy_graph(host);
+}
+
+/* Inside a declared body's capture a child graph of kernels is admitted:
+ * the parent instantiates. */
+static void graph_launch_in_body(void **state) {
+  CUgraph parent, body, g = library_graph();
+  dlsync_lane lc = dlsync_lane_stream(C);
+  (void)state;
+  if_node_make(&parent, &body);
+  assert_int_equal(dlsync_conditional_body_add(ctx, body), DLSYNC_SUCCESS);
+  body_capture_begin(C, body);
+  assert_int_equal(dlsync_graph_launch(ctx, g, NULL, &lc), DLSYNC_SUCCESS);
+  body_capture_end(C, body);
+  assert_int_equal(fake_graph_count_nodes(body, CU_GRAPH_NODE_TYPE_GRAPH), 1);
+  assert_int_equal(instantiate(parent), CUDA_SUCCESS);
+  assert_int_equal(dlsync_conditional_body_remove(ctx, body), DLSYNC_SUCCESS);
+  destroy_graph(g);
+  destroy_graph(parent);
+}
+
+/* Bad input: a graph that cannot be a child (it holds a conditional node),
+ * no graph, a destroyed graph, no context, no lane: each a status and a
+ * message, nothing added, the capture still valid. */
+static void graph_launch_bad_input(void **state) {
+  CUgraph parent, body, gone = library_graph(), cap;
+  dlsync_lane lc = dlsync_lane_stream(C);
+  (void)state;
+  if_node_make(&parent, &body);
+  destroy_graph(gone);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  assert_int_equal(fake_work_ex(C, "w", NULL, NULL), CUDA_SUCCESS);
+  assert_int_equal(dlsync_graph_launch(ctx, parent, NULL, &lc), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_message_has("1 conditional");
+  assert_message_has("cannot run as a child graph");
+  assert_int_equal(dlsync_graph_launch(ctx, NULL, NULL, &lc), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_message_has("graph is NULL");
+  assert_int_equal(dlsync_graph_launch(ctx, gone, NULL, &lc), DLSYNC_ERROR_DRIVER);
+  assert_message_has("cuGraphAddChildGraphNode");
+  assert_int_equal(dlsync_graph_launch(NULL, parent, NULL, &lc), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(dlsync_graph_launch(ctx, parent, NULL, NULL), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  cap = end_capture_ok(C);
+  assert_int_equal(fake_graph_count_nodes(cap, -1), 1);
+  destroy_graph(cap);
+  destroy_graph(parent);
+}
+
+/* Every driver call of a launch into a capture and onto a graph lane
+ * failing in turn: the driver's error reported, and no child node left in
+ * a graph lane's frontier. */
+static void graph_launch_faults(void **state) {
+  CUgraph g = library_graph(), host, cap;
+  CUgraphNode a[1];
+  dlsync_lane lc = dlsync_lane_stream(C), la;
+  unsigned n;
+  (void)state;
+  assert_int_equal(D->GraphCreate(&host, 0), CUDA_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  for (n = 1;; n++) {
+    dlsync_status st;
+    fake_fail_fault(FAKE_FAULT_CALL, n);
+    st = dlsync_graph_launch(ctx, g, NULL, &lc);
+    if (fake_fail_pending()) { /* it made fewer calls than n: done */
+      fake_fail_clear();
+      assert_int_equal(st, DLSYNC_SUCCESS);
+      break;
+    }
+    fake_fail_clear();
+    assert_int_not_equal(st, DLSYNC_SUCCESS);
+    if (!fake_fault_reported(FAKE_FAULT_CALL))
+      fail_msg("call %u failing: %s", n, dlsync_last_error());
+  }
+  assert_int_equal(n, 5); /* the two queries, the add, the dependency update */
+  for (n = 1;; n++) {
+    dlsync_status st;
+    a[0] = fake_graph_add_work(host, NULL, 0, "a");
+    la = dlsync_lane_graph(host, a, 1, 1);
+    fake_fail_fault(FAKE_FAULT_CALL, n);
+    st = dlsync_graph_launch(ctx, g, NULL, &la);
+    if (fake_fail_pending()) {
+      fake_fail_clear();
+      assert_int_equal(st, DLSYNC_SUCCESS);
+      break;
+    }
+    fake_fail_clear();
+    assert_int_not_equal(st, DLSYNC_SUCCESS);
+    assert_true(fake_fault_reported(FAKE_FAULT_CALL));
+    assert_int_equal(fake_node_type(la.deps[0]), CU_GRAPH_NODE_TYPE_KERNEL);
+  }
+  assert_int_equal(n, 2); /* the add */
+  cap = end_capture_ok(C);
+  destroy_graph(cap);
+  destroy_graph(host);
+  destroy_graph(g);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(undeclared_body_parent_fails_to_instantiate, fixture_setup,
@@ -375,6 +571,12 @@ int main(void) {
       cmocka_unit_test_setup_teardown(other_captures_unaffected, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(declarations, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(bad_arguments, fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(graph_launch_eager, fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(graph_launch_in_capture, fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(graph_launch_on_graph_lane, fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(graph_launch_in_body, fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(graph_launch_bad_input, fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(graph_launch_faults, fixture_setup, fixture_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -15,5 +15,6 @@
 #include "dlsync/fence.h"
 #include "dlsync/release.h"
 #include "dlsync/conditional.h"
+#include "dlsync/graph.h"
 
 #endif

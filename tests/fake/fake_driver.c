@@ -250,6 +250,7 @@ struct fnode {
   fgraph **bodies;
   CUgraph *body_handles;
   unsigned nbodies;
+  fgraph *child; /* child-graph nodes: the node's own copy of the graph */
 };
 
 struct fgraph {
@@ -588,6 +589,8 @@ static void graph_free(fgraph *g);
 static void node_free(fnode *n) {
   for (unsigned i = 0; i < n->nbodies; i++)
     graph_free(n->bodies[i]);
+  if (n->child)
+    graph_free(n->child);
   free(n->bodies);
   free(n->body_handles);
   slot_free(n->h);
@@ -2471,7 +2474,10 @@ static bool bodies_admissible(const fgraph *g, bool in_body) {
     case CU_GRAPH_NODE_TYPE_EMPTY:
     case CU_GRAPH_NODE_TYPE_MEMSET:
     case CU_GRAPH_NODE_TYPE_MEMCPY:
+      break;
     case CU_GRAPH_NODE_TYPE_GRAPH:
+      if (in_body && n->child && !bodies_admissible(n->child, true))
+        return false;
       break;
     case CU_GRAPH_NODE_TYPE_CONDITIONAL:
       for (unsigned b = 0; b < n->nbodies; b++)
@@ -2485,6 +2491,79 @@ static bool bodies_admissible(const fgraph *g, bool in_body) {
     }
   }
   return true;
+}
+
+/* An executable's items: g's nodes, a child graph's nodes in its node's
+ * place (its event and host nodes act at launch like the parent's own). */
+static void exec_collect(fexec *x, size_t *cap, const fgraph *g) {
+  for (size_t i = 0; i < g->n; i++) {
+    const fnode *n = g->nodes[i];
+    fexec_item it;
+    memset(&it, 0, sizeof it);
+    it.type = n->type;
+    it.node = n->h;
+    it.ev = n->ev;
+    it.ev_serial = n->ev_serial;
+    it.fn = n->fn;
+    it.ud = n->ud;
+    if ((n->type == CU_GRAPH_NODE_TYPE_EVENT_RECORD || n->type == CU_GRAPH_NODE_TYPE_WAIT_EVENT) &&
+        !node_event_alive(n->ev, n->ev_serial))
+      S.dangling++;
+    VEC_PUSH(x->items, x->n, *cap, it);
+    if (n->child)
+      exec_collect(x, cap, n->child);
+  }
+}
+
+/* Does g hold, at any depth of child graphs, a conditional node? */
+static bool holds_conditional(const fgraph *g) {
+  for (size_t i = 0; i < g->n; i++)
+    if (g->nodes[i]->type == CU_GRAPH_NODE_TYPE_CONDITIONAL ||
+        (g->nodes[i]->child && holds_conditional(g->nodes[i]->child)))
+      return true;
+  return false;
+}
+
+/* A copy of g's nodes and edges (labels, events, host functions), as a
+ * child-graph node keeps (cuGraphAddChildGraphNode clones the graph). */
+static fgraph *graph_clone(const fgraph *g) {
+  fgraph *c = graph_new();
+  for (size_t i = 0; i < g->n; i++) {
+    const fnode *n = g->nodes[i];
+    fnode *m = node_new(c, n->type);
+    m->ev = n->ev;
+    m->ev_serial = n->ev_serial;
+    m->fn = n->fn;
+    m->ud = n->ud;
+    node_set_label(m, n->label);
+    if (n->child)
+      m->child = graph_clone(n->child);
+    for (size_t k = 0; k < n->nin; k++)
+      for (size_t j = 0; j < g->n; j++)
+        if (g->nodes[j] == n->in[k].node)
+          node_add_in(m, c->nodes[j], n->in[k].data);
+  }
+  return c;
+}
+
+/* A child-graph node: a copy of `child` (the caller may destroy it after);
+ * a child holding conditional nodes: INVALID_VALUE (cuda.h: "If childGraph
+ * contains allocation nodes, free nodes, or conditional nodes, this call
+ * will return an error"; the fake has no memory nodes), as is a graph an
+ * active capture builds (not observed). */
+static CUresult CUDAAPI fk_GraphAddChildGraphNode(CUgraphNode *out, CUgraph hg,
+                                                  const CUgraphNode *deps, size_t n,
+                                                  CUgraph hchild) {
+  ENTER(GraphAddChildGraphNode);
+  fgraph *child = GET_GRAPH(hchild);
+  fnode *node = NULL;
+  CUresult r;
+  if (!out || !child || child->building || hchild == hg || holds_conditional(child))
+    return leave(CUDA_ERROR_INVALID_VALUE);
+  r = add_plain_node(out, hg, deps, NULL, n, CU_GRAPH_NODE_TYPE_GRAPH, &node);
+  if (r == CUDA_SUCCESS)
+    node->child = graph_clone(child);
+  return leave(r);
 }
 
 static CUresult CUDAAPI fk_GraphConditionalHandleCreate(CUgraphConditionalHandle *out, CUgraph hg,
@@ -2513,21 +2592,8 @@ static CUresult CUDAAPI fk_GraphInstantiateWithFlags(CUgraphExec *px, CUgraph hg
   if (!bodies_admissible(g, false))
     return leave(CUDA_ERROR_INVALID_VALUE);
   fexec *x = xcalloc(1, sizeof *x);
-  x->items = g->n ? xcalloc(g->n, sizeof *x->items) : NULL;
-  x->n = g->n;
-  for (size_t i = 0; i < g->n; i++) {
-    const fnode *n = g->nodes[i];
-    fexec_item *it = &x->items[i];
-    it->type = n->type;
-    it->node = n->h;
-    it->ev = n->ev;
-    it->ev_serial = n->ev_serial;
-    it->fn = n->fn;
-    it->ud = n->ud;
-    if ((n->type == CU_GRAPH_NODE_TYPE_EVENT_RECORD || n->type == CU_GRAPH_NODE_TYPE_WAIT_EVENT) &&
-        !node_event_alive(n->ev, n->ev_serial))
-      S.dangling++;
-  }
+  size_t capi = 0;
+  exec_collect(x, &capi, g);
   size_t capu = 0;
   for (size_t i = 0; i < g->nu; i++) {
     g->urefs[i].obj->refs += g->urefs[i].count;
@@ -3166,6 +3232,14 @@ const char *fake_node_label(CUgraphNode h) {
   const char *l = n ? (n->label ? n->label : "") : NULL;
   unlock();
   return l;
+}
+
+CUgraph fake_node_child_graph(CUgraphNode h) {
+  lock();
+  fnode *n = GET_NODE(h);
+  CUgraph g = n && n->child ? n->child->h : NULL;
+  unlock();
+  return g;
 }
 
 bool fake_graph_is_body(CUgraph h) {

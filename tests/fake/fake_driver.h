@@ -348,6 +348,8 @@ int fake_node_type(CUgraphNode n);
 /* The label given to fake_work / fake_graph_add_work ("" when none; NULL for
  * a bad handle). Valid while the graph lives. */
 const char *fake_node_label(CUgraphNode n);
+/* A child-graph node's own copy of its graph (NULL for other nodes). */
+CUgraph fake_node_child_graph(CUgraphNode n);
 /* Is g a conditional node's body ([R14 COND-BODY])? */
 bool fake_graph_is_body(CUgraph g);
 /* The graph a node belongs to. */
@@ -442,7 +444,9 @@ unsigned fake_user_object_refs(CUuserObject o);
  * an existing edge added again: CUDA_ERROR_INVALID_VALUE. cuGraphAddNode
  * supports EMPTY, EVENT_RECORD, WAIT_EVENT, MEMSET, MEMCPY, HOST and
  * CONDITIONAL params (others: CUDA_ERROR_NOT_SUPPORTED; conditional
- * bodies: R14). cuGraphGetNodes/GetEdges follow the
+ * bodies: R14). cuGraphAddChildGraphNode copies the child (nodes, edges,
+ * events); a child holding conditional nodes: INVALID_VALUE (cuda.h); an
+ * executable runs a child's event and host nodes as its own. cuGraphGetNodes/GetEdges follow the
  * driver's "NULL array: count only" convention (GetEdges without edge data
  * while an edge has some: CUDA_ERROR_LOSSY_QUERY). Destroying or instantiating
  * a graph that an active capture builds: CUDA_ERROR_ILLEGAL_STATE (not observed).
