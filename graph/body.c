@@ -4,6 +4,8 @@
 
 #include "graph/body.h"
 
+atomic_uint dlsync__bodies_total;
+
 static void bodies_lock(dlsync__bodies *b) {
   bool expected = false;
   while (!atomic_compare_exchange_weak_explicit(&b->lock, &expected, true, memory_order_acquire,
@@ -42,6 +44,7 @@ bool dlsync__bodies_add(dlsync__bodies *b, CUgraph g) {
   }
   atomic_store_explicit(&b->graph[free_slot], (uintptr_t)g, memory_order_release);
   atomic_fetch_add_explicit(&b->n, 1, memory_order_release);
+  atomic_fetch_add_explicit(&dlsync__bodies_total, 1, memory_order_release);
 done:
   bodies_unlock(b);
   return ok;
@@ -54,6 +57,7 @@ bool dlsync__bodies_remove(dlsync__bodies *b, CUgraph g) {
     if (atomic_load_explicit(&b->graph[i], memory_order_relaxed) == (uintptr_t)g) {
       atomic_store_explicit(&b->graph[i], 0, memory_order_release);
       atomic_fetch_sub_explicit(&b->n, 1, memory_order_release);
+      atomic_fetch_sub_explicit(&dlsync__bodies_total, 1, memory_order_release);
       found = true;
     }
   }

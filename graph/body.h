@@ -23,9 +23,15 @@ typedef struct dlsync__bodies {
   _Atomic(uintptr_t) graph[DLSYNC_CONDITIONAL_BODIES];
 } dlsync__bodies;
 
-/* Whether any body is declared: the one load on the rows that add nodes. */
+/* Bodies declared now in all contexts: the rows that add nodes load this
+ * one word (no pointer to follow) and look at their context's table only
+ * when it is not 0. */
+extern atomic_uint dlsync__bodies_total;
+
+/* Whether any body is declared in b's context. */
 static inline bool dlsync__bodies_any(const dlsync__bodies *b) {
-  return atomic_load_explicit(&b->n, memory_order_acquire) != 0;
+  return atomic_load_explicit(&dlsync__bodies_total, memory_order_acquire) != 0 &&
+         atomic_load_explicit(&b->n, memory_order_acquire) != 0;
 }
 /* Whether g is declared (a scan; NULL: false). */
 bool dlsync__bodies_has(const dlsync__bodies *b, CUgraph g);

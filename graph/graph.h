@@ -233,10 +233,11 @@ dlsync_status dlsync__graph_capture_event_slow(CUevent *out, dlsync__thread *t,
  * (another capture): it returns to the pool once their graphs are gone. t:
  * the calling thread's block. For one capture, from the thread's reserve
  * when it has one (dlsync__graph_capture_event_reserved). */
-static inline dlsync_status dlsync__graph_capture_event(CUevent *out, dlsync__thread *t,
-                                                        const dlsync__pools *ps, dlsync__pool *pool,
-                                                        const dlsync__lane_now *a,
-                                                        const dlsync__lane_now *b) {
+static DLSYNC__INLINE dlsync_status dlsync__graph_capture_event(CUevent *out, dlsync__thread *t,
+                                                                const dlsync__pools *ps,
+                                                                dlsync__pool *pool,
+                                                                const dlsync__lane_now *a,
+                                                                const dlsync__lane_now *b) {
   dlsync__graph_thread *gt = dlsync__graph_thread_of(t);
   const dlsync__hold_memo *ma, *mb;
   dlsync_status st;

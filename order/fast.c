@@ -53,9 +53,6 @@ static DLSYNC__INLINE bool fast_graph_rows(dlsync_context *ctx, dlsync__thread *
   row = classify_now(DLSYNC__OP_ORDER, f, t, false);
   if (row != DLSYNC__ROW_EAGER_TO_CAPTURE && row != DLSYNC__ROW_TWO_CAPTURES)
     return false;
-  *st = body_guard(ctx, row, f, t);
-  if (DLSYNC__UNLIKELY(*st != DLSYNC_SUCCESS))
-    return true;
   pk.pool = pre->opened.pool;
   pk.from_memo = true;
   pk.stream = pre->first->stream;
@@ -82,10 +79,11 @@ static DLSYNC__INLINE bool fast_eager_to_capture(dlsync_context *ctx, dlsync__th
   dlsync__pair p = pre_pair(pre);
   CUevent ev;
   CUresult r;
-  /* A declared conditional body anywhere: the lanes are written and the
-   * row's function checks them (body_guard). */
-  if (DLSYNC__UNLIKELY(pre->opened.pool == NULL) ||
-      DLSYNC__UNLIKELY(dlsync__bodies_any(&ctx->bodies)))
+  /* No conditional-body check here (body_guard): an event is reserved for a
+   * capture only by an order into it that passed the check (the first
+   * takes the reserve), and a graph declared a body after such an order
+   * holds its wait node already. */
+  if (DLSYNC__UNLIKELY(pre->opened.pool == NULL))
     return false;
   ev = dlsync__graph_capture_event_reserved(th, &ctx->pools, pre->opened.pool, ct->id);
   if (DLSYNC__UNLIKELY(ev == NULL))

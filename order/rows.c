@@ -296,6 +296,19 @@ void dlsync__trace_row(dlsync__op op, dlsync__row row, const dlsync__lane_now *f
 
 /* ---- conditional bodies (include/dlsync/conditional.h) ---- */
 
+dlsync_status dlsync__body_guard_slow(const dlsync__bodies *b, const dlsync__lane_now *first,
+                                      const dlsync__lane_now *then) {
+  /* The row that adds nodes for these two kinds (rows.h's functions). */
+  dlsync__row row = first->kind != DLSYNC_LANE_EAGER
+                        ? dlsync__table_two_graphs(first->kind, then->kind)
+                    : then->kind == DLSYNC_LANE_CAPTURING ? DLSYNC__ROW_EAGER_TO_CAPTURE
+                                                          : DLSYNC__ROW_EAGER_TO_BUILT;
+  dlsync_status st = dlsync__body_refuse(b, dlsync__row_name(row), then, false);
+  if (st == DLSYNC_SUCCESS)
+    st = dlsync__body_refuse(b, dlsync__row_name(row), first, true);
+  return st;
+}
+
 dlsync_status dlsync_conditional_body_add(dlsync_context *ctx, struct CUgraph_st *body) {
   if (ctx == NULL || body == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_conditional_body_add: %s is NULL",

@@ -66,18 +66,18 @@ DLSYNC__NOINLINE void dlsync__trace_row(dlsync__op op, dlsync__row row,
                                         const dlsync__lane_now *first, const dlsync__lane_now *then,
                                         dlsync_status st);
 
-/* The rows that add nodes, before anything is queued: neither lane may be a
- * declared body. One load while the context has none. */
-static DLSYNC__INLINE dlsync_status body_guard(dlsync_context *ctx, dlsync__row row,
-                                               const dlsync__lane_now *first,
+/* The rows that add nodes (their functions below), before anything is
+ * queued: neither lane may be a declared body (graph/body.h). One load while
+ * no context has one; the rest out of line (rows.c), which names the row by
+ * the lanes' kinds. */
+DLSYNC__COLD dlsync_status dlsync__body_guard_slow(const dlsync__bodies *b,
+                                                   const dlsync__lane_now *first,
+                                                   const dlsync__lane_now *then);
+static DLSYNC__INLINE dlsync_status body_guard(dlsync_context *ctx, const dlsync__lane_now *first,
                                                const dlsync__lane_now *then) {
-  dlsync_status st;
   if (DLSYNC__LIKELY(!dlsync__bodies_any(&ctx->bodies)))
     return DLSYNC_SUCCESS;
-  st = dlsync__body_refuse(&ctx->bodies, dlsync__row_name(row), then, false);
-  if (st == DLSYNC_SUCCESS)
-    st = dlsync__body_refuse(&ctx->bodies, dlsync__row_name(row), first, true);
-  return st;
+  return dlsync__body_guard_slow(&ctx->bodies, first, then);
 }
 
 /* The driver refused an event of another context (a stream handle reused
@@ -160,6 +160,7 @@ static DLSYNC__INLINE dlsync_status row_eager_to_capture(dlsync_context *ctx, po
   dlsync__pair p = dlsync__pair_of(first, then);
   CUevent ev = NULL;
   CUresult r;
+  DLSYNC_TRY(body_guard(ctx, first, then));
   DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, then, NULL));
   r = row_eager_to_capture_calls(d, ev, p, then->capture_id, &st);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
@@ -189,6 +190,7 @@ static DLSYNC__INLINE dlsync_status row_eager_to_built(dlsync_context *ctx, pool
   const dlsync__driver *d = ctx->drv;
   CUevent ev = NULL;
   CUresult r;
+  DLSYNC_TRY(body_guard(ctx, first, then));
   DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, &then, 1));
   r = d->EventRecord(ev, first->stream);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
@@ -220,6 +222,7 @@ static DLSYNC__INLINE dlsync_status row_two_captures(dlsync_context *ctx, pool_p
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ctx->drv;
   CUevent ev = NULL;
+  DLSYNC_TRY(body_guard(ctx, first, then));
   DLSYNC_TRY(dlsync__check_memo_pool(ctx, pk)); /* no dependencies handed over: none read again */
   DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, first, then));
   DLSYNC_CU(d, EventRecordWithFlags, (ev, first->stream, CU_EVENT_RECORD_EXTERNAL),
@@ -249,6 +252,7 @@ static DLSYNC__INLINE dlsync_status row_two_graphs(dlsync_context *ctx, pool_pic
   dlsync_status st = DLSYNC_SUCCESS;
   CUevent ev = NULL;
   dlsync__lane_now *lanes[2];
+  DLSYNC_TRY(body_guard(ctx, first, then));
   DLSYNC_TRY(dlsync__verify_pool(ctx, pk, first, then));
   lanes[0] = first;
   lanes[1] = then;
@@ -271,6 +275,7 @@ static DLSYNC__INLINE dlsync_status row_capture_to_built(dlsync_context *ctx, po
   CUevent ev = NULL;
   dlsync__lane_now *lanes[2];
   CUresult r;
+  DLSYNC_TRY(body_guard(ctx, first, then));
   DLSYNC_TRY(dlsync__check_memo_pool(ctx, pk)); /* then is built: no dependencies read again */
   lanes[0] = first;
   lanes[1] = then;
@@ -313,8 +318,6 @@ static DLSYNC__INLINE dlsync_status order_row_inline(dlsync_context *ctx, dlsync
   dlsync__row row = classify_now(step->op, first, then, step->first_pending);
   step->row = row;
   if (dlsync__row_nodes(row) > 0) {
-    /* No event node in a conditional body (include/dlsync/conditional.h). */
-    DLSYNC_TRY(body_guard(ctx, row, first, then));
     /* A built lane that gets a node must have room for its new frontier:
      * checked before anything is given to a graph. */
     if (first->kind == DLSYNC_LANE_BUILT)
