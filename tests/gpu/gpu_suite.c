@@ -1947,6 +1947,118 @@ out:
   return 0;
 }
 
+/* ---- G: a library's own graph on any lane (include/dlsync/graph.h) ---- */
+
+/* The library's graph: the consumer's copy of the buffer's last word into
+ * `slot`, built by hand, and its executable. */
+static CUresult library_graph(CUgraph *g, CUgraphExec *x, int slot) {
+  CUgraphNode n = NULL;
+  CUresult r = D->GraphCreate(g, 0);
+  if (r == CUDA_SUCCESS)
+    r = add_copy_node(&n, *g, NULL, 0, slot);
+  if (r == CUDA_SUCCESS && x != NULL)
+    r = D->GraphInstantiateWithFlags(x, *g, 0);
+  return r;
+}
+
+/* dlsync_graph_launch of the library's graph after a slow producer, on the
+ * lane kind s->flags names: 0 an eager stream (ordered after the producer's
+ * stream by dlsync_order, then the executable launched), 1 a capturing
+ * stream (a child node after the captured producer; the library's graph
+ * destroyed at once; the capture replayed with fresh values), 2 a graph
+ * lane built by hand (a child node after the producer's memset node;
+ * replayed). Control: what a library without dlsync does: cuGraphLaunch of
+ * its executable on the stream whatever it is (eager: unordered after the
+ * producer's stream; capturing: refused, the capture broken), or, on a built
+ * graph, its graph as a child with no dependency. */
+static int sc_graph_launch(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL, launch = NULL;
+  CUgraph lg = NULL, g = NULL;
+  CUgraphExec lx = NULL, x = NULL;
+  CUgraphNode m = NULL, deps[2];
+  dlsync_lane lp, lc, lb;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(new_stream(&launch));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_stream(c);
+  if (s->flags == 0) {
+    CU(library_graph(&lg, &lx, 0));
+    for (int t = 0; t < TRIALS; t++) {
+      unsigned v = ++value_base, got = 0;
+      CU(produce(p, big_buf, BIG_WORDS, v));
+      if (use) {
+        DS(dlsync_order(E.ctx, &lp, &lc));
+        DS(dlsync_graph_launch(E.ctx, lg, lx, &lc));
+      } else {
+        CU(D->GraphLaunch(lx, c));
+      }
+      CU(D->StreamSynchronize(c));
+      CU(D->StreamSynchronize(p));
+      CU(read_slot(&got, 0));
+      o->runs++;
+      o->wrong += got != v;
+    }
+    goto out;
+  }
+  if (s->flags == 1) {
+    CUresult r;
+    CU(library_graph(&lg, &lx, 0));
+    CU(D->StreamBeginCapture(c, mode));
+    CU(produce(c, big_buf, BIG_WORDS, 7));
+    if (use) {
+      DS(dlsync_graph_launch(E.ctx, lg, lx, &lc));
+      drop_graph(lg, NULL); /* the caller may let its graph go at once */
+      lg = NULL;
+      r = CUDA_SUCCESS;
+    } else {
+      r = D->GraphLaunch(lx, c);
+    }
+    if (r != CUDA_SUCCESS) {
+      note(o, "cuGraphLaunch in the capture: %s", gpu_err(D, r));
+      o->broken++;
+    }
+    r = D->StreamEndCapture(c, &g);
+    if (r != CUDA_SUCCESS) {
+      note(o, "cuStreamEndCapture: %s", gpu_err(D, r));
+      o->broken++;
+      goto out;
+    }
+    if (use && (count_nodes(g, CU_GRAPH_NODE_TYPE_GRAPH) != 1 ||
+                count_nodes(g, CU_GRAPH_NODE_TYPE_MEMSET) != 1)) {
+      note(o, "expected the producer's memset and one child node, found %zu and %zu",
+           count_nodes(g, CU_GRAPH_NODE_TYPE_MEMSET), count_nodes(g, CU_GRAPH_NODE_TYPE_GRAPH));
+      o->broken++;
+    }
+  } else {
+    CU(library_graph(&lg, NULL, 0));
+    CU(D->GraphCreate(&g, 0));
+    CU(add_memset_node(&m, g, NULL, 0));
+    deps[0] = m;
+    lb = dlsync_lane_graph(g, deps, 1, 2);
+    if (use) {
+      DS(dlsync_graph_launch(E.ctx, lg, NULL, &lb));
+    } else {
+      CUgraphNode child = NULL;
+      CU(D->GraphAddChildGraphNode(&child, g, NULL, 0, lg));
+    }
+    drop_graph(lg, NULL);
+    lg = NULL;
+  }
+  CU(D->GraphInstantiateWithFlags(&x, g, 0));
+  replay(o, g, x, launch, NULL, launch, 0);
+out:
+  end_leftover_capture(c);
+  D->CtxSynchronize();
+  drop_graph(g, x);
+  drop_graph(lg, lx);
+  drop_stream(p);
+  drop_stream(c);
+  drop_stream(launch);
+  return 0;
+}
+
 static const scenario scenarios[] = {
     {"A same stream", "stream S / S", sc_same_stream, false, false, 0, false,
      DLSYNC__ROW_SAME_STREAM},
@@ -1995,6 +2107,12 @@ static const scenario scenarios[] = {
      DLSYNC__ROW_JOIN},
     {"K body order first", "eager / IF body, parent", sc_body_order_first, true, true, 0, false,
      DLSYNC__ROW_EAGER_TO_CAPTURE},
+    {"G launch eager", "eager p / library graph", sc_graph_launch, false, true, 0, false,
+     DLSYNC__ROW_EAGER_EAGER},
+    {"G launch capture", "capturing / library graph", sc_graph_launch, true, true, 1, false,
+     DLSYNC__ROW_COUNT},
+    {"G launch built", "built / library graph", sc_graph_launch, false, true, 2, false,
+     DLSYNC__ROW_COUNT},
     {"K body refusals", "IF, WHILE bodies: 7 rows", sc_body_refusals, true, true, 0, false,
      DLSYNC__ROW_COUNT},
 };
