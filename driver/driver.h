@@ -119,7 +119,8 @@ enum {
     DLSYNC__NEED_SUPPORT)                                                                       \
   X(GraphConditionalHandleCreate, PFN_cuGraphConditionalHandleCreate_v12030, 12030,             \
     DLSYNC__NEED_SUPPORT)                                                                       \
-  X(GraphAddChildGraphNode, PFN_cuGraphAddChildGraphNode_v10000, 10000, DLSYNC__NEED_OPTIONAL)
+  X(GraphAddChildGraphNode, PFN_cuGraphAddChildGraphNode_v10000, 10000, DLSYNC__NEED_OPTIONAL)  \
+  X(GraphExecUpdate, PFN_cuGraphExecUpdate_v12000, 12000, DLSYNC__NEED_SUPPORT)
 
 typedef struct dlsync__driver {
 #define DLSYNC__DRIVER_FIELD(name, pfn, ver, need) pfn name;

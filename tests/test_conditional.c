@@ -557,6 +557,60 @@ static void graph_launch_faults(void **state) {
   destroy_graph(g);
 }
 
+/* ---- recapture applied with cuGraphExecUpdate ---- */
+
+/* A step recaptured with the same lane states takes the same nodes whatever
+ * the pool holds (one wait node for EAGER_TO_CAPTURE, a record and a wait
+ * node for TWO_CAPTURES), so cuGraphExecUpdate accepts each recapture; the
+ * pool is churned between steps (orders into other captures). */
+static void recapture_same_topology(void **state) {
+  CUstream q = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C), lq = dlsync_lane_stream(q);
+  CUgraphExec x = NULL, x2 = NULL;
+  size_t nodes0 = 0, nodes2 = 0;
+  (void)state;
+  for (int k = 0; k < 4; k++) {
+    CUgraph g, g2, churn;
+    CUgraphExecUpdateResultInfo info;
+    /* The step: EAGER_TO_CAPTURE (P -> C), TWO_CAPTURES (C -> q's capture). */
+    assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    assert_int_equal(D->StreamBeginCapture(q, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+    assert_int_equal(fake_work_ex(C, "step", NULL, NULL), CUDA_SUCCESS);
+    assert_int_equal(dlsync_order(ctx, &lc, &lq), DLSYNC_SUCCESS);
+    assert_int_equal(fake_work_ex(q, "next", NULL, NULL), CUDA_SUCCESS);
+    g = end_capture_ok(C);
+    g2 = end_capture_ok(q);
+    if (k == 0) {
+      nodes0 = fake_graph_count_nodes(g, -1);
+      nodes2 = fake_graph_count_nodes(g2, -1);
+      assert_int_equal(D->GraphInstantiateWithFlags(&x, g, 0), CUDA_SUCCESS);
+      assert_int_equal(D->GraphInstantiateWithFlags(&x2, g2, 0), CUDA_SUCCESS);
+    } else {
+      assert_int_equal(fake_graph_count_nodes(g, -1), nodes0);
+      assert_int_equal(fake_graph_count_nodes(g2, -1), nodes2);
+      assert_int_equal(D->GraphExecUpdate(x, g, &info), CUDA_SUCCESS);
+      assert_int_equal(info.result, CU_GRAPH_EXEC_UPDATE_SUCCESS);
+      assert_int_equal(D->GraphExecUpdate(x2, g2, &info), CUDA_SUCCESS);
+    }
+    destroy_graph(g);
+    destroy_graph(g2);
+    /* Churn: k + 1 orders into a capture thrown away. */
+    assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+    for (int i = 0; i <= k; i++)
+      assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+    churn = end_capture_ok(C);
+    destroy_graph(churn);
+  }
+  /* C's graph: EAGER_TO_CAPTURE's wait node, the step, TWO_CAPTURES'
+   * record node; q's: its wait node and its own node. */
+  assert_int_equal(nodes0, 3);
+  assert_int_equal(nodes2, 2);
+  assert_int_equal(D->GraphExecDestroy(x), CUDA_SUCCESS);
+  assert_int_equal(D->GraphExecDestroy(x2), CUDA_SUCCESS);
+  fake_stream_destroy(q);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(undeclared_body_parent_fails_to_instantiate, fixture_setup,
@@ -577,6 +631,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(graph_launch_in_body, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(graph_launch_bad_input, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(graph_launch_faults, fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(recapture_same_topology, fixture_setup, fixture_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);
 }

@@ -38,6 +38,12 @@
  * An eager stream cannot wait for a graph that is not launched yet (the wait
  * would order nothing): such a request is DLSYNC_ERROR_CAPTURE_ORDER.
  *
+ * Conditional bodies (dlsync/conditional.h): where a lane's graph is a
+ * declared body of a conditional node, the cells above that add a record or
+ * wait node there are DLSYNC_ERROR_CONDITIONAL_BODY (nothing queued, the
+ * capture still valid); the edge-only cells (same stream, JOIN, the same
+ * capture, the same graph) work as everywhere.
+ *
  * Capture safety: no call made here queries or synchronises a stream or
  * event, allocates device memory, or touches the legacy stream unless a lane
  * names it; so dlsync never breaks a capture, in any capture mode, on this

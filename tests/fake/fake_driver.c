@@ -2566,6 +2566,46 @@ static CUresult CUDAAPI fk_GraphAddChildGraphNode(CUgraphNode *out, CUgraph hg,
   return leave(r);
 }
 
+/* [R17 EXEC-UPDATE] cuGraphExecUpdate: the executable takes the node
+ * parameters (events, host functions) of a graph whose nodes, flattened
+ * through child graphs, have the same count and types in the same order
+ * (edges are not compared: a simplification), else
+ * CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED (count) or _NODE_TYPE_CHANGED
+ * and CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE. User objects: the executable
+ * keeps the references it took at instantiation and takes none of the new
+ * graph's (the fake's guess, the harsher one: checked by gpu_rules). */
+static CUresult CUDAAPI fk_GraphExecUpdate(CUgraphExec hx, CUgraph hg,
+                                           CUgraphExecUpdateResultInfo *info) {
+  ENTER(GraphExecUpdate);
+  fexec *x = GET_EXEC(hx);
+  fgraph *g = GET_GRAPH(hg);
+  fexec tmp;
+  size_t cap = 0;
+  if (!x || !g || !info || g->building)
+    return leave(CUDA_ERROR_INVALID_VALUE);
+  memset(info, 0, sizeof *info);
+  memset(&tmp, 0, sizeof tmp);
+  exec_collect(&tmp, &cap, g);
+  info->result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+  if (tmp.n != x->n) {
+    info->result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+  } else {
+    for (size_t i = 0; i < tmp.n; i++)
+      if (tmp.items[i].type != x->items[i].type) {
+        info->result = CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED;
+        info->errorNode = tmp.items[i].node;
+        break;
+      }
+  }
+  if (info->result != CU_GRAPH_EXEC_UPDATE_SUCCESS) {
+    free(tmp.items);
+    return leave(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
+  }
+  free(x->items);
+  x->items = tmp.items;
+  return leave(CUDA_SUCCESS);
+}
+
 static CUresult CUDAAPI fk_GraphConditionalHandleCreate(CUgraphConditionalHandle *out, CUgraph hg,
                                                         CUcontext hc, unsigned int value,
                                                         unsigned int flags) {

@@ -115,6 +115,12 @@
  *       and cuStreamUpdateCaptureDependencies ADD work as in any capture;
  *       the parent instantiates. Checked; JOIN and SAME_CAPTURE rely on it
  *       inside a body.
+ *   [R17 EXEC-UPDATE] cuGraphExecUpdate accepts a graph whose nodes (through
+ *       child graphs) have the executable's count and types, taking its
+ *       events; it moves no user-object reference (the executable keeps
+ *       those of its instantiation): the fake's guess, the harsher one. Not
+ *       a gpu_rules rule: the GPU suite's "U recapture update" row prints
+ *       what the driver does with the new graph's user objects.
  */
 #ifndef DLSYNC_TESTS_FAKE_DRIVER_H
 #define DLSYNC_TESTS_FAKE_DRIVER_H

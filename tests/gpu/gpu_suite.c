@@ -2059,6 +2059,123 @@ out:
   return 0;
 }
 
+/* ---- U: recapture applied with cuGraphExecUpdate ---- */
+
+static size_t graph_owned_now(void) {
+  dlsync__pool_stats ps;
+  dlsync__pool_stats_get(&ps, &E.ctx->pools);
+  return ps.graph_owned;
+}
+
+/* One step: the slow producer eager on p, the consumer's capture on c
+ * ordered after it (EAGER_TO_CAPTURE) and copying into slot 0. */
+static int capture_step(outcome *o, CUstream p, CUstream c, CUstreamCaptureMode mode, bool use,
+                        unsigned v, CUgraph *g) {
+  dlsync_lane lp = dlsync_lane_stream(p), lc = dlsync_lane_stream(c);
+  CU(produce(p, big_buf, BIG_WORDS, v));
+  CU(D->StreamBeginCapture(c, mode));
+  if (use)
+    DS(dlsync_order(E.ctx, &lp, &lc));
+  CU(consume(c, big_buf, BIG_WORDS, 0));
+  END_CAPTURE(c, g);
+  return 0;
+out:
+  end_leftover_capture(c);
+  return -1;
+}
+
+/* A step recaptured each time with the same lane states (EAGER_TO_CAPTURE)
+ * and applied to one executable with cuGraphExecUpdate, which must accept
+ * it; the new graph is destroyed at once, then dlsync's pool is churned (8
+ * orders from an idle stream into a capture thrown away, which take the
+ * pool's free events, the new graph's too if they came back), then the
+ * executable is launched and must read the producer's value. The node count
+ * is the same every step. Printed once: whether the new graph's events
+ * stayed owned (the executable took its user-object references) or came
+ * back to the pool. Control: no order; stale reads. */
+static int sc_recapture_update(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL, q = NULL, t = NULL, launch = NULL;
+  CUgraph g = NULL;
+  CUgraphExec x = NULL;
+  size_t nodes0 = 0;
+  static bool told;
+  (void)s;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(new_stream(&q));
+  CU(new_stream(&t));
+  CU(new_stream(&launch));
+  CU(settle(p));
+  for (int k = 0; k < TRIALS; k++) {
+    unsigned v = ++value_base, got = 0;
+    CUgraph churn = NULL;
+    dlsync_lane lq = dlsync_lane_stream(q), lt = dlsync_lane_stream(t);
+    if (capture_step(o, p, c, mode, use, v, &g) != 0)
+      goto out;
+    if (k == 0) {
+      nodes0 = count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT);
+      CU(D->GraphInstantiateWithFlags(&x, g, 0));
+      CU(D->GraphDestroy(g)); /* the executable holds what it needs */
+      g = NULL;
+    } else {
+      CUgraphExecUpdateResultInfo info;
+      size_t owned_before = graph_owned_now();
+      CUresult r;
+      memset(&info, 0, sizeof info);
+      if (count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT) != nodes0) {
+        note(o, "step %d: %zu wait nodes, the first step had %zu", k,
+             count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), nodes0);
+        o->broken++;
+      }
+      r = D->GraphExecUpdate(x, g, &info);
+      if (r != CUDA_SUCCESS) {
+        note(o, "step %d: cuGraphExecUpdate: %s (update result %d)", k, gpu_err(D, r),
+             (int)info.result);
+        o->broken++;
+        goto out;
+      }
+      CU(D->GraphDestroy(g));
+      g = NULL;
+      if (use && !told && k == 1) {
+        size_t owned_after = owned_before;
+        for (int i = 0; i < 200 && owned_after >= owned_before; i++) {
+          struct timespec ts = {0, 1000000};
+          nanosleep(&ts, NULL);
+          owned_after = graph_owned_now();
+        }
+        printf("  U recapture update: after cuGraphExecUpdate and the new graph's destroy, "
+               "dlsync's graph-owned events went %zu -> %zu within 200 ms (%s)\n",
+               owned_before, owned_after,
+               owned_after < owned_before
+                   ? "some came back: the executable did not keep the new graph's user objects"
+                   : "none came back: the executable holds the new graph's user objects");
+        told = true;
+      }
+    }
+    /* The churn: events taken from the pool and recorded on an idle stream. */
+    CU(D->StreamBeginCapture(t, mode));
+    for (int i = 0; i < 8 && use; i++)
+      DS(dlsync_order(E.ctx, &lq, &lt));
+    END_CAPTURE(t, &churn);
+    CU(D->GraphDestroy(churn));
+    CU(D->GraphLaunch(x, launch));
+    CU(D->StreamSynchronize(launch));
+    CU(D->StreamSynchronize(p));
+    CU(read_slot(&got, 0));
+    o->runs++;
+    o->wrong += got != v;
+  }
+out:
+  D->CtxSynchronize();
+  drop_graph(g, x);
+  drop_stream(p);
+  drop_stream(c);
+  drop_stream(q);
+  drop_stream(t);
+  drop_stream(launch);
+  return 0;
+}
+
 static const scenario scenarios[] = {
     {"A same stream", "stream S / S", sc_same_stream, false, false, 0, false,
      DLSYNC__ROW_SAME_STREAM},
@@ -2113,6 +2230,8 @@ static const scenario scenarios[] = {
      DLSYNC__ROW_COUNT},
     {"G launch built", "built / library graph", sc_graph_launch, false, true, 2, false,
      DLSYNC__ROW_COUNT},
+    {"U recapture update", "eager / recaptured, updated", sc_recapture_update, true, true, 0, false,
+     DLSYNC__ROW_EAGER_TO_CAPTURE},
     {"K body refusals", "IF, WHILE bodies: 7 rows", sc_body_refusals, true, true, 0, false,
      DLSYNC__ROW_COUNT},
 };
