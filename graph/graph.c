@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph/body.h"
 #include "graph/graph.h"
 
 /* What a user object owns: the caller's destructor and pointer, run once.
@@ -613,8 +614,25 @@ static DLSYNC__COLD dlsync_status child_refused(const dlsync__driver *d, CUresul
                              (void *)child, role, (void *)into);
 }
 
-dlsync_status dlsync__graph_launch_at(const dlsync__driver *d, CUgraph graph, CUgraphExec exec,
-                                      dlsync_lane *lane) {
+/* Event-record and event-wait nodes directly in g (-1: the driver could
+ * not say). */
+static int event_nodes_in(const dlsync__driver *d, CUgraph g) {
+  CUgraphNode nodes[256];
+  size_t n = 256;
+  int events = 0;
+  if (d->GraphGetNodes(g, nodes, &n) != CUDA_SUCCESS)
+    return -1;
+  for (size_t i = 0; i < n && i < 256; i++) {
+    CUgraphNodeType t;
+    if (d->GraphNodeGetType(nodes[i], &t) != CUDA_SUCCESS)
+      return -1;
+    events += t == CU_GRAPH_NODE_TYPE_EVENT_RECORD || t == CU_GRAPH_NODE_TYPE_WAIT_EVENT;
+  }
+  return events;
+}
+
+dlsync_status dlsync__graph_launch_at(const dlsync__driver *d, const dlsync__bodies *bodies,
+                                      CUgraph graph, CUgraphExec exec, dlsync_lane *lane) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__lane_now l;
   CUgraphNode node = NULL;
@@ -642,6 +660,19 @@ dlsync_status dlsync__graph_launch_at(const dlsync__driver *d, CUgraph graph, CU
                         l.kind == DLSYNC_LANE_CAPTURING ? "a capturing stream" : "a graph lane");
   if (d->GraphAddChildGraphNode == NULL)
     return dlsync__driver_require(d, DLSYNC__NEED_OPTIONAL, "dlsync_graph_launch");
+  if (dlsync__bodies_any(bodies) && dlsync__bodies_has(bodies, l.graph)) {
+    /* A child's nodes must be admitted in a body too. */
+    int events = event_nodes_in(d, graph);
+    if (events != 0)
+      return dlsync__fail(DLSYNC_ERROR_CONDITIONAL_BODY,
+                          "dlsync_graph_launch: the launching lane's graph %p is a conditional "
+                          "node's body (dlsync_conditional_body_add) and graph %p holds %d "
+                          "event-record or event-wait node(s) (-1: its nodes could not be read), "
+                          "which CUDA does not admit in a body (the parent graph would fail to "
+                          "instantiate). Nothing was added; launch the graph before the "
+                          "conditional node instead",
+                          (void *)l.graph, (void *)graph, events);
+  }
   r = d->GraphAddChildGraphNode(&node, l.graph, dlsync__lane_deps(&l), l.ndeps, graph);
   if (r != CUDA_SUCCESS)
     return child_refused(d, r, graph, l.graph, "launching");

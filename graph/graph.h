@@ -86,8 +86,11 @@ static inline dlsync_status dlsync__graph_append_event(const dlsync__driver *d,
 /* dlsync_graph_launch (include/dlsync/graph.h) with the context's driver:
  * `graph` as a child node at a capturing or graph lane's position (which then
  * is that node), or `exec` launched on an eager stream. */
-dlsync_status dlsync__graph_launch_at(const dlsync__driver *d, CUgraph graph, CUgraphExec exec,
-                                      dlsync_lane *lane);
+struct dlsync__bodies;
+/* bodies: the context's declared conditional bodies (graph/body.h): a child
+ * holding event nodes is refused in one. */
+dlsync_status dlsync__graph_launch_at(const dlsync__driver *d, const struct dlsync__bodies *bodies,
+                                      CUgraph graph, CUgraphExec exec, dlsync_lane *lane);
 /* Adds one node to a graph lane's frontier (no node added to the graph). */
 dlsync_status dlsync__graph_lane_add_dep(dlsync__lane_now *lane, CUgraphNode node);
 /* Gives `ptr` to the graphs: one user object (destructor `destroy`, run on a

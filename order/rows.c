@@ -344,5 +344,5 @@ dlsync_status dlsync_graph_launch(dlsync_context *ctx, struct CUgraph_st *graph,
                                   struct CUgraphExec_st *exec, dlsync_lane *lane) {
   if (ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_graph_launch: ctx is NULL");
-  return dlsync__graph_launch_at(ctx->drv, graph, exec, lane);
+  return dlsync__graph_launch_at(ctx->drv, &ctx->bodies, graph, exec, lane);
 }

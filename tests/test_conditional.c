@@ -476,6 +476,24 @@ static void graph_launch_in_body(void **state) {
   body_capture_end(C, body);
   assert_int_equal(fake_graph_count_nodes(body, CU_GRAPH_NODE_TYPE_GRAPH), 1);
   assert_int_equal(instantiate(parent), CUDA_SUCCESS);
+  /* A child holding an event node is refused there, nothing added. */
+  {
+    CUgraph with_event = library_graph(), cap2;
+    CUevent ev = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+    CUgraphNode wn = NULL;
+    assert_int_equal(D->GraphAddEventWaitNode(&wn, with_event, NULL, 0, ev), CUDA_SUCCESS);
+    assert_int_equal(
+        D->StreamBeginCaptureToGraph(C, body, NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_RELAXED),
+        CUDA_SUCCESS);
+    assert_int_equal(dlsync_graph_launch(ctx, with_event, NULL, &lc),
+                     DLSYNC_ERROR_CONDITIONAL_BODY);
+    assert_message_has("holds 1 event-record or event-wait node");
+    assert_int_equal(D->StreamEndCapture(C, &cap2), CUDA_SUCCESS);
+    assert_int_equal(fake_graph_count_nodes(body, CU_GRAPH_NODE_TYPE_GRAPH), 1);
+    assert_int_equal(instantiate(parent), CUDA_SUCCESS);
+    destroy_graph(with_event);
+    fake_event_destroy(ev);
+  }
   assert_int_equal(dlsync_conditional_body_remove(ctx, body), DLSYNC_SUCCESS);
   destroy_graph(g);
   destroy_graph(parent);
