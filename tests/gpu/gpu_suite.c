@@ -2136,22 +2136,27 @@ static int sc_recapture_update(const scenario *s, CUstreamCaptureMode mode, bool
       }
       CU(D->GraphDestroy(g));
       g = NULL;
-      if (use && !told && k == 1) {
+      {
+        /* The new graph's events back in the pool before the churn, if
+         * they come back at all (the driver runs the destructors on a thread
+         * of its own). */
         size_t owned_after = owned_before;
-        for (int i = 0; i < 200 && owned_after >= owned_before; i++) {
+        for (int i = 0; i < (k == 1 ? 200 : 20) && use && owned_after >= owned_before; i++) {
           struct timespec ts = {0, 1000000};
           nanosleep(&ts, NULL);
           owned_after = graph_owned_now();
         }
-        printf("  U recapture update: after cuGraphExecUpdate and the new graph's destroy, "
-               "dlsync's graph-owned events went %zu -> %zu within 200 ms (%s)\n",
-               owned_before, owned_after,
-               owned_after < owned_before
-                   ? "some came back: the executable did not keep the new graph's user objects"
-                   : "none came back: the executable holds the new graph's user objects");
+        if (!use || told || k != 1)
+          goto churn;
+        printf("  U recapture update: dlsync's graph-owned events %zu before the first update "
+               "(the executable's first graph, the new one), %zu within 200 ms of the new "
+               "graph's destroy (the reads below say whether the executable still waits on "
+               "its events)\n",
+               owned_before, owned_after);
         told = true;
       }
     }
+  churn:
     /* The churn: events taken from the pool and recorded on an idle stream. */
     CU(D->StreamBeginCapture(t, mode));
     for (int i = 0; i < 8 && use; i++)
@@ -2226,7 +2231,7 @@ static const scenario scenarios[] = {
      DLSYNC__ROW_EAGER_TO_CAPTURE},
     {"G launch eager", "eager p / library graph", sc_graph_launch, false, true, 0, false,
      DLSYNC__ROW_EAGER_EAGER},
-    {"G launch capture", "capturing / library graph", sc_graph_launch, true, true, 1, false,
+    {"G launch capture", "capturing / library graph", sc_graph_launch, true, false, 1, false,
      DLSYNC__ROW_COUNT},
     {"G launch built", "built / library graph", sc_graph_launch, false, true, 2, false,
      DLSYNC__ROW_COUNT},
