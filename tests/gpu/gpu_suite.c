@@ -2181,6 +2181,89 @@ out:
   return 0;
 }
 
+/* TWO_CAPTURES recaptured each step (the producer's capture with the memset
+ * of this step's value, a record node; the consumer's with a wait node and
+ * the copy), both applied to their executables with cuGraphExecUpdate, the
+ * new graphs destroyed and the pool churned from an idle stream, then the
+ * producer's executable launched before the consumer's. Control: no order;
+ * stale reads. */
+static int sc_recapture_two(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL, q = NULL, t = NULL;
+  CUgraph gp = NULL, gc = NULL;
+  CUgraphExec xp = NULL, xc = NULL;
+  dlsync_lane lp, lc, lq, lt;
+  (void)s;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(new_stream(&q));
+  CU(new_stream(&t));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_stream(c);
+  lq = dlsync_lane_stream(q);
+  lt = dlsync_lane_stream(t);
+  for (int k = 0; k < TRIALS; k++) {
+    unsigned v = ++value_base, got = 0;
+    CUgraph churn = NULL;
+    CU(D->StreamBeginCapture(p, mode));
+    CU(D->StreamBeginCapture(c, mode));
+    CU(produce(p, big_buf, BIG_WORDS, v));
+    if (use)
+      DS(dlsync_order(E.ctx, &lp, &lc));
+    CU(consume(c, big_buf, BIG_WORDS, 0));
+    END_CAPTURE(c, &gc);
+    END_CAPTURE(p, &gp);
+    if (k == 0) {
+      CU(D->GraphInstantiateWithFlags(&xp, gp, 0));
+      CU(D->GraphInstantiateWithFlags(&xc, gc, 0));
+    } else {
+      CUgraphExecUpdateResultInfo ip, ic;
+      CUresult rp, rc;
+      memset(&ip, 0, sizeof ip);
+      memset(&ic, 0, sizeof ic);
+      rp = D->GraphExecUpdate(xp, gp, &ip);
+      rc = D->GraphExecUpdate(xc, gc, &ic);
+      if (rp != CUDA_SUCCESS || rc != CUDA_SUCCESS) {
+        note(o, "step %d: cuGraphExecUpdate: producer %s (result %d), consumer %s (result %d)", k,
+             gpu_err(D, rp), (int)ip.result, gpu_err(D, rc), (int)ic.result);
+        o->broken++;
+        goto out;
+      }
+    }
+    CU(D->GraphDestroy(gp));
+    CU(D->GraphDestroy(gc));
+    gp = gc = NULL;
+    for (int i = 0; i < 20; i++) { /* destructors run on a driver thread */
+      struct timespec ts = {0, 1000000};
+      nanosleep(&ts, NULL);
+    }
+    CU(D->StreamBeginCapture(t, mode));
+    for (int i = 0; i < 8 && use; i++)
+      DS(dlsync_order(E.ctx, &lq, &lt));
+    END_CAPTURE(t, &churn);
+    CU(D->GraphDestroy(churn));
+    CU(D->GraphLaunch(xp, p));
+    CU(D->GraphLaunch(xc, c));
+    CU(D->StreamSynchronize(c));
+    CU(D->StreamSynchronize(p));
+    CU(read_slot(&got, 0));
+    o->runs++;
+    o->wrong += got != v;
+  }
+out:
+  end_leftover_capture(p);
+  end_leftover_capture(c);
+  end_leftover_capture(t);
+  D->CtxSynchronize();
+  drop_graph(gp, xp);
+  drop_graph(gc, xc);
+  drop_stream(p);
+  drop_stream(c);
+  drop_stream(q);
+  drop_stream(t);
+  return 0;
+}
+
 static const scenario scenarios[] = {
     {"A same stream", "stream S / S", sc_same_stream, false, false, 0, false,
      DLSYNC__ROW_SAME_STREAM},
@@ -2237,6 +2320,8 @@ static const scenario scenarios[] = {
      DLSYNC__ROW_COUNT},
     {"U recapture update", "eager / recaptured, updated", sc_recapture_update, true, true, 0, false,
      DLSYNC__ROW_EAGER_TO_CAPTURE},
+    {"U recapture two", "capturing G1 / G2, updated", sc_recapture_two, true, true, 0, false,
+     DLSYNC__ROW_TWO_CAPTURES},
     {"K body refusals", "IF, WHILE bodies: 7 rows", sc_body_refusals, true, true, 0, false,
      DLSYNC__ROW_COUNT},
 };
