@@ -114,9 +114,13 @@ enum {
   X(GraphInstantiateWithFlags, PFN_cuGraphInstantiateWithFlags_v11040, 11040,                   \
     DLSYNC__NEED_SUPPORT)                                                                       \
   X(GraphExecDestroy, PFN_cuGraphExecDestroy_v10000, 10000, DLSYNC__NEED_SUPPORT)               \
-  X(GraphLaunch, PFN_cuGraphLaunch_v10000, 10000, DLSYNC__NEED_SUPPORT)                         \
+  X(GraphLaunch, PFN_cuGraphLaunch_v10000, 10000, DLSYNC__NEED_OPTIONAL)                        \
   X(GraphExecMemsetNodeSetParams, PFN_cuGraphExecMemsetNodeSetParams_v10020, 10020,             \
-    DLSYNC__NEED_SUPPORT)
+    DLSYNC__NEED_SUPPORT)                                                                       \
+  X(GraphConditionalHandleCreate, PFN_cuGraphConditionalHandleCreate_v12030, 12030,             \
+    DLSYNC__NEED_SUPPORT)                                                                       \
+  X(GraphAddChildGraphNode, PFN_cuGraphAddChildGraphNode_v10000, 10000, DLSYNC__NEED_OPTIONAL)  \
+  X(GraphExecUpdate, PFN_cuGraphExecUpdate_v12000, 12000, DLSYNC__NEED_SUPPORT)
 
 typedef struct dlsync__driver {
 #define DLSYNC__DRIVER_FIELD(name, pfn, ver, need) pfn name;

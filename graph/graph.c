@@ -5,6 +5,7 @@
 #include <stdlib.h>
 #include <string.h>
 
+#include "graph/body.h"
 #include "graph/graph.h"
 
 /* What a user object owns: the caller's destructor and pointer, run once.
@@ -584,4 +585,112 @@ dlsync_status dlsync__graph_lane_add_dep(dlsync__lane_now *l, CUgraphNode node) 
   l->deps = (const CUgraphNode *)lane->deps;
   l->ndeps = lane->ndeps;
   return DLSYNC_SUCCESS;
+}
+
+/* ---- a library's own graph on a lane (include/dlsync/graph.h) ---- */
+
+/* Why cuGraphAddChildGraphNode refused `child`: the node types a child may
+ * not hold, named, when the child has them; else the driver's word. */
+static DLSYNC__COLD dlsync_status child_refused(const dlsync__driver *d, CUresult r, CUgraph child,
+                                                CUgraph into, const char *role) {
+  CUgraphNode nodes[256];
+  size_t n = 256;
+  int cond = 0, alloc = 0, freed = 0;
+  if (r == CUDA_ERROR_INVALID_VALUE && d->GraphGetNodes(child, nodes, &n) == CUDA_SUCCESS) {
+    for (size_t i = 0; i < n && i < 256; i++) {
+      CUgraphNodeType t;
+      if (d->GraphNodeGetType(nodes[i], &t) != CUDA_SUCCESS)
+        continue;
+      cond += t == CU_GRAPH_NODE_TYPE_CONDITIONAL;
+      alloc += t == CU_GRAPH_NODE_TYPE_MEM_ALLOC;
+      freed += t == CU_GRAPH_NODE_TYPE_MEM_FREE;
+    }
+    if (cond + alloc + freed > 0)
+      return dlsync__fail_driver_as(
+          DLSYNC_ERROR_INVALID_ARGUMENT, d, r, "cuGraphAddChildGraphNode",
+          "graph %p cannot run as a child graph in the %s lane's graph %p: it holds %d "
+          "conditional, %d memory-allocation and %d memory-free node(s), which CUDA does not "
+          "admit in a child graph; nothing was added. Launch its executable on an eager stream "
+          "instead, or build the graph without them",
+          (void *)child, role, (void *)into, cond, alloc, freed);
+  }
+  return dlsync__fail_driver(d, r, "cuGraphAddChildGraphNode",
+                             "graph %p as a child node in the %s lane's graph %p (a destroyed or "
+                             "not-a-graph handle, or a graph of another context?)",
+                             (void *)child, role, (void *)into);
+}
+
+/* Event-record and event-wait nodes directly in g (-1: the driver could
+ * not say). */
+static int event_nodes_in(const dlsync__driver *d, CUgraph g) {
+  CUgraphNode nodes[256];
+  size_t n = 256;
+  int events = 0;
+  if (d->GraphGetNodes(g, nodes, &n) != CUDA_SUCCESS)
+    return -1;
+  for (size_t i = 0; i < n && i < 256; i++) {
+    CUgraphNodeType t;
+    if (d->GraphNodeGetType(nodes[i], &t) != CUDA_SUCCESS)
+      return -1;
+    events += t == CU_GRAPH_NODE_TYPE_EVENT_RECORD || t == CU_GRAPH_NODE_TYPE_WAIT_EVENT;
+  }
+  return events;
+}
+
+dlsync_status dlsync__graph_launch_at(const dlsync__driver *d, const dlsync__bodies *bodies,
+                                      CUgraph graph, CUgraphExec exec, dlsync_lane *lane) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__lane_now l;
+  CUgraphNode node = NULL;
+  CUresult r;
+  DLSYNC_TRY(dlsync__lane_check(lane, "launching"));
+  if (lane->kind == DLSYNC_LANE_GRAPH)
+    DLSYNC_TRY(dlsync__lane_fit(lane, 1, "launching", "the child-graph node"));
+  DLSYNC_TRY(dlsync__lane_read(&l, d, lane, "launching"));
+  if (l.kind == DLSYNC_LANE_EAGER) {
+    if (exec == NULL)
+      return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                          "dlsync_graph_launch: stream %p is eager and exec is NULL: an eager "
+                          "launch needs the graph's executable (cuGraphInstantiate)",
+                          (void *)l.stream);
+    if (d->GraphLaunch == NULL)
+      return dlsync__driver_require(d, DLSYNC__NEED_OPTIONAL, "dlsync_graph_launch");
+    DLSYNC_CU(d, GraphLaunch, (exec, l.stream), "executable %p (of graph %p) on eager stream %p",
+              (void *)exec, (void *)graph, (void *)l.stream);
+    goto cleanup;
+  }
+  if (graph == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_graph_launch: the lane is %s and graph is NULL: a child-graph node "
+                        "needs the graph itself",
+                        l.kind == DLSYNC_LANE_CAPTURING ? "a capturing stream" : "a graph lane");
+  if (d->GraphAddChildGraphNode == NULL)
+    return dlsync__driver_require(d, DLSYNC__NEED_OPTIONAL, "dlsync_graph_launch");
+  if (dlsync__bodies_any(bodies) && dlsync__bodies_has(bodies, l.graph)) {
+    /* A child's nodes must be admitted in a body too. */
+    int events = event_nodes_in(d, graph);
+    if (events != 0)
+      return dlsync__fail(DLSYNC_ERROR_CONDITIONAL_BODY,
+                          "dlsync_graph_launch: the launching lane's graph %p is a conditional "
+                          "node's body (dlsync_conditional_body_add) and graph %p holds %d "
+                          "event-record or event-wait node(s) (-1: its nodes could not be read), "
+                          "which CUDA does not admit in a body (the parent graph would fail to "
+                          "instantiate). Nothing was added; launch the graph before the "
+                          "conditional node instead",
+                          (void *)l.graph, (void *)graph, events);
+  }
+  r = d->GraphAddChildGraphNode(&node, l.graph, dlsync__lane_deps(&l), l.ndeps, graph);
+  if (r != CUDA_SUCCESS)
+    return child_refused(d, r, graph, l.graph, "launching");
+  if (l.kind == DLSYNC_LANE_CAPTURING) {
+    r = d->StreamUpdateCaptureDependencies(l.stream, &node, NULL, 1,
+                                           CU_STREAM_SET_CAPTURE_DEPENDENCIES);
+    if (r != CUDA_SUCCESS)
+      return dlsync__graph_capture_set_failed(d, r, &l);
+  } else {
+    lane->deps[0] = node;
+    lane->ndeps = 1;
+  }
+cleanup:
+  return st;
 }

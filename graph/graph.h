@@ -83,6 +83,14 @@ static inline dlsync_status dlsync__graph_append_event(const dlsync__driver *d,
     return dlsync__graph_append_capture_event(d, lane, event, record);
   return dlsync__graph_append_built_event(d, lane, event, record);
 }
+/* dlsync_graph_launch (include/dlsync/graph.h) with the context's driver:
+ * `graph` as a child node at a capturing or graph lane's position (which then
+ * is that node), or `exec` launched on an eager stream. */
+struct dlsync__bodies;
+/* bodies: the context's declared conditional bodies (graph/body.h): a child
+ * holding event nodes is refused in one. */
+dlsync_status dlsync__graph_launch_at(const dlsync__driver *d, const struct dlsync__bodies *bodies,
+                                      CUgraph graph, CUgraphExec exec, dlsync_lane *lane);
 /* Adds one node to a graph lane's frontier (no node added to the graph). */
 dlsync_status dlsync__graph_lane_add_dep(dlsync__lane_now *lane, CUgraphNode node);
 /* Gives `ptr` to the graphs: one user object (destructor `destroy`, run on a
@@ -228,10 +236,11 @@ dlsync_status dlsync__graph_capture_event_slow(CUevent *out, dlsync__thread *t,
  * (another capture): it returns to the pool once their graphs are gone. t:
  * the calling thread's block. For one capture, from the thread's reserve
  * when it has one (dlsync__graph_capture_event_reserved). */
-static inline dlsync_status dlsync__graph_capture_event(CUevent *out, dlsync__thread *t,
-                                                        const dlsync__pools *ps, dlsync__pool *pool,
-                                                        const dlsync__lane_now *a,
-                                                        const dlsync__lane_now *b) {
+static DLSYNC__INLINE dlsync_status dlsync__graph_capture_event(CUevent *out, dlsync__thread *t,
+                                                                const dlsync__pools *ps,
+                                                                dlsync__pool *pool,
+                                                                const dlsync__lane_now *a,
+                                                                const dlsync__lane_now *b) {
   dlsync__graph_thread *gt = dlsync__graph_thread_of(t);
   const dlsync__hold_memo *ma, *mb;
   dlsync_status st;

@@ -140,6 +140,7 @@ dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsyn
     f->thread = pthread_self();
     f->where = dlsync__lane_where(&l);
     f->graph = l.graph;
+    DLSYNC_TRY(dlsync__body_refuse(&ctx->bodies, "dlsync_fence_signal", &l, true));
     DLSYNC_TRY(dlsync__graph_hold_event(ctx->drv, f->he, &f->graph, 1));
     DLSYNC_TRY(dlsync__graph_append_event_node(ctx->drv, &l, ev, true, &f->node));
   }
@@ -285,6 +286,7 @@ cleanup:
 static dlsync_status wait_node(dlsync_fence *f, dlsync__row row, dlsync__lane_now *l) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = f->ctx->drv;
+  DLSYNC_TRY(dlsync__body_refuse(&f->ctx->bodies, dlsync__row_name(row), l, false));
   if (l->kind == DLSYNC_LANE_BUILT)
     DLSYNC_TRY(dlsync__lane_fit(l->lane, 1, "waiting", "the wait node"));
   DLSYNC_TRY(dlsync__graph_hold_event(f->ctx->drv, f->he, &l->graph, 1));

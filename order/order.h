@@ -10,6 +10,7 @@
 
 #include "dlsync/dlsync.h"
 #include "event/event.h"
+#include "graph/body.h"
 #include "graph/graph.h"
 #include "stream/stream.h"
 #include "order/table.h"
@@ -30,6 +31,7 @@ struct dlsync_context {
   atomic_uint refs;          /* the caller's (until destroy) + one per live fence */
   atomic_size_t live_fences; /* fences signalled on it and not released yet */
   atomic_bool destroyed;     /* dlsync_context_destroy has run */
+  dlsync__bodies bodies;     /* conditional bodies declared (graph/body.h) */
 };
 
 /* A fence keeps its context's memory (and driver table) alive past

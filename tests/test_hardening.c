@@ -1057,6 +1057,39 @@ static dlsync_status scene_status_and_version(void) {
   return DLSYNC_SUCCESS;
 }
 
+/* A conditional body declared, looked up and removed: no driver call, no
+ * allocation (a table in the context). */
+static dlsync_status scene_conditional_body(void) {
+  CUgraph g = NULL;
+  dlsync_status st;
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  sweep_arm();
+  st = dlsync_conditional_body_add(ctx, g);
+  if (st == DLSYNC_SUCCESS && !dlsync_conditional_body_is_declared(ctx, g))
+    st = DLSYNC_ERROR_INTERNAL;
+  if (st == DLSYNC_SUCCESS)
+    st = dlsync_conditional_body_remove(ctx, g);
+  sweep_disarm();
+  destroy_graph(g);
+  return st;
+}
+
+/* A library's graph run in P's capture: a child-graph node. */
+static dlsync_status scene_graph_launch(void) {
+  dlsync_lane l = dlsync_lane_stream(P);
+  CUgraph g = NULL;
+  dlsync_status st;
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  assert_non_null(fake_graph_add_work(g, NULL, 0, "library"));
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  sweep_arm();
+  st = dlsync_graph_launch(ctx, g, NULL, &l);
+  sweep_disarm();
+  destroy_graph(end_capture_ok(P));
+  destroy_graph(g);
+  return st;
+}
+
 typedef struct entry {
   const char *names; /* the entry points the scene calls */
   dlsync_status (*run)(void);
@@ -1100,6 +1133,10 @@ static const entry entries[] = {
     {"dlsync_context_driver_version dlsync_context_capabilities dlsync_context_require "
      "dlsync_capability_name",
      scene_context_facts, DLSYNC_SUCCESS, false},
+    {"dlsync_conditional_body_add dlsync_conditional_body_is_declared "
+     "dlsync_conditional_body_remove",
+     scene_conditional_body, DLSYNC_SUCCESS, false},
+    {"dlsync_graph_launch", scene_graph_launch, DLSYNC_SUCCESS, false},
     {"dlsync_device_count", scene_device_count, DLSYNC_SUCCESS, false},
     {"dlsync_device_get_info", scene_device_get_info, DLSYNC_SUCCESS, false},
     {"dlsync_status_name dlsync_status_string dlsync_last_status dlsync_last_error "

@@ -84,11 +84,14 @@ static void rec_init(rec *r) {
   atomic_init(&r->gate_timed_out, 0);
 }
 
+/* The count last: a test that saw it may return, and its rec (on its
+ * stack) be reused, before this thread would write anything after it. */
 static void note(rec *r) {
   r->thread = pthread_self();
   r->synced_op = synced_op;
-  if (atomic_fetch_add(&r->calls, 1) == 0)
+  if (atomic_load(&r->calls) == 0)
     atomic_store(&r->order, atomic_fetch_add(&sequence, 1) + 1);
+  atomic_fetch_add(&r->calls, 1);
 }
 
 static void note_deleter(void *arg) {

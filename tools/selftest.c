@@ -513,16 +513,66 @@ out:
   drop(st, 1, NULL, NULL);
 }
 
+/* The launch-time event rule that TWO_CAPTURES, CAPTURE_TO_BUILT and the
+ * fences rest on: a wait node orders after the launch, issued before its
+ * own graph's, of the graph holding the record node, on another stream. The
+ * record graph's stream is idle in even trials and busy in odd ones (an
+ * eager producer queued first, so that the record runs late): the waiting
+ * graph, launched at once on an idle stream, must still read the record
+ * graph's value. */
+static void row_launch_rule(outcome *o, bool use) {
+  CUstream st[2] = {NULL, NULL};
+  CUgraph g1 = NULL, g2 = NULL;
+  CUgraphExec x1 = NULL, x2 = NULL;
+  dlsync_lane lp, lc;
+  CU(new_stream(&st[0]));
+  CU(new_stream(&st[1]));
+  CU(settle(st[0]));
+  lp = dlsync_lane_stream(st[0]);
+  lc = dlsync_lane_stream(st[1]);
+  CU(cu.cuStreamBeginCapture(st[0], CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CU(cu.cuStreamBeginCapture(st[1], CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CU(produce(st[0], 7));
+  if (use)
+    DS(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS); /* TWO_CAPTURES */
+  CU(consume(st[1], 0));
+  CU(cu.cuStreamEndCapture(st[1], &g2));
+  CU(cu.cuStreamEndCapture(st[0], &g1));
+  CU(cu.cuGraphInstantiateWithFlags(&x1, g1, 0));
+  CU(cu.cuGraphInstantiateWithFlags(&x2, g2, 0));
+  for (int t = 0; t < TRIALS; t++) {
+    unsigned v = ++value;
+    CU(set_value(g1, x1, v));
+    if (t % 2 == 1)
+      CU(produce(st[0], ++value)); /* the record graph's stream busy */
+    CU(cu.cuGraphLaunch(x1, st[0]));
+    CU(cu.cuGraphLaunch(x2, st[1]));
+    CU(cu.cuCtxSynchronize());
+    check_slot(o, 0, v);
+  }
+out:
+  if (x2 != NULL)
+    (void)cu.cuGraphExecDestroy(x2);
+  if (g2 != NULL)
+    (void)cu.cuGraphDestroy(g2);
+  drop(st, 2, g1, x1);
+}
+
 typedef struct row {
   const char *name;
   void (*fn)(outcome *o, bool use);
 } row;
 
 static const row rows[] = {
-    {"eager -> eager", row_eager_eager}, {"join (capturing -> eager)", row_join},
-    {"two captures", row_two_captures},  {"eager -> capturing", row_eager_capturing},
-    {"eager -> built", row_eager_built}, {"built -> built", row_built_built},
-    {"fence (eager)", row_fence},        {"release (eager)", row_release},
+    {"eager -> eager", row_eager_eager},
+    {"join (capturing -> eager)", row_join},
+    {"two captures", row_two_captures},
+    {"eager -> capturing", row_eager_capturing},
+    {"eager -> built", row_eager_built},
+    {"built -> built", row_built_built},
+    {"fence (eager)", row_fence},
+    {"release (eager)", row_release},
+    {"launch rule (2 streams)", row_launch_rule},
 };
 
 /* ---- setup ---- */

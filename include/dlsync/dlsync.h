@@ -24,5 +24,7 @@
 #include "dlsync/env.h"
 #include "dlsync/fence.h"
 #include "dlsync/release.h"
+#include "dlsync/conditional.h"
+#include "dlsync/graph.h"
 
 #endif

@@ -21,6 +21,12 @@
  * SAME_CAPTURE, TWO_CAPTURES, ...), how events in graphs are owned and given
  * back, and why: docs/design.md section 3. The decision log
  * (DLSYNC_DEBUG=TRACE) names the row of every call.
+ *
+ * Conditional bodies (dlsync/conditional.h): where a lane's graph is a
+ * declared body of a conditional node, an order that would add a record or
+ * wait node there is DLSYNC_ERROR_CONDITIONAL_BODY (nothing queued, the
+ * capture still valid); the edge-only rows (same stream, JOIN, the same
+ * capture, the same graph) work as everywhere.
  */
 #ifndef DLSYNC_EXCHANGE_H
 #define DLSYNC_EXCHANGE_H

@@ -39,7 +39,9 @@ extern "C" {
   X(ERROR_FOREIGN_DEPENDENCY, 10, "a graph lane's dependencies are not nodes of its graph") \
   X(ERROR_BUSY, 11, "work that dlsync tracks is still pending")                             \
   X(ERROR_INTERNAL, 12, "internal error in dlsync")                                         \
-  X(ERROR_CROSS_DEVICE, 13, "the driver refused to order work between two devices")
+  X(ERROR_CROSS_DEVICE, 13, "the driver refused to order work between two devices")         \
+  X(ERROR_CONDITIONAL_BODY, 14,                                                             \
+    "the order would put an event node in a conditional node's body, which CUDA refuses")
 
 typedef enum dlsync_status {
 #define DLSYNC_STATUS_ENUM_(name, value, text) DLSYNC_##name = value,

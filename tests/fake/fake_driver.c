@@ -245,6 +245,12 @@ struct fnode {
   fdep *in;
   size_t nin, capin;
   uint64_t mark;
+  /* Conditional nodes: their bodies, owned by the node ([R28 COND-BODY]);
+   * body_handles is the array phGraph_out points to. */
+  fgraph **bodies;
+  CUgraph *body_handles;
+  unsigned nbodies;
+  fgraph *child; /* child-graph nodes: the node's own copy of the graph */
 };
 
 struct fgraph {
@@ -254,6 +260,7 @@ struct fgraph {
   furef *urefs;
   size_t nu, capu;
   fcapture *building; /* the active capture that builds this graph */
+  fnode *owner;       /* a conditional node's body: that node ([R28 COND-BODY]) */
 };
 
 typedef struct fexec_item {
@@ -577,7 +584,15 @@ static fgraph *graph_new(void) {
   return g;
 }
 
+static void graph_free(fgraph *g);
+
 static void node_free(fnode *n) {
+  for (unsigned i = 0; i < n->nbodies; i++)
+    graph_free(n->bodies[i]);
+  if (n->child)
+    graph_free(n->child);
+  free(n->bodies);
+  free(n->body_handles);
   slot_free(n->h);
   free(n->in);
   free(n->label);
@@ -1099,6 +1114,8 @@ static void state_free(void) {
     if (S.slots[i].kind == FK_GRAPH) {
       fgraph *g = S.slots[i].obj;
       for (size_t j = 0; j < g->n; j++) {
+        free(g->nodes[j]->bodies); /* the bodies are graphs of their own slots */
+        free(g->nodes[j]->body_handles);
         free(g->nodes[j]->in);
         free(g->nodes[j]->label);
         free(g->nodes[j]);
@@ -2090,6 +2107,8 @@ static CUresult CUDAAPI fk_GraphDestroy(CUgraph h) {
     return leave(CUDA_ERROR_INVALID_VALUE);
   if (g->building)
     return leave(CUDA_ERROR_ILLEGAL_STATE);
+  if (g->owner) /* a body belongs to its node (not observed: the loud answer) */
+    return leave(CUDA_ERROR_INVALID_VALUE);
   graph_free(g);
   return leave(CUDA_SUCCESS);
 }
@@ -2197,6 +2216,35 @@ static bool all_zero(const void *p, size_t n) {
   return true;
 }
 
+/* [R28 COND-BODY] A conditional node (IF: 1 or 2 bodies, WHILE: 1, SWITCH:
+ * any > 0) with a handle made by cuGraphConditionalHandleCreate (any
+ * non-zero value here) in a context: its bodies are new empty graphs that
+ * the node owns (phGraph_out points at the node's array). */
+static CUresult add_conditional_node(CUgraphNode *out, CUgraph hg, const CUgraphNode *deps,
+                                     const CUgraphEdgeData *data, size_t n,
+                                     CUDA_CONDITIONAL_NODE_PARAMS *c) {
+  fnode *node = NULL;
+  CUresult r;
+  bool size_ok = (c->type == CU_GRAPH_COND_TYPE_IF && (c->size == 1 || c->size == 2)) ||
+                 (c->type == CU_GRAPH_COND_TYPE_WHILE && c->size == 1) ||
+                 (c->type == CU_GRAPH_COND_TYPE_SWITCH && c->size > 0 && c->size <= 64);
+  if (!size_ok || c->handle == 0 || !GET_CTX(c->ctx))
+    return CUDA_ERROR_INVALID_VALUE;
+  r = add_plain_node(out, hg, deps, data, n, CU_GRAPH_NODE_TYPE_CONDITIONAL, &node);
+  if (r != CUDA_SUCCESS)
+    return r;
+  node->nbodies = c->size;
+  node->bodies = xcalloc(c->size, sizeof *node->bodies);
+  node->body_handles = xcalloc(c->size, sizeof *node->body_handles);
+  for (unsigned i = 0; i < c->size; i++) {
+    node->bodies[i] = graph_new();
+    node->bodies[i]->owner = node;
+    node->body_handles[i] = node->bodies[i]->h;
+  }
+  c->phGraph_out = node->body_handles;
+  return CUDA_SUCCESS;
+}
+
 static CUresult graph_add_node(CUgraphNode *out, CUgraph hg, const CUgraphNode *deps,
                                const CUgraphEdgeData *data, size_t n, CUgraphNodeParams *p) {
   if (!out || !p || !all_zero(p->reserved0, sizeof p->reserved0) || p->reserved2 != 0)
@@ -2228,6 +2276,8 @@ static CUresult graph_add_node(CUgraphNode *out, CUgraph hg, const CUgraphNode *
     if (p->memcpy.flags != 0 || p->memcpy.reserved != 0 || !GET_CTX(p->memcpy.copyCtx))
       return CUDA_ERROR_INVALID_VALUE;
     return add_plain_node(out, hg, deps, data, n, CU_GRAPH_NODE_TYPE_MEMCPY, NULL);
+  case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+    return add_conditional_node(out, hg, deps, data, n, &p->conditional);
   case CU_GRAPH_NODE_TYPE_HOST:
     if (!p->host.fn)
       return CUDA_ERROR_INVALID_VALUE;
@@ -2411,6 +2461,163 @@ static CUresult CUDAAPI fk_GraphRetainUserObject(CUgraph hg, CUuserObject h, uns
 
 /* ---- executables and launches ---------------------------------------------------------------- */
 
+/* [R28 COND-BODY] Every node of a conditional body (at any depth) is a
+ * kernel, empty, memset, memcpy or conditional node (cuda.h's list also has
+ * child graphs, which the fake does not make); an event-record or
+ * event-wait node there fails the parent's instantiation with
+ * CUDA_ERROR_INVALID_VALUE, though it was accepted when it was added. */
+static bool bodies_admissible(const fgraph *g, bool in_body) {
+  for (size_t i = 0; i < g->n; i++) {
+    const fnode *n = g->nodes[i];
+    switch (n->type) {
+    case CU_GRAPH_NODE_TYPE_KERNEL:
+    case CU_GRAPH_NODE_TYPE_EMPTY:
+    case CU_GRAPH_NODE_TYPE_MEMSET:
+    case CU_GRAPH_NODE_TYPE_MEMCPY:
+      break;
+    case CU_GRAPH_NODE_TYPE_GRAPH:
+      if (in_body && n->child && !bodies_admissible(n->child, true))
+        return false;
+      break;
+    case CU_GRAPH_NODE_TYPE_CONDITIONAL:
+      for (unsigned b = 0; b < n->nbodies; b++)
+        if (!bodies_admissible(n->bodies[b], true))
+          return false;
+      break;
+    default:
+      if (in_body)
+        return false;
+      break;
+    }
+  }
+  return true;
+}
+
+/* An executable's items: g's nodes, a child graph's nodes in its node's
+ * place (its event and host nodes act at launch like the parent's own). */
+static void exec_collect(fexec *x, size_t *cap, const fgraph *g) {
+  for (size_t i = 0; i < g->n; i++) {
+    const fnode *n = g->nodes[i];
+    fexec_item it;
+    memset(&it, 0, sizeof it);
+    it.type = n->type;
+    it.node = n->h;
+    it.ev = n->ev;
+    it.ev_serial = n->ev_serial;
+    it.fn = n->fn;
+    it.ud = n->ud;
+    if ((n->type == CU_GRAPH_NODE_TYPE_EVENT_RECORD || n->type == CU_GRAPH_NODE_TYPE_WAIT_EVENT) &&
+        !node_event_alive(n->ev, n->ev_serial))
+      S.dangling++;
+    VEC_PUSH(x->items, x->n, *cap, it);
+    if (n->child)
+      exec_collect(x, cap, n->child);
+  }
+}
+
+/* Does g hold, at any depth of child graphs, a conditional node? */
+static bool holds_conditional(const fgraph *g) {
+  for (size_t i = 0; i < g->n; i++)
+    if (g->nodes[i]->type == CU_GRAPH_NODE_TYPE_CONDITIONAL ||
+        (g->nodes[i]->child && holds_conditional(g->nodes[i]->child)))
+      return true;
+  return false;
+}
+
+/* A copy of g's nodes and edges (labels, events, host functions), as a
+ * child-graph node keeps (cuGraphAddChildGraphNode clones the graph). */
+static fgraph *graph_clone(const fgraph *g) {
+  fgraph *c = graph_new();
+  for (size_t i = 0; i < g->n; i++) {
+    const fnode *n = g->nodes[i];
+    fnode *m = node_new(c, n->type);
+    m->ev = n->ev;
+    m->ev_serial = n->ev_serial;
+    m->fn = n->fn;
+    m->ud = n->ud;
+    node_set_label(m, n->label);
+    if (n->child)
+      m->child = graph_clone(n->child);
+    for (size_t k = 0; k < n->nin; k++)
+      for (size_t j = 0; j < g->n; j++)
+        if (g->nodes[j] == n->in[k].node)
+          node_add_in(m, c->nodes[j], n->in[k].data);
+  }
+  return c;
+}
+
+/* A child-graph node: a copy of `child` (the caller may destroy it after);
+ * a child holding conditional nodes: INVALID_VALUE (cuda.h: "If childGraph
+ * contains allocation nodes, free nodes, or conditional nodes, this call
+ * will return an error"; the fake has no memory nodes), as is a graph an
+ * active capture builds (not observed). */
+static CUresult CUDAAPI fk_GraphAddChildGraphNode(CUgraphNode *out, CUgraph hg,
+                                                  const CUgraphNode *deps, size_t n,
+                                                  CUgraph hchild) {
+  ENTER(GraphAddChildGraphNode);
+  fgraph *child = GET_GRAPH(hchild);
+  fnode *node = NULL;
+  CUresult r;
+  if (!out || !child || child->building || hchild == hg || holds_conditional(child))
+    return leave(CUDA_ERROR_INVALID_VALUE);
+  r = add_plain_node(out, hg, deps, NULL, n, CU_GRAPH_NODE_TYPE_GRAPH, &node);
+  if (r == CUDA_SUCCESS)
+    node->child = graph_clone(child);
+  return leave(r);
+}
+
+/* [R31 EXEC-UPDATE] cuGraphExecUpdate: the executable takes the node
+ * parameters (events, host functions) of a graph whose nodes, flattened
+ * through child graphs, have the same count and types in the same order
+ * (edges are not compared: a simplification), else
+ * CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED (count) or _NODE_TYPE_CHANGED
+ * and CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE. User objects: the executable
+ * keeps the references it took at instantiation and takes none of the new
+ * graph's (the fake's guess, the harsher one: checked by gpu_rules). */
+static CUresult CUDAAPI fk_GraphExecUpdate(CUgraphExec hx, CUgraph hg,
+                                           CUgraphExecUpdateResultInfo *info) {
+  ENTER(GraphExecUpdate);
+  fexec *x = GET_EXEC(hx);
+  fgraph *g = GET_GRAPH(hg);
+  fexec tmp;
+  size_t cap = 0;
+  if (!x || !g || !info || g->building)
+    return leave(CUDA_ERROR_INVALID_VALUE);
+  memset(info, 0, sizeof *info);
+  memset(&tmp, 0, sizeof tmp);
+  exec_collect(&tmp, &cap, g);
+  info->result = CU_GRAPH_EXEC_UPDATE_SUCCESS;
+  if (tmp.n != x->n) {
+    info->result = CU_GRAPH_EXEC_UPDATE_ERROR_TOPOLOGY_CHANGED;
+  } else {
+    for (size_t i = 0; i < tmp.n; i++)
+      if (tmp.items[i].type != x->items[i].type) {
+        info->result = CU_GRAPH_EXEC_UPDATE_ERROR_NODE_TYPE_CHANGED;
+        info->errorNode = tmp.items[i].node;
+        break;
+      }
+  }
+  if (info->result != CU_GRAPH_EXEC_UPDATE_SUCCESS) {
+    free(tmp.items);
+    return leave(CUDA_ERROR_GRAPH_EXEC_UPDATE_FAILURE);
+  }
+  free(x->items);
+  x->items = tmp.items;
+  return leave(CUDA_SUCCESS);
+}
+
+static CUresult CUDAAPI fk_GraphConditionalHandleCreate(CUgraphConditionalHandle *out, CUgraph hg,
+                                                        CUcontext hc, unsigned int value,
+                                                        unsigned int flags) {
+  ENTER(GraphConditionalHandleCreate);
+  static CUgraphConditionalHandle next = 1;
+  (void)value;
+  if (!out || !GET_GRAPH(hg) || !GET_CTX(hc) || (flags & ~CU_GRAPH_COND_ASSIGN_DEFAULT))
+    return leave(CUDA_ERROR_INVALID_VALUE);
+  *out = next++;
+  return leave(CUDA_SUCCESS);
+}
+
 static CUresult CUDAAPI fk_GraphInstantiateWithFlags(CUgraphExec *px, CUgraph hg,
                                                      unsigned long long flags) {
   ENTER(GraphInstantiateWithFlags);
@@ -2422,22 +2629,11 @@ static CUresult CUDAAPI fk_GraphInstantiateWithFlags(CUgraphExec *px, CUgraph hg
     return leave(CUDA_ERROR_NOT_SUPPORTED);
   if (g->building)
     return leave(CUDA_ERROR_ILLEGAL_STATE);
+  if (!bodies_admissible(g, false))
+    return leave(CUDA_ERROR_INVALID_VALUE);
   fexec *x = xcalloc(1, sizeof *x);
-  x->items = g->n ? xcalloc(g->n, sizeof *x->items) : NULL;
-  x->n = g->n;
-  for (size_t i = 0; i < g->n; i++) {
-    const fnode *n = g->nodes[i];
-    fexec_item *it = &x->items[i];
-    it->type = n->type;
-    it->node = n->h;
-    it->ev = n->ev;
-    it->ev_serial = n->ev_serial;
-    it->fn = n->fn;
-    it->ud = n->ud;
-    if ((n->type == CU_GRAPH_NODE_TYPE_EVENT_RECORD || n->type == CU_GRAPH_NODE_TYPE_WAIT_EVENT) &&
-        !node_event_alive(n->ev, n->ev_serial))
-      S.dangling++;
-  }
+  size_t capi = 0;
+  exec_collect(x, &capi, g);
   size_t capu = 0;
   for (size_t i = 0; i < g->nu; i++) {
     g->urefs[i].obj->refs += g->urefs[i].count;
@@ -3076,6 +3272,22 @@ const char *fake_node_label(CUgraphNode h) {
   const char *l = n ? (n->label ? n->label : "") : NULL;
   unlock();
   return l;
+}
+
+CUgraph fake_node_child_graph(CUgraphNode h) {
+  lock();
+  fnode *n = GET_NODE(h);
+  CUgraph g = n && n->child ? n->child->h : NULL;
+  unlock();
+  return g;
+}
+
+bool fake_graph_is_body(CUgraph h) {
+  lock();
+  fgraph *g = GET_GRAPH(h);
+  bool body = g && g->owner;
+  unlock();
+  return body;
 }
 
 CUgraph fake_node_graph(CUgraphNode h) {

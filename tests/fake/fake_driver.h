@@ -93,6 +93,31 @@
  *       second, both captures end cleanly, whichever ends first. Checked
  *       (design.md R13; that the second graph waits for the first's node at
  *       launch: R16); TWO_CAPTURES relies on it.
+ *   [R28 COND-BODY] a conditional node (cuGraphAddNode, IF / WHILE / SWITCH,
+ *       a handle from cuGraphConditionalHandleCreate) owns its bodies
+ *       (phGraph_out; cuGraphDestroy of a body: INVALID_VALUE, not
+ *       observed). A capture into a body (cuStreamBeginCaptureToGraph) has
+ *       the body as its graph (cuStreamGetCaptureInfo); an external wait
+ *       there is accepted and the capture ends cleanly, but the parent's
+ *       cuGraphInstantiate fails with INVALID_VALUE while any body, at any
+ *       depth, holds a node other than kernel, empty, memset, memcpy, child
+ *       graph or conditional. Checked (gpu_rules; the issue's H200 run saw
+ *       the same for EAGER_TO_CAPTURE in an IF body). dlsync's refusal of
+ *       the rows that add event nodes to a declared body rests on it.
+ *   [R29 COND-BODY-BY-HAND] an event-wait node added by hand
+ *       (cuGraphAddEventWaitNode) to a body is accepted too, and the
+ *       parent's instantiation fails: the fake's guess from R28, checked by
+ *       gpu_rules; dlsync does not rely on it.
+ *   [R30 COND-BODY-EDGES] in a capture into a body, a join by a plain wait
+ *       and cuStreamUpdateCaptureDependencies ADD work as in any capture;
+ *       the parent instantiates. Checked; JOIN and SAME_CAPTURE rely on it
+ *       inside a body.
+ *   [R31 EXEC-UPDATE] cuGraphExecUpdate accepts a graph whose nodes (through
+ *       child graphs) have the executable's count and types, taking its
+ *       events; it moves no user-object reference (the executable keeps
+ *       those of its instantiation): the fake's guess, the harsher one. Not
+ *       a gpu_rules rule: the GPU suite's "U recapture update" row prints
+ *       what the driver does with the new graph's user objects.
  */
 #ifndef DLSYNC_TESTS_FAKE_DRIVER_H
 #define DLSYNC_TESTS_FAKE_DRIVER_H
@@ -326,6 +351,10 @@ int fake_node_type(CUgraphNode n);
 /* The label given to fake_work / fake_graph_add_work ("" when none; NULL for
  * a bad handle). Valid while the graph lives. */
 const char *fake_node_label(CUgraphNode n);
+/* A child-graph node's own copy of its graph (NULL for other nodes). */
+CUgraph fake_node_child_graph(CUgraphNode n);
+/* Is g a conditional node's body ([R28 COND-BODY])? */
+bool fake_graph_is_body(CUgraph g);
 /* The graph a node belongs to. */
 CUgraph fake_node_graph(CUgraphNode n);
 
@@ -416,8 +445,11 @@ unsigned fake_user_object_refs(CUuserObject o);
  *
  * Graphs: nodes of other graphs as dependencies, duplicated dependencies, or
  * an existing edge added again: CUDA_ERROR_INVALID_VALUE. cuGraphAddNode
- * supports EMPTY, EVENT_RECORD, WAIT_EVENT, MEMSET, MEMCPY and HOST params
- * (others: CUDA_ERROR_NOT_SUPPORTED). cuGraphGetNodes/GetEdges follow the
+ * supports EMPTY, EVENT_RECORD, WAIT_EVENT, MEMSET, MEMCPY, HOST and
+ * CONDITIONAL params (others: CUDA_ERROR_NOT_SUPPORTED; conditional
+ * bodies: R28). cuGraphAddChildGraphNode copies the child (nodes, edges,
+ * events); a child holding conditional nodes: INVALID_VALUE (cuda.h); an
+ * executable runs a child's event and host nodes as its own. cuGraphGetNodes/GetEdges follow the
  * driver's "NULL array: count only" convention (GetEdges without edge data
  * while an edge has some: CUDA_ERROR_LOSSY_QUERY). Destroying or instantiating
  * a graph that an active capture builds: CUDA_ERROR_ILLEGAL_STATE (not observed).

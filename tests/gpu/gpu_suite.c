@@ -1643,6 +1643,627 @@ out:
   return 0;
 }
 
+/* ---- K: conditional nodes' bodies (include/dlsync/conditional.h) ---- */
+
+/* A conditional node of `type` (one body) in g after deps, its handle's
+ * value `dflt` at each launch: *node and its *body. */
+static CUresult cond_node(CUgraph g, const CUgraphNode *deps, size_t nd,
+                          CUgraphConditionalNodeType type, unsigned dflt, CUgraphNode *node,
+                          CUgraph *body) {
+  CUgraphConditionalHandle h = 0;
+  CUgraphNodeParams p;
+  CUresult r = D->GraphConditionalHandleCreate(&h, g, E.cuctx, dflt, CU_GRAPH_COND_ASSIGN_DEFAULT);
+  if (r != CUDA_SUCCESS)
+    return r;
+  memset(&p, 0, sizeof p);
+  p.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+  p.conditional.handle = h;
+  p.conditional.type = type;
+  p.conditional.size = 1;
+  p.conditional.ctx = E.cuctx;
+  r = D->GraphAddNode(node, g, deps, NULL, nd, &p);
+  if (r == CUDA_SUCCESS)
+    *body = p.conditional.phGraph_out[0];
+  return r;
+}
+
+/* A scenario that failed midway may leave a capture going: ended (its
+ * graph, maybe a body, left to its owner or leaked), so that the streams can
+ * be destroyed. */
+static void end_leftover_capture(CUstream s) {
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  CUgraph g = NULL;
+  if (s != NULL && D->StreamIsCapturing(s, &cs) == CUDA_SUCCESS &&
+      cs != CU_STREAM_CAPTURE_STATUS_NONE)
+    (void)D->StreamEndCapture(s, &g);
+}
+
+static size_t event_nodes(CUgraph g) {
+  return count_nodes(g, CU_GRAPH_NODE_TYPE_EVENT_RECORD) +
+         count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT);
+}
+
+/* An exchange inside an IF body (the condition 1 at each launch): the
+ * producer's stream captures into the body, the eager consumer joins it at
+ * begin (JOIN) and is joined back at end: edges only, the parent
+ * instantiates and each launch reads the producer's value. A fresh parent
+ * per trial. Control: no exchange, the consumer's copy runs eagerly at once
+ * and reads the previous value. */
+static int sc_body_exchange(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL, launch = NULL;
+  dlsync_lane lp, lc;
+  (void)s;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(new_stream(&launch));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_stream(c);
+  for (int t = 0; t < TRIALS; t++) {
+    CUgraph parent = NULL, body = NULL, ended = NULL;
+    CUgraphNode node = NULL;
+    dlsync_exchange *ex = NULL;
+    unsigned v = ++value_base, got = 0;
+    CUresult r;
+    CU(D->GraphCreate(&parent, 0));
+    r = cond_node(parent, NULL, 0, CU_GRAPH_COND_TYPE_IF, 1, &node, &body);
+    if (r == CUDA_SUCCESS)
+      r = D->StreamBeginCaptureToGraph(p, body, NULL, NULL, 0, mode);
+    if (r != CUDA_SUCCESS) {
+      note(o, "making the IF node and its capture: %s", gpu_err(D, r));
+      o->broken++;
+      D->GraphDestroy(parent);
+      goto out;
+    }
+    if (use)
+      DS(dlsync_conditional_body_add(E.ctx, body));
+    CU(produce(p, big_buf, BIG_WORDS, v));
+    if (use)
+      DS(dlsync_exchange_begin(&ex, E.ctx, &lp, &lc));
+    CU(consume(c, big_buf, BIG_WORDS, t));
+    if (use)
+      DS(dlsync_exchange_end(ex));
+    END_CAPTURE(p, &ended);
+    if (use)
+      DS(dlsync_conditional_body_remove(E.ctx, body));
+    if (event_nodes(body) != 0) {
+      note(o, "trial %d: the body holds event nodes", t);
+      o->broken++;
+    }
+    r = launch_once(parent, launch, t, &got);
+    if (r != CUDA_SUCCESS) {
+      note(o, "trial %d: the parent: %s", t, gpu_err(D, r));
+      o->broken++;
+      goto out;
+    }
+    CU(D->StreamSynchronize(p));
+    CU(D->StreamSynchronize(c));
+    if (!use)
+      CU(read_slot(&got, t)); /* the eager copy's value */
+    o->runs++;
+    o->wrong += got != v;
+  }
+out:
+  end_leftover_capture(p);
+  end_leftover_capture(c);
+  D->CtxSynchronize();
+  drop_stream(p);
+  drop_stream(c);
+  drop_stream(launch);
+  return 0;
+}
+
+/* An eager producer and a consumer captured into an IF body (torch.cond's
+ * pattern: the parent captured on one stream, the IF node added to that
+ * capture, the body captured on another). Ordering the consumer's body
+ * capture after the eager producer (EAGER_TO_CAPTURE) is refused with
+ * DLSYNC_ERROR_CONDITIONAL_BODY, the body's capture still valid; ordered
+ * instead on the parent's capture before the IF node (a wait node in the
+ * parent), the parent instantiates and each launch reads the producer's
+ * value. Control: no order; the copy in the body does not wait for the slow
+ * producer. */
+static int sc_body_order_first(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL, b = NULL, launch = NULL;
+  dlsync_lane lp, lc, lb;
+  (void)s;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(new_stream(&b));
+  CU(new_stream(&launch));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_stream(c);
+  lb = dlsync_lane_stream(b);
+  for (int t = 0; t < TRIALS; t++) {
+    CUgraph parent = NULL, body = NULL, ended = NULL, pg = NULL;
+    CUgraphNode node = NULL;
+    CUstreamCaptureStatus cs;
+    const CUgraphNode *deps = NULL;
+    size_t nd = 0;
+    unsigned v = ++value_base, got = 0;
+    CUresult r;
+    CU(D->StreamBeginCapture(c, mode));
+    CU(produce(p, big_buf, BIG_WORDS, v));
+    if (use)
+      DS(dlsync_order(E.ctx, &lp, &lc)); /* on the parent, before the IF node */
+    CU(D->StreamGetCaptureInfo(c, &cs, NULL, &pg, &deps, NULL, &nd));
+    r = cond_node(pg, deps, nd, CU_GRAPH_COND_TYPE_IF, 1, &node, &body);
+    if (r == CUDA_SUCCESS)
+      r = D->StreamUpdateCaptureDependencies(c, &node, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES);
+    if (r == CUDA_SUCCESS)
+      r = D->StreamBeginCaptureToGraph(b, body, NULL, NULL, 0, mode);
+    if (r != CUDA_SUCCESS) {
+      note(o, "trial %d: the IF node in the capture: %s", t, gpu_err(D, r));
+      o->broken++;
+      goto out;
+    }
+    if (use) {
+      DS(dlsync_conditional_body_add(E.ctx, body));
+      DS_EXPECT(dlsync_order(E.ctx, &lp, &lb), DLSYNC_ERROR_CONDITIONAL_BODY);
+      if (strstr(dlsync_last_error(), "EAGER_TO_CAPTURE") == NULL) {
+        note(o, "the refusal does not name the row: %s", dlsync_last_error());
+        o->broken++;
+      }
+    }
+    CU(consume(b, big_buf, BIG_WORDS, t));
+    END_CAPTURE(b, &ended);
+    if (use)
+      DS(dlsync_conditional_body_remove(E.ctx, body));
+    END_CAPTURE(c, &parent);
+    if (event_nodes(body) != 0 ||
+        (use && count_nodes(parent, CU_GRAPH_NODE_TYPE_WAIT_EVENT) != 1)) {
+      note(o, "trial %d: %zu event nodes in the body, %zu wait nodes in the parent", t,
+           event_nodes(body), count_nodes(parent, CU_GRAPH_NODE_TYPE_WAIT_EVENT));
+      o->broken++;
+    }
+    r = launch_once(parent, launch, t, &got);
+    if (r != CUDA_SUCCESS) {
+      note(o, "trial %d: the parent: %s", t, gpu_err(D, r));
+      o->broken++;
+      goto out;
+    }
+    CU(D->StreamSynchronize(p));
+    o->runs++;
+    o->wrong += got != v;
+  }
+out:
+  end_leftover_capture(p);
+  end_leftover_capture(c);
+  end_leftover_capture(b);
+  D->CtxSynchronize();
+  drop_stream(p);
+  drop_stream(c);
+  drop_stream(b);
+  drop_stream(launch);
+  return 0;
+}
+
+/* Every row that would add an event node in a body, in an IF body and in a
+ * WHILE body (its condition 0: the body never runs): EAGER_TO_CAPTURE,
+ * TWO_CAPTURES both ways, CAPTURE_TO_BUILT, a fence signalled in the body's
+ * capture, EAGER_TO_BUILT and TWO_BUILT on a graph lane on the body built by
+ * hand: each refused with DLSYNC_ERROR_CONDITIONAL_BODY; the captures end
+ * cleanly and every parent instantiates. Control: the same calls with no
+ * body declared: they succeed, and the parents fail to instantiate. */
+static int sc_body_refusals(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  static const CUgraphConditionalNodeType types[2] = {CU_GRAPH_COND_TYPE_IF,
+                                                      CU_GRAPH_COND_TYPE_WHILE};
+  CUstream p = NULL, c = NULL;
+  dlsync_lane lp, lc;
+  (void)s;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_stream(c);
+  for (int k = 0; k < 2; k++) {
+    CUgraph parent = NULL, body = NULL, ended = NULL, other = NULL, built = NULL, bparent = NULL;
+    CUgraph bbody = NULL;
+    CUgraphNode node = NULL, bnode = NULL, own = NULL, bdeps[2], odeps[2];
+    CUgraphExec x = NULL;
+    dlsync_lane lbody, lother;
+    dlsync_fence *f = NULL;
+    dlsync_status want = use ? DLSYNC_ERROR_CONDITIONAL_BODY : DLSYNC_SUCCESS;
+    CUresult r;
+    unsigned dflt = types[k] == CU_GRAPH_COND_TYPE_IF ? 1 : 0;
+    CU(D->GraphCreate(&parent, 0));
+    CU(D->GraphCreate(&bparent, 0));
+    CU(D->GraphCreate(&built, 0));
+    r = cond_node(parent, NULL, 0, types[k], dflt, &node, &body);
+    if (r == CUDA_SUCCESS)
+      r = cond_node(bparent, NULL, 0, types[k], dflt, &bnode, &bbody);
+    if (r != CUDA_SUCCESS) {
+      note(o, "the conditional nodes: %s", gpu_err(D, r));
+      o->broken++;
+      goto next;
+    }
+    if (use) {
+      DS(dlsync_conditional_body_add(E.ctx, body));
+      DS(dlsync_conditional_body_add(E.ctx, bbody));
+    }
+    /* Captures: c into the body, p an ordinary capture. */
+    CU(D->StreamBeginCaptureToGraph(c, body, NULL, NULL, 0, mode));
+    CU(consume(c, big_buf, BIG_WORDS, 0));
+    DS_EXPECT(dlsync_order(E.ctx, &lp, &lc), want); /* EAGER_TO_CAPTURE */
+    CU(D->StreamBeginCapture(p, mode));
+    CU(produce(p, big_buf, 1, 5));
+    DS_EXPECT(dlsync_order(E.ctx, &lp, &lc), want); /* TWO_CAPTURES, wait node in the body */
+    DS_EXPECT(dlsync_order(E.ctx, &lc, &lp), want); /* TWO_CAPTURES, record node in the body */
+    CU(add_memset_node(&own, built, NULL, 0));
+    odeps[0] = own;
+    lother = dlsync_lane_graph(built, odeps, 1, 2);
+    DS_EXPECT(dlsync_order(E.ctx, &lc, &lother), want); /* CAPTURE_TO_BUILT */
+    DS_EXPECT(dlsync_fence_signal(&f, E.ctx, &lc), want);
+    if (f != NULL)
+      dlsync_fence_release(f);
+    END_CAPTURE(p, &other);
+    END_CAPTURE(c, &ended);
+    /* A graph lane on the other body, built by hand. */
+    CU(add_memset_node(&own, bbody, NULL, 0));
+    bdeps[0] = own;
+    lbody = dlsync_lane_graph(bbody, bdeps, 1, 2);
+    DS_EXPECT(dlsync_order(E.ctx, &lp, &lbody), want);     /* EAGER_TO_BUILT */
+    DS_EXPECT(dlsync_order(E.ctx, &lother, &lbody), want); /* TWO_BUILT */
+    if (use) {
+      DS(dlsync_conditional_body_remove(E.ctx, body));
+      DS(dlsync_conditional_body_remove(E.ctx, bbody));
+    }
+    o->runs++;
+    r = D->GraphInstantiateWithFlags(&x, parent, 0);
+    if (x != NULL)
+      D->GraphExecDestroy(x);
+    x = NULL;
+    if (r != CUDA_SUCCESS) {
+      note(o, "%s body: the parent of the captured body: %s",
+           types[k] == CU_GRAPH_COND_TYPE_IF ? "IF" : "WHILE", gpu_err(D, r));
+      o->broken++;
+    }
+    r = D->GraphInstantiateWithFlags(&x, bparent, 0);
+    if (x != NULL)
+      D->GraphExecDestroy(x);
+    if (r != CUDA_SUCCESS) {
+      note(o, "%s body: the parent of the built body: %s",
+           types[k] == CU_GRAPH_COND_TYPE_IF ? "IF" : "WHILE", gpu_err(D, r));
+      o->broken++;
+    }
+  next:
+    D->CtxSynchronize();
+    if (other != NULL)
+      D->GraphDestroy(other);
+    if (built != NULL)
+      D->GraphDestroy(built);
+    if (parent != NULL)
+      D->GraphDestroy(parent);
+    if (bparent != NULL)
+      D->GraphDestroy(bparent);
+    (void)dlsync_conditional_body_remove(E.ctx, body);
+    (void)dlsync_conditional_body_remove(E.ctx, bbody);
+  }
+out:
+  end_leftover_capture(p);
+  end_leftover_capture(c);
+  D->CtxSynchronize();
+  drop_stream(p);
+  drop_stream(c);
+  return 0;
+}
+
+/* ---- G: a library's own graph on any lane (include/dlsync/graph.h) ---- */
+
+/* The library's graph: the consumer's copy of the buffer's last word into
+ * `slot`, built by hand, and its executable. */
+static CUresult library_graph(CUgraph *g, CUgraphExec *x, int slot) {
+  CUgraphNode n = NULL;
+  CUresult r = D->GraphCreate(g, 0);
+  if (r == CUDA_SUCCESS)
+    r = add_copy_node(&n, *g, NULL, 0, slot);
+  if (r == CUDA_SUCCESS && x != NULL)
+    r = D->GraphInstantiateWithFlags(x, *g, 0);
+  return r;
+}
+
+/* dlsync_graph_launch of the library's graph after a slow producer, on the
+ * lane kind s->flags names: 0 an eager stream (ordered after the producer's
+ * stream by dlsync_order, then the executable launched), 1 a capturing
+ * stream (a child node after the captured producer; the library's graph
+ * destroyed at once; the capture replayed with fresh values), 2 a graph
+ * lane built by hand (a child node after the producer's memset node;
+ * replayed). Control: what a library without dlsync does: cuGraphLaunch of
+ * its executable on the stream whatever it is (eager: unordered after the
+ * producer's stream; capturing: refused, the capture broken), or, on a built
+ * graph, its graph as a child with no dependency. */
+static int sc_graph_launch(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL, launch = NULL;
+  CUgraph lg = NULL, g = NULL;
+  CUgraphExec lx = NULL, x = NULL;
+  CUgraphNode m = NULL, deps[2];
+  dlsync_lane lp, lc, lb;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(new_stream(&launch));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_stream(c);
+  if (s->flags == 0) {
+    CU(library_graph(&lg, &lx, 0));
+    for (int t = 0; t < TRIALS; t++) {
+      unsigned v = ++value_base, got = 0;
+      CU(produce(p, big_buf, BIG_WORDS, v));
+      if (use) {
+        DS(dlsync_order(E.ctx, &lp, &lc));
+        DS(dlsync_graph_launch(E.ctx, lg, lx, &lc));
+      } else {
+        CU(D->GraphLaunch(lx, c));
+      }
+      CU(D->StreamSynchronize(c));
+      CU(D->StreamSynchronize(p));
+      CU(read_slot(&got, 0));
+      o->runs++;
+      o->wrong += got != v;
+    }
+    goto out;
+  }
+  if (s->flags == 1) {
+    CUresult r;
+    CU(library_graph(&lg, &lx, 0));
+    CU(D->StreamBeginCapture(c, mode));
+    CU(produce(c, big_buf, BIG_WORDS, 7));
+    if (use) {
+      DS(dlsync_graph_launch(E.ctx, lg, lx, &lc));
+      drop_graph(lg, NULL); /* the caller may let its graph go at once */
+      lg = NULL;
+      r = CUDA_SUCCESS;
+    } else {
+      r = D->GraphLaunch(lx, c);
+    }
+    if (r != CUDA_SUCCESS) {
+      note(o, "cuGraphLaunch in the capture: %s", gpu_err(D, r));
+      o->broken++;
+    }
+    r = D->StreamEndCapture(c, &g);
+    if (r != CUDA_SUCCESS) {
+      note(o, "cuStreamEndCapture: %s", gpu_err(D, r));
+      o->broken++;
+      goto out;
+    }
+    if (use && (count_nodes(g, CU_GRAPH_NODE_TYPE_GRAPH) != 1 ||
+                count_nodes(g, CU_GRAPH_NODE_TYPE_MEMSET) != 1)) {
+      note(o, "expected the producer's memset and one child node, found %zu and %zu",
+           count_nodes(g, CU_GRAPH_NODE_TYPE_MEMSET), count_nodes(g, CU_GRAPH_NODE_TYPE_GRAPH));
+      o->broken++;
+    }
+  } else {
+    CU(library_graph(&lg, NULL, 0));
+    CU(D->GraphCreate(&g, 0));
+    CU(add_memset_node(&m, g, NULL, 0));
+    deps[0] = m;
+    lb = dlsync_lane_graph(g, deps, 1, 2);
+    if (use) {
+      DS(dlsync_graph_launch(E.ctx, lg, NULL, &lb));
+    } else {
+      CUgraphNode child = NULL;
+      CU(D->GraphAddChildGraphNode(&child, g, NULL, 0, lg));
+    }
+    drop_graph(lg, NULL);
+    lg = NULL;
+  }
+  CU(D->GraphInstantiateWithFlags(&x, g, 0));
+  replay(o, g, x, launch, NULL, launch, 0);
+out:
+  end_leftover_capture(c);
+  D->CtxSynchronize();
+  drop_graph(g, x);
+  drop_graph(lg, lx);
+  drop_stream(p);
+  drop_stream(c);
+  drop_stream(launch);
+  return 0;
+}
+
+/* ---- U: recapture applied with cuGraphExecUpdate ---- */
+
+static size_t graph_owned_now(void) {
+  dlsync__pool_stats ps;
+  dlsync__pool_stats_get(&ps, &E.ctx->pools);
+  return ps.graph_owned;
+}
+
+/* One step: the slow producer eager on p, the consumer's capture on c
+ * ordered after it (EAGER_TO_CAPTURE) and copying into slot 0. */
+static int capture_step(outcome *o, CUstream p, CUstream c, CUstreamCaptureMode mode, bool use,
+                        unsigned v, CUgraph *g) {
+  dlsync_lane lp = dlsync_lane_stream(p), lc = dlsync_lane_stream(c);
+  CU(produce(p, big_buf, BIG_WORDS, v));
+  CU(D->StreamBeginCapture(c, mode));
+  if (use)
+    DS(dlsync_order(E.ctx, &lp, &lc));
+  CU(consume(c, big_buf, BIG_WORDS, 0));
+  END_CAPTURE(c, g);
+  return 0;
+out:
+  end_leftover_capture(c);
+  return -1;
+}
+
+/* A step recaptured each time with the same lane states (EAGER_TO_CAPTURE)
+ * and applied to one executable with cuGraphExecUpdate, which must accept
+ * it; the new graph is destroyed at once, then dlsync's pool is churned (8
+ * orders from an idle stream into a capture thrown away, which take the
+ * pool's free events, the new graph's too if they came back), then the
+ * executable is launched and must read the producer's value. The node count
+ * is the same every step. Printed once: whether the new graph's events
+ * stayed owned (the executable took its user-object references) or came
+ * back to the pool. Control: no order; stale reads. */
+static int sc_recapture_update(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL, q = NULL, t = NULL, launch = NULL;
+  CUgraph g = NULL;
+  CUgraphExec x = NULL;
+  size_t nodes0 = 0;
+  static bool told;
+  (void)s;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(new_stream(&q));
+  CU(new_stream(&t));
+  CU(new_stream(&launch));
+  CU(settle(p));
+  for (int k = 0; k < TRIALS; k++) {
+    unsigned v = ++value_base, got = 0;
+    CUgraph churn = NULL;
+    dlsync_lane lq = dlsync_lane_stream(q), lt = dlsync_lane_stream(t);
+    if (capture_step(o, p, c, mode, use, v, &g) != 0)
+      goto out;
+    if (k == 0) {
+      nodes0 = count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT);
+      CU(D->GraphInstantiateWithFlags(&x, g, 0));
+      CU(D->GraphDestroy(g)); /* the executable holds what it needs */
+      g = NULL;
+    } else {
+      CUgraphExecUpdateResultInfo info;
+      size_t owned_before = graph_owned_now();
+      CUresult r;
+      memset(&info, 0, sizeof info);
+      if (count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT) != nodes0) {
+        note(o, "step %d: %zu wait nodes, the first step had %zu", k,
+             count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), nodes0);
+        o->broken++;
+      }
+      r = D->GraphExecUpdate(x, g, &info);
+      if (r != CUDA_SUCCESS) {
+        note(o, "step %d: cuGraphExecUpdate: %s (update result %d)", k, gpu_err(D, r),
+             (int)info.result);
+        o->broken++;
+        goto out;
+      }
+      CU(D->GraphDestroy(g));
+      g = NULL;
+      {
+        /* The new graph's events back in the pool before the churn, if
+         * they come back at all (the driver runs the destructors on a thread
+         * of its own). */
+        size_t owned_after = owned_before;
+        for (int i = 0; i < (k == 1 ? 200 : 20) && use && owned_after >= owned_before; i++) {
+          struct timespec ts = {0, 1000000};
+          nanosleep(&ts, NULL);
+          owned_after = graph_owned_now();
+        }
+        if (!use || told || k != 1)
+          goto churn;
+        printf("  U recapture update: dlsync's graph-owned events %zu before the first update "
+               "(the executable's first graph, the new one), %zu within 200 ms of the new "
+               "graph's destroy (the reads below say whether the executable still waits on "
+               "its events)\n",
+               owned_before, owned_after);
+        told = true;
+      }
+    }
+  churn:
+    /* The churn: events taken from the pool and recorded on an idle stream. */
+    CU(D->StreamBeginCapture(t, mode));
+    for (int i = 0; i < 8 && use; i++)
+      DS(dlsync_order(E.ctx, &lq, &lt));
+    END_CAPTURE(t, &churn);
+    CU(D->GraphDestroy(churn));
+    CU(D->GraphLaunch(x, launch));
+    CU(D->StreamSynchronize(launch));
+    CU(D->StreamSynchronize(p));
+    CU(read_slot(&got, 0));
+    o->runs++;
+    o->wrong += got != v;
+  }
+out:
+  D->CtxSynchronize();
+  drop_graph(g, x);
+  drop_stream(p);
+  drop_stream(c);
+  drop_stream(q);
+  drop_stream(t);
+  drop_stream(launch);
+  return 0;
+}
+
+/* TWO_CAPTURES recaptured each step (the producer's capture with the memset
+ * of this step's value, a record node; the consumer's with a wait node and
+ * the copy), both applied to their executables with cuGraphExecUpdate, the
+ * new graphs destroyed and the pool churned from an idle stream, then the
+ * producer's executable launched before the consumer's. Control: no order;
+ * stale reads. */
+static int sc_recapture_two(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL, q = NULL, t = NULL;
+  CUgraph gp = NULL, gc = NULL;
+  CUgraphExec xp = NULL, xc = NULL;
+  dlsync_lane lp, lc, lq, lt;
+  (void)s;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(new_stream(&q));
+  CU(new_stream(&t));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_stream(c);
+  lq = dlsync_lane_stream(q);
+  lt = dlsync_lane_stream(t);
+  for (int k = 0; k < TRIALS; k++) {
+    unsigned v = ++value_base, got = 0;
+    CUgraph churn = NULL;
+    CU(D->StreamBeginCapture(p, mode));
+    CU(D->StreamBeginCapture(c, mode));
+    CU(produce(p, big_buf, BIG_WORDS, v));
+    if (use)
+      DS(dlsync_order(E.ctx, &lp, &lc));
+    CU(consume(c, big_buf, BIG_WORDS, 0));
+    END_CAPTURE(c, &gc);
+    END_CAPTURE(p, &gp);
+    if (k == 0) {
+      CU(D->GraphInstantiateWithFlags(&xp, gp, 0));
+      CU(D->GraphInstantiateWithFlags(&xc, gc, 0));
+    } else {
+      CUgraphExecUpdateResultInfo ip, ic;
+      CUresult rp, rc;
+      memset(&ip, 0, sizeof ip);
+      memset(&ic, 0, sizeof ic);
+      rp = D->GraphExecUpdate(xp, gp, &ip);
+      rc = D->GraphExecUpdate(xc, gc, &ic);
+      if (rp != CUDA_SUCCESS || rc != CUDA_SUCCESS) {
+        note(o, "step %d: cuGraphExecUpdate: producer %s (result %d), consumer %s (result %d)", k,
+             gpu_err(D, rp), (int)ip.result, gpu_err(D, rc), (int)ic.result);
+        o->broken++;
+        goto out;
+      }
+    }
+    CU(D->GraphDestroy(gp));
+    CU(D->GraphDestroy(gc));
+    gp = gc = NULL;
+    for (int i = 0; i < 20; i++) { /* destructors run on a driver thread */
+      struct timespec ts = {0, 1000000};
+      nanosleep(&ts, NULL);
+    }
+    CU(D->StreamBeginCapture(t, mode));
+    for (int i = 0; i < 8 && use; i++)
+      DS(dlsync_order(E.ctx, &lq, &lt));
+    END_CAPTURE(t, &churn);
+    CU(D->GraphDestroy(churn));
+    CU(D->GraphLaunch(xp, p));
+    CU(D->GraphLaunch(xc, c));
+    CU(D->StreamSynchronize(c));
+    CU(D->StreamSynchronize(p));
+    CU(read_slot(&got, 0));
+    o->runs++;
+    o->wrong += got != v;
+  }
+out:
+  end_leftover_capture(p);
+  end_leftover_capture(c);
+  end_leftover_capture(t);
+  D->CtxSynchronize();
+  drop_graph(gp, xp);
+  drop_graph(gc, xc);
+  drop_stream(p);
+  drop_stream(c);
+  drop_stream(q);
+  drop_stream(t);
+  return 0;
+}
+
 static const scenario scenarios[] = {
     {"A same stream", "stream S / S", sc_same_stream, false, false, 0, false,
      DLSYNC__ROW_SAME_STREAM},
@@ -1687,6 +2308,22 @@ static const scenario scenarios[] = {
      DLSYNC__ROW_EAGER_EAGER},
     {"2 GPUs join", "capturing dev0 / eager dev1", sc_two_devices_join, true, true, 0, false,
      DLSYNC__ROW_JOIN},
+    {"K body exchange", "IF body capture / eager", sc_body_exchange, true, true, 0, false,
+     DLSYNC__ROW_JOIN},
+    {"K body order first", "eager / IF body, parent", sc_body_order_first, true, true, 0, false,
+     DLSYNC__ROW_EAGER_TO_CAPTURE},
+    {"G launch eager", "eager p / library graph", sc_graph_launch, false, true, 0, false,
+     DLSYNC__ROW_EAGER_EAGER},
+    {"G launch capture", "capturing / library graph", sc_graph_launch, true, false, 1, false,
+     DLSYNC__ROW_COUNT},
+    {"G launch built", "built / library graph", sc_graph_launch, false, true, 2, false,
+     DLSYNC__ROW_COUNT},
+    {"U recapture update", "eager / recaptured, updated", sc_recapture_update, true, true, 0, false,
+     DLSYNC__ROW_EAGER_TO_CAPTURE},
+    {"U recapture two", "capturing G1 / G2, updated", sc_recapture_two, true, true, 0, false,
+     DLSYNC__ROW_TWO_CAPTURES},
+    {"K body refusals", "IF, WHILE bodies: 7 rows", sc_body_refusals, true, true, 0, false,
+     DLSYNC__ROW_COUNT},
 };
 
 /* The row's enum name without its prefix ("EAGER_EAGER"), "-" for none. */
@@ -1711,7 +2348,7 @@ int main(int argc, char **argv) {
   int rc = gpu_env_init(&E);
   int failed = 0, total = 0;
   const char *only = argc > 1 ? argv[1] : NULL;
-  char lines[64][220];
+  char lines[128][220];
   int nlines = 0;
   int driver_version = 0;
   if (rc != 0)

@@ -669,6 +669,236 @@ static const char *external_pair_rule(const dlsync__driver *d, CUdeviceptr buf, 
   return res;
 }
 
+/* A graph with one IF node (its handle made in the calling thread's
+ * current context, default 1 at each launch): *parent owns it, *body is its
+ * body. CUDA_SUCCESS or the first failing call's result. */
+static CUresult if_node(const dlsync__driver *d, CUgraph *parent, CUgraph *body) {
+  CUcontext c = NULL;
+  CUgraphConditionalHandle h = 0;
+  CUgraphNodeParams p;
+  CUgraphNode node = NULL;
+  CUresult r;
+  *parent = NULL;
+  *body = NULL;
+  if ((r = d->CtxGetCurrent(&c)) != CUDA_SUCCESS || (r = d->GraphCreate(parent, 0)) != CUDA_SUCCESS)
+    return r;
+  r = d->GraphConditionalHandleCreate(&h, *parent, c, 1, CU_GRAPH_COND_ASSIGN_DEFAULT);
+  if (r != CUDA_SUCCESS)
+    return r;
+  memset(&p, 0, sizeof p);
+  p.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+  p.conditional.handle = h;
+  p.conditional.type = CU_GRAPH_COND_TYPE_IF;
+  p.conditional.size = 1;
+  p.conditional.ctx = c;
+  r = d->GraphAddNode(&node, *parent, NULL, NULL, 0, &p);
+  if (r == CUDA_SUCCESS)
+    *body = p.conditional.phGraph_out[0];
+  return r;
+}
+
+/* Ends a capture into a body still going on s (a check that failed
+ * midway), so that scope_close does not take the body for a graph of its
+ * own: the parent owns it. */
+static void end_body_capture(const dlsync__driver *d, CUstream s) {
+  CUgraph g = NULL;
+  if (s != NULL && capture_status(d, s) != CU_STREAM_CAPTURE_STATUS_NONE)
+    (void)d->StreamEndCapture(s, &g);
+}
+
+/* Instantiates g (and destroys the executable): the driver's answer. */
+static CUresult instantiate(const dlsync__driver *d, CUgraph g) {
+  CUgraphExec x = NULL;
+  CUresult r = d->GraphInstantiateWithFlags(&x, g, 0);
+  if (r == CUDA_SUCCESS)
+    (void)d->GraphExecDestroy(x);
+  return r;
+}
+
+/* A capture into an IF node's body (cuStreamBeginCaptureToGraph): the
+ * capture's graph is the body itself; an external wait there on an eager
+ * event is accepted and the capture ends cleanly; the parent graph's
+ * instantiation then fails with INVALID_VALUE (what EAGER_TO_CAPTURE would
+ * do inside a body, and why dlsync refuses it); a body of a memset only
+ * instantiates. (dlsync's refusal compares the capture's graph with the
+ * declared bodies, include/dlsync/conditional.h.) */
+static const char *cond_body_rule(const dlsync__driver *d, CUdeviceptr buf, char *why, size_t n) {
+  scope sc;
+  CUgraph parent = NULL, body = NULL, got = NULL, ended = NULL;
+  CUstreamCaptureStatus cs;
+  const char *res = "setup failed";
+  CUresult r;
+  for (int with_wait = 0; with_wait < 2; with_wait++) {
+    if (scope_open(&sc, d) != CUDA_SUCCESS)
+      goto done;
+    r = if_node(d, &parent, &body);
+    scope_keep(&sc, parent);
+    if (r != CUDA_SUCCESS) {
+      res = said(why, n, d, "making a graph with an IF node", r, "CUDA_SUCCESS");
+      goto done;
+    }
+    r = d->StreamBeginCaptureToGraph(sc.s[0], body, NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_RELAXED);
+    if (r != CUDA_SUCCESS) {
+      res = said(why, n, d, "cuStreamBeginCaptureToGraph into the IF body", r, "CUDA_SUCCESS");
+      goto done;
+    }
+    r = d->StreamGetCaptureInfo(sc.s[0], &cs, NULL, &got, NULL, NULL, NULL);
+    if (r != CUDA_SUCCESS || got != body) {
+      snprintf(why, n, "the capture's graph (cuStreamGetCaptureInfo: %s) is %p, not the body %p",
+               dlsync__driver_error_name(d, r), (void *)got, (void *)body);
+      res = why;
+      goto done;
+    }
+    if (d->MemsetD32Async(buf, 1, 1, sc.s[0]) != CUDA_SUCCESS)
+      goto done;
+    if (with_wait) {
+      if (d->EventRecord(sc.e[0], sc.s[1]) != CUDA_SUCCESS)
+        goto done;
+      r = d->StreamWaitEvent(sc.s[0], sc.e[0], CU_EVENT_WAIT_EXTERNAL);
+      if (r != CUDA_SUCCESS) {
+        res = said(why, n, d, "cuStreamWaitEvent(EXTERNAL) in a capture into an IF body", r,
+                   "CUDA_SUCCESS (accepted; the instantiation fails)");
+        goto done;
+      }
+    }
+    r = d->StreamEndCapture(sc.s[0], &ended);
+    if (r != CUDA_SUCCESS) {
+      res = said(why, n, d, "cuStreamEndCapture of the body's capture", r, "CUDA_SUCCESS");
+      goto done;
+    }
+    r = instantiate(d, parent);
+    if (r != (with_wait ? CUDA_ERROR_INVALID_VALUE : CUDA_SUCCESS)) {
+      res = said(why, n, d,
+                 with_wait ? "cuGraphInstantiate of the parent, an event-wait node in its body"
+                           : "cuGraphInstantiate of the parent, a memset in its body",
+                 r, with_wait ? "CUDA_ERROR_INVALID_VALUE" : "CUDA_SUCCESS");
+      goto done;
+    }
+    scope_close(&sc);
+    sc.d = NULL;
+  }
+  res = NULL;
+done:
+  if (sc.d != NULL) {
+    end_body_capture(d, sc.s[0]);
+    scope_close(&sc);
+  }
+  return res;
+}
+
+/* An event-wait node added by hand (cuGraphAddEventWaitNode) to an IF
+ * node's body: the fake's guess, from the capture's case (R28), is that
+ * the add is accepted and the parent's instantiation fails with
+ * INVALID_VALUE. dlsync does not rely on it (it refuses the rows that would
+ * add such a node to a declared body, whichever way); what the driver does
+ * here says whether dlsync could find bodies itself, by the driver's answer
+ * to such an add. */
+static const char *cond_body_by_hand_rule(const dlsync__driver *d, CUdeviceptr buf, char *why,
+                                          size_t n) {
+  scope sc;
+  CUgraph parent = NULL, body = NULL;
+  CUgraphNode node = NULL;
+  const char *res = "setup failed";
+  CUresult r;
+  (void)buf;
+  if (scope_open(&sc, d) != CUDA_SUCCESS)
+    goto done;
+  r = if_node(d, &parent, &body);
+  scope_keep(&sc, parent);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "making a graph with an IF node", r, "CUDA_SUCCESS");
+    goto done;
+  }
+  if (d->EventRecord(sc.e[0], sc.s[1]) != CUDA_SUCCESS)
+    goto done;
+  r = d->GraphAddEventWaitNode(&node, body, NULL, 0, sc.e[0]);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "cuGraphAddEventWaitNode into an IF body (the driver refuses it at once)",
+               r, "CUDA_SUCCESS, and the instantiation failing");
+    goto done;
+  }
+  r = instantiate(d, parent);
+  if (r != CUDA_ERROR_INVALID_VALUE) {
+    res = said(why, n, d, "cuGraphInstantiate of the parent, a wait node added by hand in its body",
+               r, "CUDA_ERROR_INVALID_VALUE");
+    goto done;
+  }
+  res = NULL;
+done:
+  scope_close(&sc);
+  return res;
+}
+
+/* Inside a capture into an IF node's body, the edge-only rows' calls work:
+ * an eager stream joins the body's capture by a plain wait on an event
+ * recorded there (JOIN), its work is added back by
+ * cuStreamUpdateCaptureDependencies ADD (SAME_CAPTURE), the capture ends
+ * cleanly and the parent instantiates and launches. */
+static const char *cond_body_edges_rule(const dlsync__driver *d, CUdeviceptr buf, char *why,
+                                        size_t n) {
+  scope sc;
+  CUgraph parent = NULL, body = NULL, ended = NULL;
+  CUgraphExec x = NULL;
+  const CUgraphNode *deps = NULL;
+  size_t nd;
+  const char *res = "setup failed";
+  CUresult r;
+  if (scope_open(&sc, d) != CUDA_SUCCESS)
+    goto done;
+  r = if_node(d, &parent, &body);
+  scope_keep(&sc, parent);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "making a graph with an IF node", r, "CUDA_SUCCESS");
+    goto done;
+  }
+  if (d->StreamBeginCaptureToGraph(sc.s[0], body, NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_RELAXED) !=
+          CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 1, 1, sc.s[0]) != CUDA_SUCCESS ||
+      d->EventRecord(sc.e[0], sc.s[0]) != CUDA_SUCCESS)
+    goto done;
+  r = d->StreamWaitEvent(sc.s[1], sc.e[0], 0);
+  if (r != CUDA_SUCCESS || capture_id(d, sc.s[1]) != capture_id(d, sc.s[0])) {
+    res = r != CUDA_SUCCESS
+              ? said(why, n, d, "a plain wait joining the body's capture", r, "CUDA_SUCCESS")
+              : "the waiting stream did not join the body's capture";
+    goto done;
+  }
+  if (d->MemsetD32Async(buf, 2, 1, sc.s[1]) != CUDA_SUCCESS)
+    goto done;
+  nd = deps_of(d, sc.s[1], &deps, NULL);
+  r = add_from(d, sc.s[0], deps, nd);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "cuStreamUpdateCaptureDependencies(ADD) inside the body's capture", r,
+               "CUDA_SUCCESS");
+    goto done;
+  }
+  r = d->StreamEndCapture(sc.s[0], &ended);
+  if (r != CUDA_SUCCESS) {
+    res =
+        said(why, n, d, "cuStreamEndCapture of the body's capture after a join", r, "CUDA_SUCCESS");
+    goto done;
+  }
+  r = d->GraphInstantiateWithFlags(&x, parent, 0);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "cuGraphInstantiate of the parent (edges only in its body)", r,
+               "CUDA_SUCCESS");
+    goto done;
+  }
+  r = d->GraphLaunch(x, sc.s[2]);
+  if (r == CUDA_SUCCESS)
+    r = d->StreamSynchronize(sc.s[2]);
+  (void)d->GraphExecDestroy(x);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "launching the parent", r, "CUDA_SUCCESS");
+    goto done;
+  }
+  res = NULL;
+done:
+  end_body_capture(d, sc.s[0]);
+  scope_close(&sc);
+  return res;
+}
+
 const driver_rule driver_rules[] = {
     {"R1 JOIN", "a plain wait on an event of an active capture joins it", join_rule},
     {"R2 UNJOINED", "ending with a joined stream's work not joined back: UNJOINED", unjoined_rule},
@@ -701,6 +931,18 @@ const driver_rule driver_rules[] = {
      "an external record in one capture and an external wait on it in another: both accepted, "
      "in every mode",
      external_pair_rule},
+    {"R28 COND-BODY",
+     "an external wait in a capture into an IF body: accepted, the capture's graph is the body, "
+     "the parent fails to instantiate (INVALID_VALUE); a memset-only body instantiates",
+     cond_body_rule},
+    {"R29 COND-BODY-BY-HAND",
+     "an event-wait node added by hand to an IF body: accepted, the parent fails to instantiate "
+     "(the fake's guess; dlsync does not rely on it)",
+     cond_body_by_hand_rule},
+    {"R30 COND-BODY-EDGES",
+     "in a capture into an IF body a join and an ADD of dependencies work; the parent "
+     "instantiates and launches",
+     cond_body_edges_rule},
 };
 
 const size_t driver_rule_count = sizeof driver_rules / sizeof driver_rules[0];

@@ -1,0 +1,50 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* dlsync private: the conditional bodies a context was told of
+ * (include/dlsync/conditional.h), kept in graph/body.c. Never installed.
+ *
+ * A fixed table in the context (zeroed with it: no setup, nothing to free):
+ * the graphs as atomic words, a count of those declared for the rows' one
+ * load, and a spin lock for the writers (declarations are rare; readers never
+ * take it). */
+#ifndef DLSYNC_PRIVATE_BODY_H
+#define DLSYNC_PRIVATE_BODY_H
+
+#include <stdatomic.h>
+#include <stdbool.h>
+#include <stdint.h>
+
+#include "dlsync/conditional.h"
+#include "driver/driver.h"
+#include "stream/stream.h"
+
+typedef struct dlsync__bodies {
+  atomic_uint n;    /* bodies declared now */
+  atomic_bool lock; /* writers only */
+  _Atomic(uintptr_t) graph[DLSYNC_CONDITIONAL_BODIES];
+} dlsync__bodies;
+
+/* Bodies declared now in all contexts: the rows that add nodes load this
+ * one word (no pointer to follow) and look at their context's table only
+ * when it is not 0. */
+extern atomic_uint dlsync__bodies_total;
+
+/* Whether any body is declared in b's context. */
+static inline bool dlsync__bodies_any(const dlsync__bodies *b) {
+  return atomic_load_explicit(&dlsync__bodies_total, memory_order_acquire) != 0 &&
+         atomic_load_explicit(&b->n, memory_order_acquire) != 0;
+}
+/* Whether g is declared (a scan; NULL: false). */
+bool dlsync__bodies_has(const dlsync__bodies *b, CUgraph g);
+/* Declares g: false when the table is full (g declared already: true). */
+bool dlsync__bodies_add(dlsync__bodies *b, CUgraph g);
+/* Forgets g: false when it was not declared. */
+bool dlsync__bodies_remove(dlsync__bodies *b, CUgraph g);
+
+/* A lane whose graph is a declared body that `what` (a row's name, a
+ * fence's call) would give an event-record (record) or event-wait node:
+ * DLSYNC_ERROR_CONDITIONAL_BODY naming both, nothing done. DLSYNC_SUCCESS
+ * when the lane is eager or its graph no declared body. */
+DLSYNC__COLD dlsync_status dlsync__body_refuse(const dlsync__bodies *b, const char *what,
+                                               const dlsync__lane_now *l, bool record);
+
+#endif

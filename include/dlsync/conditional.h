@@ -1,0 +1,81 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* dlsync: conditional nodes' bodies.
+ *
+ * CUDA admits only kernel, empty, child-graph, memset, memcpy and conditional
+ * nodes in the body of a conditional node (IF, WHILE, SWITCH:
+ * CUDA_CONDITIONAL_NODE_PARAMS in cuda.h). An event-wait node put in a body
+ * during a capture into it is accepted, the capture ends cleanly, and the
+ * parent graph's cuGraphInstantiate then fails with CUDA_ERROR_INVALID_VALUE,
+ * far from the call that added it (rule R28 of tests/fake/fake_driver.h,
+ * checked on the GPU by gpu_rules, which also shows what a node added by hand
+ * does).
+ * CUDA has no call that says whether a graph is a body, so the caller, who
+ * made the conditional node, tells dlsync:
+ *
+ *   CUgraph body = params.conditional.phGraph_out[0];
+ *   dlsync_conditional_body_add(ctx, body);
+ *   cuStreamBeginCaptureToGraph(s, body, NULL, NULL, 0, mode);  // or nodes by hand
+ *   ... exchanges, orders, fences on s (and on streams that join s) ...
+ *   cuStreamEndCapture(s, &body);
+ *   dlsync_conditional_body_remove(ctx, body);  // before the parent is destroyed
+ *
+ * Then, for a lane whose graph is a declared body (a stream capturing into it,
+ * or a graph lane on it):
+ *  - the rows that take edges only work as everywhere: SAME_CAPTURE (both
+ *    streams in the body's capture), JOIN (an eager stream joins the body's
+ *    capture), SAME_BUILT, one stream;
+ *  - the rows that would add an event-record or event-wait node in the body
+ *    (EAGER_TO_CAPTURE, EAGER_TO_BUILT, TWO_CAPTURES, CAPTURE_TO_BUILT,
+ *    BUILT_TO_CAPTURE, TWO_BUILT; a fence signalled in the body or waited on
+ *    there with a node) are refused at once with DLSYNC_ERROR_CONDITIONAL_BODY
+ *    and a message naming the row, the lane and the body: nothing is queued,
+ *    the capture stays valid, and the parent graph still instantiates. Order
+ *    that work before the conditional node instead (on the parent's lane,
+ *    before the body's capture begins), or bring the other stream into the
+ *    body's capture (an exchange that joins it takes edges only).
+ *
+ * A body of a body (a conditional node inside a body) is declared the same
+ * way. Declarations belong to the context: any thread's calls see them.
+ * Graph handles are reused once a graph is destroyed: remove a declaration
+ * before the parent graph (which owns its bodies) is destroyed, or a new graph
+ * with the same handle is taken for a body. At most DLSYNC_CONDITIONAL_BODIES
+ * bodies are declared at once per context.
+ *
+ * Threads: any. Cost: while a context has no declared body, the rows that add
+ * nodes pay one load; with some, they also compare their graphs with the
+ * declared ones. The rows that add no node never look.
+ */
+#ifndef DLSYNC_CONDITIONAL_H
+#define DLSYNC_CONDITIONAL_H
+
+#include "dlsync/context.h"
+#include "dlsync/export.h"
+#include "dlsync/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct CUgraph_st;
+
+#define DLSYNC_CONDITIONAL_BODIES 64
+
+/* Declares `body` (a graph from CUDA_CONDITIONAL_NODE_PARAMS.phGraph_out) a
+ * conditional node's body for ctx. Declaring one twice is allowed and counts
+ * once. Errors: DLSYNC_ERROR_INVALID_ARGUMENT (ctx or body NULL, or
+ * DLSYNC_CONDITIONAL_BODIES bodies declared already). No driver call. */
+DLSYNC_API dlsync_status dlsync_conditional_body_add(dlsync_context *ctx, struct CUgraph_st *body);
+
+/* Forgets a declaration. DLSYNC_ERROR_INVALID_ARGUMENT when ctx or body is
+ * NULL or body is not declared. No driver call. */
+DLSYNC_API dlsync_status dlsync_conditional_body_remove(dlsync_context *ctx,
+                                                        struct CUgraph_st *body);
+
+/* Whether `body` is declared for ctx (false for NULL arguments). */
+DLSYNC_API int dlsync_conditional_body_is_declared(dlsync_context *ctx, struct CUgraph_st *body);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif

@@ -1,0 +1,53 @@
+/* SPDX-License-Identifier: Apache-2.0 */
+/* dlsync: a library's own graph, run on any lane.
+ *
+ * A library that captured or built a graph of its own earlier (a step it
+ * replays) must run it wherever its caller is: on an eager stream, inside
+ * the caller's stream capture, or at a position in a graph the caller builds
+ * by hand. dlsync_graph_launch does what each place needs:
+ *  - an eager stream: cuGraphLaunch(exec, stream);
+ *  - a capturing stream: a child-graph node (cuGraphAddChildGraphNode, a
+ *    copy of `graph`) after the capture's current dependencies, which become
+ *    that node: no other node, no join of unrelated work. Inside a
+ *    conditional node's body too (a child graph is admitted there when its
+ *    own nodes are);
+ *  - a graph lane: a child-graph node after the lane's frontier, which
+ *    becomes that node.
+ * The child node holds a copy of `graph`: the caller may destroy its graph
+ * after the call, and what dlsync placed stays valid as long as the graph
+ * it went into, or an executable of it, lives.
+ *
+ * Errors, each with a message and nothing queued: DLSYNC_ERROR_INVALID_ARGUMENT
+ * (ctx or lane NULL; graph NULL where a child node is needed; exec NULL on an
+ * eager stream; a graph that cannot be a child: it holds conditional,
+ * memory-allocation or memory-free nodes, said so by name);
+ * DLSYNC_ERROR_INVALID_LANE; DLSYNC_ERROR_CAPTURE_INVALIDATED;
+ * DLSYNC_ERROR_DRIVER_TOO_OLD (a driver without cuGraphAddChildGraphNode or
+ * cuGraphLaunch); DLSYNC_ERROR_DRIVER (the driver refused: a destroyed graph
+ * or executable, for example). Graph lanes need room for one node in deps
+ * (else DLSYNC_ERROR_INVALID_ARGUMENT). Threads: any; legal during capture.
+ */
+#ifndef DLSYNC_GRAPH_H
+#define DLSYNC_GRAPH_H
+
+#include "dlsync/context.h"
+#include "dlsync/export.h"
+#include "dlsync/lane.h"
+#include "dlsync/status.h"
+
+#ifdef __cplusplus
+extern "C" {
+#endif
+
+struct CUgraph_st;
+struct CUgraphExec_st;
+
+/* Runs `graph` (launched as `exec` on an eager stream) at `lane`. */
+DLSYNC_API dlsync_status dlsync_graph_launch(dlsync_context *ctx, struct CUgraph_st *graph,
+                                             struct CUgraphExec_st *exec, dlsync_lane *lane);
+
+#ifdef __cplusplus
+}
+#endif
+
+#endif
