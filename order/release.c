@@ -209,6 +209,7 @@ typedef struct reclaimer {
   const dlsync__driver *drv; /* NULL: the janitor */
   int device;
   atomic_bool stopping; /* the unload asked it to return once its queue is empty */
+  bool started;         /* under lock: past its start (see reclaimer_start) */
 } reclaimer;
 
 static pthread_mutex_t reclaimers_lock = PTHREAD_MUTEX_INITIALIZER;
@@ -303,6 +304,10 @@ static void *reclaimer_main(void *p) {
   if (r->drv != NULL && r->drv->DeviceGet(&dev, r->device) == CUDA_SUCCESS &&
       r->drv->DeviceGetPCIBusId(bus_id, (int)sizeof bus_id, dev) == CUDA_SUCCESS)
     (void)dlsync__hwloc_bind_near(bus_id); /* unbound where hwloc is absent */
+  pthread_mutex_lock(&r->lock);
+  r->started = true;
+  pthread_cond_broadcast(&r->cond);
+  pthread_mutex_unlock(&r->lock);
   for (;;) {
     release_item *it;
     pthread_mutex_lock(&r->lock);
@@ -356,6 +361,13 @@ static dlsync_status reclaimer_start(reclaimer **out, const dlsync__driver *drv,
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting the reclaimer thread of device %d",
                         device);
   }
+  /* Its start may load libraries (hwloc's plugins: dlopen), which takes
+   * the loader's lock: waited for here, so that an unload (a dlclose, which
+   * holds that lock while it joins the thread) never finds it there. */
+  pthread_mutex_lock(&r->lock);
+  while (!r->started)
+    pthread_cond_wait(&r->cond, &r->lock);
+  pthread_mutex_unlock(&r->lock);
   *out = r;
   return DLSYNC_SUCCESS;
 }
