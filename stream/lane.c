@@ -88,7 +88,7 @@ dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role)
                           "the lane's new frontier into deps (give it an array of capacity nodes)",
                           role, lane->capacity);
     {
-      size_t i, j;
+      size_t i = 0, j = 0;
       if (deps_repeat(&j, &i, lane->deps, lane->ndeps))
         return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
                             "the %s graph lane's deps name node %p twice (deps[%zu] and "
