@@ -1487,6 +1487,55 @@ static void test_large_frontier_duplicate_check_is_not_quadratic(void **state) {
     fail_msg("the deps check took %.4f s at 16,000 nodes and %.4f s at 32,000", t16, t32);
 }
 
+/* The same through dlsync_order, on the fake: two graph lanes of one graph
+ * built by hand (SAME_BUILT), each a frontier of n/2 nodes, half of them
+ * shared; their union (n/2 + n/4 nodes) checked and merged. */
+static double time_same_built(size_t n) {
+  CUgraph g = NULL;
+  size_t half = n / 2;
+  CUgraphNode *nodes = malloc((half + half / 2) * sizeof *nodes);
+  CUgraphNode *da = malloc(n * sizeof *da), *db = malloc(n * sizeof *db);
+  dlsync_lane la, lb;
+  struct timespec a, b;
+  double t;
+  assert_non_null(nodes);
+  assert_non_null(da);
+  assert_non_null(db);
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  for (size_t i = 0; i < half + half / 2; i++)
+    nodes[i] = fake_graph_add_work(g, NULL, 0, "root");
+  for (size_t i = 0; i < half; i++) {
+    da[i] = nodes[i];            /* 0 .. half */
+    db[i] = nodes[half / 2 + i]; /* half/2 .. half + half/2: half of them shared */
+  }
+  la = dlsync_lane_graph(g, da, half, n);
+  lb = dlsync_lane_graph(g, db, half, n);
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  assert_int_equal(dlsync_order(ctx, &la, &lb), DLSYNC_SUCCESS);
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  t = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+  assert_int_equal(lb.ndeps, half + half / 2); /* the union, each node once */
+  pop_all_contexts();
+  destroy_graph(g);
+  free(nodes);
+  free(da);
+  free(db);
+  return t;
+}
+
+static void test_large_same_graph_union_is_not_quadratic(void **state) {
+  double t16, t32;
+  (void)state;
+  (void)time_same_built(2000); /* warm */
+  t16 = time_same_built(16000);
+  t32 = time_same_built(32000);
+  if (t32 > 3.0 * t16 + 0.020)
+    fail_msg("an order of two 16,000-node frontiers of one graph took %.4f s, of two "
+             "32,000-node ones %.4f s",
+             t16, t32);
+}
+
 static void test_large_frontier_duplicate_is_named_like_a_small_one(void **state) {
   size_t n = 5000;
   CUgraphNode *deps = malloc(n * sizeof *deps);
@@ -1577,6 +1626,8 @@ int main(void) {
           fixture_teardown),
       cmocka_unit_test_setup_teardown(test_large_frontier_duplicate_check_is_not_quadratic,
                                       fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_large_same_graph_union_is_not_quadratic, fixture_setup,
+                                      fixture_teardown),
       cmocka_unit_test_setup_teardown(test_large_frontier_duplicate_is_named_like_a_small_one,
                                       fixture_setup, fixture_teardown),
   };
