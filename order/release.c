@@ -266,15 +266,30 @@ static bool enter_relaxed(reclaimer *rc, release_item *it) {
 static void run_item(reclaimer *rc, release_item *it) {
   CUresult sync_result = CUDA_SUCCESS;
   char message[200] = {0};
-  bool entered;
+  bool run;
   if (it->book == NULL) { /* the janitor's work */
     it->fn(it->arg);
     dlsync__free(it);
     return;
   }
-  entered = enter_relaxed(rc, it);
+  run = enter_relaxed(rc, it);
   if (it->event != NULL) {
-    CUresult r = entered ? it->drv->EventSynchronize(it->event) : CUDA_SUCCESS;
+    CUresult r = CUDA_SUCCESS;
+    if (run && atomic_load(&rc->stopping) && it->drv->EventQuery != NULL) {
+      /* Unloading: the work done already is released; work still going is
+       * not waited for (an exit must not hang on it), its deleter not run. */
+      r = it->drv->EventQuery(it->event);
+      if (r == CUDA_ERROR_NOT_READY) {
+        run = false;
+        r = CUDA_SUCCESS;
+        DLSYNC__LOG(DLSYNC__LOG_WARN,
+                    "the library is unloaded while a release's work is still running on "
+                    "device %d: its deleter does not run",
+                    it->device);
+      }
+    } else if (run) {
+      r = it->drv->EventSynchronize(it->event);
+    }
     if (r != CUDA_SUCCESS) {
       /* The deleter runs anyway (the stream will not get better by waiting);
        * the failure is counted and returned by the next flush. */
@@ -287,7 +302,7 @@ static void run_item(reclaimer *rc, release_item *it) {
     dlsync__pool_put(it->pool, it->event);
     dlsync__pool_unref(it->pool);
   }
-  if (entered) {
+  if (run) {
     running = it;
     it->fn(it->arg);
     running = NULL;

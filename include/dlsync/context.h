@@ -40,8 +40,10 @@
  * destroyed context (so neither happens on a driver thread). They are
  * stopped and joined when the library is unloaded: at exit, or at the
  * dlclose of a shared library that embeds libdlsync.a. Eager releases still
- * queued then run first; a deleter running at that moment must not load or
- * unload a library (the loader's lock is held while the thread is joined).
+ * queued then run first if their work is done; those whose work is still
+ * running are not waited for, and their deleters do not run. A deleter
+ * running at that moment must not load or unload a library (the loader's
+ * lock is held while the thread is joined).
  *
  * fork(): in a child of fork() CUDA cannot be used and dlsync's threads do
  * not exist. There every function that returns a dlsync_status returns
