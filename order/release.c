@@ -13,7 +13,11 @@
  * Each context keeps a book of its releases (pending, done) so that
  * destroying it can wait for the eager ones and report those graphs still
  * own. Books and queued releases are reference-counted, so a release that
- * outlives its context (owned by a graph) still runs. */
+ * outlives its context (owned by a graph) still runs.
+ *
+ * The threads (the reclaimers and the janitor, below) are joined when this
+ * copy of the library is unloaded; in a child of fork() they do not exist,
+ * and every entry point refuses (base/thread.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
