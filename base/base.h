@@ -186,6 +186,28 @@ typedef struct dlsync__thread {
  * memo scan); one call per entry point is cheaper. */
 dlsync__thread *dlsync__thread_get(void);
 
+/* ---- fork() (base/thread.c) ---- */
+
+#ifndef __cplusplus
+/* Set in a child of fork() (a pthread_atfork handler): CUDA cannot be used
+ * there, and dlsync's own threads were not copied, so every entry point that
+ * can fail refuses with DLSYNC_ERROR_NO_DRIVER (dlsync__fail_forked) and the
+ * others do nothing. One relaxed load. */
+extern atomic_bool dlsync__forked;
+#define DLSYNC__IN_FORKED_CHILD() \
+  DLSYNC__UNLIKELY(atomic_load_explicit(&dlsync__forked, memory_order_relaxed))
+#endif
+
+/* DLSYNC_ERROR_NO_DRIVER with a message naming fn and why. */
+DLSYNC__COLD dlsync_status dlsync__fail_forked(const char *fn);
+
+/* The first line of an entry point that returns a status. */
+#define DLSYNC__REFUSE_IN_FORKED_CHILD(fn) \
+  do {                                     \
+    if (DLSYNC__IN_FORKED_CHILD())         \
+      return dlsync__fail_forked(fn);      \
+  } while (0)
+
 #define DLSYNC_TRY(expr)                        \
   do {                                          \
     st = (expr);                                \

@@ -81,8 +81,15 @@ void dlsync__pool_note_graph_owned(dlsync__pool *pool);
 /* Destroys every pool of a context; pools with events still owned by graphs
  * live on until those come back. */
 dlsync_status dlsync__pools_destroy(dlsync__pools *ps);
-/* Destroys events whose context was destroyed while a graph held them. */
+/* Destroys events whose context was destroyed while a graph held them (and
+ * those given back while their pool could not grow); returns once any
+ * collection in progress on another thread is done too. */
 void dlsync__orphans_collect(void);
+/* Set by the layer above: called, with no lock held and on any thread (a
+ * driver thread too: it must make no CUDA call), when an event of a
+ * destroyed context is orphaned. */
+typedef void (*dlsync__orphans_waker)(void);
+void dlsync__orphans_set_waker(dlsync__orphans_waker wake);
 
 /* An event held outside the pool, by graphs (user objects) and fences,
  * counted; back to the pool (no CUDA call: any thread, a driver thread too)

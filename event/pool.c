@@ -53,11 +53,27 @@ typedef struct orphan {
 static pthread_mutex_t orphan_lock = PTHREAD_MUTEX_INITIALIZER;
 static orphan *orphans;
 static atomic_int orphans_pending;
+/* One collection at a time, and a collection in progress is waited for: a
+ * caller that finds the list empty while another thread destroys what it
+ * took still returns only once those events are gone. */
+static pthread_mutex_t collect_lock = PTHREAD_MUTEX_INITIALIZER;
+static atomic_int collecting;
+/* Called (no lock held) when an event of a destroyed context is orphaned,
+ * so that some thread of the layer above collects it soon; NULL: the next
+ * collection does (a pool growing, a context made or destroyed). */
+static _Atomic(dlsync__orphans_waker) orphans_waker;
+
+void dlsync__orphans_set_waker(dlsync__orphans_waker wake) {
+  atomic_store_explicit(&orphans_waker, wake, memory_order_release);
+}
 
 void dlsync__orphans_collect(void) {
   orphan *list;
-  if (atomic_load_explicit(&orphans_pending, memory_order_acquire) == 0)
+  if (atomic_load_explicit(&orphans_pending, memory_order_acquire) == 0 &&
+      atomic_load_explicit(&collecting, memory_order_acquire) == 0)
     return;
+  atomic_fetch_add_explicit(&collecting, 1, memory_order_acq_rel);
+  pthread_mutex_lock(&collect_lock);
   pthread_mutex_lock(&orphan_lock);
   list = orphans;
   orphans = NULL;
@@ -74,6 +90,8 @@ void dlsync__orphans_collect(void) {
     dlsync__free(list);
     list = next;
   }
+  pthread_mutex_unlock(&collect_lock);
+  atomic_fetch_sub_explicit(&collecting, 1, memory_order_acq_rel);
 }
 
 static void pool_unref(dlsync__pool *p);
@@ -390,6 +408,11 @@ void dlsync__pool_unborrow(dlsync__pool *p, CUevent event, bool lent) {
  * orphan list, destroyed by the next call that may make CUDA calls. */
 static void orphan_event(dlsync__pool *p, CUevent event) {
   orphan *o = dlsync__malloc(sizeof *o);
+  bool dead;
+  dlsync__orphans_waker wake;
+  dlsync__spin_lock(&p->lock);
+  dead = p->dead;
+  dlsync__spin_unlock(&p->lock);
   if (o != NULL) {
     o->drv = p->drv;
     o->event = event;
@@ -400,6 +423,9 @@ static void orphan_event(dlsync__pool *p, CUevent event) {
     orphans = o;
     atomic_store_explicit(&orphans_pending, 1, memory_order_release);
     pthread_mutex_unlock(&orphan_lock);
+    wake = atomic_load_explicit(&orphans_waker, memory_order_acquire);
+    if (dead && wake != NULL)
+      wake();
   } else {
     /* Out of memory on a driver thread: the event handle is lost (the
      * driver frees it with its context). */

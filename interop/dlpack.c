@@ -24,6 +24,7 @@ static void release_thunk(void *arg) {
 
 dlsync_status dlsync_dlpack_release(dlsync_context *ctx, dlsync_lane *lane,
                                     struct DLManagedTensorVersioned *t) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_dlpack_release");
   if (t == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
                         "dlsync_dlpack_release: the tensor is NULL (nothing to release)");
@@ -32,6 +33,7 @@ dlsync_status dlsync_dlpack_release(dlsync_context *ctx, dlsync_lane *lane,
 
 dlsync_status dlsync_dlpack_version(uint32_t *major, uint32_t *minor,
                                     const struct DLManagedTensorVersioned *t) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_dlpack_version");
   dlsync__dlpack_version v;
   if (major == NULL || minor == NULL || t == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_dlpack_version: %s is NULL",
@@ -78,6 +80,7 @@ cleanup:
 
 dlsync_status dlsync_dlpack_stream(dlsync_lane *out, bool *ordered, dlsync_context *ctx,
                                    int64_t stream_value, const dlsync_lane *producer) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_dlpack_stream");
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync_lane lane = no_lane();
   bool want = false;

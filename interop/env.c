@@ -159,6 +159,7 @@ static dlsync_status table_reserve(env_table *t, size_t need) {
 
 dlsync_status dlsync_env_stream_set(void **previous, int32_t device_type, int32_t device_id,
                                     void *stream) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_env_stream_set");
   dlsync_status st = DLSYNC_SUCCESS;
   env_table *t = tls_table;
   uint64_t key = key_of(device_type, device_id);
@@ -195,6 +196,7 @@ cleanup:
 }
 
 dlsync_status dlsync_env_stream_get(void **out, int32_t device_type, int32_t device_id) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_env_stream_get");
   dlsync_status st = DLSYNC_SUCCESS;
   const env_table *t = tls_table;
   bool found = false;
@@ -262,6 +264,7 @@ static dlsync_status api_pick(const unsigned char **out, const unsigned char *ap
 
 dlsync_status dlsync_env_stream_from_exchange_api(void **out, const struct DLPackExchangeAPI *api,
                                                   int32_t device_type, int32_t device_id) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_env_stream_from_exchange_api");
   dlsync_status st = DLSYNC_SUCCESS;
   const unsigned char *h = NULL;
   dlsync__dlpack_current_work_stream_fn fn = NULL;

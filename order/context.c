@@ -84,6 +84,7 @@ dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
   atomic_init(&ctx->live_fences, 0);
   atomic_init(&ctx->destroyed, false);
   DLSYNC_TRY(dlsync__release_book_new(&ctx->releases));
+  dlsync__orphans_set_waker(dlsync__release_orphans_wake);
   dlsync__orphans_collect();
   DLSYNC__LOG(DLSYNC__LOG_INFO, "context %p created (driver %s, version %d.%d, events kept %u)",
               (void *)ctx, drv->origin != NULL ? drv->origin : "?", ctx->driver_version / 1000,
@@ -92,7 +93,7 @@ dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
   ctx = NULL;
 cleanup:
   if (ctx != NULL) {
-    (void)dlsync__release_book_close(ctx->releases);
+    (void)dlsync__release_book_close(ctx->releases, NULL);
     if (lock_made)
       pthread_mutex_destroy(&ctx->pools.lock);
     dlsync__free(ctx);
@@ -101,6 +102,7 @@ cleanup:
 }
 
 dlsync_status dlsync_context_create(dlsync_context **out, const dlsync_context_config *config) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_context_create");
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *drv = NULL;
   if (out == NULL)
@@ -117,17 +119,33 @@ void dlsync__context_ref(dlsync_context *ctx) {
   atomic_fetch_add_explicit(&ctx->refs, 1, memory_order_relaxed);
 }
 
-void dlsync__context_unref(dlsync_context *ctx) {
-  if (atomic_fetch_sub_explicit(&ctx->refs, 1, memory_order_acq_rel) != 1)
-    return;
+static void context_free(void *p) {
+  dlsync_context *ctx = p;
   pthread_mutex_destroy(&ctx->pools.lock);
   dlsync__free(ctx);
   dlsync__orphans_collect(); /* the last fence's event, back in a dead pool */
 }
 
+void dlsync__context_unref(dlsync_context *ctx) {
+  if (atomic_fetch_sub_explicit(&ctx->refs, 1, memory_order_acq_rel) == 1)
+    context_free(ctx);
+}
+
+void dlsync__context_unref_elsewhere(dlsync_context *ctx) {
+  if (atomic_fetch_sub_explicit(&ctx->refs, 1, memory_order_acq_rel) != 1)
+    return;
+  if (!dlsync__defer(context_free, ctx)) {
+    /* No janitor: the memory now, the orphans at the next collection. */
+    pthread_mutex_destroy(&ctx->pools.lock);
+    dlsync__free(ctx);
+  }
+}
+
 dlsync_status dlsync_context_destroy(dlsync_context *ctx) {
-  dlsync_status st;
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_context_destroy");
+  dlsync_status st, rst, pst;
   size_t abandoned, fences;
+  dlsync__release_left left;
   if (ctx == NULL)
     return DLSYNC_SUCCESS;
   if (ctx->is_default)
@@ -140,23 +158,52 @@ dlsync_status dlsync_context_destroy(dlsync_context *ctx) {
   abandoned = dlsync__exchanges_abandon(ctx);
   fences = atomic_load(&ctx->live_fences);
   /* Releases first: the eager ones give their events back to the pools. */
-  st = dlsync__release_book_close(ctx->releases);
+  rst = dlsync__release_book_close(ctx->releases, &left);
   /* This thread's batches of events for built graphs: closed, so that
    * their unused events come back once the graphs are gone (other threads
    * close theirs at their next order into a built graph, or at exit). */
   dlsync__graph_built_close(&ctx->pools);
-  {
-    dlsync_status pst = dlsync__pools_destroy(&ctx->pools);
-    if (st == DLSYNC_SUCCESS)
-      st = pst;
-  }
+  pst = dlsync__pools_destroy(&ctx->pools);
+  /* A driver error of the pools is returned unless releases are left; what
+   * is left is named, each kind with its count. */
+  st = rst != DLSYNC_SUCCESS ? rst : pst;
   if (st == DLSYNC_SUCCESS && (abandoned > 0 || fences > 0))
-    st = dlsync__fail(DLSYNC_ERROR_BUSY,
-                      "the context was destroyed with %zu exchange(s) begun and not ended (they "
-                      "are abandoned: their end is DLSYNC_ERROR_INVALID_ARGUMENT and orders "
-                      "nothing) and %zu fence(s) not released (they still work; the context's "
-                      "memory and their events go with their last release)",
-                      abandoned, fences);
+    st = DLSYNC_ERROR_BUSY;
+  if (st == DLSYNC_ERROR_BUSY) {
+    const struct {
+      size_t n;
+      const char *what;
+    } parts[] = {
+        {abandoned, "exchange(s) begun and not ended (they are abandoned: their end is "
+                    "DLSYNC_ERROR_INVALID_ARGUMENT and orders nothing)"},
+        {fences, "fence(s) not released (they still work; the context's memory and their "
+                 "events go with their last release)"},
+        {left.graph_owned, "release(s) still owned by graphs (their deleters run when those "
+                           "graphs and their executables are destroyed)"},
+        {left.blocked, "eager release(s) blocked: the reclaimer cannot enter RELAXED capture "
+                       "mode (they run once it can)"},
+        {left.queued, "eager release(s) queued behind the deleter running (they still run)"},
+    };
+    char why[720];
+    size_t used = 0, kinds = 0, seen = 0;
+    why[0] = '\0';
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0]; i++)
+      kinds += parts[i].n > 0;
+    for (size_t i = 0; i < sizeof parts / sizeof parts[0] && used < sizeof why; i++) {
+      int k;
+      if (parts[i].n == 0)
+        continue;
+      k = snprintf(why + used, sizeof why - used, "%s%zu %s",
+                   seen == 0           ? ""
+                   : seen + 1 == kinds ? " and "
+                                       : ", ",
+                   parts[i].n, parts[i].what);
+      used += k < 0 ? 0 : (size_t)k;
+      seen++;
+    }
+    st = dlsync__fail(DLSYNC_ERROR_BUSY, "the context was destroyed%s with %s",
+                      left.from_deleter ? " from a deleter" : "", why);
+  }
   DLSYNC__LOG(DLSYNC__LOG_INFO, "context %p destroyed (%s)", (void *)ctx, dlsync_status_name(st));
   dlsync__context_unref(ctx);
   return st;
@@ -197,6 +244,7 @@ static dlsync_status default_fail(dlsync_status st, int driver_result, const cha
 }
 
 dlsync_status dlsync_context_default(dlsync_context **out) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_context_default");
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync_context *ctx;
   int driver_result = 0;
@@ -247,6 +295,7 @@ dlsync_status dlsync_context_default(dlsync_context **out) {
 /* ---- facts ---- */
 
 dlsync_status dlsync_context_driver_version(int *out, const dlsync_context *ctx) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_context_driver_version");
   if (out == NULL || ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_context_driver_version: %s is NULL",
                         out == NULL ? "out" : "ctx");
@@ -255,6 +304,7 @@ dlsync_status dlsync_context_driver_version(int *out, const dlsync_context *ctx)
 }
 
 dlsync_status dlsync_context_capabilities(uint32_t *out, const dlsync_context *ctx) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_context_capabilities");
   if (out == NULL || ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_context_capabilities: %s is NULL",
                         out == NULL ? "out" : "ctx");
@@ -278,6 +328,7 @@ const char *dlsync_capability_name(dlsync_capability cap) {
 }
 
 dlsync_status dlsync_context_require(const dlsync_context *ctx, dlsync_capability cap) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_context_require");
   const dlsync__driver *d;
   const char *what = dlsync_capability_name(cap);
   if (ctx == NULL)
@@ -316,6 +367,7 @@ dlsync_status dlsync_context_require(const dlsync_context *ctx, dlsync_capabilit
 }
 
 dlsync_status dlsync_device_count(int *out, const dlsync_context *ctx) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_device_count");
   dlsync_status st = DLSYNC_SUCCESS;
   if (out == NULL || ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_device_count: %s is NULL",
@@ -328,6 +380,7 @@ cleanup:
 
 dlsync_status dlsync_device_get_info(dlsync_device_info *info, const dlsync_context *ctx,
                                      int ordinal) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_device_get_info");
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d;
   CUdevice dev = 0;
@@ -414,6 +467,7 @@ cleanup:
 
 dlsync_status dlsync_lane_query(dlsync_lane_state *out, dlsync_context *ctx,
                                 const dlsync_lane *lane) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_lane_query");
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__lane_now now;
   if (out == NULL || ctx == NULL)

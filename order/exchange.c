@@ -67,6 +67,7 @@ cleanup:
 }
 
 dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane *then) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_order");
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__thread *t;
   fast_pre pre;
@@ -160,6 +161,7 @@ cleanup:
 dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context *ctx,
                                           dlsync_lane *producer, dlsync_lane *consumer,
                                           uint32_t flags) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_exchange_begin_flags");
   dlsync_status st;
   dlsync__thread *t;
   dlsync_exchange *ex;
@@ -219,6 +221,7 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
 
 dlsync_status dlsync_exchange_begin(dlsync_exchange **out, dlsync_context *ctx,
                                     dlsync_lane *producer, dlsync_lane *consumer) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_exchange_begin");
   return dlsync_exchange_begin_flags(out, ctx, producer, consumer, 0);
 }
 
@@ -264,6 +267,7 @@ static dlsync_status end_parts(dlsync_exchange **parts, size_t n) {
 dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsync_context *ctx,
                                          dlsync_lane *producers, size_t n, dlsync_lane *consumer,
                                          uint32_t flags) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_exchange_begin_many");
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__thread *t;
   dlsync_exchange *ex = NULL;
@@ -379,6 +383,7 @@ cleanup:
 }
 
 dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_exchange_end");
   dlsync_status st;
   dlsync__thread *t;
   dlsync_context *ctx;

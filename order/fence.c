@@ -96,6 +96,7 @@ static const dlsync__lanes_ask signal_ask = {"signalling", NULL,
                                              "the signalling lane is a graph lane", false};
 
 dlsync_status dlsync_fence_signal(dlsync_fence **out, dlsync_context *ctx, dlsync_lane *lane) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_fence_signal");
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d;
   dlsync_fence *f = NULL;
@@ -178,6 +179,12 @@ static dlsync_status capture_active(bool *active, const dlsync_fence *f) {
   DLSYNC_CU(d, StreamGetCaptureInfo, (f->stream, &cs, &id, NULL, NULL, NULL, NULL),
             "stream %p, on which fence %p was signalled", (void *)f->stream, (const void *)f);
   *active = cs != CU_STREAM_CAPTURE_STATUS_NONE && id == f->where.capture_id;
+  if (*active && cs == CU_STREAM_CAPTURE_STATUS_INVALIDATED)
+    st = dlsync__fail(DLSYNC_ERROR_CAPTURE_INVALIDATED,
+                      "the fence was signalled in capture %llu, which was invalidated: its graph "
+                      "can never be made, so nothing can wait for the fence; end that capture "
+                      "(cuStreamEndCapture fails) and signal a new fence",
+                      (unsigned long long)f->where.capture_id);
 cleanup:
   return st;
 }
@@ -317,6 +324,7 @@ static DLSYNC__NOINLINE void trace_wait(const dlsync_fence *f, dlsync__row row,
 }
 
 dlsync_status dlsync_fence_wait(dlsync_fence *f, dlsync_lane *lane) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_fence_wait");
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__lane_now l;
   dlsync__table_in in;
@@ -358,6 +366,10 @@ cleanup:
 
 dlsync_fence *dlsync_fence_retain(dlsync_fence *f) {
   unsigned refs;
+  if (DLSYNC__IN_FORKED_CHILD()) {
+    (void)dlsync__fail_forked("dlsync_fence_retain");
+    return NULL;
+  }
   if (f == NULL)
     return NULL;
   refs = atomic_load_explicit(&f->refs, memory_order_relaxed);
@@ -374,6 +386,10 @@ dlsync_fence *dlsync_fence_retain(dlsync_fence *f) {
 void dlsync_fence_release(dlsync_fence *f) {
   dlsync_context *ctx;
   unsigned refs;
+  if (DLSYNC__IN_FORKED_CHILD()) {
+    (void)dlsync__fail_forked("dlsync_fence_release"); /* the parent's: left alone */
+    return;
+  }
   if (f == NULL)
     return;
   refs = atomic_load_explicit(&f->refs, memory_order_relaxed);
@@ -390,10 +406,14 @@ void dlsync_fence_release(dlsync_fence *f) {
   dlsync__held_event_unref(f->he);
   fence_recycle(f);
   atomic_fetch_sub_explicit(&ctx->live_fences, 1, memory_order_relaxed);
-  dlsync__context_unref(ctx);
+  /* Maybe from a host function or a user-object destructor: if this was the
+   * context's last reference (destroyed before its fences), the context and
+   * its orphaned events go on dlsync's janitor. */
+  dlsync__context_unref_elsewhere(ctx);
 }
 
 dlsync_status dlsync_fence_get_kind(dlsync_fence_kind *out, const dlsync_fence *f) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_fence_get_kind");
   if (out == NULL || f == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_get_kind: %s is NULL",
                         out == NULL ? "out" : "fence");

@@ -98,10 +98,11 @@ dlsync_exchange *dlsync__exchange_refused(dlsync_exchange *handle, dlsync_status
 }
 
 /* Context destroy: ends (without ordering anything) the exchanges of ctx
- * that are still begun; returns how many. Must not race with begin or end on
- * ctx (context.h). */
+ * that are still begun; returns how many of them the caller holds handles
+ * to (a begin_many's record counts once, its parts, which only its end
+ * ends, not at all). Must not race with begin or end on ctx (context.h). */
 size_t dlsync__exchanges_abandon(const dlsync_context *ctx) {
-  size_t n = 0;
+  size_t n = 0, parts = 0;
   unsigned made = atomic_load_explicit(&ex_made, memory_order_acquire);
   for (unsigned i = 0; i < made; i++) {
     dlsync_exchange *chunk =
@@ -112,13 +113,15 @@ size_t dlsync__exchanges_abandon(const dlsync_context *ctx) {
       continue;
     if (atomic_compare_exchange_strong_explicit(&ex->handle, &now, now + EX_GEN_ONE,
                                                 memory_order_acq_rel, memory_order_acquire)) {
-      if (ex->bits & EX_MANY)
+      if (ex->bits & EX_MANY) {
         dlsync__free(ex->many); /* its parts are records of ctx too: abandoned by this scan */
+        parts += ex->nmany;
+      }
       ex->many = NULL;
       ex->nmany = 0;
       shared_put(ex);
       n++;
     }
   }
-  return n;
+  return n - parts;
 }

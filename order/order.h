@@ -38,6 +38,10 @@ struct dlsync_context {
  * dlsync_context_destroy; the last unref frees it. */
 void dlsync__context_ref(dlsync_context *ctx);
 void dlsync__context_unref(dlsync_context *ctx);
+/* The same from a thread where no CUDA call may be made (a fence's last
+ * release): the context is freed, and its orphans destroyed, on the
+ * janitor. */
+void dlsync__context_unref_elsewhere(dlsync_context *ctx);
 
 /* Ends, ordering nothing, the exchanges of ctx still begun (their handles
  * become invalid); returns how many. For dlsync_context_destroy. */
@@ -121,9 +125,28 @@ static inline dlsync_status dlsync__lanes_open(dlsync__lanes_opened *out, dlsync
 
 typedef struct dlsync__release_book dlsync__release_book;
 dlsync_status dlsync__release_book_new(dlsync__release_book **out);
-/* Waits for the eager releases; DLSYNC_ERROR_BUSY (with a message) when
- * graphs still own some. Drops the context's reference either way. */
-dlsync_status dlsync__release_book_close(dlsync__release_book *book);
+/* What a context's destroy leaves to run later. */
+typedef struct dlsync__release_left {
+  size_t queued;      /* eager, not waited for: destroyed from a deleter */
+  size_t blocked;     /* eager, waiting for the reclaimer to enter RELAXED mode */
+  size_t graph_owned; /* run when their graphs go */
+  bool from_deleter;  /* the destroy runs in a deleter, on a reclaimer */
+} dlsync__release_left;
+/* Waits for the eager releases (not from a deleter: those queued behind it
+ * would wait for it); DLSYNC_ERROR_BUSY, no message set, when some are left
+ * (*left says which; left may be NULL). Drops the context's reference either
+ * way. */
+dlsync_status dlsync__release_book_close(dlsync__release_book *book, dlsync__release_left *left);
+
+/* Runs fn(arg) soon on dlsync's janitor thread (started on first use, joined
+ * at unload), for work that must not run where it becomes due (CUDA calls
+ * from a host function or a user-object destructor). No CUDA call; false
+ * when it cannot (out of memory, no thread, a child of fork(), unloading):
+ * then the caller decides. */
+bool dlsync__defer(void (*fn)(void *), void *arg);
+/* The event layer's orphan waker (dlsync__orphans_set_waker): a collection
+ * queued on the janitor. */
+void dlsync__release_orphans_wake(void);
 
 /* Test hook: forgets what the calling thread's last calls found
  * (dlsync__thread's end_capture and then_capture), so that a test's exact

@@ -13,7 +13,11 @@
  * Each context keeps a book of its releases (pending, done) so that
  * destroying it can wait for the eager ones and report those graphs still
  * own. Books and queued releases are reference-counted, so a release that
- * outlives its context (owned by a graph) still runs. */
+ * outlives its context (owned by a graph) still runs.
+ *
+ * The threads (the reclaimers and the janitor, below) are joined when this
+ * copy of the library is unloaded; in a child of fork() they do not exist,
+ * and every entry point refuses (base/thread.c). */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -158,59 +162,65 @@ static dlsync_status book_flush(dlsync__release_book *b) {
   return DLSYNC_SUCCESS;
 }
 
-dlsync_status dlsync__release_book_close(dlsync__release_book *b) {
-  dlsync_status st = DLSYNC_SUCCESS;
-  size_t graph_owned, blocked;
-  if (b == NULL)
-    return DLSYNC_SUCCESS;
-  if (on_reclaimer) {
-    /* From a deleter: the release running it is still pending, so waiting
-     * would wait for itself. Report instead; the book is reference-counted
-     * and the pending releases still run. */
-    size_t pending;
+/* The release (item) the calling reclaimer is running now, NULL elsewhere. */
+static _Thread_local const release_item *running;
+
+dlsync_status dlsync__release_book_close(dlsync__release_book *b, dlsync__release_left *left) {
+  dlsync__release_left l = {0, 0, 0, on_reclaimer};
+  if (b != NULL) {
     pthread_mutex_lock(&b->lock);
-    pending = b->pending_eager + b->pending_graph;
+    if (on_reclaimer) {
+      /* From a deleter: a release queued behind the one running would wait
+       * for itself, so the eager ones are not waited for; they still run
+       * (the book is reference-counted). The one running, if it is of this
+       * book, is not counted: it is done once its deleter returns. */
+      bool own = running != NULL && running->book == b;
+      l.queued = b->pending_eager - (own && !running->from_graph ? 1 : 0);
+      l.graph_owned = b->pending_graph - (own && running->from_graph ? 1 : 0);
+    } else {
+      while (b->pending_eager > b->blocked)
+        pthread_cond_wait(&b->cond, &b->lock);
+      l.blocked = b->blocked;
+      l.graph_owned = b->pending_graph;
+    }
     pthread_mutex_unlock(&b->lock);
     book_unref(b);
-    return dlsync__fail(DLSYNC_ERROR_BUSY,
-                        "the context was destroyed from a deleter with %zu release(s) pending "
-                        "(the one running included); they still run",
-                        pending);
   }
-  pthread_mutex_lock(&b->lock);
-  while (b->pending_eager > b->blocked)
-    pthread_cond_wait(&b->cond, &b->lock);
-  graph_owned = b->pending_graph;
-  blocked = b->blocked;
-  pthread_mutex_unlock(&b->lock);
-  if (blocked > 0)
-    st = dlsync__fail(DLSYNC_ERROR_BUSY,
-                      "the context was destroyed with %zu eager release(s) blocked: the "
-                      "reclaimer cannot enter RELAXED capture mode; they run once it can",
-                      blocked);
-  else if (graph_owned > 0)
-    st = dlsync__fail(DLSYNC_ERROR_BUSY,
-                      "the context was destroyed with %zu release(s) still owned by graphs; "
-                      "their deleters run when those graphs and their executables are destroyed",
-                      graph_owned);
-  book_unref(b);
-  return st;
+  if (left != NULL)
+    *left = l;
+  return l.queued + l.blocked + l.graph_owned > 0 ? DLSYNC_ERROR_BUSY : DLSYNC_SUCCESS;
 }
 
-/* ---- reclaimers: one thread per GPU, for the whole process ---- */
+/* ---- reclaimers: one thread per GPU, for the whole process ----
+ *
+ * And one more, the janitor (no GPU), for the work that must not be done
+ * where it becomes due: freeing a destroyed context and destroying its
+ * orphaned events when its last fence is released (perhaps from a host
+ * function or a user-object destructor, where no CUDA call is allowed), and
+ * destroying the events graphs give back to a destroyed context.
+ *
+ * Each thread is joined when this copy of the library is unloaded (its
+ * destructor, below): at exit, or at the dlclose of a shared library that
+ * embeds libdlsync.a, whose code the threads run. Stopping is a handshake
+ * without timeout: the thread runs what is queued (a deleter running
+ * finishes), then returns, and the unload joins it. */
 
 typedef struct reclaimer {
   pthread_mutex_t lock;
   pthread_cond_t cond;
   release_item *head, *tail;
   pthread_t thread;
-  const dlsync__driver *drv;
+  const dlsync__driver *drv; /* NULL: the janitor */
   int device;
+  atomic_bool stopping; /* the unload asked it to return once its queue is empty */
+  bool started;         /* under lock: past its start (see reclaimer_start) */
 } reclaimer;
 
 static pthread_mutex_t reclaimers_lock = PTHREAD_MUTEX_INITIALIZER;
 static reclaimer **reclaimers;
 static int nreclaimers;
+static reclaimer *janitor;
+static bool unloaded; /* under reclaimers_lock: no thread is started again */
 
 /* RELAXED each time, for graph-owned releases too (their deleters may call
  * CUDA): nothing this thread does may break a capture. When the driver
@@ -218,9 +228,11 @@ static int nreclaimers;
  * query) in GLOBAL mode would invalidate another thread's GLOBAL capture: the
  * item stays here, the failure is counted and reported (flush returns it),
  * and entering RELAXED mode is tried again, from 1 ms to 100 ms apart. The
- * deleter runs once that succeeds. */
-static void enter_relaxed(release_item *it) {
-  bool failed = false;
+ * deleter runs once that succeeds. Returns false when the library is being
+ * unloaded meanwhile: the item is then dropped (its deleter not run, as it
+ * could run before the work). */
+static bool enter_relaxed(reclaimer *rc, release_item *it) {
+  bool failed = false, entered = true;
   unsigned delay_us = 1000;
   for (;;) {
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
@@ -240,6 +252,10 @@ static void enter_relaxed(release_item *it) {
       pthread_cond_broadcast(&it->book->cond);
       pthread_mutex_unlock(&it->book->lock);
     }
+    if (atomic_load(&rc->stopping)) {
+      entered = false;
+      break;
+    }
     usleep(delay_us);
     delay_us = delay_us < 100000 ? delay_us * 2 : 100000;
   }
@@ -248,14 +264,36 @@ static void enter_relaxed(release_item *it) {
     it->book->blocked -= it->from_graph ? 0 : 1;
     pthread_mutex_unlock(&it->book->lock);
   }
+  return entered;
 }
 
-static void run_item(release_item *it) {
+static void run_item(reclaimer *rc, release_item *it) {
   CUresult sync_result = CUDA_SUCCESS;
   char message[200] = {0};
-  enter_relaxed(it);
+  bool run;
+  if (it->book == NULL) { /* the janitor's work */
+    it->fn(it->arg);
+    dlsync__free(it);
+    return;
+  }
+  run = enter_relaxed(rc, it);
   if (it->event != NULL) {
-    CUresult r = it->drv->EventSynchronize(it->event);
+    CUresult r = CUDA_SUCCESS;
+    if (run && atomic_load(&rc->stopping) && it->drv->EventQuery != NULL) {
+      /* Unloading: the work done already is released; work still going is
+       * not waited for (an exit must not hang on it), its deleter not run. */
+      r = it->drv->EventQuery(it->event);
+      if (r == CUDA_ERROR_NOT_READY) {
+        run = false;
+        r = CUDA_SUCCESS;
+        DLSYNC__LOG(DLSYNC__LOG_WARN,
+                    "the library is unloaded while a release's work is still running on "
+                    "device %d: its deleter does not run",
+                    it->device);
+      }
+    } else if (run) {
+      r = it->drv->EventSynchronize(it->event);
+    }
     if (r != CUDA_SUCCESS) {
       /* The deleter runs anyway (the stream will not get better by waiting);
        * the failure is counted and returned by the next flush. */
@@ -268,7 +306,11 @@ static void run_item(release_item *it) {
     dlsync__pool_put(it->pool, it->event);
     dlsync__pool_unref(it->pool);
   }
-  it->fn(it->arg);
+  if (run) {
+    running = it;
+    it->fn(it->arg);
+    running = NULL;
+  }
   book_done(it->book, it->from_graph, (int)sync_result, message);
   dlsync__free(it);
 }
@@ -278,30 +320,80 @@ static void *reclaimer_main(void *p) {
   char bus_id[32] = {0};
   CUdevice dev;
   on_reclaimer = true;
-  if (r->drv->DeviceGet(&dev, r->device) == CUDA_SUCCESS &&
+  if (r->drv != NULL && r->drv->DeviceGet(&dev, r->device) == CUDA_SUCCESS &&
       r->drv->DeviceGetPCIBusId(bus_id, (int)sizeof bus_id, dev) == CUDA_SUCCESS)
     (void)dlsync__hwloc_bind_near(bus_id); /* unbound where hwloc is absent */
+  pthread_mutex_lock(&r->lock);
+  r->started = true;
+  pthread_cond_broadcast(&r->cond);
+  pthread_mutex_unlock(&r->lock);
   for (;;) {
     release_item *it;
     pthread_mutex_lock(&r->lock);
-    while (r->head == NULL)
+    while (r->head == NULL && !atomic_load(&r->stopping))
       pthread_cond_wait(&r->cond, &r->lock);
     it = r->head;
+    if (it == NULL) { /* stopping, and nothing left */
+      pthread_mutex_unlock(&r->lock);
+      break;
+    }
     r->head = it->next;
     if (r->head == NULL)
       r->tail = NULL;
     pthread_mutex_unlock(&r->lock);
-    run_item(it);
+    run_item(r, it);
   }
   return NULL;
+}
+
+static void reclaimer_free(reclaimer *r) {
+  pthread_cond_destroy(&r->cond);
+  pthread_mutex_destroy(&r->lock);
+  dlsync__free(r);
+}
+
+/* A new thread (drv NULL: the janitor). Called with reclaimers_lock. */
+static dlsync_status reclaimer_start(reclaimer **out, const dlsync__driver *drv, int device) {
+  reclaimer *r;
+  *out = NULL;
+  if (unloaded)
+    return dlsync__fail(DLSYNC_ERROR_INTERNAL,
+                        "starting a reclaimer while the library is being unloaded");
+  r = dlsync__calloc(1, sizeof *r);
+  if (r == NULL || pthread_mutex_init(&r->lock, NULL) != 0) {
+    dlsync__free(r);
+    return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting a reclaimer: out of memory");
+  }
+  if (pthread_cond_init(&r->cond, NULL) != 0) {
+    pthread_mutex_destroy(&r->lock);
+    dlsync__free(r);
+    return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting a reclaimer: no condition variable");
+  }
+  r->drv = drv;
+  r->device = device;
+  atomic_init(&r->stopping, false);
+  /* Joinable: the unload joins it. */
+  if (pthread_create(&r->thread, NULL, reclaimer_main, r) != 0) {
+    reclaimer_free(r);
+    if (drv == NULL)
+      return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting dlsync's janitor thread");
+    return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting the reclaimer thread of device %d",
+                        device);
+  }
+  /* Its start may load libraries (hwloc's plugins: dlopen), which takes
+   * the loader's lock: waited for here, so that an unload (a dlclose, which
+   * holds that lock while it joins the thread) never finds it there. */
+  pthread_mutex_lock(&r->lock);
+  while (!r->started)
+    pthread_cond_wait(&r->cond, &r->lock);
+  pthread_mutex_unlock(&r->lock);
+  *out = r;
+  return DLSYNC_SUCCESS;
 }
 
 /* The reclaimer of a GPU, started on first use. */
 static dlsync_status reclaimer_for(reclaimer **out, const dlsync__driver *drv, int device) {
   dlsync_status st = DLSYNC_SUCCESS;
-  reclaimer *r = NULL;
-  pthread_attr_t attr;
-  bool attr_made = false;
   pthread_mutex_lock(&reclaimers_lock);
   if (device < nreclaimers && reclaimers[device] != NULL) {
     *out = reclaimers[device];
@@ -318,42 +410,57 @@ static dlsync_status reclaimer_for(reclaimer **out, const dlsync__driver *drv, i
     reclaimers = grown;
     nreclaimers = device + 1;
   }
-  r = dlsync__calloc(1, sizeof *r);
-  if (r == NULL || pthread_mutex_init(&r->lock, NULL) != 0) {
-    dlsync__free(r);
-    r = NULL;
-    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting a reclaimer: out of memory");
-    goto cleanup;
-  }
-  if (pthread_cond_init(&r->cond, NULL) != 0) {
-    pthread_mutex_destroy(&r->lock);
-    dlsync__free(r);
-    r = NULL;
-    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting a reclaimer: no condition variable");
-    goto cleanup;
-  }
-  r->drv = drv;
-  r->device = device;
-  attr_made = pthread_attr_init(&attr) == 0;
-  if (attr_made)
-    pthread_attr_setdetachstate(&attr, PTHREAD_CREATE_DETACHED);
-  if (pthread_create(&r->thread, attr_made ? &attr : NULL, reclaimer_main, r) != 0) {
-    pthread_cond_destroy(&r->cond);
-    pthread_mutex_destroy(&r->lock);
-    dlsync__free(r);
-    r = NULL;
-    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting the reclaimer thread of device %d",
-                      device);
-    goto cleanup;
-  }
-  reclaimers[device] = r;
-  *out = r;
+  DLSYNC_TRY(reclaimer_start(&reclaimers[device], drv, device));
+  *out = reclaimers[device];
 cleanup:
-  if (attr_made)
-    pthread_attr_destroy(&attr);
   pthread_mutex_unlock(&reclaimers_lock);
   return st;
 }
+
+/* Asks r to stop and joins it; frees it. From r's own thread (a deleter
+ * that unloads the library), only asks: that thread returns when the
+ * deleter does, and frees nothing. */
+static void reclaimer_stop(reclaimer *r) {
+  pthread_mutex_lock(&r->lock);
+  atomic_store(&r->stopping, true);
+  pthread_cond_signal(&r->cond);
+  pthread_mutex_unlock(&r->lock);
+  if (pthread_equal(r->thread, pthread_self())) {
+    (void)pthread_detach(r->thread);
+    return;
+  }
+  (void)pthread_join(r->thread, NULL);
+  reclaimer_free(r);
+}
+
+#if defined(__GNUC__)
+/* This copy's threads, stopped and joined when it is unloaded (at exit, or
+ * at the dlclose of a library embedding libdlsync.a). In a child of fork()
+ * they do not exist: nothing to do. */
+__attribute__((destructor)) static void reclaimers_unload(void) {
+  reclaimer **all;
+  reclaimer *j;
+  int n;
+  if (DLSYNC__IN_FORKED_CHILD())
+    return;
+  pthread_mutex_lock(&reclaimers_lock);
+  unloaded = true;
+  all = reclaimers;
+  n = nreclaimers;
+  j = janitor;
+  reclaimers = NULL;
+  nreclaimers = 0;
+  janitor = NULL;
+  pthread_mutex_unlock(&reclaimers_lock);
+  /* The reclaimers first: a deleter they run may hand the janitor work. */
+  for (int i = 0; i < n; i++)
+    if (all[i] != NULL)
+      reclaimer_stop(all[i]);
+  dlsync__free(all);
+  if (j != NULL)
+    reclaimer_stop(j);
+}
+#endif
 
 /* No CUDA call: also used from user-object destructors (driver threads). */
 static void enqueue(reclaimer *r, release_item *it) {
@@ -368,6 +475,48 @@ static void enqueue(reclaimer *r, release_item *it) {
   pthread_mutex_unlock(&r->lock);
 }
 
+/* ---- the janitor ---- */
+
+bool dlsync__defer(void (*fn)(void *), void *arg) {
+  release_item *it;
+  bool queued = false;
+  if (DLSYNC__IN_FORKED_CHILD())
+    return false;
+  it = dlsync__calloc(1, sizeof *it);
+  if (it == NULL)
+    return false;
+  it->fn = fn;
+  it->arg = arg;
+  /* Queued under reclaimers_lock, so that the unload, which takes the
+   * janitor under it, joins a thread that has seen the item. */
+  pthread_mutex_lock(&reclaimers_lock);
+  if (janitor == NULL && !unloaded)
+    (void)reclaimer_start(&janitor, NULL, -1); /* on failure: the caller does it */
+  if (janitor != NULL) {
+    enqueue(janitor, it);
+    queued = true;
+  }
+  pthread_mutex_unlock(&reclaimers_lock);
+  if (!queued)
+    dlsync__free(it);
+  return queued;
+}
+
+static atomic_flag collect_queued = ATOMIC_FLAG_INIT;
+
+static void collect_job(void *arg) {
+  (void)arg;
+  atomic_flag_clear(&collect_queued);
+  dlsync__orphans_collect();
+}
+
+void dlsync__release_orphans_wake(void) {
+  if (atomic_flag_test_and_set(&collect_queued))
+    return; /* a collection is queued and has not started yet: it takes this one too */
+  if (!dlsync__defer(collect_job, NULL))
+    atomic_flag_clear(&collect_queued); /* the next collection takes it */
+}
+
 /* The user-object destructor of a release owned by graphs. The reclaimer was
  * started when the release was made, so finding it takes no allocation. */
 static void release_from_graph(void *p) {
@@ -380,8 +529,17 @@ static void release_from_graph(void *p) {
     return;
   }
   pthread_mutex_lock(&reclaimers_lock);
-  r = reclaimers[it->device];
+  r = it->device < nreclaimers ? reclaimers[it->device] : NULL;
   pthread_mutex_unlock(&reclaimers_lock);
+  if (r == NULL) {
+    /* The library was unloaded (its threads joined) while a graph still
+     * owned the release: not run, which would be on a driver thread. */
+    DLSYNC__LOG(DLSYNC__LOG_WARN, "a release owned by a graph was let go after the library was "
+                                  "unloaded; its deleter does not run");
+    book_cancel(it->book, true);
+    dlsync__free(it);
+    return;
+  }
   enqueue(r, it);
 }
 
@@ -407,6 +565,7 @@ static const dlsync__lanes_ask release_ask = {"releasing", NULL, "releasing on a
 
 dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_deleter deleter,
                              void *arg) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_release");
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d;
   dlsync__lane_now l;
@@ -478,6 +637,7 @@ cleanup:
 }
 
 dlsync_status dlsync_release_flush(dlsync_context *ctx) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_release_flush");
   if (ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_release_flush: ctx is NULL");
   if (on_reclaimer)
@@ -487,6 +647,7 @@ dlsync_status dlsync_release_flush(dlsync_context *ctx) {
 }
 
 dlsync_status dlsync_release_get_stats(dlsync_release_stats *out, const dlsync_context *ctx) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_release_get_stats");
   dlsync__release_book *b;
   if (out == NULL || ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_release_get_stats: %s is NULL",

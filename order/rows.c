@@ -315,6 +315,7 @@ dlsync_status dlsync__body_guard_slow(const dlsync__bodies *b, const dlsync__lan
 }
 
 dlsync_status dlsync_conditional_body_add(dlsync_context *ctx, struct CUgraph_st *body) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_conditional_body_add");
   if (ctx == NULL || body == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_conditional_body_add: %s is NULL",
                         ctx == NULL ? "ctx" : "body");
@@ -328,6 +329,7 @@ dlsync_status dlsync_conditional_body_add(dlsync_context *ctx, struct CUgraph_st
 }
 
 dlsync_status dlsync_conditional_body_remove(dlsync_context *ctx, struct CUgraph_st *body) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_conditional_body_remove");
   if (ctx == NULL || body == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_conditional_body_remove: %s is NULL",
                         ctx == NULL ? "ctx" : "body");
@@ -347,6 +349,7 @@ int dlsync_conditional_body_is_declared(dlsync_context *ctx, struct CUgraph_st *
 
 dlsync_status dlsync_graph_launch(dlsync_context *ctx, struct CUgraph_st *graph,
                                   struct CUgraphExec_st *exec, dlsync_lane *lane) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_graph_launch");
   if (ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_graph_launch: ctx is NULL");
   return dlsync__graph_launch_at(ctx->drv, &ctx->bodies, graph, exec, lane);

@@ -243,6 +243,8 @@ if [ "$harness_rc" != skipped ]; then
   cat "$out/harness-runs.txt"
   [ "$harness_rc" = 0 ] || status=1
 fi
+echo "== unloading and fork (ctest: gpu_unload on the GPU; test_dlclose, test_fork on the fake)"
+grep -E "(gpu_unload|test_dlclose|test_fork) " "$out/ctest.txt" 2>/dev/null || echo "  not found in ctest.txt"
 # ---- packaging ----
 echo "== dlsync-info --selftest (rc $selftest_rc)"
 cat "$out/selftest.txt"

@@ -1,9 +1,59 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Lanes: validation and the capture query made at each call. */
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include "stream/stream.h"
+
+typedef struct dep_at {
+  CUgraphNode node;
+  size_t at;
+} dep_at;
+
+static int dep_at_cmp(const void *a, const void *b) {
+  const dep_at *x = a, *y = b;
+  if ((uintptr_t)x->node != (uintptr_t)y->node)
+    return (uintptr_t)x->node < (uintptr_t)y->node ? -1 : 1;
+  return x->at < y->at ? -1 : x->at > y->at;
+}
+
+/* Does a node repeat in deps[0..n)? The first repeat (the smallest *i with
+ * an equal deps[*j], *j < *i, the first such). Pairwise for small frontiers;
+ * larger ones sorted (n log n: a frontier may hold tens of thousands of
+ * nodes), or pairwise if no memory can be had for that. */
+static bool deps_repeat(size_t *j_out, size_t *i_out, const CUgraphNode *deps, size_t n) {
+  dep_at *items = n > 64 ? dlsync__malloc(n * sizeof *items) : NULL;
+  bool found = false;
+  if (items == NULL) {
+    for (size_t i = 0; i < n; i++)
+      for (size_t j = 0; j < i; j++)
+        if (deps[i] == deps[j]) {
+          *j_out = j;
+          *i_out = i;
+          return true;
+        }
+    return false;
+  }
+  for (size_t k = 0; k < n; k++) {
+    items[k].node = deps[k];
+    items[k].at = k;
+  }
+  qsort(items, n, sizeof *items, dep_at_cmp);
+  for (size_t k = 1, first = 0; k < n; k++) {
+    if (items[k].node != items[k - 1].node) {
+      first = k;
+      continue;
+    }
+    if (k == first + 1 && (!found || items[k].at < *i_out)) {
+      *i_out = items[k].at;
+      *j_out = items[first].at;
+      found = true;
+    }
+  }
+  dlsync__free(items);
+  return found;
+}
 
 dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role) {
   if (lane == NULL)
@@ -37,13 +87,14 @@ dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role)
                           "the %s graph lane has capacity = %zu but deps is NULL: dlsync writes "
                           "the lane's new frontier into deps (give it an array of capacity nodes)",
                           role, lane->capacity);
-    for (size_t i = 0; i < lane->ndeps; i++)
-      for (size_t j = 0; j < i; j++)
-        if (lane->deps[i] == lane->deps[j])
-          return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                              "the %s graph lane's deps name node %p twice (deps[%zu] and "
-                              "deps[%zu]); a frontier lists each node once",
-                              role, (void *)lane->deps[i], j, i);
+    {
+      size_t i = 0, j = 0;
+      if (deps_repeat(&j, &i, lane->deps, lane->ndeps))
+        return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                            "the %s graph lane's deps name node %p twice (deps[%zu] and "
+                            "deps[%zu]); a frontier lists each node once",
+                            role, (void *)lane->deps[i], j, i);
+    }
     return DLSYNC_SUCCESS;
   case DLSYNC_LANE_NONE:
   default:

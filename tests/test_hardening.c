@@ -423,7 +423,10 @@ static void test_fence_outliving_its_context_still_works(void **state) {
   assert_int_equal(dlsync_fence_wait(f, &lc), DLSYNC_SUCCESS); /* before: use after free */
   assert_int_equal(fake_live_events(), 1);
   dlsync_fence_release(f);
-  assert_int_equal(fake_live_events(), 0); /* its event went with it */
+  /* Its event went with it, destroyed on dlsync's janitor thread. */
+  for (int i = 0; i < TIMEOUT_MS && fake_live_events() != 0; i++)
+    sleep_ms(1);
+  assert_int_equal(fake_live_events(), 0);
 }
 
 static void test_context_destroy_abandons_exchanges_not_ended(void **state) {
@@ -1225,6 +1228,369 @@ static void test_every_driver_call_fault_surfaces(void **state) {
   sweep_entries(FAKE_FAULT_CALL);
 }
 
+/* ---- second round: unloading, fork, the last leaks ---- */
+
+/* Waits until the driver has `want` events alive, or TIMEOUT_MS. */
+static bool wait_live_events(unsigned want) {
+  for (int i = 0; i < TIMEOUT_MS; i++) {
+    if (fake_live_events() == want)
+      return true;
+    sleep_ms(1);
+  }
+  return fake_live_events() == want;
+}
+
+typedef struct other_destroyer {
+  dlsync_context *victim;
+  atomic_int calls;
+  dlsync_status status;
+  char message[512];
+} other_destroyer;
+
+static void destroy_other_deleter(void *arg) {
+  other_destroyer *d = arg;
+  d->status = dlsync_context_destroy(d->victim);
+  snprintf(d->message, sizeof d->message, "%s", dlsync_last_error());
+  atomic_fetch_add(&d->calls, 1);
+}
+
+static void test_idle_context_destroyed_from_another_contexts_deleter_is_success(void **state) {
+  other_destroyer d;
+  dlsync_lane lp = dlsync_lane_stream(P);
+  (void)state;
+  memset(&d, 0, sizeof d);
+  assert_int_equal(dlsync__context_create_with_driver(&d.victim, NULL, D), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release(ctx, &lp, destroy_other_deleter, &d), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&d.calls), 1);
+  if (d.status != DLSYNC_SUCCESS)
+    fail_msg("an idle context destroyed from a deleter: %s: %s", dlsync_status_name(d.status),
+             d.message);
+}
+
+/* A context destroyed from a deleter with a release of its own queued
+ * behind it: BUSY, naming that one release, not the one running. */
+typedef struct gated_destroyer {
+  dlsync_context *ctx;
+  atomic_int go; /* the release behind it is queued */
+  atomic_int calls;
+  dlsync_status status;
+  char message[512];
+} gated_destroyer;
+
+static void gated_destroying_deleter(void *arg) {
+  gated_destroyer *d = arg;
+  for (int i = 0; i < TIMEOUT_MS && atomic_load(&d->go) == 0; i++)
+    sleep_ms(1);
+  d->status = dlsync_context_destroy(d->ctx);
+  snprintf(d->message, sizeof d->message, "%s", dlsync_last_error());
+  atomic_fetch_add(&d->calls, 1);
+}
+
+static void test_context_destroyed_from_its_deleter_counts_the_release_behind(void **state) {
+  gated_destroyer d;
+  dlsync_lane lp = dlsync_lane_stream(P);
+  (void)state;
+  memset(&d, 0, sizeof d);
+  atomic_store(&deleted, 0);
+  assert_int_equal(dlsync__context_create_with_driver(&d.ctx, NULL, D), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release(d.ctx, &lp, gated_destroying_deleter, &d), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release(d.ctx, &lp, count_deleter, NULL), DLSYNC_SUCCESS);
+  atomic_store(&d.go, 1);
+  for (int i = 0; i < TIMEOUT_MS && atomic_load(&deleted) == 0; i++)
+    sleep_ms(1);
+  assert_int_equal(atomic_load(&deleted), 1);
+  assert_int_equal(atomic_load(&d.calls), 1);
+  assert_int_equal(d.status, DLSYNC_ERROR_BUSY);
+  if (strstr(d.message, "from a deleter with 1 eager release(s) queued") == NULL)
+    fail_msg("%s", d.message);
+  assert_true(wait_live_events(0));
+}
+
+static void test_begin_many_then_destroy_counts_the_callers_handle(void **state) {
+  dlsync_context *c2 = NULL;
+  CUstream X = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  CUstream Y = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  dlsync_lane producers[3] = {dlsync_lane_stream(P), dlsync_lane_stream(X), dlsync_lane_stream(Y)};
+  dlsync_lane lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  (void)state;
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, D), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_exchange_begin_many(&ex, c2, producers, 3, &lc, 0), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_context_destroy(c2), DLSYNC_ERROR_BUSY);
+  assert_message_has("with 1 exchange(s) begun and not ended");
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_INVALID_ARGUMENT);
+  fake_stream_destroy(X);
+  fake_stream_destroy(Y);
+}
+
+static void test_destroy_names_each_kind_left_with_its_count(void **state) {
+  dlsync_context *c2 = NULL;
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  dlsync_fence *f1 = NULL, *f2 = NULL;
+  CUgraph g;
+  unsigned before = fake_live_events();
+  (void)state;
+  atomic_store(&deleted, 0);
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, D), DLSYNC_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(P, "produce", NULL);
+  assert_int_equal(dlsync_release(c2, &lp, count_deleter, NULL), DLSYNC_SUCCESS);
+  g = end_capture_ok(P);
+  assert_int_equal(dlsync_exchange_begin(&ex, c2, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_fence_signal(&f1, c2, &lp), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_fence_signal(&f2, c2, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_context_destroy(c2), DLSYNC_ERROR_BUSY);
+  assert_message_has("1 exchange(s) begun and not ended");
+  assert_message_has("2 fence(s) not released");
+  assert_message_has("1 release(s) still owned by graphs");
+  assert_message_has(" and 1 release(s)"); /* the last of three */
+  destroy_graph(g);
+  for (int i = 0; i < TIMEOUT_MS && atomic_load(&deleted) == 0; i++)
+    sleep_ms(1);
+  assert_int_equal(atomic_load(&deleted), 1);
+  dlsync_fence_release(f1);
+  dlsync_fence_release(f2);
+  /* The context's memory and the fences' events go on dlsync's janitor. */
+  assert_true(wait_live_events(before));
+}
+
+static void test_fence_wait_on_an_invalidated_capture_says_invalidated(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  CUevent e = fake_event_create(0, 0);
+  dlsync_fence *f = NULL;
+  CUgraph g = NULL;
+  (void)state;
+  assert_int_equal(D->EventRecord(e, C), CUDA_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(P, "produce", NULL);
+  assert_int_equal(dlsync_fence_signal(&f, ctx, &lp), DLSYNC_SUCCESS);
+  /* An eager event waited on in capture: ISOLATION, the capture invalidated. */
+  assert_int_equal(D->StreamWaitEvent(P, e, 0), CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+  assert_int_equal(fake_capture_status(P), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  assert_int_equal(dlsync_fence_wait(f, &lc), DLSYNC_ERROR_CAPTURE_INVALIDATED);
+  assert_message_has("invalidated");
+  if (strstr(dlsync_last_error(), "still active") != NULL)
+    fail_msg("%s", dlsync_last_error());
+  assert_int_equal(D->StreamEndCapture(P, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  dlsync_fence_release(f);
+  fake_event_destroy(e);
+}
+
+/* The fence's last release from a place where no CUDA call is allowed (a
+ * host function, a user-object destructor): no cuEventDestroy there. */
+static dlsync__driver W; /* the fake's table with EventDestroy watched */
+static _Thread_local bool in_forbidden;
+static atomic_int forbidden_calls;
+
+static CUresult CUDAAPI watched_event_destroy(CUevent e) {
+  if (in_forbidden)
+    atomic_fetch_add(&forbidden_calls, 1);
+  return fake_driver()->EventDestroy(e);
+}
+
+static void test_last_fence_release_makes_no_cuda_call_on_the_caller(void **state) {
+  dlsync_context *c2 = NULL;
+  dlsync_lane lp = dlsync_lane_stream(P);
+  dlsync_fence *f = NULL;
+  unsigned before;
+  (void)state;
+  W = *D;
+  W.EventDestroy = watched_event_destroy;
+  atomic_store(&forbidden_calls, 0);
+  before = fake_live_events();
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, &W), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_fence_signal(&f, c2, &lp), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_context_destroy(c2), DLSYNC_ERROR_BUSY);
+  assert_int_equal(fake_live_events(), before + 1);
+  in_forbidden = true;
+  dlsync_fence_release(f); /* the context's last reference */
+  in_forbidden = false;
+  assert_int_equal(atomic_load(&forbidden_calls), 0);
+  /* Done on dlsync's own thread: the event is gone soon. */
+  assert_true(wait_live_events(before));
+}
+
+/* A built graph's batch of events, let go when its context is destroyed:
+ * gone once the driver runs the batch's destructor, with no other context
+ * made after. */
+static void warm_pool_of(dlsync_context *c, int n) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  for (int i = 0; i < n; i++)
+    assert_int_equal(dlsync_order(c, &lp, &lc), DLSYNC_SUCCESS);
+  destroy_graph(end_capture_ok(C));
+}
+
+static void order_into_built(dlsync_context *c, CUgraph *g_out) {
+  CUgraph g = NULL;
+  CUgraphNode deps[2];
+  dlsync_lane lp = dlsync_lane_stream(P), lg;
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  deps[0] = fake_graph_add_work(g, NULL, 0, "work");
+  lg = dlsync_lane_graph(g, deps, 1, 2);
+  /* Batches of 1, 1, 2, 4 (the pool has events to fill them): three of
+   * the last left unused. */
+  warm_pool_of(c, 40);
+  for (int i = 0; i < 5; i++)
+    assert_int_equal(dlsync_order(c, &lp, &lg), DLSYNC_SUCCESS);
+  pop_all_contexts();
+  *g_out = g;
+}
+
+static void test_built_batch_events_are_gone_after_the_last_context(void **state) {
+  dlsync_context *c2 = NULL;
+  CUgraph g;
+  unsigned before;
+  (void)state;
+  before = fake_live_events();
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, D), DLSYNC_SUCCESS);
+  order_into_built(c2, &g);
+  assert_true(fake_live_events() > before);
+  destroy_graph(g);
+  assert_int_equal(dlsync_context_destroy(c2), DLSYNC_SUCCESS);
+  fake_run_destructors(); /* the driver's thread lets the batch go */
+  if (!wait_live_events(before))
+    fail_msg("%u event(s) of a destroyed context still alive", fake_live_events() - before);
+}
+
+typedef struct built_thread {
+  dlsync_context *c;
+  atomic_int phase; /* 1: ordered; 2: may exit */
+} built_thread;
+
+static void *built_thread_main(void *p) {
+  built_thread *t = p;
+  CUgraph g;
+  order_into_built(t->c, &g);
+  destroy_graph(g);
+  atomic_store(&t->phase, 1);
+  for (int i = 0; i < TIMEOUT_MS && atomic_load(&t->phase) != 2; i++)
+    sleep_ms(1);
+  return NULL;
+}
+
+static void test_another_threads_built_batch_is_gone_after_the_last_context(void **state) {
+  built_thread t;
+  pthread_t th;
+  unsigned before;
+  (void)state;
+  before = fake_live_events();
+  memset(&t, 0, sizeof t);
+  assert_int_equal(dlsync__context_create_with_driver(&t.c, NULL, D), DLSYNC_SUCCESS);
+  assert_int_equal(pthread_create(&th, NULL, built_thread_main, &t), 0);
+  for (int i = 0; i < TIMEOUT_MS && atomic_load(&t.phase) != 1; i++)
+    sleep_ms(1);
+  assert_int_equal(atomic_load(&t.phase), 1);
+  assert_int_equal(dlsync_context_destroy(t.c), DLSYNC_SUCCESS);
+  atomic_store(&t.phase, 2);
+  assert_int_equal(pthread_join(th, NULL), 0); /* its exit lets its batch go */
+  fake_run_destructors();
+  if (!wait_live_events(before))
+    fail_msg("%u event(s) of a destroyed context still alive", fake_live_events() - before);
+}
+
+/* The duplicate check of a graph lane's deps: n log n, not n^2. Timed at
+ * 16,000 and 32,000 distinct nodes (the fake's own calls are linear):
+ * doubling n must not near quadruple the time (bounds loose: 3x, plus 20 ms). */
+static double time_lane_check(size_t n) {
+  CUgraphNode *deps = malloc(n * sizeof *deps);
+  dlsync_lane lg;
+  struct timespec a, b;
+  double best = 1e9;
+  assert_non_null(deps);
+  for (size_t i = 0; i < n; i++)
+    deps[i] = (CUgraphNode)(uintptr_t)(0x10000 + 64 * (n - i)); /* never dereferenced */
+  lg = dlsync_lane_graph((CUgraph)(uintptr_t)0x1000, deps, n, n);
+  for (int k = 0; k < 3; k++) {
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    assert_int_equal(dlsync__lane_check(&lg, "timed"), DLSYNC_SUCCESS);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    if ((double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec) < best)
+      best = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+  }
+  free(deps);
+  return best;
+}
+
+static void test_large_frontier_duplicate_check_is_not_quadratic(void **state) {
+  double t16, t32;
+  (void)state;
+  t16 = time_lane_check(16000);
+  t32 = time_lane_check(32000);
+  if (t32 > 3.0 * t16 + 0.020)
+    fail_msg("the deps check took %.4f s at 16,000 nodes and %.4f s at 32,000", t16, t32);
+}
+
+/* The same through dlsync_order, on the fake: two graph lanes of one graph
+ * built by hand (SAME_BUILT), each a frontier of n/2 nodes, half of them
+ * shared; their union (n/2 + n/4 nodes) checked and merged. */
+static double time_same_built(size_t n) {
+  CUgraph g = NULL;
+  size_t half = n / 2;
+  CUgraphNode *nodes = malloc((half + half / 2) * sizeof *nodes);
+  CUgraphNode *da = malloc(n * sizeof *da), *db = malloc(n * sizeof *db);
+  dlsync_lane la, lb;
+  struct timespec a, b;
+  double t;
+  assert_non_null(nodes);
+  assert_non_null(da);
+  assert_non_null(db);
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  for (size_t i = 0; i < half + half / 2; i++)
+    nodes[i] = fake_graph_add_work(g, NULL, 0, "root");
+  for (size_t i = 0; i < half; i++) {
+    da[i] = nodes[i];            /* 0 .. half */
+    db[i] = nodes[half / 2 + i]; /* half/2 .. half + half/2: half of them shared */
+  }
+  la = dlsync_lane_graph(g, da, half, n);
+  lb = dlsync_lane_graph(g, db, half, n);
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  assert_int_equal(dlsync_order(ctx, &la, &lb), DLSYNC_SUCCESS);
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  t = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+  assert_int_equal(lb.ndeps, half + half / 2); /* the union, each node once */
+  pop_all_contexts();
+  destroy_graph(g);
+  free(nodes);
+  free(da);
+  free(db);
+  return t;
+}
+
+static void test_large_same_graph_union_is_not_quadratic(void **state) {
+  double t16, t32;
+  (void)state;
+  (void)time_same_built(2000); /* warm */
+  t16 = time_same_built(16000);
+  t32 = time_same_built(32000);
+  if (t32 > 3.0 * t16 + 0.020)
+    fail_msg("an order of two 16,000-node frontiers of one graph took %.4f s, of two "
+             "32,000-node ones %.4f s",
+             t16, t32);
+}
+
+static void test_large_frontier_duplicate_is_named_like_a_small_one(void **state) {
+  size_t n = 5000;
+  CUgraphNode *deps = malloc(n * sizeof *deps);
+  dlsync_lane lg;
+  char want[96];
+  (void)state;
+  assert_non_null(deps);
+  for (size_t i = 0; i < n; i++)
+    deps[i] = (CUgraphNode)(uintptr_t)(0x10000 + 64 * i);
+  deps[4000] = deps[17]; /* the first repeat */
+  deps[4500] = deps[3];  /* a later one, of an earlier node */
+  lg = dlsync_lane_graph((CUgraph)(uintptr_t)0x1000, deps, n, n);
+  assert_int_equal(dlsync__lane_check(&lg, "big"), DLSYNC_ERROR_INVALID_ARGUMENT);
+  snprintf(want, sizeof want, "node %p twice (deps[17] and deps[4000])", (void *)deps[17]);
+  assert_message_has(want);
+  free(deps);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       /* First: allocations made once per process are among those swept. */
@@ -1276,6 +1642,31 @@ int main(void) {
                                       fixture_teardown),
       cmocka_unit_test_setup_teardown(test_warm_path_query_failure_names_the_stream, fixture_setup,
                                       fixture_teardown),
+      cmocka_unit_test_setup_teardown(
+          test_idle_context_destroyed_from_another_contexts_deleter_is_success, fixture_setup,
+          fixture_teardown),
+      cmocka_unit_test_setup_teardown(
+          test_context_destroyed_from_its_deleter_counts_the_release_behind, fixture_setup,
+          fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_begin_many_then_destroy_counts_the_callers_handle,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_destroy_names_each_kind_left_with_its_count,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_fence_wait_on_an_invalidated_capture_says_invalidated,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_last_fence_release_makes_no_cuda_call_on_the_caller,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_built_batch_events_are_gone_after_the_last_context,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(
+          test_another_threads_built_batch_is_gone_after_the_last_context, fixture_setup,
+          fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_large_frontier_duplicate_check_is_not_quadratic,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_large_same_graph_union_is_not_quadratic, fixture_setup,
+                                      fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_large_frontier_duplicate_is_named_like_a_small_one,
+                                      fixture_setup, fixture_teardown),
   };
   int rc;
   if (getenv("DLSYNC_TEST_FILTER") != NULL) /* one test by name (a glob) */

@@ -33,6 +33,27 @@
  *    (release.h); eager releases are waited for first, except those blocked
  *    because the reclaimer cannot enter RELAXED capture mode (they run once
  *    it can).
+ * Destroyed from a deleter (release.h), the eager releases of the context
+ * queued behind the one running are not waited for (they still run) and are
+ * named too; with none left, the status is DLSYNC_SUCCESS.
+ *
+ * Threads: dlsync runs one reclaimer thread per GPU it released on
+ * (release.h) and one janitor thread, which frees a destroyed context when
+ * its last fence is released and destroys the events graphs give back to a
+ * destroyed context (so neither happens on a driver thread). They are
+ * stopped and joined when the library is unloaded: at exit, or at the
+ * dlclose of a shared library that embeds libdlsync.a. Eager releases still
+ * queued then run first if their work is done; those whose work is still
+ * running are not waited for, and their deleters do not run. A deleter
+ * running at that moment must not load or unload a library (the loader's
+ * lock is held while the thread is joined).
+ *
+ * fork(): in a child of fork() CUDA cannot be used and dlsync's threads do
+ * not exist. There every function that returns a dlsync_status returns
+ * DLSYNC_ERROR_NO_DRIVER (the message names the fork), dlsync_fence_retain
+ * returns NULL, dlsync_fence_release does nothing; the status and version
+ * functions work. Use dlsync in the parent, or start children with exec
+ * (Python's multiprocessing "spawn").
  */
 #ifndef DLSYNC_CONTEXT_H
 #define DLSYNC_CONTEXT_H
