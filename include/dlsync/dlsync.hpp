@@ -225,8 +225,10 @@ inline bool capturing(stream_t stream,
 
 /* ---- the exchange guard ---- */
 
-/* [[nodiscard]]: `dlsync::exchange(a, b);` would end the exchange at the
- * semicolon, before the work it was meant to order; compilers warn. */
+/* [[nodiscard]] on the class and on each constructor that begins something
+ * (GCC reads only the latter, clang both): `dlsync::exchange(a, b);` would
+ * end the exchange at its semicolon, before the work it was meant to order;
+ * compilers warn (tests/check_nodiscard.cmake). */
 class [[nodiscard]] exchange : public outcome {
 public:
   /* An empty guard: nothing begun, ok(). */
@@ -235,30 +237,30 @@ public:
   /* Begins an exchange between two streams on ctx (nullptr: the default
    * context). On failure ok() is false, message() says why, nothing was
    * queued and the destructor does nothing. */
-  exchange(stream_t producer, stream_t consumer, uint32_t flags = 0,
-           dlsync_context *ctx = nullptr) noexcept {
+  [[nodiscard]] exchange(stream_t producer, stream_t consumer, uint32_t flags = 0,
+                         dlsync_context *ctx = nullptr) noexcept {
     dlsync_lane p = stream_lane(producer), c = stream_lane(consumer);
     start(p, c, flags, ctx);
   }
-  exchange(void *producer, void *consumer, uint32_t flags = 0,
-           dlsync_context *ctx = nullptr) noexcept
+  [[nodiscard]] exchange(void *producer, void *consumer, uint32_t flags = 0,
+                         dlsync_context *ctx = nullptr) noexcept
       : exchange(static_cast<stream_t>(producer), static_cast<stream_t>(consumer), flags, ctx) {}
 
   /* Any lanes; graph lanes must outlive the guard's end (exchange.h). */
-  exchange(dlsync_lane &producer, dlsync_lane &consumer, uint32_t flags = 0,
-           dlsync_context *ctx = nullptr) noexcept {
+  [[nodiscard]] exchange(dlsync_lane &producer, dlsync_lane &consumer, uint32_t flags = 0,
+                         dlsync_context *ctx = nullptr) noexcept {
     start(producer, consumer, flags, ctx);
   }
 
 #if DLSYNC_HPP_EXCEPTIONS
-  exchange(throw_on_error_t, stream_t producer, stream_t consumer, uint32_t flags = 0,
-           dlsync_context *ctx = nullptr)
+  [[nodiscard]] exchange(throw_on_error_t, stream_t producer, stream_t consumer, uint32_t flags = 0,
+                         dlsync_context *ctx = nullptr)
       : exchange(producer, consumer, flags, ctx) {
     if (!ok())
       throw error(status(), message());
   }
-  exchange(throw_on_error_t, dlsync_lane &producer, dlsync_lane &consumer, uint32_t flags = 0,
-           dlsync_context *ctx = nullptr)
+  [[nodiscard]] exchange(throw_on_error_t, dlsync_lane &producer, dlsync_lane &consumer,
+                         uint32_t flags = 0, dlsync_context *ctx = nullptr)
       : exchange(producer, consumer, flags, ctx) {
     if (!ok())
       throw error(status(), message());
@@ -323,13 +325,13 @@ private:
 class [[nodiscard]] exchange_many : public outcome {
 public:
   exchange_many() noexcept = default;
-  exchange_many(dlsync_lane *producers, std::size_t n, dlsync_lane &consumer, uint32_t flags = 0,
-                dlsync_context *ctx = nullptr) noexcept {
+  [[nodiscard]] exchange_many(dlsync_lane *producers, std::size_t n, dlsync_lane &consumer,
+                              uint32_t flags = 0, dlsync_context *ctx = nullptr) noexcept {
     start(producers, n, consumer, flags, ctx);
   }
   /* Streams: up to 64 producers (more: DLSYNC_ERROR_INVALID_ARGUMENT). */
-  exchange_many(const stream_t *producers, std::size_t n, stream_t consumer, uint32_t flags = 0,
-                dlsync_context *ctx = nullptr) noexcept {
+  [[nodiscard]] exchange_many(const stream_t *producers, std::size_t n, stream_t consumer,
+                              uint32_t flags = 0, dlsync_context *ctx = nullptr) noexcept {
     dlsync_lane lanes[64];
     dlsync_lane c = stream_lane(consumer);
     if (n > 64) {
@@ -342,14 +344,15 @@ public:
     start(lanes, n, c, flags, ctx);
   }
 #if DLSYNC_HPP_EXCEPTIONS
-  exchange_many(throw_on_error_t, dlsync_lane *producers, std::size_t n, dlsync_lane &consumer,
-                uint32_t flags = 0, dlsync_context *ctx = nullptr)
+  [[nodiscard]] exchange_many(throw_on_error_t, dlsync_lane *producers, std::size_t n,
+                              dlsync_lane &consumer, uint32_t flags = 0,
+                              dlsync_context *ctx = nullptr)
       : exchange_many(producers, n, consumer, flags, ctx) {
     if (!ok())
       throw error(status(), message());
   }
-  exchange_many(throw_on_error_t, const stream_t *producers, std::size_t n, stream_t consumer,
-                uint32_t flags = 0, dlsync_context *ctx = nullptr)
+  [[nodiscard]] exchange_many(throw_on_error_t, const stream_t *producers, std::size_t n,
+                              stream_t consumer, uint32_t flags = 0, dlsync_context *ctx = nullptr)
       : exchange_many(producers, n, consumer, flags, ctx) {
     if (!ok())
       throw error(status(), message());
@@ -410,15 +413,16 @@ public:
 
   /* Signals on a lane (a stream: the work queued so far). On failure ok() is
    * false and valid() too. */
-  explicit fence(dlsync_lane &lane, dlsync_context *ctx = nullptr) noexcept {
+  [[nodiscard]] explicit fence(dlsync_lane &lane, dlsync_context *ctx = nullptr) noexcept {
     signal(lane, ctx);
   }
-  explicit fence(stream_t stream, dlsync_context *ctx = nullptr) noexcept {
+  [[nodiscard]] explicit fence(stream_t stream, dlsync_context *ctx = nullptr) noexcept {
     dlsync_lane lane = stream_lane(stream);
     signal(lane, ctx);
   }
 #if DLSYNC_HPP_EXCEPTIONS
-  fence(throw_on_error_t, stream_t stream, dlsync_context *ctx = nullptr) : fence(stream, ctx) {
+  [[nodiscard]] fence(throw_on_error_t, stream_t stream, dlsync_context *ctx = nullptr)
+      : fence(stream, ctx) {
     if (!ok())
       throw error(status(), message());
   }
@@ -494,7 +498,7 @@ private:
  * restores the previous one after. */
 class [[nodiscard]] env_stream_scope {
 public:
-  env_stream_scope(int32_t device_type, int32_t device_id, void *stream) noexcept
+  [[nodiscard]] env_stream_scope(int32_t device_type, int32_t device_id, void *stream) noexcept
       : type_(device_type), id_(device_id) {
     status_ = dlsync_env_stream_set(&previous_, type_, id_, stream);
   }
