@@ -181,7 +181,8 @@ if [ -f "$build/libkernel_lib.so" ]; then
     caller_rc=$?
 fi
 # ---- packaging: the wheel from .whl-dlsync/, installed, framework suite ----
-wheel=$(ls "$root"/.whl-dlsync/dlsync-*.whl 2>/dev/null | head -n 1)
+# This machine's architecture (scripts/release-wheels.sh leaves x86_64 and aarch64 ones).
+wheel=$(ls "$root"/.whl-dlsync/dlsync-*"$(uname -m)".whl 2>/dev/null | head -n 1)
 wheel_rc=skipped
 stamp wheel
 if [ -n "$wheel" ] && [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
