@@ -270,7 +270,8 @@ run "$cmake321" -S "$src" -B "$work/build321" -DCMAKE_BUILD_TYPE=Release -DDLSYN
   -DDLSYNC_BUILD_BENCH=OFF -DPython3_EXECUTABLE="$("$python" -c 'import sys; print(sys.executable)')"
 run "$cmake321" --build "$work/build321" -j"$jobs"
 run "$work/cmake321/bin/ctest" --test-dir "$work/build321" --output-on-failure -j"$jobs"
-ctest --test-dir "$work/build321" -N | grep -q ' python_binding$' ||
+tests321=$(ctest --test-dir "$work/build321" -N)
+echo "$tests321" | grep -q ' python_binding$' ||
   { echo "CMake 3.21: the Python tests were not added (Python3 not found)" >&2; exit 1; }
 run "$cmake321" -S "$src/examples/cmake_consumer" -B "$work/consumer321" -DCMAKE_PREFIX_PATH="$prefix"
 run "$cmake321" --build "$work/consumer321" -j"$jobs"
