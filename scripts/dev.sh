@@ -13,7 +13,7 @@
 #                              then the libFuzzer harness (fuzz/, clang) for
 #                              60 s on fuzz/corpus (any finding fails);
 #                              it ends with one verdict line over its stages,
-#                              "dev.sh test: N passed, M failed" (M is 0 or 1:
+#                              "verdict: N passed, M failed" (M is 0 or 1:
 #                              the first failure stops it, and is named)
 #
 # Missing build dependencies (cmake, pkg-config, cmocka, hwloc) are installed
@@ -80,10 +80,10 @@ verdict() {
   local rc=$?
   if [ "$rc" = 0 ]; then
     [ -z "$stage_now" ] || stages_passed=$((stages_passed + 1))
-    echo "dev.sh test: $stages_passed passed, 0 failed"
+    echo "verdict: $stages_passed passed, 0 failed"
   else
     echo "dev.sh test: failed in '$stage_now' (exit $rc)" >&2
-    echo "dev.sh test: $stages_passed passed, 1 failed"
+    echo "verdict: $stages_passed passed, 1 failed"
   fi
 }
 
