@@ -88,12 +88,21 @@ bool dlsync__alloc_fail_pending(void);
 
 /* ---- the decision log (base/log.c) ---- */
 
-/* DLSYNC_DEBUG=WARN|INFO|TRACE, DLSYNC_DEBUG_FILE=path (%p: pid); see
- * docs/design.md. INFO: the driver loaded, contexts created and destroyed,
- * every error set through dlsync__fail*. TRACE: one line per decision (order,
- * exchange begin and end, fence signal and wait, release) naming the row of
- * the decision table, the streams, capture ids and nodes added. */
-enum { DLSYNC__LOG_OFF = 0, DLSYNC__LOG_WARN = 1, DLSYNC__LOG_INFO = 2, DLSYNC__LOG_TRACE = 3 };
+/* DLSYNC_DEBUG=VERSION|WARN|INFO|TRACE, DLSYNC_DEBUG_FILE=path (%p: pid, %h:
+ * host name); see docs/design.md. Each level writes what the ones before it
+ * do. VERSION: one line, once, when the log is first asked for (dlsync's
+ * version and the libdlsync file). WARN: what is likely wrong (no CUDA
+ * driver, once). INFO: the driver loaded, contexts created and destroyed,
+ * every error set through dlsync__fail*. TRACE: one line per decision
+ * (order, exchange begin and end, fence signal and wait, release) naming the
+ * row of the decision table, the streams, capture ids and nodes added. */
+enum {
+  DLSYNC__LOG_OFF = 0,
+  DLSYNC__LOG_VERSION = 1,
+  DLSYNC__LOG_WARN = 2,
+  DLSYNC__LOG_INFO = 3,
+  DLSYNC__LOG_TRACE = 4
+};
 
 #ifndef __cplusplus /* C11 atomics; the C++ tests include this header but never log */
 /* -1 until the environment is read, then the level. */

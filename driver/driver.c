@@ -112,7 +112,15 @@ dlsync_status dlsync__driver_load(const dlsync__driver **out, const char *path) 
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "loading the CUDA driver: out of memory");
     goto cleanup;
   }
-  DLSYNC_TRY(load_one(&l->table, l->path));
+  st = load_one(&l->table, l->path);
+  if (st != DLSYNC_SUCCESS) {
+    /* No driver is the one failure a user most likely did not expect: a
+     * WARN line, once per process (every error is an INFO line anyway). */
+    static atomic_bool warned;
+    if (st == DLSYNC_ERROR_NO_DRIVER && !atomic_exchange(&warned, true))
+      DLSYNC__LOG(DLSYNC__LOG_WARN, "no CUDA driver: %s", dlsync_last_error());
+    goto cleanup;
+  }
   l->table.origin = l->path;
   if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_INFO))) {
     Dl_info where;

@@ -11,7 +11,10 @@
 #                              consumers, the wheel; pip reaches PyPI for
 #                              scikit-build-core)
 #                              then the libFuzzer harness (fuzz/, clang) for
-#                              60 s on fuzz/corpus (any finding fails)
+#                              60 s on fuzz/corpus (any finding fails);
+#                              it ends with one verdict line over its stages,
+#                              "verdict: N passed, M failed" (M is 0 or 1:
+#                              the first failure stops it, and is named)
 #
 # Missing build dependencies (cmake, pkg-config, cmocka, hwloc) are installed
 # with apt-get when running as root, otherwise the command to do so is printed.
@@ -64,6 +67,26 @@ ensure_deps() {
   fi
 }
 
+# The verdict line: each "== stage" that finished counts as passed; the one
+# running when the script stopped on an error counts as failed.
+stages_passed=0
+stage_now=""
+stage() {
+  [ -z "$stage_now" ] || stages_passed=$((stages_passed + 1))
+  stage_now=$1
+  echo "== $1"
+}
+verdict() {
+  local rc=$?
+  if [ "$rc" = 0 ]; then
+    [ -z "$stage_now" ] || stages_passed=$((stages_passed + 1))
+    echo "verdict: $stages_passed passed, 0 failed"
+  else
+    echo "dev.sh test: failed in '$stage_now' (exit $rc)" >&2
+    echo "verdict: $stages_passed passed, 1 failed"
+  fi
+}
+
 build() { # build DIR cmake-args...
   local dir=$1
   shift
@@ -79,29 +102,30 @@ info)
   "$root/build/release/tools/dlsync-info" "${@:2}"
   ;;
 test)
+  trap verdict EXIT
   ensure_deps
   mkdir -p "$root/build"
   if command -v clang-format >/dev/null; then
-    echo "== clang-format"
+    stage "clang-format"
     (cd "$root" && git ls-files '*.c' '*.h' '*.cpp' | xargs clang-format --dry-run --Werror)
   fi
-  echo "== Release, warnings as errors"
+  stage "Release, warnings as errors"
   build "$root/build/release" -DCMAKE_BUILD_TYPE=Release -DDLSYNC_WERROR=ON
   ctest --test-dir "$root/build/release" --output-on-failure
-  echo "== module graph (no cycle, no edge going up)"
+  stage "module graph (no cycle, no edge going up)"
   bash "$root/scripts/modgraph.sh" "$root/build/release"
-  echo "== Debug with AddressSanitizer and UndefinedBehaviorSanitizer"
+  stage "Debug with AddressSanitizer and UndefinedBehaviorSanitizer"
   build "$root/build/asan" -DCMAKE_BUILD_TYPE=Debug -DDLSYNC_WERROR=ON -DDLSYNC_SANITIZE=ON \
     -DDLSYNC_BUILD_BENCH=OFF
   ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} ctest --test-dir "$root/build/asan" --output-on-failure
-  echo "== ThreadSanitizer (every C test; the Python ones load the library into an uninstrumented python)"
+  stage "ThreadSanitizer (every C test; the Python ones load the library into an uninstrumented python)"
   build "$root/build/tsan" -DCMAKE_BUILD_TYPE=Debug -DDLSYNC_WERROR=ON -DDLSYNC_TSAN=ON \
     -DDLSYNC_BUILD_BENCH=OFF -DDLSYNC_BUILD_TOOLS=OFF -DDLSYNC_BUILD_GPU_TESTS=OFF
   TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1} ctest --test-dir "$root/build/tsan" --output-on-failure \
     -E '^python_'
-  echo "== Install check: CMake package, pkg-config, FetchContent, wheel in a fresh venv"
+  stage "Install check: CMake package, pkg-config, FetchContent, wheel in a fresh venv"
   bash "$root/scripts/install-check.sh" "$root/build/install-check"
-  echo "== libFuzzer (fuzz/fuzz_dlsync, ${DLSYNC_FUZZ_SECONDS:-60} s, ASan+UBSan)"
+  stage "libFuzzer (fuzz/fuzz_dlsync, ${DLSYNC_FUZZ_SECONDS:-60} s, ASan+UBSan)"
   # Only the harness (with the static library): clang does not put the
   # sanitizer runtimes into a shared library, which links with --no-undefined.
   CC=clang CXX=clang++ cmake -S "$root" -B "$root/build/fuzz" -DCMAKE_BUILD_TYPE=Debug \

@@ -182,7 +182,8 @@ if [ -f "$build/libkernel_lib.so" ]; then
     caller_rc=$?
 fi
 # ---- packaging: the wheel from .whl-dlsync/, installed, framework suite ----
-wheel=$(ls "$root"/.whl-dlsync/dlsync-*.whl 2>/dev/null | head -n 1)
+# This machine's architecture (scripts/release-wheels.sh leaves x86_64 and aarch64 ones).
+wheel=$(ls "$root"/.whl-dlsync/dlsync-*"$(uname -m)".whl 2>/dev/null | head -n 1)
 wheel_rc=skipped
 stamp wheel
 if [ -n "$wheel" ] && [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
@@ -201,7 +202,16 @@ if [ -n "$wheel" ] && [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
       env -u DLSYNC_LIBRARY PYTHONPATH="$pkg" DLSYNC_EXPECT_BUNDLED=1 python3 -m unittest -q \
         test_binding test_package &&
       env -u DLSYNC_LIBRARY PYTHONPATH="$pkg" DLSYNC_SOURCE_ROOT="$root" KERNEL_LIB="$build/libkernel_lib.so" \
-        PYTHONUNBUFFERED=1 python3 -m pytest -q -p no:cacheprovider gpu
+        PYTHONUNBUFFERED=1 python3 -m pytest -q -p no:cacheprovider gpu &&
+      echo "== the wheel's dlsync-info --version --selftest" &&
+      { "$pkg/dlsync/bin/dlsync-info" --version --selftest >"$out/wheel-info.txt" 2>&1; info_rc=$?
+        sed 's/^/wheel-info: /' "$out/wheel-info.txt"; [ "$info_rc" = 0 ]; } &&
+      echo "== examples/torch_extension against the wheel alone (its headers and libdlsync)" &&
+      rm -rf "$pkg/dlsync/torch_extension" &&
+      env -u DLSYNC_LIBRARY PYTHONPATH="$pkg" python3 "$root/examples/torch_extension/build.py" \
+        "$pkg/dlsync" >"$out/wheel-ext.txt" 2>&1 &&
+      sed 's/^/wheel-ext: /' "$out/wheel-ext.txt" &&
+      grep -q "^headers: $pkg/dlsync/include$" "$out/wheel-ext.txt"
   } >"$out/wheel.txt" 2>&1 || wheel_rc=$?
   cd "$root" || exit 1
   rm -rf "$tests"
@@ -255,7 +265,8 @@ echo "== examples/kernel_lib/caller.py (rc $caller_rc)"
 if [ "$wheel_rc" != skipped ]; then
   echo "== wheel $(basename "$wheel"): installed in /tmp/dlsyncpkg, framework suite (rc $wheel_rc)"
   grep '^dlsync ' "$out/wheel.txt"
-  sed -n '/^case /,$p' "$out/wheel.txt"
+  sed -n '/^case /,/^== the wheel/p' "$out/wheel.txt"
+  grep -E '^wheel-info: (dlsync library|libdlsync|selftest)|^wheel-ext: (headers|/)' "$out/wheel.txt"
   [ "$wheel_rc" = 0 ] || { grep -E "^(FAILED|ERROR)|Error" "$out/wheel.txt" | head -20; status=1; }
 else
   echo "== wheel: none in .whl-dlsync/ (or SUITE_ONLY/NO_PYTHON): not tested"

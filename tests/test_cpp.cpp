@@ -249,8 +249,56 @@ static void the_throwing_constructor_throws_with_the_status() {
 }
 #endif
 
+static void the_many_guard_orders_every_producer() {
+  open_fake();
+  CUstream Q = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  uint64_t p1 = fake_work(P, "produce 1", nullptr), p2 = fake_work(Q, "produce 2", nullptr);
+  uint64_t consume, m1, m2;
+  {
+    const dlsync::stream_t producers[] = {P, Q};
+    dlsync::exchange_many ex(producers, 2, C, 0, ctx);
+    CHECK(ex.ok() && ex.active());
+    consume = fake_work(C, "consume", nullptr);
+  }
+  m1 = fake_work(P, "mutate 1", nullptr);
+  m2 = fake_work(Q, "mutate 2", nullptr);
+  CHECK(fake_happens_before(p1, consume) && fake_happens_before(p2, consume));
+  CHECK(fake_happens_before(consume, m1) && fake_happens_before(consume, m2));
+  {
+    dlsync::stream_t many[65];
+    for (auto &m : many)
+      m = P;
+    dlsync::exchange_many ex(many, 65, C, 0, ctx);
+    CHECK(ex.status() == DLSYNC_ERROR_INVALID_ARGUMENT && !ex.active());
+    CHECK(std::strstr(ex.message(), "more than 64") != nullptr);
+  }
+  fake_stream_destroy(Q);
+  close_fake();
+}
+
+static void capturing_says_when_it_cannot_answer() {
+  dlsync_context *none = nullptr;
+  bool yes = true;
+  if (dlsync_context_default(&none) != DLSYNC_ERROR_NO_DRIVER) {
+    std::printf("test_cpp: a driver is here: the no-driver case of capturing() is not run\n");
+    return;
+  }
+  CHECK(dlsync::capturing(&yes, P) == DLSYNC_ERROR_NO_DRIVER && !yes);
+#if DLSYNC_HPP_EXCEPTIONS
+  bool threw = false;
+  try {
+    (void)dlsync::capturing(P);
+  } catch (const dlsync::error &e) {
+    threw = e.status() == DLSYNC_ERROR_NO_DRIVER;
+  }
+  CHECK(threw);
+#endif
+}
+
 int main() {
   guard_orders_both_ways_and_ends_in_its_destructor();
+  the_many_guard_orders_every_producer();
+  capturing_says_when_it_cannot_answer();
   without_the_guard_nothing_is_ordered();
   explicit_end_returns_the_status_once();
   a_failed_begin_is_kept_and_the_destructor_does_nothing();

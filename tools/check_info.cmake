@@ -8,6 +8,10 @@
 #     0, names matching library and header versions and the libdlsync loaded.
 #   -DINFO=<dlsync-info> -DMODE=selftest: --selftest exits 77 saying there is
 #     nothing to test where there is no GPU; on a GPU it exits 0 with PASS.
+#   -DINFO=<dlsync-info> -DMODE=combos -DPYTHON=<python3>: options combine
+#     (getopt_long): --json --version prints one JSON object; --version
+#     --selftest runs both; --help --bogus, --json --selftest and a stray
+#     argument are usage errors (exit 2, usage on stderr).
 if(NOT INFO)
   message(FATAL_ERROR "pass -DINFO=<path of dlsync-info>")
 endif()
@@ -28,6 +32,41 @@ assert d["ok"] is True, "ok is false"
   if(NOT rcs STREQUAL "0;0")
     message(FATAL_ERROR "dlsync-info --json | json check: exit codes ${rcs}\n${err}")
   endif()
+elseif(MODE STREQUAL "combos")
+  set(check [=[
+import json, sys
+d = json.load(sys.stdin)
+assert d["library_version"] == d["headers_version"], d
+assert d["versions_match"] is True, d
+assert d["libdlsync"], d
+assert "libcuda" in d and "libhwloc" in d, d
+]=])
+  execute_process(COMMAND ${INFO} --json --version
+                  COMMAND ${PYTHON} -c "${check}"
+                  RESULTS_VARIABLE rcs ERROR_VARIABLE err)
+  if(NOT rcs STREQUAL "0;0")
+    message(FATAL_ERROR "dlsync-info --json --version | json check: exit codes ${rcs}\n${err}")
+  endif()
+  execute_process(COMMAND ${INFO} --version --selftest RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                  ERROR_VARIABLE err)
+  set(both_ran 0)
+  if(out MATCHES "^dlsync library [0-9.]+ ")
+    if(rc EQUAL 77 AND out MATCHES "nothing to test")
+      set(both_ran 1)
+    elseif(rc EQUAL 0 AND out MATCHES "selftest: PASS")
+      set(both_ran 1)
+    endif()
+  endif()
+  if(NOT both_ran)
+    message(FATAL_ERROR "--version --selftest: exit ${rc}, not both ran\n${out}\n${err}")
+  endif()
+  foreach(args "--help;--bogus" "--bogus;--help" "--json;--selftest" "--version;stray" "-x")
+    execute_process(COMMAND ${INFO} ${args} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                    ERROR_VARIABLE err)
+    if(NOT rc EQUAL 2 OR NOT err MATCHES "usage: dlsync-info" OR NOT out STREQUAL "")
+      message(FATAL_ERROR "dlsync-info ${args}: exit ${rc} (want 2)\nstdout: ${out}\nstderr: ${err}")
+    endif()
+  endforeach()
 elseif(MODE STREQUAL "usage")
   execute_process(COMMAND ${INFO} --help RESULT_VARIABLE rc OUTPUT_VARIABLE out
                   ERROR_VARIABLE err)

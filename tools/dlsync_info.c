@@ -22,6 +22,7 @@
 
 #if defined(__linux__)
 #include <dlfcn.h>
+#include <getopt.h>
 #include <link.h>
 #include <limits.h>
 #endif
@@ -243,7 +244,7 @@ static int collect(report *r) {
 
   if (topo_load(&topo, err, sizeof err) != 0 ||
       topo_machine_get(&r->machine, topo, err, sizeof err) != 0) {
-    r->failed = 1;
+    r->failed = topo_built_in; /* without hwloc: said, not a failure */
     r->machine_error = dup_string(err);
     if (r->machine_error == NULL)
       goto cleanup;
@@ -683,15 +684,21 @@ static void usage(FILE *f) {
               "Prints the dlsync version, the CUDA driver it loads, each GPU with its NUMA\n"
               "locality, the driver's capabilities and the machine's topology (hwloc).\n"
               "\n"
-              "  --json      print one JSON object instead of text\n"
+              "  --json      print one JSON object instead of text (the report, or with\n"
+              "              --version the versions and paths)\n"
               "  --version   the library and header versions, the paths of the loaded\n"
               "              libdlsync, libcuda and libhwloc, the driver version\n"
               "  --selftest  run each row of the decision table on GPU 0 with a data check\n"
               "              and a negative control; exit 0 when all pass, 77 without a GPU\n"
               "  --help      print this help and exit\n"
               "\n"
+              "--version and --selftest together run both, in that order. --help with\n"
+              "valid options prints this; an unknown option or argument anywhere, or\n"
+              "--json with --selftest, is bad usage.\n"
+              "\n"
               "Exit status: 0 when everything could be read (no driver is not an error),\n"
-              "1 when something failed, 2 on bad usage.\n",
+              "1 when something failed, 2 on bad usage; with --selftest its own status\n"
+              "(77: no GPU) unless --version failed first.\n",
               f);
 }
 
@@ -729,66 +736,134 @@ static char *soname_path(const char *soname) {
   return path;
 }
 
-/* --version. Exit 1 when the library is not the version of the headers
- * this program was compiled with. */
-static int print_version(FILE *f) {
+/* --version (json: one JSON object). Exit 1 when the library is not the
+ * version of the headers this program was compiled with. */
+static int print_version(FILE *f, int json) {
   char buf[4096], dv[32];
   dlsync_context *ctx = NULL;
   int driver_version = 0;
+  int match = dlsync_version() == DLSYNC_VERSION;
   char *cuda, *hwloc;
+  const char *lib;
   dlsync_status st;
-  (void)fprintf(f, "dlsync library %s (%u), headers %s (%u)%s\n", dlsync_version_string(),
-                dlsync_version(), DLSYNC_VERSION_STRING, (unsigned)DLSYNC_VERSION,
-                dlsync_version() == DLSYNC_VERSION ? "" : ": MISMATCH");
   unsigned (*fn)(void) = dlsync_version;
   const void *sym;
   memcpy(&sym, &fn, sizeof sym); /* a function's address as dladdr takes it */
-  (void)fprintf(f, "libdlsync: %s\n", path_of(sym, buf, sizeof buf));
+  lib = path_of(sym, buf, sizeof buf);
   st = dlsync_context_default(&ctx); /* loads the driver as any user would */
   cuda = loaded_driver_path();
   if (st == DLSYNC_SUCCESS && dlsync_context_driver_version(&driver_version, ctx) == DLSYNC_SUCCESS)
     format_driver_version(dv, sizeof dv, driver_version);
   else
     (void)snprintf(dv, sizeof dv, "unknown");
-  if (cuda != NULL)
-    (void)fprintf(f, "libcuda: %s (driver %s)\n", cuda, dv);
-  else
-    (void)fprintf(f, "libcuda: not loaded: %s\n",
-                  st == DLSYNC_SUCCESS ? "(no path known)" : dlsync_last_error());
   hwloc = soname_path("libhwloc.so.15");
-  (void)fprintf(f, "libhwloc: %s\n",
-                hwloc != NULL ? hwloc
-                              : "libhwloc.so.15 not found: reclaimer threads are not bound near "
-                                "their GPU");
+  if (json) {
+    json_writer w;
+    memset(&w, 0, sizeof w);
+    w.f = f;
+    json_open(&w, NULL, '{');
+    json_str(&w, "library_version", dlsync_version_string());
+    json_u64(&w, "library_version_number", dlsync_version());
+    json_str(&w, "headers_version", DLSYNC_VERSION_STRING);
+    json_u64(&w, "headers_version_number", (unsigned)DLSYNC_VERSION);
+    json_bool(&w, "versions_match", match);
+    json_str(&w, "libdlsync", lib);
+    if (cuda != NULL) {
+      json_str(&w, "libcuda", cuda);
+      json_str(&w, "driver_version", dv);
+    } else {
+      json_str(&w, "libcuda", NULL);
+      json_str(&w, "libcuda_error", st == DLSYNC_SUCCESS ? "(no path known)" : dlsync_last_error());
+    }
+    json_str(&w, "libhwloc", hwloc);
+    json_close(&w, '}');
+    (void)fputc('\n', f);
+  } else {
+    (void)fprintf(f, "dlsync library %s (%u), headers %s (%u)%s\n", dlsync_version_string(),
+                  dlsync_version(), DLSYNC_VERSION_STRING, (unsigned)DLSYNC_VERSION,
+                  match ? "" : ": MISMATCH");
+    (void)fprintf(f, "libdlsync: %s\n", lib);
+    if (cuda != NULL)
+      (void)fprintf(f, "libcuda: %s (driver %s)\n", cuda, dv);
+    else
+      (void)fprintf(f, "libcuda: not loaded: %s\n",
+                    st == DLSYNC_SUCCESS ? "(no path known)" : dlsync_last_error());
+    (void)fprintf(f, "libhwloc: %s\n",
+                  hwloc != NULL ? hwloc
+                                : "libhwloc.so.15 not found: reclaimer threads are not bound "
+                                  "near their GPU");
+  }
   free(cuda);
   free(hwloc);
-  return dlsync_version() == DLSYNC_VERSION ? 0 : 1;
+  return match ? 0 : 1;
+}
+
+/* "dlsync-info: <what> '<arg>'" (arg NULL: none), then usage; exit 2. */
+static int usage_error(const char *what, const char *arg) {
+  if (arg != NULL)
+    (void)fprintf(stderr, "dlsync-info: %s '%s'\n", what, arg);
+  else
+    (void)fprintf(stderr, "dlsync-info: %s\n", what);
+  usage(stderr);
+  return 2;
 }
 
 int main(int argc, char **argv) {
+  static const struct option options[] = {{"json", no_argument, NULL, 'j'},
+                                          {"version", no_argument, NULL, 'V'},
+                                          {"selftest", no_argument, NULL, 's'},
+                                          {"help", no_argument, NULL, 'h'},
+                                          {NULL, 0, NULL, 0}};
   report r;
-  int json = 0;
+  int json = 0, version = 0, selftest = 0, help = 0;
   int status = 1;
+  int c;
 
-  for (int i = 1; i < argc; i++) {
-    if (strcmp(argv[i], "--json") == 0) {
+  /* Every option is read before anything runs: a bad one anywhere is a
+   * usage error (exit 2), whatever else was asked. "+": stop at the first
+   * argument that is not an option (none is taken). */
+  opterr = 0;
+  while ((c = getopt_long(argc, argv, "+h", options, NULL)) != -1) {
+    switch (c) {
+    case 'j':
       json = 1;
-    } else if (strcmp(argv[i], "--version") == 0) {
-      status = print_version(stdout);
-      return fflush(stdout) == 0 ? status : 1;
-    } else if (strcmp(argv[i], "--selftest") == 0) {
-      status = selftest_run(stdout);
-      return fflush(stdout) == 0 ? status : 1;
-    } else if (strcmp(argv[i], "--help") == 0 || strcmp(argv[i], "-h") == 0) {
-      usage(stdout);
-      return fflush(stdout) == 0 ? 0 : 1;
-    } else {
-      (void)fprintf(stderr, "dlsync-info: unknown option '%s'\n", argv[i]);
-      usage(stderr);
-      return 2;
+      break;
+    case 'V':
+      version = 1;
+      break;
+    case 's':
+      selftest = 1;
+      break;
+    case 'h':
+      help = 1;
+      break;
+    default:
+      if (optopt != 0 && optopt != '?')
+        return usage_error("unknown option", (char[]){'-', (char)optopt, '\0'});
+      return usage_error("unknown option", argv[optind - 1]);
     }
   }
-
+  if (optind < argc)
+    return usage_error("unexpected argument", argv[optind]);
+  if (json && selftest)
+    return usage_error("--selftest has no JSON form: run it without --json", NULL);
+  if (help) {
+    usage(stdout);
+    return fflush(stdout) == 0 ? 0 : 1;
+  }
+  /* --version and --selftest: each runs, in that order; the exit status
+   * is the first that is not 0. */
+  if (version || selftest) {
+    status = 0;
+    if (version)
+      status = print_version(stdout, json);
+    if (selftest) {
+      int st = selftest_run(stdout);
+      if (status == 0)
+        status = st;
+    }
+    return fflush(stdout) == 0 ? status : 1;
+  }
   memset(&r, 0, sizeof r);
   if (collect(&r) != 0) {
     (void)fprintf(stderr, "dlsync-info: out of memory\n");

@@ -69,6 +69,8 @@ static const char *const excluded_components[] = {
 #endif
 };
 
+const int topo_built_in = 1;
+
 int topo_load(topo_topology **out, char *err, size_t errlen) {
   int rc = -1;
   topo_topology *topo = NULL;

@@ -20,6 +20,10 @@
 
 typedef struct topo_topology topo_topology;
 
+/* 1 in topology.c (hwloc), 0 in topology_none.c (built without hwloc: every
+ * function below fails saying so, and that is not a failure of the report). */
+extern const int topo_built_in;
+
 /* One NUMA node. */
 typedef struct topo_numa {
   unsigned os_index;     /* the OS's number for it ("node 0") */

@@ -5,8 +5,10 @@
     # or, from Python:
     from build import load; load("/path/to/build")        # registers torch.ops.dlsync_example
 
-BUILD_DIR holds libdlsync.so (the build folder, or an install's lib folder:
-its include folder is found next to it, else the repository's include/).
+BUILD_DIR holds libdlsync.so (the build folder, an install's lib folder, or
+an installed wheel's dlsync/ folder); the headers are the wheel's
+(BUILD_DIR/include), else the install's (BUILD_DIR/../include), else the
+repository's include/. header_dir(BUILD_DIR) says which.
 Needs nvcc and PyTorch with CUDA; the build is cached in BUILD_DIR/torch_extension.
 """
 import os
@@ -14,6 +16,16 @@ import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 ROOT = os.path.dirname(os.path.dirname(HERE))
+
+
+def header_dir(build_dir: str) -> str:
+    """The include folder used with the libdlsync in build_dir."""
+    build_dir = os.path.abspath(build_dir)
+    for include in (os.path.join(build_dir, "include"),  # the wheel: dlsync/include
+                    os.path.join(os.path.dirname(build_dir), "include")):  # an install
+        if os.path.exists(os.path.join(include, "dlsync", "dlsync.hpp")):
+            return include
+    return os.path.join(ROOT, "include")
 
 
 def load(build_dir: str, verbose: bool = False) -> str:
@@ -25,9 +37,7 @@ def load(build_dir: str, verbose: bool = False) -> str:
     lib = os.path.join(build_dir, "libdlsync.so")
     if not os.path.exists(lib):
         raise FileNotFoundError(f"{lib} not found: build dlsync first")
-    include = os.path.join(os.path.dirname(build_dir), "include")
-    if not os.path.exists(os.path.join(include, "dlsync", "dlsync.hpp")):
-        include = os.path.join(ROOT, "include")
+    include = header_dir(build_dir)
     out = os.path.join(build_dir, "torch_extension")
     os.makedirs(out, exist_ok=True)
     major, minor = torch.cuda.get_device_capability()
@@ -91,5 +101,6 @@ def _build_with_nvcc(build_dir: str, include: str, out: str, arch: str, verbose:
 
 
 if __name__ == "__main__":
-    print(load(sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "release"),
-               verbose=True))
+    where = sys.argv[1] if len(sys.argv) > 1 else os.path.join(ROOT, "build", "release")
+    print("headers:", header_dir(where))
+    print(load(where, verbose=True))

@@ -119,12 +119,20 @@ inline dlsync_status query(dlsync_lane_state *out, dlsync_context *ctx,
   return dlsync_lane_query(out, ctx, &lane);
 }
 
-inline bool capturing(stream_t stream, dlsync_context *ctx = nullptr) noexcept {
+/* Whether a stream is capturing now: *out, and the status of the question
+ * (DLSYNC_ERROR_NO_DRIVER where there is no driver: then nobody can say). */
+inline dlsync_status capturing(bool *out, stream_t stream, dlsync_context *ctx = nullptr) noexcept {
   dlsync_lane_state st{};
   dlsync_lane lane = stream_lane(stream);
-  if (ctx == nullptr && dlsync_context_default(&ctx) != DLSYNC_SUCCESS)
-    return false;
-  return dlsync_lane_query(&st, ctx, &lane) == DLSYNC_SUCCESS && st.kind == DLSYNC_LANE_CAPTURING;
+  dlsync_status s = DLSYNC_SUCCESS;
+  *out = false;
+  if (ctx == nullptr)
+    s = dlsync_context_default(&ctx);
+  if (s == DLSYNC_SUCCESS)
+    s = dlsync_lane_query(&st, ctx, &lane);
+  if (s == DLSYNC_SUCCESS)
+    *out = st.kind == DLSYNC_LANE_CAPTURING;
+  return s;
 }
 
 /* ---- errors ---- */
@@ -157,6 +165,13 @@ protected:
       std::snprintf(message_, sizeof message_, "%s", dlsync_last_error());
     }
     return s;
+  }
+  /* A failure of the wrapper itself (no C call made). */
+  void refuse(dlsync_status s, const char *why) noexcept {
+    if (status_ == DLSYNC_SUCCESS) {
+      status_ = s;
+      std::snprintf(message_, sizeof message_, "%s", why);
+    }
   }
   void take(outcome &other) noexcept {
     status_ = other.status_;
@@ -191,9 +206,30 @@ struct throw_on_error_t {
 inline constexpr throw_on_error_t throw_on_error{};
 #endif
 
+/* Whether a stream is capturing now. A question that cannot be answered
+ * (no driver: DLSYNC_ERROR_NO_DRIVER; a bad context) throws dlsync::error,
+ * as dlsync.capturing raises in Python; without exceptions it is false then:
+ * the status form above tells the two apart. */
+inline bool capturing(stream_t stream,
+                      dlsync_context *ctx = nullptr) noexcept(!DLSYNC_HPP_EXCEPTIONS) {
+  bool yes = false;
+  dlsync_status s = capturing(&yes, stream, ctx);
+#if DLSYNC_HPP_EXCEPTIONS
+  if (s != DLSYNC_SUCCESS)
+    throw error(s, dlsync_last_error());
+#else
+  (void)s;
+#endif
+  return yes;
+}
+
 /* ---- the exchange guard ---- */
 
-class exchange : public outcome {
+/* [[nodiscard]] on the class and on each constructor that begins something
+ * (GCC reads only the latter, clang both): `dlsync::exchange(a, b);` would
+ * end the exchange at its semicolon, before the work it was meant to order;
+ * compilers warn (tests/check_nodiscard.cmake). */
+class [[nodiscard]] exchange : public outcome {
 public:
   /* An empty guard: nothing begun, ok(). */
   exchange() noexcept = default;
@@ -201,30 +237,30 @@ public:
   /* Begins an exchange between two streams on ctx (nullptr: the default
    * context). On failure ok() is false, message() says why, nothing was
    * queued and the destructor does nothing. */
-  exchange(stream_t producer, stream_t consumer, uint32_t flags = 0,
-           dlsync_context *ctx = nullptr) noexcept {
+  [[nodiscard]] exchange(stream_t producer, stream_t consumer, uint32_t flags = 0,
+                         dlsync_context *ctx = nullptr) noexcept {
     dlsync_lane p = stream_lane(producer), c = stream_lane(consumer);
     start(p, c, flags, ctx);
   }
-  exchange(void *producer, void *consumer, uint32_t flags = 0,
-           dlsync_context *ctx = nullptr) noexcept
+  [[nodiscard]] exchange(void *producer, void *consumer, uint32_t flags = 0,
+                         dlsync_context *ctx = nullptr) noexcept
       : exchange(static_cast<stream_t>(producer), static_cast<stream_t>(consumer), flags, ctx) {}
 
   /* Any lanes; graph lanes must outlive the guard's end (exchange.h). */
-  exchange(dlsync_lane &producer, dlsync_lane &consumer, uint32_t flags = 0,
-           dlsync_context *ctx = nullptr) noexcept {
+  [[nodiscard]] exchange(dlsync_lane &producer, dlsync_lane &consumer, uint32_t flags = 0,
+                         dlsync_context *ctx = nullptr) noexcept {
     start(producer, consumer, flags, ctx);
   }
 
 #if DLSYNC_HPP_EXCEPTIONS
-  exchange(throw_on_error_t, stream_t producer, stream_t consumer, uint32_t flags = 0,
-           dlsync_context *ctx = nullptr)
+  [[nodiscard]] exchange(throw_on_error_t, stream_t producer, stream_t consumer, uint32_t flags = 0,
+                         dlsync_context *ctx = nullptr)
       : exchange(producer, consumer, flags, ctx) {
     if (!ok())
       throw error(status(), message());
   }
-  exchange(throw_on_error_t, dlsync_lane &producer, dlsync_lane &consumer, uint32_t flags = 0,
-           dlsync_context *ctx = nullptr)
+  [[nodiscard]] exchange(throw_on_error_t, dlsync_lane &producer, dlsync_lane &consumer,
+                         uint32_t flags = 0, dlsync_context *ctx = nullptr)
       : exchange(producer, consumer, flags, ctx) {
     if (!ok())
       throw error(status(), message());
@@ -280,10 +316,96 @@ private:
   dlsync_exchange *handle_ = nullptr;
 };
 
+/* ---- many producers, one consumer ---- */
+
+/* dlsync_exchange_begin_many as a guard: the consumer waits for every
+ * producer's earlier work; the end orders each producer's later work after
+ * the consumer's. Lanes are copied by begin_many as by begin (stream lanes);
+ * graph lanes must outlive the end. */
+class [[nodiscard]] exchange_many : public outcome {
+public:
+  exchange_many() noexcept = default;
+  [[nodiscard]] exchange_many(dlsync_lane *producers, std::size_t n, dlsync_lane &consumer,
+                              uint32_t flags = 0, dlsync_context *ctx = nullptr) noexcept {
+    start(producers, n, consumer, flags, ctx);
+  }
+  /* Streams: up to 64 producers (more: DLSYNC_ERROR_INVALID_ARGUMENT). */
+  [[nodiscard]] exchange_many(const stream_t *producers, std::size_t n, stream_t consumer,
+                              uint32_t flags = 0, dlsync_context *ctx = nullptr) noexcept {
+    dlsync_lane lanes[64];
+    dlsync_lane c = stream_lane(consumer);
+    if (n > 64) {
+      refuse(DLSYNC_ERROR_INVALID_ARGUMENT,
+             "dlsync::exchange_many: more than 64 producer streams; pass lanes instead");
+      return;
+    }
+    for (std::size_t i = 0; i < n; i++)
+      lanes[i] = stream_lane(producers[i]);
+    start(lanes, n, c, flags, ctx);
+  }
+#if DLSYNC_HPP_EXCEPTIONS
+  [[nodiscard]] exchange_many(throw_on_error_t, dlsync_lane *producers, std::size_t n,
+                              dlsync_lane &consumer, uint32_t flags = 0,
+                              dlsync_context *ctx = nullptr)
+      : exchange_many(producers, n, consumer, flags, ctx) {
+    if (!ok())
+      throw error(status(), message());
+  }
+  [[nodiscard]] exchange_many(throw_on_error_t, const stream_t *producers, std::size_t n,
+                              stream_t consumer, uint32_t flags = 0, dlsync_context *ctx = nullptr)
+      : exchange_many(producers, n, consumer, flags, ctx) {
+    if (!ok())
+      throw error(status(), message());
+  }
+#endif
+  exchange_many(const exchange_many &) = delete;
+  exchange_many &operator=(const exchange_many &) = delete;
+  exchange_many(exchange_many &&other) noexcept : handle_(other.handle_) {
+    other.handle_ = nullptr;
+    take(other);
+  }
+  exchange_many &operator=(exchange_many &&other) noexcept {
+    if (this != &other) {
+      end();
+      handle_ = other.handle_;
+      other.handle_ = nullptr;
+      take(other);
+    }
+    return *this;
+  }
+  ~exchange_many() {
+    end();
+  }
+  /* As exchange::end. */
+  dlsync_status end() noexcept {
+    dlsync_exchange *h = handle_;
+    handle_ = nullptr;
+    if (h != nullptr)
+      note(dlsync_exchange_end(h));
+    return status();
+  }
+  bool active() const noexcept {
+    return handle_ != nullptr;
+  }
+  dlsync_exchange *native() const noexcept {
+    return handle_;
+  }
+
+private:
+  void start(dlsync_lane *producers, std::size_t n, dlsync_lane &consumer, uint32_t flags,
+             dlsync_context *ctx) noexcept {
+    if (ctx == nullptr && note(dlsync_context_default(&ctx)) != DLSYNC_SUCCESS)
+      return;
+    note(dlsync_exchange_begin_many(&handle_, ctx, producers, n, &consumer, flags));
+  }
+
+  dlsync_exchange *handle_ = nullptr;
+};
+
 /* ---- fences ---- */
 
 /* A shared reference to a dlsync_fence: copies retain, destruction releases. */
-class fence : public outcome {
+class [[nodiscard]] fence : public outcome {
 public:
   fence() noexcept = default;
   /* Takes over one reference of an existing fence. */
@@ -291,15 +413,16 @@ public:
 
   /* Signals on a lane (a stream: the work queued so far). On failure ok() is
    * false and valid() too. */
-  explicit fence(dlsync_lane &lane, dlsync_context *ctx = nullptr) noexcept {
+  [[nodiscard]] explicit fence(dlsync_lane &lane, dlsync_context *ctx = nullptr) noexcept {
     signal(lane, ctx);
   }
-  explicit fence(stream_t stream, dlsync_context *ctx = nullptr) noexcept {
+  [[nodiscard]] explicit fence(stream_t stream, dlsync_context *ctx = nullptr) noexcept {
     dlsync_lane lane = stream_lane(stream);
     signal(lane, ctx);
   }
 #if DLSYNC_HPP_EXCEPTIONS
-  fence(throw_on_error_t, stream_t stream, dlsync_context *ctx = nullptr) : fence(stream, ctx) {
+  [[nodiscard]] fence(throw_on_error_t, stream_t stream, dlsync_context *ctx = nullptr)
+      : fence(stream, ctx) {
     if (!ok())
       throw error(status(), message());
   }
@@ -373,9 +496,9 @@ private:
 
 /* Sets the thread's current stream for a device for the guard's lifetime and
  * restores the previous one after. */
-class env_stream_scope {
+class [[nodiscard]] env_stream_scope {
 public:
-  env_stream_scope(int32_t device_type, int32_t device_id, void *stream) noexcept
+  [[nodiscard]] env_stream_scope(int32_t device_type, int32_t device_id, void *stream) noexcept
       : type_(device_type), id_(device_id) {
     status_ = dlsync_env_stream_set(&previous_, type_, id_, stream);
   }
