@@ -8,9 +8,11 @@ process per setting (XLA reads XLA_FLAGS once).
 Each setting: 50 calls of jit(f), f(x) = (p, dlsync_scale(p)) with p a slow
 producer (a chain of 4096x4096 matmuls) ahead of the handler; a call is wrong
 unless y == 2 p exactly. Prints one row per setting and exits 1 unless dlsync
-is right in both settings with the handler traced into a command buffer when
-they are on, the by-hand control fails traced, and the unordered control is
-wrong eagerly.
+(both variants: "dlsync", the three orders of the by-hand handler, and
+"fork", the fork and join only) is right in both settings, traced into a
+command buffer when they are on, the by-hand control fails traced, the
+unordered control is wrong eagerly, and bad input (an ordering out of range,
+a float16 buffer) is refused with a message.
 """
 import ctypes
 import json
@@ -24,7 +26,7 @@ FLAGS = {
     "on": "--xla_gpu_enable_command_buffer=FUSION,CUBLAS,CUBLASLT,CUSTOM_CALL "
           "--xla_gpu_graph_min_graph_size=1",
 }
-ORDERING = {"dlsync": 0, "by_hand": 1, "none": 2}
+ORDERING = {"dlsync": 0, "by_hand": 1, "none": 2, "fork": 3, "bad": 0}
 
 
 def child(lib: str, setting: str, ordering: str) -> dict:
@@ -47,6 +49,18 @@ def child(lib: str, setting: str, ordering: str) -> dict:
         for _ in range(12):  # the slow producer: about 10+ ms of matmuls
             p = jnp.tanh(p @ p * (1.0 / 64.0))
         return p, call(p, ordering=np.int32(ORDERING[ordering]))
+
+    if ordering == "bad":  # bad input: each refused with a message, nothing run
+        got = []
+        for what, arg, attr in [("ordering 7", jnp.ones((4096, 4096), jnp.float32), 7),
+                                ("float16", jnp.ones((4096, 4096), jnp.float16), 0)]:
+            try:
+                np.asarray(call(arg, ordering=np.int32(attr)))
+                got.append(f"{what}: accepted")
+            except Exception as e:  # noqa: BLE001
+                got.append(f"{what}: {type(e).__name__}: {str(e).strip().splitlines()[0][:160]}")
+        return {"jax": jax.__version__, "calls": 0, "wrong": 0, "captured": 0, "error": None,
+                "bad": got}
 
     base = jax.random.normal(jax.random.PRNGKey(0), (4096, 4096), jnp.float32)
     wrong = 0
@@ -78,8 +92,10 @@ def main() -> int:
     print(f"XLA_FLAGS off: {FLAGS['off']!r}")
     print(f"XLA_FLAGS on:  {FLAGS['on']!r}")
     for setting, ordering, expect in [("off", "dlsync", "right"), ("on", "dlsync", "right"),
+                                      ("off", "fork", "right"), ("on", "fork", "right"),
                                       ("off", "by_hand", "right"), ("on", "by_hand", "fails"),
-                                      ("off", "none", "fails"), ("on", "none", "info")]:
+                                      ("off", "none", "fails"), ("on", "none", "info"),
+                                      ("off", "bad", "refused")]:
         env = dict(os.environ)
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + FLAGS[setting]).strip()
         env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
@@ -94,7 +110,13 @@ def main() -> int:
             res = {"calls": 0, "wrong": 0, "captured": 0,
                    "error": f"process exited {proc.returncode}: {' | '.join(tail)[:300]}"}
         failed = res["error"] is not None or res["wrong"] > 0
-        if expect == "right":
+        if expect == "refused":
+            bad = res.get("bad") or []
+            ok = (len(bad) == 2 and "ordering is 0 (dlsync)" in bad[0] and "accepted" not in bad[1]
+                  and res["error"] is None)
+            verdict = "refused with a message" if ok else "FAILED"
+            res["error"] = res["error"] or " | ".join(bad)
+        elif expect == "right":
             ok = not failed and res["calls"] == CALLS and (setting == "off" or res["captured"] > 0)
             verdict = "ok" if ok else "FAILED"
             if not failed and setting == "on" and res["captured"] == 0:

@@ -16,6 +16,9 @@
 //        (cudaErrorStreamCaptureIsolation, 905).
 //     2  none: the kernel is not ordered at all (wrong results with a slow
 //        producer ahead).
+//     3  dlsync, the fork and join only (dlsync::xla_ffi::side without the
+//        first order): for a handler whose kernel needs none of its side
+//        stream's earlier work.
 //
 // Exported C functions, for ctypes: the handler symbol dlsync_scale, and
 // dlsync_jax_example_init (creates the side stream and the events; call once
@@ -69,6 +72,17 @@ ffi::Error scale_impl(cudaStream_t xla, ffi::Buffer<ffi::F32> x, ffi::ResultBuff
   const float *in = x.typed_data();
   cudaError_t rc;
   switch (ordering) {
+  case 3: {
+    dlsync::xla_ffi::side fork(xla, side_stream);
+    if (ffi::Error e = fork.error(); e.failure())
+      return e;
+    launch(out, in, n);
+    rc = cudaGetLastError();
+    ffi::Error joined = fork.join();
+    if (rc != cudaSuccess)
+      return cuda_error(rc, "launch");
+    return joined;
+  }
   case 0: {
     // The same three orders as by hand. First XLA's stream after the side
     // stream's earlier (eager) work: traced, an external wait in XLA's
@@ -116,8 +130,8 @@ ffi::Error scale_impl(cudaStream_t xla, ffi::Buffer<ffi::F32> x, ffi::ResultBuff
       return cuda_error(rc, "launch");
     return ffi::Error::Success();
   default:
-    return ffi::Error::InvalidArgument("dlsync_scale: ordering is 0 (dlsync), 1 (by hand) or 2 "
-                                       "(none), not " +
+    return ffi::Error::InvalidArgument("dlsync_scale: ordering is 0 (dlsync), 1 (by hand), 2 "
+                                       "(none) or 3 (dlsync fork only), not " +
                                        std::to_string(ordering));
   }
 }
