@@ -266,7 +266,7 @@ if [ "$pybench_rc" != skipped ]; then
   cat "$out/pybench.txt"
   [ "$pybench_rc" = 0 ] || status=1
 fi
-# ---- ecosystems: examples/jax_ffi, examples/nanobind_ext, examples/tvm_ffi ----
+# ---- ecosystems: examples/jax_ffi, nanobind_ext, tvm_ffi, launcher ----
 # nanobind and apache-tvm-ffi come from .whl/ (pip download there elsewhere; this
 # machine has no registry), installed with pip --no-index into /tmp/dlsync-eco-site;
 # each example is skipped, with the reason, when its package is not importable.
@@ -307,9 +307,13 @@ if [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
     env PYTHONPATH="$build/nanobind_ext:$eco:$root/python" python3 "$root/examples/nanobind_ext/run.py"
   eco_case tvm_ffi tvm_ffi bash "$root/examples/tvm_ffi/build.sh" "$build" -- \
     python3 "$root/examples/tvm_ffi/run.py" "$build/libdlsync_tvm_ffi.so"
+  eco_case launcher torch bash "$root/examples/launcher/build.sh" "$build" -- \
+    python3 "$root/examples/launcher/run.py" "$build/libdlsync_launcher_kernel.so"
+  eco_case launcher_memcheck torch true -- \
+    python3 "$root/examples/launcher/run.py" --memcheck "$build/libdlsync_launcher_kernel.so"
 fi
 if [ "$eco_rc" != skipped ]; then
-  echo "== ecosystems: XLA FFI, nanobind, TVM FFI (rc $eco_rc)"
+  echo "== ecosystems: XLA FFI, nanobind, TVM FFI, the releasing launcher (rc $eco_rc)"
   cat "$eco_txt"
   [ "$eco_rc" = 0 ] || status=1
 fi
