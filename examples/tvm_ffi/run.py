@@ -110,6 +110,18 @@ def _framework_missing(error) -> bool:
     return bool(error) and any(f"No module named '{m}'" in error for m in ("torch", "cupy", "jax"))
 
 
+_UNRELATED = ("ImportError", "ModuleNotFoundError", "AttributeError", "NameError", "SyntaxError",
+              "exit ")
+
+
+def _control_failed(res) -> bool:
+    """A control's failure for its reason: wrong results, or an error of the
+    capture or the import it breaks; not a crash or a broken test."""
+    if res["error"] is None:
+        return res["wrong"] > 0
+    return not res["error"].startswith(_UNRELATED)
+
+
 def main() -> int:
     if len(sys.argv) == 5 and sys.argv[1] == "--case":
         lib, kind, arg = sys.argv[2], sys.argv[3], sys.argv[4]
@@ -153,8 +165,9 @@ def main() -> int:
             ok = not failed and res["runs"] == RUNS
             verdict = "ok" if ok else "FAILED"
         elif expect == "fails":
-            ok = failed
-            verdict = "control failed as expected" if ok else "CONTROL DID NOT FAIL"
+            ok = _control_failed(res)
+            verdict = ("control failed as expected" if ok else
+                       "CONTROL FAILED FOR ANOTHER REASON" if res["error"] else "CONTROL DID NOT FAIL")
         else:
             ok, verdict = True, "(information: TVM FFI tensors expose no stream)"
         ok_all = ok_all and ok
