@@ -44,7 +44,7 @@ def case(producer: str, setting: str, mode: str) -> dict:
         try:
             ext.scale(Raising(), out, 2.0, mode)
         finally:
-            assert dlsync._scopes() == [], "a dlsync scope was left open"
+            assert dlsync._scope._scopes() == [], "a dlsync scope was left open"
         return {"runs": 1, "wrong": 0}
     if producer == "jax":
         import jax.numpy as jnp

@@ -35,7 +35,7 @@ class FakeTensor:
 
 class BadInput(unittest.TestCase):
     def tearDown(self):
-        self.assertEqual(dlsync._scopes(), [], "a dlsync scope was left open")
+        self.assertEqual(dlsync._scope._scopes(), [], "a dlsync scope was left open")
 
     def raises(self, exc, text, *args, **kwargs):
         with self.assertRaises(exc) as cm:
