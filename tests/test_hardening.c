@@ -1530,6 +1530,11 @@ static void test_large_same_graph_union_is_not_quadratic(void **state) {
   (void)time_same_built(2000); /* warm */
   t16 = time_same_built(16000);
   t32 = time_same_built(32000);
+  for (int k = 0; k < 2; k++) { /* the best of three: a busy machine's pauses */
+    double a = time_same_built(16000), b = time_same_built(32000);
+    t16 = a < t16 ? a : t16;
+    t32 = b < t32 ? b : t32;
+  }
   if (t32 > 3.0 * t16 + 0.020)
     fail_msg("an order of two 16,000-node frontiers of one graph took %.4f s, of two "
              "32,000-node ones %.4f s",
