@@ -531,8 +531,13 @@ dlsync_status dlsync__graph_event_node_failed(const dlsync__driver *d, CUresult 
     bool foreign = false;
     if (d->GraphGetNodes(graph, NULL, &count) == CUDA_SUCCESS && count == 0) {
       foreign = true; /* an empty graph holds none of them */
-    } else if ((nodes = dlsync__calloc(count + 1, sizeof *nodes)) != NULL &&
-               d->GraphGetNodes(graph, nodes, &count) == CUDA_SUCCESS) {
+    } else if ((nodes = dlsync__calloc(count + 1, sizeof *nodes)) == NULL) {
+      st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
+                        "the %s lane's event node was refused (CUDA_ERROR_INVALID_VALUE, graph "
+                        "%p): out of memory checking whether its dependencies are nodes of that "
+                        "graph",
+                        role, (void *)graph);
+    } else if (d->GraphGetNodes(graph, nodes, &count) == CUDA_SUCCESS) {
       for (size_t i = 0; i < ndeps && !foreign; i++) {
         bool found = false;
         for (size_t j = 0; j < count && !found; j++)
