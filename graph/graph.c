@@ -533,12 +533,11 @@ dlsync_status dlsync__graph_event_node_failed(const dlsync__driver *d, CUresult 
     if (d->GraphGetNodes(graph, NULL, &count) == CUDA_SUCCESS && count == 0) {
       foreign = true; /* an empty graph holds none of them */
     } else if ((nodes = dlsync__calloc(count + 1, sizeof *nodes)) == NULL) {
-      /* The diagnosis itself needs memory: say so rather than answer less. */
-      return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
-                          "%s lane, graph %p: out of memory while checking which of its %zu "
-                          "dependencies the driver refused (cuGraphAdd%sNode failed: %s)",
-                          role, (void *)graph, ndeps, record ? "EventRecord" : "EventWait",
-                          dlsync__driver_error_name(d, r));
+      st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
+                        "the %s lane's event node was refused (CUDA_ERROR_INVALID_VALUE, graph "
+                        "%p): out of memory checking whether its dependencies are nodes of that "
+                        "graph",
+                        role, (void *)graph);
     } else if (d->GraphGetNodes(graph, nodes, &count) == CUDA_SUCCESS) {
       for (size_t i = 0; i < ndeps && !foreign; i++) {
         bool found = false;

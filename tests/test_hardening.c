@@ -1567,6 +1567,11 @@ static void test_large_same_graph_union_is_not_quadratic(void **state) {
   (void)time_same_built(2000); /* warm */
   t16 = time_same_built(16000);
   t32 = time_same_built(32000);
+  for (int k = 0; k < 2; k++) { /* the best of three: a busy machine's pauses */
+    double a = time_same_built(16000), b = time_same_built(32000);
+    t16 = a < t16 ? a : t16;
+    t32 = b < t32 ? b : t32;
+  }
   if (t32 > 3.0 * t16 + 0.020)
     fail_msg("an order of two 16,000-node frontiers of one graph took %.4f s, of two "
              "32,000-node ones %.4f s",
@@ -1589,6 +1594,36 @@ static void test_large_frontier_duplicate_is_named_like_a_small_one(void **state
   snprintf(want, sizeof want, "node %p twice (deps[17] and deps[4000])", (void *)deps[17]);
   assert_message_has(want);
   free(deps);
+}
+
+/* The check that names a foreign dependency needs memory (the graph's
+ * nodes): when it cannot have it, the failure says out of memory (found by
+ * the fuzzer: it was the driver's INVALID_VALUE, as if no check were made). */
+static void test_foreign_dependency_check_without_memory_says_so(void **state) {
+  bool reached = true;
+  (void)state;
+  for (unsigned n = 1; reached && n < 200; n++) {
+    CUgraph g, other;
+    CUgraphNode deps[2];
+    dlsync_lane lp = dlsync_lane_stream(P), lg;
+    dlsync_status st;
+    assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+    assert_int_equal(D->GraphCreate(&other, 0), CUDA_SUCCESS);
+    fake_graph_add_work(g, NULL, 0, "own");
+    deps[0] = fake_graph_add_work(other, NULL, 0, "foreign");
+    lg = dlsync_lane_graph(g, deps, 1, 2);
+    dlsync__alloc_fail_nth(n);
+    st = dlsync_order(ctx, &lp, &lg);
+    reached = !dlsync__alloc_fail_pending();
+    dlsync__alloc_fail_nth(0);
+    if (st != DLSYNC_ERROR_FOREIGN_DEPENDENCY &&
+        !(st == DLSYNC_ERROR_OUT_OF_MEMORY && strstr(dlsync_last_error(), "out of memory")))
+      fail_msg("allocation %u failed: %s: %s", n, dlsync_status_name(st), dlsync_last_error());
+    destroy_graph(g);
+    destroy_graph(other);
+    dlsync__orphans_collect();
+  }
+  assert_false(reached); /* every allocation of the call was failed once */
 }
 
 int main(void) {
@@ -1662,6 +1697,8 @@ int main(void) {
           test_another_threads_built_batch_is_gone_after_the_last_context, fixture_setup,
           fixture_teardown),
       cmocka_unit_test_setup_teardown(test_large_frontier_duplicate_check_is_not_quadratic,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_foreign_dependency_check_without_memory_says_so,
                                       fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(test_large_same_graph_union_is_not_quadratic, fixture_setup,
                                       fixture_teardown),
