@@ -1783,6 +1783,10 @@ static int sc_body_order_first(const scenario *s, CUstreamCaptureMode mode, bool
     unsigned v = ++value_base, got = 0;
     CUresult r;
     CU(D->StreamBeginCapture(c, mode));
+    /* Slow enough to outlast the parent's instantiation (launch_once makes
+     * the executable first): eight passes over 4 GiB, the last with v. */
+    for (int pass = 0; pass < 7; pass++)
+      CU(produce(p, big_buf, BIG_WORDS, v + 0x40000000u));
     CU(produce(p, big_buf, BIG_WORDS, v));
     if (use)
       DS(dlsync_order(E.ctx, &lp, &lc)); /* on the parent, before the IF node */

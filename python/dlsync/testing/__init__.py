@@ -138,10 +138,18 @@ def _messages(exc: BaseException) -> List[str]:
 
 
 def _where(exc: BaseException) -> str:
-    root = _chain(exc)[0]
-    frames = [(f.filename, f.lineno, f.name, f.line) for f in
-              traceback.extract_tb(root.__traceback__)]
-    return user_frame(frames)
+    """The op's own frame nearest the error: the innermost exception's
+    traceback first; where that one holds no frame of the op (raised in
+    dlsync or a framework called back from C code, e.g. a __dlpack__ that
+    torch.from_dlpack calls), the next exception of the chain, whose
+    traceback reaches the op's line."""
+    for e in _chain(exc):
+        frames = [(f.filename, f.lineno, f.name, f.line) for f in
+                  traceback.extract_tb(e.__traceback__)]
+        where = user_frame(frames)
+        if where:
+            return where
+    return ""
 
 
 def gpu_unavailable_reason() -> str:

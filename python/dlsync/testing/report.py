@@ -346,6 +346,7 @@ _SKIP_PARTS = (
     os.sep + "threading.py",
     # dlsync itself (every module of the package, wherever it is installed)
     os.path.dirname(os.path.dirname(os.path.abspath(__file__))) + os.sep,
+    os.path.dirname(os.path.dirname(os.path.realpath(__file__))) + os.sep,
     os.sep + "dlsync" + os.sep + "__init__.py",
     os.sep + "dlsync" + os.sep + "testing" + os.sep,
     os.sep + "_pytest" + os.sep,
@@ -360,7 +361,7 @@ def user_frame(frames: Sequence[Tuple[str, int, str, Optional[str]]],
     ``frames`` are (filename, lineno, name, line) from outermost to
     innermost, as traceback.extract_tb gives them."""
     for filename, lineno, name, line in reversed(list(frames)):
-        if any(part in filename for part in skip):
+        if any(part in os.path.abspath(filename) for part in skip):
             continue
         text = f"{os.path.basename(filename)}:{lineno} in {name}"
         return f"{text}: {line.strip()}" if line else text

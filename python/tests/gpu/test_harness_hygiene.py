@@ -28,7 +28,7 @@ import time
 
 import pytest
 
-PYTHON_DIR = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+PYTHON_DIR = os.path.normpath(os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 sys.path.insert(0, PYTHON_DIR)
 import dlsync  # noqa: E402
 from dlsync.testing import check_capture  # noqa: E402
@@ -67,6 +67,23 @@ def _thread_capture_mode():
     mode = ctypes.c_int(old)
     assert cuda.cuThreadExchangeStreamCaptureMode(ctypes.byref(mode)) == 0
     return old
+
+
+@pytest.fixture(autouse=True)
+def _default_stream_first():
+    """Each test starts on the default stream (another file of the suite may
+    have left the current stream elsewhere), so that "the current stream is
+    the default one" after a broken op is the harness's doing; the stream
+    found is put back afterwards."""
+    if torch is None or not torch.cuda.is_available():
+        yield
+        return
+    before = torch.cuda.current_stream()
+    torch.cuda.set_stream(torch.cuda.default_stream())
+    try:
+        yield
+    finally:
+        torch.cuda.set_stream(before)
 
 
 # ---- correct ops, one of each shape ----
