@@ -23,4 +23,5 @@ if bash "$root/examples/kernel_lib/build.sh" "$build" >"$build/kernel_lib.log" 2
 else
   echo "example kernel library did not build:"; tail -5 "$build/kernel_lib.log"
 fi
-cd "$root/python" && PYTHONUNBUFFERED=1 python3 -m pytest -q -p no:cacheprovider tests/gpu
+# GPU_SUITE_TESTS: a narrower selection (files or node ids under python/).
+cd "$root/python" && PYTHONUNBUFFERED=1 python3 -m pytest -q -p no:cacheprovider ${GPU_SUITE_TESTS:-tests/gpu}

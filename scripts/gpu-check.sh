@@ -10,6 +10,8 @@
 #   SANITIZER=1 bash scripts/gpu-check.sh  # also: the GPU suite under
 #                                          # compute-sanitizer memcheck and synccheck
 #   BENCH_ONLY=1 bash scripts/gpu-check.sh # the build and the bench only
+#   NO_BENCH=1 bash scripts/gpu-check.sh   # everything but the two benches
+#   ECO_CASES="nanobind_ext tvm_ffi" ...   # only these ecosystem examples
 #   BENCH_RUNS=3 HARNESS_RUNS=3 ...        # the bench and dlsync.testing's GPU
 #                                          # tests three times
 #
@@ -220,12 +222,13 @@ fi
 
 stamp "bench"
 bench_rc=0
-[ -z "${SUITE_ONLY:-}" ] && bench_runs
+[ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_BENCH:-}" ] && bench_runs
 
 # The Python bench (python/bench/bench_python.py): dlsync's Python rows against
 # torch's own calls in the same run.
 pybench_rc=skipped
-if [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ] && [ -f "$root/python/bench/bench_python.py" ]; then
+if [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ] && [ -z "${NO_BENCH:-}" ] &&
+  [ -f "$root/python/bench/bench_python.py" ]; then
   stamp "python bench"
   pybench_rc=0
   (cd "$root/python" && DLSYNC_LIBRARY="$build/libdlsync.so" PYTHONUNBUFFERED=1 \
@@ -304,6 +307,9 @@ if [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
     while [ "$1" != "--" ]; do buildcmd+=("$1"); shift; done
     shift
     runcmd=("$@")
+    if [ -n "${ECO_CASES:-}" ] && ! [[ " $ECO_CASES " == *" $name "* ]]; then
+      echo "$name: not run (ECO_CASES=$ECO_CASES)" >>"$eco_txt"; return 0
+    fi
     if ! "${eco_env[@]}" python3 -c "import $module" >/dev/null 2>&1; then
       echo "$name: skipped ($module not importable)" >>"$eco_txt"; return 0
     fi
@@ -311,7 +317,8 @@ if [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
       echo "$name: BUILD FAILED ($name-build.log)" >>"$eco_txt"; tail -n 15 "$out/$name-build.log" >>"$eco_txt"
       eco_rc=1; return 0
     fi
-    "${eco_env[@]}" "${runcmd[@]}" >"$out/$name.txt" 2>&1 || rc=$?
+    # A case that hangs is stopped (rc 124) and fails the block, not the run.
+    timeout "${ECO_TIMEOUT:-180}" "${eco_env[@]}" "${runcmd[@]}" >"$out/$name.txt" 2>&1 || rc=$?
     echo "$name (rc $rc):" >>"$eco_txt"; cat "$out/$name.txt" >>"$eco_txt"
     [ "$rc" = 0 ] || eco_rc=1
   }
