@@ -343,8 +343,17 @@ class _TableLib:
 _LIBS = {}
 
 
+def _lib(name, make):
+    """The library object `name`, made on first use only (dict.setdefault
+    would build a new one, on a new stream, at every call: inside the
+    capture too)."""
+    if name not in _LIBS:
+        _LIBS[name] = make()
+    return _LIBS[name]
+
+
 def table_add(x):
-    lib = _LIBS.setdefault("table", _TableLib())
+    lib = _lib("table", _TableLib)
     torch.cuda.current_stream().wait_event(lib.ready)  # recorded eagerly, long ago
     return x + lib.table
 
@@ -362,7 +371,7 @@ def prologue_graph(x):
     stream and links it to the caller's capture with a plain event."""
     if not torch.cuda.is_current_stream_capturing():
         return x * 0.5 + 1
-    lib = _LIBS.setdefault("prologue", torch.cuda.Stream())
+    lib = _lib("prologue", torch.cuda.Stream)
     ev = torch.cuda.Event()
     g = torch.cuda.CUDAGraph()
     with torch.cuda.stream(lib):
@@ -391,7 +400,7 @@ def test_merge(harness_row):
 def finalize_on_worker(x):
     """Captures its own graph on the caller's thread and hands the end to a
     worker thread."""
-    lib = _LIBS.setdefault("worker", torch.cuda.Stream())
+    lib = _lib("worker", torch.cuda.Stream)
     g = torch.cuda.CUDAGraph()
     with torch.cuda.stream(lib):
         g.capture_begin(capture_error_mode="thread_local")
@@ -428,7 +437,7 @@ def test_wrong_thread(harness_row):
 
 def import_without_scope(x):
     y = x * 2
-    side = _LIBS.setdefault("consumer", torch.cuda.Stream())
+    side = _lib("consumer", torch.cuda.Stream)
     made = dlsync.wrap(y, producer=torch.cuda.current_stream())
     with torch.cuda.stream(side):
         z = torch.from_dlpack(made)  # no dlsync.scope() around it
@@ -443,7 +452,7 @@ def test_capture_order(harness_row):
 
 
 def with_side_statistic(x):
-    aux = _LIBS.setdefault("aux", torch.cuda.Stream())
+    aux = _lib("aux", torch.cuda.Stream)
     aux.wait_stream(torch.cuda.current_stream())
     with torch.cuda.stream(aux):
         peak = x.abs().amax()  # and the caller's stream never waits for aux
@@ -476,7 +485,7 @@ def test_invalidated(harness_row):
 
 
 def sine_on_own_stream(x):
-    lib = _LIBS.setdefault("sine", torch.cuda.Stream())
+    lib = _lib("sine", torch.cuda.Stream)
     out = torch.empty_like(x)
     with torch.cuda.stream(lib):  # never ordered after the caller's stream
         torch.sin(x, out=out)
@@ -493,7 +502,7 @@ def test_stale_data(harness_row):
 def poll_other_stream(x):
     """A background poller of the library asks another stream's progress
     (cudaStreamQuery) and treats an error as "busy"."""
-    other = _LIBS.setdefault("polled", torch.cuda.Stream())
+    other = _lib("polled", torch.cuda.Stream)
 
     def poll():
         try:
