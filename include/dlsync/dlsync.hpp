@@ -225,11 +225,58 @@ inline bool capturing(stream_t stream,
 
 /* ---- the exchange guard ---- */
 
+/* What exchange and exchange_many share: one dlsync_exchange handle, ended
+ * once (by end() or the destructor), moved but never copied. */
+class begun : public outcome {
+public:
+  begun(const begun &) = delete;
+  begun &operator=(const begun &) = delete;
+  begun(begun &&other) noexcept : outcome(), handle_(other.handle_) {
+    other.handle_ = nullptr;
+    take(other);
+  }
+  begun &operator=(begun &&other) noexcept {
+    if (this != &other) {
+      end();
+      handle_ = other.handle_;
+      other.handle_ = nullptr;
+      take(other);
+    }
+    return *this;
+  }
+  ~begun() {
+    end();
+  }
+
+  /* Ends the exchange (dlsync_exchange_end) once; later calls do nothing.
+   * Returns the status of this end, or the first failure kept (begin's or an
+   * earlier end's). */
+  dlsync_status end() noexcept {
+    dlsync_exchange *h = handle_;
+    handle_ = nullptr;
+    if (h != nullptr)
+      note(dlsync_exchange_end(h));
+    return status();
+  }
+
+  /* Begun and not yet ended. */
+  bool active() const noexcept {
+    return handle_ != nullptr;
+  }
+  dlsync_exchange *native() const noexcept {
+    return handle_;
+  }
+
+protected:
+  begun() noexcept = default;
+  dlsync_exchange *handle_ = nullptr;
+};
+
 /* [[nodiscard]] on the class and on each constructor that begins something
  * (GCC reads only the latter, clang both): `dlsync::exchange(a, b);` would
  * end the exchange at its semicolon, before the work it was meant to order;
  * compilers warn (tests/check_nodiscard.cmake). */
-class [[nodiscard]] exchange : public outcome {
+class [[nodiscard]] exchange : public begun {
 public:
   /* An empty guard: nothing begun, ok(). */
   exchange() noexcept = default;
@@ -267,44 +314,6 @@ public:
   }
 #endif
 
-  exchange(const exchange &) = delete;
-  exchange &operator=(const exchange &) = delete;
-  exchange(exchange &&other) noexcept : handle_(other.handle_) {
-    other.handle_ = nullptr;
-    take(other);
-  }
-  exchange &operator=(exchange &&other) noexcept {
-    if (this != &other) {
-      end();
-      handle_ = other.handle_;
-      other.handle_ = nullptr;
-      take(other);
-    }
-    return *this;
-  }
-  ~exchange() {
-    end();
-  }
-
-  /* Ends the exchange (dlsync_exchange_end) once; later calls do nothing.
-   * Returns the status of this end, or the first failure kept (begin's or an
-   * earlier end's). */
-  dlsync_status end() noexcept {
-    dlsync_exchange *h = handle_;
-    handle_ = nullptr;
-    if (h != nullptr)
-      note(dlsync_exchange_end(h));
-    return status();
-  }
-
-  /* Begun and not yet ended. */
-  bool active() const noexcept {
-    return handle_ != nullptr;
-  }
-  dlsync_exchange *native() const noexcept {
-    return handle_;
-  }
-
 private:
   void start(dlsync_lane &producer, dlsync_lane &consumer, uint32_t flags,
              dlsync_context *ctx) noexcept {
@@ -312,8 +321,6 @@ private:
       return;
     note(dlsync_exchange_begin_flags(&handle_, ctx, &producer, &consumer, flags));
   }
-
-  dlsync_exchange *handle_ = nullptr;
 };
 
 /* ---- many producers, one consumer ---- */
@@ -322,7 +329,7 @@ private:
  * producer's earlier work; the end orders each producer's later work after
  * the consumer's. Lanes are copied by begin_many as by begin (stream lanes);
  * graph lanes must outlive the end. */
-class [[nodiscard]] exchange_many : public outcome {
+class [[nodiscard]] exchange_many : public begun {
 public:
   exchange_many() noexcept = default;
   [[nodiscard]] exchange_many(dlsync_lane *producers, std::size_t n, dlsync_lane &consumer,
@@ -358,39 +365,6 @@ public:
       throw error(status(), message());
   }
 #endif
-  exchange_many(const exchange_many &) = delete;
-  exchange_many &operator=(const exchange_many &) = delete;
-  exchange_many(exchange_many &&other) noexcept : handle_(other.handle_) {
-    other.handle_ = nullptr;
-    take(other);
-  }
-  exchange_many &operator=(exchange_many &&other) noexcept {
-    if (this != &other) {
-      end();
-      handle_ = other.handle_;
-      other.handle_ = nullptr;
-      take(other);
-    }
-    return *this;
-  }
-  ~exchange_many() {
-    end();
-  }
-  /* As exchange::end. */
-  dlsync_status end() noexcept {
-    dlsync_exchange *h = handle_;
-    handle_ = nullptr;
-    if (h != nullptr)
-      note(dlsync_exchange_end(h));
-    return status();
-  }
-  bool active() const noexcept {
-    return handle_ != nullptr;
-  }
-  dlsync_exchange *native() const noexcept {
-    return handle_;
-  }
-
 private:
   void start(dlsync_lane *producers, std::size_t n, dlsync_lane &consumer, uint32_t flags,
              dlsync_context *ctx) noexcept {
@@ -398,8 +372,6 @@ private:
       return;
     note(dlsync_exchange_begin_many(&handle_, ctx, producers, n, &consumer, flags));
   }
-
-  dlsync_exchange *handle_ = nullptr;
 };
 
 /* ---- fences ---- */
