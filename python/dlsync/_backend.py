@@ -17,6 +17,8 @@ else of either):
 ``env_stream(api, type, id, cls)``        the producer's DLPack exchange API stream
 ``Exchange(producer, consumer, capture_stable=False)``  dlsync.exchange's object
 ``fence_signal/fence_wait/fence_release`` the fences (ctypes on both)
+``graph_launch(graph, exec, stream)``     dlsync_graph_launch (int handles or None)
+``body_add/body_remove/body_declared(g)`` the conditional bodies (conditional.h)
 ``version()``, ``library_path()``, ``lib`` the loaded library
 ``python_begin``                          set by dlsync._exchange: the exchange
                                           of list and tensor producers
@@ -36,7 +38,7 @@ from . import _loader
 from ._ctypes_impl import CtypesBackend
 from ._errors import Error
 
-NATIVE_ABI = 2  # the _init contract of _native.c (DLSYNC_PY_ABI)
+NATIVE_ABI = 3  # the _init contract of _native.c (DLSYNC_PY_ABI)
 
 
 def optional_getattr_address() -> Optional[int]:
@@ -74,6 +76,10 @@ class NativeBackend(CtypesBackend):
         self.end = native.end
         self.env_stream = native.env_stream
         self.Exchange = native.Exchange
+        self.graph_launch = native.graph_launch
+        self.body_add = native.body_add
+        self.body_remove = native.body_remove
+        self.body_declared = native.body_declared
 
     def _python_begin(self, producer: Any, consumer: Any, flags: int):
         return self.python_begin(producer, consumer, flags)
