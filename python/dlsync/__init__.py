@@ -33,7 +33,7 @@ from ._errors import CONDITIONAL_BODY, Error
 from ._exchange import CAPTURE_STABLE, exchange
 from ._exchange import _Exchange  # noqa: F401 - the one-exchange object (tests count it)
 from ._fence import Fence
-from ._graphs import conditional_body, is_conditional_body, launch
+from ._graphs import capture_graph, conditional_body, is_conditional_body, launch
 from ._paths import get_cmake_dir, get_include, get_pkgconfig_dir
 from ._scope import _Wrapped, scope, wrap  # noqa: F401
 from . import _producers  # noqa: F401
@@ -48,6 +48,7 @@ __all__ = [
     "launch",
     "conditional_body",
     "is_conditional_body",
+    "capture_graph",
     "CONDITIONAL_BODY",
     "stream_handle",
     "capture_state",

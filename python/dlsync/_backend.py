@@ -10,6 +10,7 @@ else of either):
 ``name``                                  "native" or "ctypes"
 ``stream_handle(stream)``                 the CUstream handle (checked int)
 ``capture_state(stream)``                 "eager" or "capturing"
+``capture_graph(stream)``                 the graph its capture builds, or None
 ``dlpack_stream(value, producer)``        dlsync_dlpack_stream: a handle or None
 ``begin(producer, consumer, flags)``      dlsync_exchange_begin_flags: a handle
 ``begin_many(producers, consumer, flags)`` dlsync_exchange_begin_many: a handle
@@ -70,6 +71,7 @@ class NativeBackend(CtypesBackend):
         self.module = native
         self.stream_handle = native.stream_handle
         self.capture_state = native.capture_state
+        self.capture_graph = native.capture_graph
         self.dlpack_stream = native.dlpack_stream
         self.begin = native.begin
         self.begin_many = native.begin_many

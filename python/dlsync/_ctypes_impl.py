@@ -223,6 +223,14 @@ class CtypesBackend:
         self._check(self._lane_query(ctypes.byref(st), self.context(), ctypes.byref(lane)))
         return "capturing" if st.kind == _LANE_CAPTURING else "eager"
 
+    def capture_graph(self, stream: Any) -> Optional[int]:
+        """The graph the stream's capture builds (a conditional body's for a
+        capture into one), or None for an eager stream."""
+        lane = self._lane(stream_handle(stream))
+        st = _LaneState()
+        self._check(self._lane_query(ctypes.byref(st), self.context(), ctypes.byref(lane)))
+        return st.graph if st.kind == _LANE_CAPTURING else None
+
     def dlpack_stream(self, value: int, producer: Any) -> Optional[int]:
         """dlsync_dlpack_stream: the consumer's stream handle for a DLPack
         value, or None for -1 (no ordering). With producer None only the

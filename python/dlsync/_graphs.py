@@ -212,9 +212,18 @@ def conditional_body(body: Any) -> Iterator[int]:
                 _counts[g] = n
 
 
+def capture_graph(stream: Any) -> Optional[int]:
+    """The CUgraph the stream's capture is building now (for a capture
+    into a conditional node's body: that body), or None when the stream is
+    eager. With PyTorch, whose ``CUDAGraph.begin_capture_to_if_node``
+    captures the body on a stream of its own made current, declare the body
+    as ``dlsync.conditional_body(dlsync.capture_graph(torch.cuda.current_stream()))``."""
+    return _b.capture_graph(stream)
+
+
 def is_conditional_body(body: Any) -> bool:
     """Whether ``body`` is declared a conditional node's body now."""
     return _b.body_declared(body_handle(body))
 
 
-__all__ = ["launch", "conditional_body", "is_conditional_body"]
+__all__ = ["launch", "conditional_body", "is_conditional_body", "capture_graph"]

@@ -789,6 +789,31 @@ static PyObject *dlsync_py_capture_state(PyObject *module, PyObject *stream) {
   return answer;
 }
 
+/* capture_graph(stream): the graph its capture builds, or None when eager. */
+static PyObject *dlsync_py_capture_graph(PyObject *module, PyObject *stream) {
+  uintptr_t handle;
+  dlsync_lane lane;
+  dlsync_lane_state state;
+  dlsync_context *ctx;
+  PyThreadState *released;
+  dlsync_status status;
+  (void)module;
+  if (dlsync_py_check_ready() < 0 || dlsync_py_handle_value(stream, &handle) < 0)
+    return NULL;
+  ctx = dlsync_py_context();
+  if (ctx == NULL)
+    return NULL;
+  lane = dlsync_py_lane(handle);
+  released = PyEval_SaveThread();
+  status = dlsync_py_lib.lane_query(&state, ctx, &lane);
+  PyEval_RestoreThread(released);
+  if (status != DLSYNC_SUCCESS)
+    return dlsync_py_fail(status);
+  if (state.kind != DLSYNC_LANE_CAPTURING)
+    Py_RETURN_NONE;
+  return PyLong_FromVoidPtr(state.graph);
+}
+
 static PyObject *dlsync_py_dlpack_stream(PyObject *module, PyObject *args) {
   long long value;
   PyObject *producer;
@@ -1027,6 +1052,8 @@ static PyMethodDef dlsync_py_functions[] = {
      "default stream."},
     {"capture_state", dlsync_py_capture_state, METH_O,
      "capture_state(stream)\n--\n\n'eager' or 'capturing' (the driver asked now)."},
+    {"capture_graph", dlsync_py_capture_graph, METH_O,
+     "capture_graph(stream)\n--\n\nThe graph the stream's capture builds, or None when eager."},
     {"begin", dlsync_py_begin, METH_VARARGS,
      "begin(producer, consumer, flags=0)\n--\n\n"
      "dlsync_exchange_begin_flags on two streams; the exchange's handle (an int) for end()."},

@@ -172,6 +172,7 @@ MISUSES = [
     ("body_add(2**64)", lambda: _backend.active.body_add(2**64)),
     ("body_declared('x')", lambda: _backend.active.body_declared("x")),
     ("body_remove(True)", lambda: _backend.active.body_remove(True)),
+    ("capture_graph(1.5)", lambda: dlsync.capture_graph(1.5)),
 ]
 
 
@@ -239,6 +240,8 @@ def _fake_misuses(fake):
          _no_context_address(lambda: _backend.active.body_remove(0x1230))),
         ("body_declared of a graph never declared (allowed)",
          lambda: _backend.active.body_declared(0x1230)),
+        ("capture_graph of a stream the driver does not know", lambda: dlsync.capture_graph(0x10)),
+        ("capture_graph of an eager stream (allowed)", lambda: dlsync.capture_graph(s1)),
         ("launch on an eager stream without an exec", lambda: dlsync.launch(0x30, s1)),
         ("launch of no graph on a capture", launch_no_graph_in_capture),
         ("a row that adds a node in a declared body", refused_in_body),
@@ -250,6 +253,7 @@ def _fake_misuses(fake):
 MUST_RAISE = {name: None for name, _ in MISUSES}
 MUST_RAISE["entered again once exited (allowed)"] = "ok"
 MUST_RAISE["body_declared of a graph never declared (allowed)"] = "ok"
+MUST_RAISE["capture_graph of an eager stream (allowed)"] = "ok"
 
 
 def _outcome(fn):

@@ -175,6 +175,17 @@ class ConditionalBodies(unittest.TestCase):
         self.assertIn(fake_cuda.CU_GRAPH_NODE_TYPE_WAIT_EVENT, FAKE.node_types(self.parent))
         self._assert_parent_good()
 
+    def test_capture_graph_names_the_body_a_stream_captures_into(self):
+        self.assertIsNone(dlsync.capture_graph(self.s))
+        self._begin()
+        self.assertEqual(dlsync.capture_graph(self.s), self.body)
+        # torch's way: the body's stream is known, its graph is not.
+        with dlsync.conditional_body(dlsync.capture_graph(self.s)):
+            self._assert_refused(lambda: dlsync.exchange(self.other, self.s).__enter__(),
+                                 "EAGER_TO_CAPTURE")
+        self._end_cleanly()
+        self._assert_parent_good()
+
     def test_nested_blocks_keep_the_declaration_until_the_outer_exits(self):
         with dlsync.conditional_body(self.body):
             with dlsync.conditional_body(self.body):
