@@ -19,6 +19,9 @@ Cases, each with dlsync and a control without it (conftest.py's table):
 - torch's own IF body (CUDAGraph.begin_capture_to_if_node, what torch.cond's
   capture uses), the body declared through dlsync.capture_graph: the same
   checks.
+- torch.cond captured into conditional nodes (torch's dispatch mode), the
+  producer ordered on the parent before it (skipped where torch cannot
+  capture torch.cond at all: checked first without dlsync).
 - a CuPy-captured graph (cuStreamBeginCapture on a CuPy stream: CuPy's own
   Graph exposes no handle) run with dlsync.launch inside torch.cuda.graph
   after a slow producer, as a child node; the caller's graph destroyed
@@ -385,3 +388,78 @@ def _cupy_graph_in_torch(mode, use):
 def test_cupy_graph_launched_inside_torch_graph(mode, record):
     record("CuPy graph, dlsync.launch", "torch.cuda.graph", mode,
            _cupy_graph_in_torch(mode, True), _cupy_graph_in_torch(mode, False))
+
+
+# ---- torch.cond captured into conditional nodes, the ordering on the parent ----
+
+
+def _torch_cond_modes():
+    try:
+        from torch._higher_order_ops.cudagraph_conditional_nodes import (
+            CUDAGraphCaptureControlFlowOpDispatchMode, ControlFlowOpWarmupDispatchMode)
+    except ImportError as e:
+        pytest.skip(f"torch {torch.__version__} cannot capture torch.cond into conditional "
+                    f"nodes here ({e})")
+    return ControlFlowOpWarmupDispatchMode, CUDAGraphCaptureControlFlowOpDispatchMode
+
+
+def _true_fn(t):
+    return t * 3
+
+
+def _false_fn(t):
+    return t * 0
+
+
+def _torch_cond(use):
+    warmup, capture = _torch_cond_modes()
+    x = torch.zeros(M, device="cuda")
+    y = torch.zeros(M, device="cuda")
+    res = torch.zeros(M, device="cuda")
+    pred = torch.tensor(True, device="cuda")
+    prod = torch.cuda.Stream()
+    _produce(prod, x, y)
+    with warmup():
+        torch.cond(pred, _true_fn, _false_fn, (y,))
+    torch.cuda.synchronize()
+    # The gate: torch.cond's capture itself, with nothing of dlsync's.
+    g0 = torch.cuda.CUDAGraph()
+    try:
+        with torch.cuda.graph(g0, capture_error_mode="relaxed"), capture():
+            torch.cond(pred, _true_fn, _false_fn, (y,))
+        g0.replay()
+        torch.cuda.synchronize()
+    except Exception as e:  # noqa: BLE001 - torch's own limit, not dlsync's
+        torch.cuda.synchronize()
+        pytest.skip(f"torch.cond capture does not work here: {_broken(e)}")
+    del g0
+    g = torch.cuda.CUDAGraph()
+    runs = wrong = broken = 0
+    try:
+        with torch.cuda.graph(g, capture_error_mode="relaxed"):
+            parent = torch.cuda.current_stream().cuda_stream
+            with _producer_ordered_before(parent, prod, use):
+                _produce(prod, x, y)
+            with capture():
+                out = torch.cond(pred, _true_fn, _false_fn, (y,))
+            if not use:
+                _join_back(parent, prod)
+            res.copy_(out)
+    except Exception as e:  # noqa: BLE001
+        broken += 1
+        torch.cuda.synchronize()
+        return runs, wrong, broken, _broken(e)
+    for i in range(REPLAYS):
+        x.fill_(float(i + 1))
+        y.zero_()
+        res.zero_()
+        torch.cuda.synchronize()
+        g.replay()
+        torch.cuda.synchronize()
+        runs += 1
+        wrong += float(res[-1].item()) != (2.0 * (i + 1) + 1) * 3
+    return runs, wrong, broken, ""
+
+
+def test_torch_cond_ordered_on_the_parent(record):
+    record("torch.cond", "torch.cuda.graph", "relaxed", _torch_cond(True), _torch_cond(False))
