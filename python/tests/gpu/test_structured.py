@@ -282,6 +282,8 @@ def _torch_if(mode, use):
             g.begin_capture_to_if_node(pred)
             bs = torch.cuda.current_stream().cuda_stream  # the body's capture
             body = dlsync.capture_graph(bs)
+            assert body != dlsync.capture_graph(parent), \
+                "torch's current stream after begin_capture_to_if_node is not the body's"
             with dlsync.conditional_body(body) if use else contextlib.nullcontext():
                 torch.mul(y, 3, out=res)
                 if use:
