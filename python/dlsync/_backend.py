@@ -10,6 +10,7 @@ else of either):
 ``name``                                  "native" or "ctypes"
 ``stream_handle(stream)``                 the CUstream handle (checked int)
 ``capture_state(stream)``                 "eager" or "capturing"
+``capture_graph(stream)``                 the graph its capture builds, or None
 ``dlpack_stream(value, producer)``        dlsync_dlpack_stream: a handle or None
 ``begin(producer, consumer, flags)``      dlsync_exchange_begin_flags: a handle
 ``begin_many(producers, consumer, flags)`` dlsync_exchange_begin_many: a handle
@@ -17,6 +18,8 @@ else of either):
 ``env_stream(api, type, id, cls)``        the producer's DLPack exchange API stream
 ``Exchange(producer, consumer, capture_stable=False)``  dlsync.exchange's object
 ``fence_signal/fence_wait/fence_release`` the fences (ctypes on both)
+``graph_launch(graph, exec, stream)``     dlsync_graph_launch (int handles or None)
+``body_add/body_remove/body_declared(g)`` the conditional bodies (conditional.h)
 ``version()``, ``library_path()``, ``lib`` the loaded library
 ``python_begin``                          set by dlsync._exchange: the exchange
                                           of list and tensor producers
@@ -36,7 +39,7 @@ from . import _loader
 from ._ctypes_impl import CtypesBackend
 from ._errors import Error
 
-NATIVE_ABI = 2  # the _init contract of _native.c (DLSYNC_PY_ABI)
+NATIVE_ABI = 3  # the _init contract of _native.c (DLSYNC_PY_ABI)
 
 
 def optional_getattr_address() -> Optional[int]:
@@ -68,12 +71,17 @@ class NativeBackend(CtypesBackend):
         self.module = native
         self.stream_handle = native.stream_handle
         self.capture_state = native.capture_state
+        self.capture_graph = native.capture_graph
         self.dlpack_stream = native.dlpack_stream
         self.begin = native.begin
         self.begin_many = native.begin_many
         self.end = native.end
         self.env_stream = native.env_stream
         self.Exchange = native.Exchange
+        self.graph_launch = native.graph_launch
+        self.body_add = native.body_add
+        self.body_remove = native.body_remove
+        self.body_declared = native.body_declared
 
     def _python_begin(self, producer: Any, consumer: Any, flags: int):
         return self.python_begin(producer, consumer, flags)

@@ -68,6 +68,19 @@ def checked_handle(value: Any, what: str) -> int:
     return value
 
 
+def checked_graph_handle(value: Any, what: str, kind: str, none_ok: bool) -> Optional[int]:
+    """A CUgraph / CUgraphExec handle as the library takes it: an int (not a
+    bool), 0 <= value < 2**64; None (NULL) where ``none_ok``. TypeError or
+    ValueError naming the value otherwise (_native.c: the same words)."""
+    if value is None and none_ok:
+        return None
+    if isinstance(value, bool) or not isinstance(value, int):
+        raise TypeError(_errors.not_a_handle(what, kind, value))
+    if not 0 <= value < _HANDLE_LIMIT:
+        raise ValueError(_errors.handle_out_of_range(what, kind, value, _POINTER_BITS))
+    return value
+
+
 def stream_handle(stream: Any) -> int:
     """The CUstream handle of a stream object or integer.
 
@@ -149,6 +162,10 @@ class CtypesBackend:
         self._fence_signal = fn("dlsync_fence_signal", ctypes.c_int, _P(_vp), _vp, _P(_Lane))
         self._fence_wait = fn("dlsync_fence_wait", ctypes.c_int, _vp, _P(_Lane))
         self._fence_release = fn("dlsync_fence_release", None, _vp)
+        self._graph_launch = fn("dlsync_graph_launch", ctypes.c_int, _vp, _vp, _vp, _P(_Lane))
+        self._body_add = fn("dlsync_conditional_body_add", ctypes.c_int, _vp, _vp)
+        self._body_remove = fn("dlsync_conditional_body_remove", ctypes.c_int, _vp, _vp)
+        self._body_declared = fn("dlsync_conditional_body_is_declared", ctypes.c_int, _vp, _vp)
         self._dlpack_stream = fn("dlsync_dlpack_stream", ctypes.c_int, _P(_Lane),
                                  _P(ctypes.c_bool), _vp, ctypes.c_int64, _P(_Lane))
         # With the GIL held (a PyDLL handle): the producer's current_work_stream
@@ -205,6 +222,14 @@ class CtypesBackend:
         st = _LaneState()
         self._check(self._lane_query(ctypes.byref(st), self.context(), ctypes.byref(lane)))
         return "capturing" if st.kind == _LANE_CAPTURING else "eager"
+
+    def capture_graph(self, stream: Any) -> Optional[int]:
+        """The graph the stream's capture builds (a conditional body's for a
+        capture into one), or None for an eager stream."""
+        lane = self._lane(stream_handle(stream))
+        st = _LaneState()
+        self._check(self._lane_query(ctypes.byref(st), self.context(), ctypes.byref(lane)))
+        return st.graph if st.kind == _LANE_CAPTURING else None
 
     def dlpack_stream(self, value: int, producer: Any) -> Optional[int]:
         """dlsync_dlpack_stream: the consumer's stream handle for a DLPack
@@ -273,6 +298,31 @@ class CtypesBackend:
 
     def fence_release(self, fence: int) -> None:
         self._fence_release(fence)
+
+    # ---- structured graphs (include/dlsync/graph.h, conditional.h) ----
+
+    def graph_launch(self, graph: Optional[int], exec_: Optional[int], stream: Any) -> None:
+        """dlsync_graph_launch(ctx, graph, exec, the stream's lane): graph
+        and exec are int handles or None (NULL)."""
+        g = checked_graph_handle(graph, "the graph", _errors.GRAPH_KIND, True)
+        x = checked_graph_handle(exec_, "the exec", _errors.EXEC_KIND, True)
+        lane = self._lane(stream_handle(stream))
+        self._check(self._graph_launch(self.context(), g, x, ctypes.byref(lane)))
+
+    def body_add(self, graph: int) -> None:
+        """dlsync_conditional_body_add."""
+        g = checked_graph_handle(graph, "the body", _errors.GRAPH_KIND, False)
+        self._check(self._body_add(self.context(), g))
+
+    def body_remove(self, graph: int) -> None:
+        """dlsync_conditional_body_remove."""
+        g = checked_graph_handle(graph, "the body", _errors.GRAPH_KIND, False)
+        self._check(self._body_remove(self.context(), g))
+
+    def body_declared(self, graph: int) -> bool:
+        """dlsync_conditional_body_is_declared."""
+        g = checked_graph_handle(graph, "the body", _errors.GRAPH_KIND, False)
+        return bool(self._body_declared(self.context(), g))
 
     def _exchange_type(self):
         backend = self

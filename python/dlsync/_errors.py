@@ -10,6 +10,7 @@ from __future__ import annotations
 SUCCESS = 0
 INVALID_ARGUMENT = "DLSYNC_ERROR_INVALID_ARGUMENT"
 CAPTURE_ORDER = "DLSYNC_ERROR_CAPTURE_ORDER"
+CONDITIONAL_BODY = "DLSYNC_ERROR_CONDITIONAL_BODY"
 
 
 class Error(RuntimeError):
@@ -29,3 +30,15 @@ EXCHANGE_SIGNATURE = "dlsync.exchange(producer, consumer, capture_stable=False)"
 # The backend's end() and begin_many() arguments.
 END_TAKES_A_HANDLE = "end: an exchange handle (int) from begin"
 MANY_TAKES_A_LIST = "begin_many: the producers are a list or tuple of streams"
+# The graph calls' handle arguments (graph_launch, the conditional bodies).
+GRAPH_KIND = "CUgraph"
+EXEC_KIND = "CUgraphExec"
+
+
+def not_a_handle(what: str, kind: str, value) -> str:
+    return f"{what} must be an int {kind} handle, not {type(value).__name__} {value!r}"
+
+
+def handle_out_of_range(what: str, kind: str, value: int, bits: int) -> str:
+    return (f"{what} is {value}: a {kind} handle is an unsigned pointer, "
+            f"0 <= handle < 2**{bits}")

@@ -32,14 +32,16 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "dlsync/conditional.h"
 #include "dlsync/dlpack.h"
 #include "dlsync/env.h"
 #include "dlsync/exchange.h"
+#include "dlsync/graph.h"
 #include "dlsync/lane.h"
 #include "dlsync/status.h"
 
 /* The contract between _init and dlsync/_backend.py (NATIVE_ABI), which checks it. */
-#define DLSYNC_PY_ABI 2
+#define DLSYNC_PY_ABI 3
 
 /* ---- the library's functions, by address ---- */
 
@@ -60,6 +62,10 @@ typedef dlsync_status dlsync_py_dlpack_stream_fn(dlsync_lane *out, bool *ordered
                                                  const dlsync_lane *producer);
 typedef dlsync_status dlsync_py_env_api_fn(void **out, const struct DLPackExchangeAPI *api,
                                            int32_t device_type, int32_t device_id);
+typedef dlsync_status dlsync_py_graph_launch_fn(dlsync_context *ctx, struct CUgraph_st *graph,
+                                                struct CUgraphExec_st *exec, dlsync_lane *lane);
+typedef dlsync_status dlsync_py_body_fn(dlsync_context *ctx, struct CUgraph_st *body);
+typedef int dlsync_py_body_declared_fn(dlsync_context *ctx, struct CUgraph_st *body);
 /* PyObject_GetOptionalAttr (3.13) / _PyObject_LookupAttr (3.7 to 3.12): a
  * getattr that does not build an AttributeError for a missing attribute. */
 typedef int dlsync_py_getattr_fn(PyObject *obj, PyObject *name, PyObject **result);
@@ -77,6 +83,10 @@ DLSYNC_PY_SAME_TYPE(dlsync_last_error, dlsync_py_last_error_fn);
 DLSYNC_PY_SAME_TYPE(dlsync_lane_query, dlsync_py_lane_query_fn);
 DLSYNC_PY_SAME_TYPE(dlsync_dlpack_stream, dlsync_py_dlpack_stream_fn);
 DLSYNC_PY_SAME_TYPE(dlsync_env_stream_from_exchange_api, dlsync_py_env_api_fn);
+DLSYNC_PY_SAME_TYPE(dlsync_graph_launch, dlsync_py_graph_launch_fn);
+DLSYNC_PY_SAME_TYPE(dlsync_conditional_body_add, dlsync_py_body_fn);
+DLSYNC_PY_SAME_TYPE(dlsync_conditional_body_remove, dlsync_py_body_fn);
+DLSYNC_PY_SAME_TYPE(dlsync_conditional_body_is_declared, dlsync_py_body_declared_fn);
 
 typedef struct dlsync_py_api {
   dlsync_py_begin_fn *exchange_begin_flags;
@@ -88,6 +98,10 @@ typedef struct dlsync_py_api {
   dlsync_py_lane_query_fn *lane_query;
   dlsync_py_dlpack_stream_fn *dlpack_stream;
   dlsync_py_env_api_fn *env_stream_from_exchange_api;
+  dlsync_py_graph_launch_fn *graph_launch;
+  dlsync_py_body_fn *body_add;
+  dlsync_py_body_fn *body_remove;
+  dlsync_py_body_declared_fn *body_declared;
 } dlsync_py_api;
 
 /* An address arrives as an integer (void *) and is stored as a function
@@ -108,6 +122,10 @@ static const struct dlsync_py_symbol {
     {"dlsync_lane_query", offsetof(dlsync_py_api, lane_query)},
     {"dlsync_dlpack_stream", offsetof(dlsync_py_api, dlpack_stream)},
     {"dlsync_env_stream_from_exchange_api", offsetof(dlsync_py_api, env_stream_from_exchange_api)},
+    {"dlsync_graph_launch", offsetof(dlsync_py_api, graph_launch)},
+    {"dlsync_conditional_body_add", offsetof(dlsync_py_api, body_add)},
+    {"dlsync_conditional_body_remove", offsetof(dlsync_py_api, body_remove)},
+    {"dlsync_conditional_body_is_declared", offsetof(dlsync_py_api, body_declared)},
 };
 #define DLSYNC_PY_NSYMBOLS (sizeof dlsync_py_symbols / sizeof dlsync_py_symbols[0])
 
@@ -771,6 +789,31 @@ static PyObject *dlsync_py_capture_state(PyObject *module, PyObject *stream) {
   return answer;
 }
 
+/* capture_graph(stream): the graph its capture builds, or None when eager. */
+static PyObject *dlsync_py_capture_graph(PyObject *module, PyObject *stream) {
+  uintptr_t handle;
+  dlsync_lane lane;
+  dlsync_lane_state state;
+  dlsync_context *ctx;
+  PyThreadState *released;
+  dlsync_status status;
+  (void)module;
+  if (dlsync_py_check_ready() < 0 || dlsync_py_handle_value(stream, &handle) < 0)
+    return NULL;
+  ctx = dlsync_py_context();
+  if (ctx == NULL)
+    return NULL;
+  lane = dlsync_py_lane(handle);
+  released = PyEval_SaveThread();
+  status = dlsync_py_lib.lane_query(&state, ctx, &lane);
+  PyEval_RestoreThread(released);
+  if (status != DLSYNC_SUCCESS)
+    return dlsync_py_fail(status);
+  if (state.kind != DLSYNC_LANE_CAPTURING)
+    Py_RETURN_NONE;
+  return PyLong_FromVoidPtr(state.graph);
+}
+
 static PyObject *dlsync_py_dlpack_stream(PyObject *module, PyObject *args) {
   long long value;
   PyObject *producer;
@@ -840,6 +883,116 @@ static PyObject *dlsync_py_env_stream(PyObject *module, PyObject *args) {
   return PyLong_FromVoidPtr(stream);
 }
 
+/* ---- structured graphs: graph_launch and the conditional bodies ---- */
+
+/* A CUgraph / CUgraphExec handle: None (NULL) where none_ok, else an int
+ * (not a bool) with 0 <= value < 2**64; TypeError or ValueError in the
+ * words of _errors.py's not_a_handle / handle_out_of_range. 0 with *out
+ * set, -1 with an exception. */
+static int dlsync_py_graph_handle(PyObject *value, const char *what, const char *kind, int none_ok,
+                                  void **out) {
+  unsigned long long v;
+  *out = NULL;
+  if (value == Py_None && none_ok)
+    return 0;
+  if (PyBool_Check(value) || !PyLong_Check(value)) {
+    PyObject *type_name = dlsync_py_type_name(value);
+    PyObject *repr = type_name != NULL ? PyObject_Repr(value) : NULL;
+    if (repr != NULL)
+      PyErr_Format(PyExc_TypeError, "%s must be an int %s handle, not %U %U", what, kind, type_name,
+                   repr);
+    Py_XDECREF(type_name);
+    Py_XDECREF(repr);
+    return -1;
+  }
+  v = PyLong_AsUnsignedLongLong(value);
+  if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+    PyObject *text;
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+      return -1;
+    PyErr_Clear();
+    text = PyObject_Format(value, dlsync_py_s_empty);
+    if (text != NULL) {
+      PyErr_Format(PyExc_ValueError,
+                   "%s is %U: a %s handle is an unsigned pointer, 0 <= handle < 2**%d", what, text,
+                   kind, DLSYNC_PY_POINTER_BITS);
+      Py_DECREF(text);
+    }
+    return -1;
+  }
+  *out = (void *)(uintptr_t)v;
+  return 0;
+}
+
+/* graph_launch(graph, exec, stream): dlsync_graph_launch on the stream's lane. */
+static PyObject *dlsync_py_graph_launch(PyObject *module, PyObject *args) {
+  PyObject *graph, *exec, *stream;
+  void *g, *x;
+  uintptr_t handle;
+  dlsync_lane lane;
+  dlsync_context *ctx;
+  PyThreadState *released;
+  dlsync_status status;
+  (void)module;
+  if (!PyArg_ParseTuple(args, "OOO:graph_launch", &graph, &exec, &stream) ||
+      dlsync_py_check_ready() < 0 ||
+      dlsync_py_graph_handle(graph, "the graph", "CUgraph", 1, &g) < 0 ||
+      dlsync_py_graph_handle(exec, "the exec", "CUgraphExec", 1, &x) < 0 ||
+      dlsync_py_handle_value(stream, &handle) < 0)
+    return NULL;
+  ctx = dlsync_py_context();
+  if (ctx == NULL)
+    return NULL;
+  lane = dlsync_py_lane(handle);
+  released = PyEval_SaveThread();
+  status =
+      dlsync_py_lib.graph_launch(ctx, (struct CUgraph_st *)g, (struct CUgraphExec_st *)x, &lane);
+  PyEval_RestoreThread(released);
+  if (status != DLSYNC_SUCCESS)
+    return dlsync_py_fail(status);
+  Py_RETURN_NONE;
+}
+
+/* The body argument and the context of the three body calls; -1 with an
+ * exception. */
+static int dlsync_py_body_args(PyObject *body, void **g, dlsync_context **ctx) {
+  if (dlsync_py_check_ready() < 0 || dlsync_py_graph_handle(body, "the body", "CUgraph", 0, g) < 0)
+    return -1;
+  *ctx = dlsync_py_context();
+  return *ctx == NULL ? -1 : 0;
+}
+
+static PyObject *dlsync_py_body_call(PyObject *body, dlsync_py_body_fn *fn) {
+  void *g;
+  dlsync_context *ctx;
+  dlsync_status status;
+  if (dlsync_py_body_args(body, &g, &ctx) < 0)
+    return NULL;
+  status = fn(ctx, (struct CUgraph_st *)g); /* no driver call: the GIL stays held */
+  if (status != DLSYNC_SUCCESS)
+    return dlsync_py_fail(status);
+  Py_RETURN_NONE;
+}
+
+static PyObject *dlsync_py_body_add(PyObject *module, PyObject *body) {
+  (void)module;
+  return dlsync_py_body_call(body, dlsync_py_lib.body_add);
+}
+
+static PyObject *dlsync_py_body_remove(PyObject *module, PyObject *body) {
+  (void)module;
+  return dlsync_py_body_call(body, dlsync_py_lib.body_remove);
+}
+
+static PyObject *dlsync_py_body_declared(PyObject *module, PyObject *body) {
+  void *g;
+  dlsync_context *ctx;
+  (void)module;
+  if (dlsync_py_body_args(body, &g, &ctx) < 0)
+    return NULL;
+  return PyBool_FromLong(dlsync_py_lib.body_declared(ctx, (struct CUgraph_st *)g) != 0);
+}
+
 static PyObject *dlsync_py_init(PyObject *module, PyObject *args) {
   PyObject *symbols, *error, *python_begin, *getattr_address;
   dlsync_py_api lib;
@@ -899,6 +1052,8 @@ static PyMethodDef dlsync_py_functions[] = {
      "default stream."},
     {"capture_state", dlsync_py_capture_state, METH_O,
      "capture_state(stream)\n--\n\n'eager' or 'capturing' (the driver asked now)."},
+    {"capture_graph", dlsync_py_capture_graph, METH_O,
+     "capture_graph(stream)\n--\n\nThe graph the stream's capture builds, or None when eager."},
     {"begin", dlsync_py_begin, METH_VARARGS,
      "begin(producer, consumer, flags=0)\n--\n\n"
      "dlsync_exchange_begin_flags on two streams; the exchange's handle (an int) for end()."},
@@ -915,6 +1070,14 @@ static PyMethodDef dlsync_py_functions[] = {
      "env_stream(api, device_type, device_id, cls)\n--\n\n"
      "dlsync_env_stream_from_exchange_api with the GIL held: the producer's current work "
      "stream (1, the legacy stream, for NULL). Errors name cls.__dlpack_c_exchange_api__."},
+    {"graph_launch", dlsync_py_graph_launch, METH_VARARGS,
+     "graph_launch(graph, exec, stream)\n--\n\n"
+     "dlsync_graph_launch on the stream's lane; graph and exec are int handles or None."},
+    {"body_add", dlsync_py_body_add, METH_O, "body_add(graph)\n--\n\ndlsync_conditional_body_add."},
+    {"body_remove", dlsync_py_body_remove, METH_O,
+     "body_remove(graph)\n--\n\ndlsync_conditional_body_remove."},
+    {"body_declared", dlsync_py_body_declared, METH_O,
+     "body_declared(graph)\n--\n\ndlsync_conditional_body_is_declared, as a bool."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -16,6 +16,14 @@ import os
 CUDA_SUCCESS = 0
 CUDA_ERROR_UNKNOWN = 999
 CUDA_ERROR_STREAM_CAPTURE_UNJOINED = 904
+CU_GRAPH_NODE_TYPE_CONDITIONAL = 13
+CU_GRAPH_NODE_TYPE_CHILD = 4  # CU_GRAPH_NODE_TYPE_GRAPH
+CU_GRAPH_NODE_TYPE_EVENT_RECORD = 7
+CU_GRAPH_NODE_TYPE_WAIT_EVENT = 6
+CU_GRAPH_COND_ASSIGN_DEFAULT = 1
+COND_IF, COND_WHILE = 0, 1
+CAPTURE_RELAXED = 2
+CUDA_ERROR_INVALID_VALUE = 1
 _vp = ctypes.c_void_p
 _P = ctypes.POINTER
 
@@ -35,6 +43,7 @@ class FakeCuda:
         self._check(self._fn("cuDevicePrimaryCtxRetain", _P(_vp), ctypes.c_int)(
             ctypes.byref(ctx), 0), "cuDevicePrimaryCtxRetain")
         self._check(self._fn("cuCtxPushCurrent", _vp)(ctx), "cuCtxPushCurrent")
+        self.ctx = ctx.value
         self._stream_create = self._fn("cuStreamCreate", _P(_vp), ctypes.c_uint)
         self._begin_capture = self._fn("cuStreamBeginCapture", _vp, ctypes.c_int)
         self._end_capture = self._fn("cuStreamEndCapture", _vp, _P(_vp))
@@ -44,6 +53,19 @@ class FakeCuda:
         self._check(self._fn("cuMemAlloc", _P(ctypes.c_uint64), ctypes.c_size_t)(
             ctypes.byref(mem), 256), "cuMemAlloc")
         self._mem = mem.value
+        self._graph_create = self._fn("cuGraphCreate", _P(_vp), ctypes.c_uint)
+        self._graph_destroy = self._fn("cuGraphDestroy", _vp)
+        self._cond_create = self._fn("cuGraphConditionalHandleCreate", _P(ctypes.c_uint64), _vp,
+                                     _vp, ctypes.c_uint, ctypes.c_uint)
+        self._add_node = self._fn("cuGraphAddNode", _P(_vp), _vp, _vp, _vp, ctypes.c_size_t,
+                                  _vp)
+        self._begin_to_graph = self._fn("cuStreamBeginCaptureToGraph", _vp, _vp, _vp, _vp,
+                                        ctypes.c_size_t, ctypes.c_int)
+        self._instantiate = self._fn("cuGraphInstantiateWithFlags", _P(_vp), _vp,
+                                     ctypes.c_uint64)
+        self._exec_destroy = self._fn("cuGraphExecDestroy", _vp)
+        self._get_nodes = self._fn("cuGraphGetNodes", _vp, _vp, _P(ctypes.c_size_t))
+        self._node_type = self._fn("cuGraphNodeGetType", _vp, _P(ctypes.c_int))
 
     def _fn(self, name, *argtypes):
         p = _vp()
@@ -74,6 +96,89 @@ class FakeCuda:
     def work(self, stream):
         """Some work queued on the stream (a memset)."""
         self._check(self._memset(self._mem, 0, 4, stream), "cuMemsetD32Async")
+
+    # ---- graphs: conditional bodies and graphs to launch ----
+
+    def graph(self):
+        """A new empty graph's handle."""
+        g = _vp()
+        self._check(self._graph_create(ctypes.byref(g), 0), "cuGraphCreate")
+        return g.value
+
+    def graph_destroy(self, graph):
+        self._check(self._graph_destroy(graph), "cuGraphDestroy")
+
+    def conditional(self, kind=COND_IF):
+        """(parent, body): a new graph with one conditional node (IF or
+        WHILE) and that node's body (which the node owns)."""
+        parent = self.graph()
+        handle = ctypes.c_uint64()
+        self._check(self._cond_create(ctypes.byref(handle), parent, self.ctx, 1,
+                                      CU_GRAPH_COND_ASSIGN_DEFAULT),
+                    "cuGraphConditionalHandleCreate")
+        # CUgraphNodeParams (256 bytes): type at 0; the conditional params
+        # at 16: handle (u64), type (int), size (uint), phGraph_out, ctx.
+        params = (ctypes.c_ubyte * 256)()
+        ctypes.c_int.from_buffer(params, 0).value = CU_GRAPH_NODE_TYPE_CONDITIONAL
+        ctypes.c_uint64.from_buffer(params, 16).value = handle.value
+        ctypes.c_int.from_buffer(params, 24).value = kind
+        ctypes.c_uint.from_buffer(params, 28).value = 1
+        ctypes.c_void_p.from_buffer(params, 40).value = self.ctx
+        node = _vp()
+        self._check(self._add_node(ctypes.byref(node), parent, None, None, 0,
+                                   ctypes.addressof(params)), "cuGraphAddNode")
+        bodies = ctypes.c_void_p.from_buffer(params, 32).value
+        return parent, ctypes.c_void_p.from_address(bodies).value
+
+    def begin_capture_to(self, stream, graph):
+        """cuStreamBeginCaptureToGraph(stream, graph), relaxed mode."""
+        self._check(self._begin_to_graph(stream, graph, None, None, 0, CAPTURE_RELAXED),
+                    "cuStreamBeginCaptureToGraph")
+
+    def end_capture_graph(self, stream):
+        """cuStreamEndCapture: (CUresult, the graph)."""
+        graph = _vp()
+        r = self._end_capture(stream, ctypes.byref(graph))
+        return r, graph.value
+
+    def captured_graph(self, n=1):
+        """A graph of n memset nodes, captured on a stream of its own."""
+        s = self.stream()
+        self._check(self._begin_capture(s, CAPTURE_RELAXED), "cuStreamBeginCapture")
+        for _ in range(n):
+            self.work(s)
+        r, g = self.end_capture_graph(s)
+        self._check(r, "cuStreamEndCapture")
+        return g
+
+    def instantiate(self, graph):
+        """(CUresult, executable or None) of cuGraphInstantiateWithFlags."""
+        x = _vp()
+        r = self._instantiate(ctypes.byref(x), graph, 0)
+        return r, x.value
+
+    def instantiates(self, graph):
+        """cuGraphInstantiateWithFlags' CUresult; the executable destroyed."""
+        r, x = self.instantiate(graph)
+        if r == CUDA_SUCCESS:
+            self._check(self._exec_destroy(x), "cuGraphExecDestroy")
+        return r
+
+    def exec_destroy(self, exec_):
+        self._check(self._exec_destroy(exec_), "cuGraphExecDestroy")
+
+    def node_types(self, graph):
+        """The CUgraphNodeType of each node of the graph."""
+        n = ctypes.c_size_t(0)
+        self._check(self._get_nodes(graph, None, ctypes.byref(n)), "cuGraphGetNodes")
+        nodes = (_vp * max(n.value, 1))()
+        self._check(self._get_nodes(graph, nodes, ctypes.byref(n)), "cuGraphGetNodes")
+        out = []
+        for i in range(n.value):
+            t = ctypes.c_int()
+            self._check(self._node_type(nodes[i], ctypes.byref(t)), "cuGraphNodeGetType")
+            out.append(t.value)
+        return out
 
     def fail_nth(self, symbol, nth, result=CUDA_ERROR_UNKNOWN):
         """The nth call of `symbol` from now fails with `result` (one shot)."""

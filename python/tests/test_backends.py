@@ -12,6 +12,7 @@ exchanges run too (a handle ended twice, an exchange on a stream the driver
 does not know). Plain unittest."""
 import json
 import os
+import re
 import shutil
 import subprocess
 import sys
@@ -107,6 +108,11 @@ def _closed_fence_wait():
     f.wait(0x10)
 
 
+def _typed(module, name):
+    """An object whose type claims ``module.name``."""
+    return type(name, (), {"__module__": module})()
+
+
 def _wrap_export(stream):
     return lambda: dlsync.wrap(_NoStream(), producer=0x10).__dlpack__(stream=stream)
 
@@ -152,7 +158,34 @@ MISUSES = [
     ("begin_many of None", lambda: _backend.active.begin_many(None, 0x20)),
     ("begin_many of a set", lambda: _backend.active.begin_many({0x10}, 0x20)),
     ("begin_many of a list with a float", lambda: _backend.active.begin_many([0x10, 1.5], 0x20)),
+    ("launch(object())", lambda: dlsync.launch(object(), 0x20)),
+    ("launch of a CuPy graph", lambda: dlsync.launch(_typed("cupy.cuda.graph", "Graph"), 0x20)),
+    ("launch: exec a str", lambda: dlsync.launch(0x30, 0x20, exec="x")),
+    ("launch: graph a float", lambda: dlsync.launch(1.5, 0x20)),
+    ("launch: graph -1", lambda: dlsync.launch(-1, 0x20)),
+    ("launch: exec 2**64", lambda: dlsync.launch(None, 0x20, exec=2**64)),
+    ("launch: stream a str", lambda: dlsync.launch(0x30, "s")),
+    ("graph_launch: graph a bool", lambda: _backend.active.graph_launch(True, None, 0x20)),
+    ("conditional_body(object())", lambda: dlsync.conditional_body(object()).__enter__()),
+    ("conditional_body(1.5)", lambda: dlsync.conditional_body(1.5).__enter__()),
+    ("body_add(None)", lambda: _backend.active.body_add(None)),
+    ("body_add(2**64)", lambda: _backend.active.body_add(2**64)),
+    ("body_declared('x')", lambda: _backend.active.body_declared("x")),
+    ("body_remove(True)", lambda: _backend.active.body_remove(True)),
+    ("capture_graph(1.5)", lambda: dlsync.capture_graph(1.5)),
 ]
+
+
+def _no_context_address(fn):
+    """fn, its dlsync.Error's message without the context's address (a heap
+    address, other in each child)."""
+    def run():
+        try:
+            return fn()
+        except dlsync.Error as e:
+            raise dlsync.Error(e.status, re.sub(r"context 0x[0-9a-f]+", "context 0x...",
+                                                e.message)) from None
+    return run
 
 
 def _fake_misuses(fake):
@@ -168,6 +201,33 @@ def _fake_misuses(fake):
         _backend.active.end(h)
         _backend.active.end(h)
 
+    def _in_body(fn):
+        parent, body = fake.conditional()
+        s = fake.stream()
+        try:
+            with dlsync.conditional_body(body):
+                fake.begin_capture_to(s, body)
+                try:
+                    return fn(s)
+                finally:
+                    fake.end_capture_graph(s)
+        finally:
+            fake.graph_destroy(parent)
+
+    def refused_in_body():
+        return _in_body(lambda s: dlsync.exchange(s1, s).__enter__())
+
+    def fence_in_body():
+        return _in_body(lambda s: dlsync.Fence(s))
+
+    def launch_no_graph_in_capture():
+        s = fake.stream()
+        fake.begin_capture(s)
+        try:
+            dlsync.launch(None, s, exec=0x40)
+        finally:
+            fake.end_capture_graph(s)
+
     return [
         ("a handle ended twice", end_twice),
         ("a begin_many handle ended twice", many_ended_twice),
@@ -175,12 +235,25 @@ def _fake_misuses(fake):
         ("begin_many of no producers", lambda: _backend.active.begin_many([], s2)),
         ("unknown flag bits", lambda: _backend.active.begin(s1, s2, 1 << 7)),
         ("a fence on a stream the driver does not know", lambda: dlsync.Fence(0x10)),
+        ("body_add(0)", lambda: _backend.active.body_add(0)),
+        ("body_remove of a graph never declared",
+         _no_context_address(lambda: _backend.active.body_remove(0x1230))),
+        ("body_declared of a graph never declared (allowed)",
+         lambda: _backend.active.body_declared(0x1230)),
+        ("capture_graph of a stream the driver does not know", lambda: dlsync.capture_graph(0x10)),
+        ("capture_graph of an eager stream (allowed)", lambda: dlsync.capture_graph(s1)),
+        ("launch on an eager stream without an exec", lambda: dlsync.launch(0x30, s1)),
+        ("launch of no graph on a capture", launch_no_graph_in_capture),
+        ("a row that adds a node in a declared body", refused_in_body),
+        ("a fence signalled in a declared body", fence_in_body),
     ]
 
 
 # Must raise (type name) on both; everything else in MISUSES must not.
 MUST_RAISE = {name: None for name, _ in MISUSES}
 MUST_RAISE["entered again once exited (allowed)"] = "ok"
+MUST_RAISE["body_declared of a graph never declared (allowed)"] = "ok"
+MUST_RAISE["capture_graph of an eager stream (allowed)"] = "ok"
 
 
 def _outcome(fn):
@@ -270,7 +343,7 @@ class SameMisuseOnBothBackends(unittest.TestCase):
                                                  "without a matching __enter__"])
 
     @unittest.skipUnless(os.environ.get("DLSYNC_TEST_FAKE_LIBCUDA"), "no fake driver")
-    def test_the_interrupt_walk_on_the_compiled_backend_too(self):
+    def test_the_interrupt_walk_and_structured_graphs_on_the_compiled_backend_too(self):
         with tempfile.TemporaryDirectory() as tmp:
             env, why = _native_package(tmp)
             if env is None:
@@ -280,7 +353,8 @@ class SameMisuseOnBothBackends(unittest.TestCase):
                               "runs on it in this process")
             env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", DLSYNC_EXPECT_NATIVE="1", **env)
             env.pop("DLSYNC_NO_NATIVE", None)
-            done = subprocess.run([sys.executable, "-m", "unittest", "test_interrupts"],
+            done = subprocess.run([sys.executable, "-m", "unittest", "test_interrupts",
+                                   "test_structured_cpu"],
                                   cwd=HERE, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, timeout=300)
         self.assertEqual(done.returncode, 0, done.stdout[-4000:])

@@ -1,0 +1,229 @@
+# SPDX-License-Identifier: Apache-2.0
+"""Structured graphs: dlsync.launch (include/dlsync/graph.h) and
+dlsync.conditional_body (include/dlsync/conditional.h).
+
+Both take graph objects of the frameworks as well as raw handles; which
+handle each object gives is decided here, in Python, for both backends (so
+the messages for objects dlsync cannot use are one). The calls themselves
+are the backend's ``graph_launch`` and ``body_add`` / ``body_remove`` /
+``body_declared``."""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from typing import Any, Dict, Iterator, Optional, Tuple
+
+from ._backend import active as _b
+
+# ---- the handles a graph object gives ----
+
+
+def _module_of(obj: Any) -> str:
+    return type(obj).__module__ or ""
+
+
+def _type_name(obj: Any) -> str:
+    t = type(obj)
+    return f"{t.__module__}.{t.__qualname__}" if t.__module__ != "builtins" else t.__qualname__
+
+
+def _as_int(value: Any) -> Optional[int]:
+    """An int from a handle object (cuda.bindings' CUgraph and CUgraphExec
+    convert with int()); None for None / NULL."""
+    if value is None:
+        return None
+    if isinstance(value, int) and not isinstance(value, bool):
+        return value
+    return int(value)
+
+
+# cuda.bindings' handle types, by name (cuda.bindings is never imported here).
+_GRAPH_TYPES = ("CUgraph", "cudaGraph_t")
+_EXEC_TYPES = ("CUgraphExec", "cudaGraphExec_t")
+
+
+def _torch_graph(obj: Any) -> Tuple[Optional[int], Optional[int]]:
+    """torch.cuda.CUDAGraph: raw_cuda_graph() (a graph made with
+    keep_graph=True, once captured) and raw_cuda_graph_exec() (once
+    instantiated); torch raises RuntimeError for the one it does not have."""
+    graph = exec_ = None
+    try:
+        graph = _as_int(obj.raw_cuda_graph())
+    except RuntimeError:
+        pass
+    try:
+        exec_ = _as_int(obj.raw_cuda_graph_exec())
+    except RuntimeError:
+        pass
+    if not graph and not exec_:
+        raise ValueError(
+            "dlsync.launch: this torch.cuda.CUDAGraph exposes neither its cudaGraph_t nor its "
+            "cudaGraphExec_t: make it with torch.cuda.CUDAGraph(keep_graph=True) and capture it "
+            "(raw_cuda_graph(), for a launch inside a capture or on a graph lane), and "
+            "instantiate() or replay it (raw_cuda_graph_exec(), for an eager stream)"
+        )
+    return graph or None, exec_ or None
+
+
+def _cuda_core_builder(obj: Any) -> Optional[Any]:
+    """The members of a cuda.core GraphBuilder (its ``_mnff``: ``graph``
+    once building ended, ``conditional_graph`` for a conditional body's
+    builder), or None for other objects."""
+    if not _module_of(obj).startswith("cuda.core") or type(obj).__name__ != "GraphBuilder":
+        return None
+    return getattr(obj, "_mnff", None)
+
+
+def graph_handles(graph: Any, exec_: Any = None) -> Tuple[Optional[int], Optional[int]]:
+    """(CUgraph, CUgraphExec) of what dlsync.launch was given, each an int
+    or None. TypeError naming the type for an object dlsync cannot use."""
+    x = exec_
+    if x is not None and type(x).__name__ in _EXEC_TYPES:
+        x = _as_int(x)
+    if graph is None or isinstance(graph, int):
+        return graph, x
+    name = type(graph).__name__
+    mod = _module_of(graph)
+    if name in _GRAPH_TYPES:
+        return _as_int(graph), x
+    if name in _EXEC_TYPES:
+        return None, _as_int(graph) if x is None else x
+    if mod.startswith("torch") and hasattr(graph, "raw_cuda_graph_exec"):
+        g, e = _torch_graph(graph)
+        return g, e if x is None else x
+    members = _cuda_core_builder(graph)
+    if members is not None:
+        g = getattr(members, "graph", None) or getattr(members, "conditional_graph", None)
+        if not g:
+            raise ValueError(
+                "dlsync.launch: this cuda.core GraphBuilder has no graph yet: call "
+                "end_building() first (or pass the Graph that complete() returned, for an "
+                "eager stream)"
+            )
+        return _as_int(g), x
+    if mod.startswith("cuda.core") and name == "Graph" and hasattr(graph, "handle"):
+        # complete()'s executable; its CUgraph is not kept by cuda.core.
+        return None, _as_int(graph.handle) if x is None else x
+    if mod.startswith("cupy"):
+        g, e = getattr(graph, "graph", None), getattr(graph, "graphExec", None)
+        if isinstance(g, int) or isinstance(e, int):
+            return g or None, (e or None) if x is None else x
+        raise TypeError(
+            f"dlsync.launch: {_type_name(graph)} exposes no handle to Python (CuPy keeps its "
+            "cudaGraphExec_t private and destroys its cudaGraph_t once instantiated): capture "
+            "the CuPy work with cuStreamBeginCapture / cuStreamEndCapture on its stream and "
+            "pass that CUgraph (an int), or run graph.launch(stream) on an eager stream"
+        )
+    raise TypeError(
+        f"dlsync.launch takes a CUgraph handle (int), torch.cuda.CUDAGraph, a cuda.core "
+        f"GraphBuilder or Graph, or cuda.bindings' CUgraph / CUgraphExec, not {_type_name(graph)}"
+    )
+
+
+def launch(graph: Any, stream: Any, exec: Any = None) -> None:  # noqa: A002 - the C name
+    """Runs ``graph`` at ``stream``, correctly whatever the stream is doing
+    (dlsync_graph_launch): on an eager stream its executable is launched;
+    on a capturing stream (a conditional body's too) a copy of the graph
+    becomes a child-graph node at the capture's current dependencies, which
+    move on to it; no other node.
+
+    ``graph`` is a CUgraph handle (int), a ``torch.cuda.CUDAGraph`` (made
+    with ``keep_graph=True`` for a launch inside a capture: its
+    ``raw_cuda_graph()``; instantiated for an eager one:
+    ``raw_cuda_graph_exec()``), a cuda.core ``GraphBuilder`` whose building
+    ended, a cuda.core ``Graph`` (an executable only: eager streams), or
+    cuda.bindings' ``CUgraph`` / ``CUgraphExec``. ``exec`` names the
+    executable where ``graph`` does not carry one. The caller may destroy
+    its graph after the call. Errors: TypeError naming an object dlsync
+    cannot use (CuPy's ``Graph`` exposes no handle), :class:`Error` with
+    the library's status (a NULL exec for an eager stream, a graph holding
+    conditional or memory nodes inside a capture: DLSYNC_ERROR_INVALID_ARGUMENT)."""
+    g, x = graph_handles(graph, exec)
+    _b.graph_launch(g, x, stream)
+
+
+# ---- conditional bodies ----
+
+
+def body_handle(body: Any) -> int:
+    """The CUgraph of a conditional node's body: an int, cuda.bindings'
+    CUgraph, or the GraphBuilder cuda.core returns from if_cond / if_then /
+    if_else / switch / while_loop (its body graph). TypeError naming the
+    type otherwise."""
+    if isinstance(body, int):
+        return body
+    if type(body).__name__ in _GRAPH_TYPES:
+        return _as_int(body)
+    members = _cuda_core_builder(body)
+    if members is not None:
+        g = getattr(members, "conditional_graph", None)
+        if not g:
+            raise TypeError(
+                "dlsync.conditional_body: this cuda.core GraphBuilder is not a conditional "
+                "body's builder (one that if_cond / if_then / if_else / switch / while_loop "
+                "returned)"
+            )
+        return _as_int(g)
+    raise TypeError(
+        "dlsync.conditional_body takes a conditional node's body: a CUgraph handle (int, "
+        "CUDA_CONDITIONAL_NODE_PARAMS.phGraph_out[i]), cuda.bindings' CUgraph or the cuda.core "
+        f"GraphBuilder of a conditional body, not {_type_name(body)}"
+    )
+
+
+# Declarations made through dlsync.conditional_body, counted per body so
+# that nested blocks for one body remove it only when the outermost exits
+# (the library counts a body declared twice once).
+_lock = threading.Lock()
+_counts: Dict[int, int] = {}
+
+
+@contextlib.contextmanager
+def conditional_body(body: Any) -> Iterator[int]:
+    """Declares ``body`` a conditional node's body while the block runs
+    (dlsync_conditional_body_add, and _remove on the way out, whatever the
+    block raises). Inside, on a stream capturing into that body (or
+    joined to such a capture), exchanges, wraps, scopes and fences whose
+    row takes edges only work as anywhere (SAME_CAPTURE, JOIN, one stream);
+    the rows that would add an event node to the body (EAGER_TO_CAPTURE,
+    TWO_CAPTURES, ..., a fence signalled or waited on there) raise
+    :class:`Error` with status ``DLSYNC_ERROR_CONDITIONAL_BODY`` and a
+    message naming the row and the body: nothing was queued and the capture
+    is still valid. Order such work before the conditional node (on the
+    parent's stream, before the body's capture begins) instead. Yields the
+    body's handle. Begin the body's capture inside the block; end it before
+    the block exits."""
+    g = body_handle(body)
+    with _lock:
+        first = _counts.get(g, 0) == 0
+        if first:
+            _b.body_add(g)
+        _counts[g] = _counts.get(g, 0) + 1
+    try:
+        yield g
+    finally:
+        with _lock:
+            n = _counts.get(g, 0) - 1
+            if n <= 0:
+                _counts.pop(g, None)
+                _b.body_remove(g)
+            else:
+                _counts[g] = n
+
+
+def capture_graph(stream: Any) -> Optional[int]:
+    """The CUgraph the stream's capture is building now (for a capture
+    into a conditional node's body: that body), or None when the stream is
+    eager. With PyTorch, whose ``CUDAGraph.begin_capture_to_if_node``
+    captures the body on a stream of its own made current, declare the body
+    as ``dlsync.conditional_body(dlsync.capture_graph(torch.cuda.current_stream()))``."""
+    return _b.capture_graph(stream)
+
+
+def is_conditional_body(body: Any) -> bool:
+    """Whether ``body`` is declared a conditional node's body now."""
+    return _b.body_declared(body_handle(body))
+
+
+__all__ = ["launch", "conditional_body", "is_conditional_body", "capture_graph"]
