@@ -186,7 +186,7 @@ typedef enum fast_next {
 _Static_assert(sizeof(uintptr_t) == 8,
                "exchange handles pack an index and a generation in 64 bits");
 
-extern _Atomic(dlsync_exchange *) dlsync__ex_chunks[EX_CHUNKS];
+extern DLSYNC__HIDDEN _Atomic(dlsync_exchange *) dlsync__ex_chunks[EX_CHUNKS];
 
 /* A free record from the shared list or a new one; NULL when out of memory
  * or out of records. */
