@@ -141,20 +141,26 @@ typedef enum fast_query {
 } fast_query;
 
 /* What the fast path of dlsync_order and begin has and has read (an end has
- * only the streams: none). `first`, `then`: the caller's lanes; `roles`:
- * their names in messages; `have`: both lanes read into `opened` (what FAST_QUERY_THEN read when
- * `then` was capturing, handed to the general path, which reads neither
- * again). */
+ * only the streams: none). `first`, `then`: the caller's lanes; `op`:
+ * the call (their names in messages); `have`: both lanes read into `opened` (what FAST_QUERY_THEN
+ * read when `then` was capturing, handed to the general path, which reads neither again). */
 typedef struct fast_pre {
   dlsync_lane *first, *then;
-  const dlsync__roles *roles;
+  /* The op (its lanes' names: pre_roles; dlsync_order: the graph rows of
+   * two streams go on here). An op, not a pointer to the names: one store
+   * beside `have` on the fast path, the names looked up on failure only. */
+  dlsync__op op;
   bool have;
-  bool graph_rows; /* dlsync_order: the graph rows of two streams go on here */
   /* begin's record (else NULL): both streams in one capture
    * (SAME_CAPTURE) mark it EX_ONE_CAPTURE, with the id. */
   struct dlsync_exchange *ex;
   dlsync__lanes_opened opened; /* .a: first, .b: then */
 } fast_pre;
+
+/* The names of a fast_pre's lanes in messages. */
+static inline const dlsync__roles *pre_roles(const fast_pre *pre) {
+  return dlsync__roles_of(pre->op);
+}
 
 /* order_fast's answer when it did not carry the order out: the general path
  * must (nothing was queued). Never a status of the API. */

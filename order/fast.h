@@ -38,7 +38,7 @@ static DLSYNC__INLINE dlsync_status order_fast(dlsync__thread *t, dlsync_context
                                                dlsync__pair pair, fast_query query, fast_pre *pre) {
   const dlsync__driver *d = ctx->drv;
   /* The lanes' names, for messages: the op's (an end has no fast_pre). */
-  const dlsync__roles *roles = pre != NULL ? pre->roles : dlsync__roles_of(DLSYNC__OP_END);
+  const dlsync__roles *roles = dlsync__roles_of(pre != NULL ? pre->op : DLSYNC__OP_END);
   CUstream first = pair.first, then = pair.then;
   dlsync_status st = DLSYNC_SUCCESS;
   CUstreamCaptureStatus cs;
