@@ -256,7 +256,10 @@ static inline bool dlsync__is_legacy_stream(CUstream s) {
 /* The handles that follow the calling thread (legacy, per-thread default):
  * never memoised, never on the fast path. */
 static inline bool dlsync__is_special_stream(CUstream s) {
-  return dlsync__is_legacy_stream(s) || s == CU_STREAM_PER_THREAD;
+  /* NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are the handles 0, 1
+   * and 2 (cuda.h's ABI: ((CUstream)0x1), ((CUstream)0x2)): one compare,
+   * where gcc makes two or three of the three tests on the fast paths. */
+  return (uintptr_t)s <= (uintptr_t)CU_STREAM_PER_THREAD;
 }
 static inline bool dlsync__same_stream(CUstream a, CUstream b) {
   return a == b || (dlsync__is_legacy_stream(a) && dlsync__is_legacy_stream(b));
