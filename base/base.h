@@ -206,10 +206,13 @@ dlsync__thread *dlsync__thread_get(void);
 /* Set in a child of fork() (a pthread_atfork handler): CUDA cannot be used
  * there, and dlsync's own threads were not copied, so every entry point that
  * can fail refuses with DLSYNC_ERROR_NO_DRIVER (dlsync__fail_forked) and the
- * others do nothing. One relaxed load. */
-extern DLSYNC__HIDDEN atomic_bool dlsync__forked;
-#define DLSYNC__IN_FORKED_CHILD() \
-  DLSYNC__UNLIKELY(atomic_load_explicit(&dlsync__forked, memory_order_relaxed))
+ * others do nothing. A plain bool, not an atomic: it is written once, in the
+ * child, while the child has one thread (the one that forked), and every
+ * thread the child starts later is started after the write; in the parent it
+ * is never written. So no access races, and the test is one compare with
+ * memory (gcc makes a load and a test of an atomic). */
+extern DLSYNC__HIDDEN bool dlsync__forked;
+#define DLSYNC__IN_FORKED_CHILD() DLSYNC__UNLIKELY(dlsync__forked)
 #endif
 
 /* DLSYNC_ERROR_NO_DRIVER with a message naming fn and why. */
