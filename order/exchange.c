@@ -391,13 +391,13 @@ cleanup:
 
 dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
   DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_exchange_end");
-  dlsync_status st;
+  dlsync_status st, refused; /* refused: claim's, apart, so that st can stay in a register */
   dlsync__thread *t;
   dlsync_context *ctx;
   unsigned bits;
-  dlsync_exchange *ex = exchange_claim(handle, &st);
+  dlsync_exchange *ex = exchange_claim(handle, &refused);
   if (DLSYNC__UNLIKELY(ex == NULL))
-    return st;
+    return refused;
   t = dlsync__thread_get();
   bits = ex->bits;
   ctx = atomic_load_explicit(&ex->ctx, memory_order_relaxed);

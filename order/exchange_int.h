@@ -233,7 +233,8 @@ static DLSYNC__INLINE dlsync_exchange *exchange_publish(dlsync_exchange *ex, dls
 }
 
 /* The record a handle names, ended (its generation made even) by this call;
- * NULL with DLSYNC_ERROR_INVALID_ARGUMENT when it is not a begun exchange.
+ * NULL with DLSYNC_ERROR_INVALID_ARGUMENT in *st (set only then) when it is
+ * not a begun exchange.
  * Any index a handle holds is in range (EX_INDEX_BITS); an even generation
  * (NULL among them) is never begun; a record of a chunk that was made but
  * not handed out yet is at generation 0. The compare-and-swap is the whole
@@ -252,8 +253,7 @@ static DLSYNC__INLINE dlsync_exchange *exchange_claim(dlsync_exchange *handle, d
   if (DLSYNC__UNLIKELY(!atomic_compare_exchange_strong_explicit(
           &ex->handle, &h, h + EX_GEN_ONE, memory_order_acq_rel, memory_order_relaxed)))
     return dlsync__exchange_refused(handle, st);
-  *st = DLSYNC_SUCCESS;
-  return ex;
+  return ex; /* *st is left alone: its caller reads it only after a NULL */
 }
 
 /* ---- the general path (general.c) ---- */
