@@ -173,6 +173,7 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
   dlsync_status st;
   dlsync__thread *t;
   dlsync_exchange *ex;
+  dlsync__pair pair;
   /* The fast path: two distinct stream lanes, a warm thread, an eager
    * consumer; anything else (or anything wrong) goes the general way. */
   fast_pre pre; /* written only on the way it is used: fewer stores on the eager path */
@@ -212,16 +213,18 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
    * nothing else). The fast path may add EX_ONE_CAPTURE. */
   pre_init(&pre, DLSYNC__OP_BEGIN, producer, consumer, ex);
   ex->bits = (uint8_t)flags;
-  st = order_fast(t, ctx, streams_pair(producer, consumer),
-                  t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, &pre);
+  /* From here on the streams ordered (pair), not the lanes, which pre
+   * holds for the general path: fewer values kept across the driver calls. */
+  pair = streams_pair(producer, consumer);
+  st = order_fast(t, ctx, pair, t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, &pre);
   if (st == DLSYNC__GENERAL)
     return begin_general(out, ctx, &pre, flags);
   *out = NULL;
   if (DLSYNC__UNLIKELY(st != DLSYNC_SUCCESS))
     return st;
   t->spare = NULL;
-  ex->producer_stream = producer->stream;
-  ex->consumer_stream = consumer->stream;
+  ex->producer_stream = pair.first;
+  ex->consumer_stream = pair.then;
   *out = exchange_publish(ex, ctx);
   return DLSYNC_SUCCESS;
 }
