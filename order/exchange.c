@@ -81,7 +81,8 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
     if (st != DLSYNC__GENERAL)
       return st;
   } else {
-    if (dlsync__order_graph_fast(ctx, t, first, then, &st))
+    st = dlsync__order_graph_fast(ctx, t, first, then);
+    if (st != DLSYNC__GENERAL)
       return st;
     pre_init(&pre, DLSYNC__OP_ORDER, first, then, NULL); /* nothing read */
   }

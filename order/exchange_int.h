@@ -288,11 +288,11 @@ DLSYNC__NOINLINE dlsync_status dlsync__order_row(dlsync_context *ctx, dlsync__or
                                                  pool_pick *pk, dlsync__lane_now *first,
                                                  dlsync__lane_now *then);
 /* dlsync_order with a graph built by hand on either side, for a thread
- * whose memo knows the stream lane's pool. False, nothing done: the general
- * path must. */
-DLSYNC__NOINLINE bool dlsync__order_graph_fast(dlsync_context *ctx, dlsync__thread *t,
-                                               dlsync_lane *first, dlsync_lane *then,
-                                               dlsync_status *st);
+ * whose memo knows the stream lane's pool: how it went, or DLSYNC__GENERAL,
+ * nothing done, when the general path must (a status returned, not an out
+ * parameter, as order_fast does: no store and load of it in memory). */
+DLSYNC__NOINLINE dlsync_status dlsync__order_graph_fast(dlsync_context *ctx, dlsync__thread *t,
+                                                        dlsync_lane *first, dlsync_lane *then);
 
 /* ---- the fast path's steps out of line (fast.c) ---- */
 
