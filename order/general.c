@@ -8,7 +8,7 @@
 
 dlsync_status dlsync__order_row(dlsync_context *ctx, dlsync__order_step *step, pool_pick *pk,
                                 dlsync__lane_now *first, dlsync__lane_now *then) {
-  return order_row_inline(ctx, step, pk, first, then);
+  return order_row_inline(ctx, step, pk, first, then, true);
 }
 
 dlsync_status dlsync__order_lanes(dlsync_context *ctx, dlsync__op op, dlsync_lane *first,
@@ -117,5 +117,5 @@ dlsync_status dlsync__order_graph_fast(dlsync_context *ctx, dlsync__thread *t, d
   /* The table's row and its function, as on the general path. */
   step.op = DLSYNC__OP_ORDER;
   step.first_pending = false;
-  return order_row_inline(ctx, &step, &pk, &a, &b);
+  return order_row_inline(ctx, &step, &pk, &a, &b, false); /* TRACE: not here (above) */
 }

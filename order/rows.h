@@ -338,10 +338,12 @@ static DLSYNC__INLINE dlsync__row classify_now(dlsync__op op, const dlsync__lane
 
 /* Classify, then carry out the row by its function. Inline into the graph
  * lanes' path (dlsync__order_graph_fast), where the op is known, and into
- * dlsync__order_row for the general path. */
+ * dlsync__order_row for the general path. may_trace: false where the caller
+ * found the decision log below TRACE already (its level is set once,
+ * base/log.c), which spares a second look. */
 static DLSYNC__INLINE dlsync_status order_row_inline(dlsync_context *ctx, dlsync__order_step *step,
                                                      pool_pick *pk, dlsync__lane_now *first,
-                                                     dlsync__lane_now *then) {
+                                                     dlsync__lane_now *then, bool may_trace) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__row row = classify_now(step->op, first, then, step->first_pending);
   step->row = row;
@@ -395,7 +397,7 @@ static DLSYNC__INLINE dlsync_status order_row_inline(dlsync_context *ctx, dlsync
     break;
   }
 cleanup:
-  if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
+  if (may_trace && DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
     dlsync__trace_row(step->op, row, first, then, st);
   return st;
 }
