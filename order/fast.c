@@ -47,7 +47,7 @@ static DLSYNC__INLINE bool fast_graph_rows(dlsync_context *ctx, dlsync__thread *
   dlsync__lane_now *f = &pre->opened.a, *t = &pre->opened.b;
   pool_pick pk;
   dlsync__row row;
-  if (!pre->op == DLSYNC__OP_ORDER || pre->opened.pool == NULL)
+  if (pre->op != DLSYNC__OP_ORDER || pre->opened.pool == NULL)
     return false;
   row = classify_now(DLSYNC__OP_ORDER, f, t, false);
   if (row != DLSYNC__ROW_EAGER_TO_CAPTURE && row != DLSYNC__ROW_TWO_CAPTURES)
