@@ -35,8 +35,13 @@ extern "C" {
 #define DLSYNC__INLINE inline __attribute__((always_inline))
 #define DLSYNC__NOINLINE __attribute__((noinline))
 #define DLSYNC__COLD __attribute__((cold, noinline))
+/* On the declaration of a variable the hot paths read: the compiler then
+ * knows it is in this library (every symbol is hidden, CMakeLists.txt) and
+ * reads it in one instruction, not through its address in the GOT first. */
+#define DLSYNC__HIDDEN __attribute__((visibility("hidden")))
 #else
 #define DLSYNC__COLD
+#define DLSYNC__HIDDEN
 #define DLSYNC__INLINE inline
 #define DLSYNC__NOINLINE
 #define DLSYNC__PRINTF(fmt, args)
@@ -106,7 +111,7 @@ enum {
 
 #ifndef __cplusplus /* C11 atomics; the C++ tests include this header but never log */
 /* -1 until the environment is read, then the level. */
-extern atomic_int dlsync__log_level_;
+extern DLSYNC__HIDDEN atomic_int dlsync__log_level_;
 bool dlsync__log_on_slow(int level);
 
 /* Whether lines of `level` are written: off costs one predictable branch. */
@@ -201,10 +206,13 @@ dlsync__thread *dlsync__thread_get(void);
 /* Set in a child of fork() (a pthread_atfork handler): CUDA cannot be used
  * there, and dlsync's own threads were not copied, so every entry point that
  * can fail refuses with DLSYNC_ERROR_NO_DRIVER (dlsync__fail_forked) and the
- * others do nothing. One relaxed load. */
-extern atomic_bool dlsync__forked;
-#define DLSYNC__IN_FORKED_CHILD() \
-  DLSYNC__UNLIKELY(atomic_load_explicit(&dlsync__forked, memory_order_relaxed))
+ * others do nothing. A plain bool, not an atomic: it is written once, in the
+ * child, while the child has one thread (the one that forked), and every
+ * thread the child starts later is started after the write; in the parent it
+ * is never written. So no access races, and the test is one compare with
+ * memory (gcc makes a load and a test of an atomic). */
+extern DLSYNC__HIDDEN bool dlsync__forked;
+#define DLSYNC__IN_FORKED_CHILD() DLSYNC__UNLIKELY(dlsync__forked)
 #endif
 
 /* DLSYNC_ERROR_NO_DRIVER with a message naming fn and why. */

@@ -17,10 +17,10 @@ dlsync__thread *dlsync__thread_get(void) {
  * (the reclaimers): a release queued there would never run, and a flush would
  * wait for ever. So from the fork on, every call in the child is refused with
  * a message, and dlsync's unload hooks there touch no thread. */
-atomic_bool dlsync__forked;
+bool dlsync__forked; /* why not an atomic: base/base.h */
 
 static void forked_child(void) {
-  atomic_store_explicit(&dlsync__forked, true, memory_order_relaxed);
+  dlsync__forked = true;
 }
 
 #if defined(__GNUC__)

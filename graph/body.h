@@ -26,7 +26,7 @@ typedef struct dlsync__bodies {
 /* Bodies declared now in all contexts: the rows that add nodes load this
  * one word (no pointer to follow) and look at their context's table only
  * when it is not 0. */
-extern atomic_uint dlsync__bodies_total;
+extern DLSYNC__HIDDEN atomic_uint dlsync__bodies_total;
 
 /* Whether any body is declared in b's context. */
 static inline bool dlsync__bodies_any(const dlsync__bodies *b) {

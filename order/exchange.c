@@ -30,15 +30,15 @@ static DLSYNC__INLINE dlsync__pair streams_pair(const dlsync_lane *first, const 
   return p;
 }
 
-/* A fast_pre of the caller's lanes (names from the op), nothing read yet. */
+/* A fast_pre of the caller's lanes (names from the op) and begin's record
+ * (else NULL), nothing read yet. */
 static DLSYNC__INLINE void pre_init(fast_pre *pre, dlsync__op op, dlsync_lane *first,
-                                    dlsync_lane *then) {
+                                    dlsync_lane *then, dlsync_exchange *ex) {
   pre->first = first;
   pre->then = then;
-  pre->roles = dlsync__roles_of(op);
+  pre->op = op;
   pre->have = false;
-  pre->graph_rows = op == DLSYNC__OP_ORDER;
-  pre->ex = NULL;
+  pre->ex = ex;
 }
 
 /* The general path of dlsync_order and begin: the lanes opened (what the
@@ -75,15 +75,16 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_order: ctx is NULL");
   t = dlsync__thread_get();
   if (plain_stream_lane(first) && plain_stream_lane(then)) {
-    pre_init(&pre, DLSYNC__OP_ORDER, first, then);
+    pre_init(&pre, DLSYNC__OP_ORDER, first, then, NULL);
     st = order_fast(t, ctx, streams_pair(first, then),
                     t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, &pre);
     if (st != DLSYNC__GENERAL)
       return st;
   } else {
-    if (dlsync__order_graph_fast(ctx, t, first, then, &st))
+    st = dlsync__order_graph_fast(ctx, t, first, then);
+    if (st != DLSYNC__GENERAL)
       return st;
-    pre_init(&pre, DLSYNC__OP_ORDER, first, then); /* nothing read */
+    pre_init(&pre, DLSYNC__OP_ORDER, first, then, NULL); /* nothing read */
   }
   st = order_general(t, ctx, &pre, DLSYNC__OP_ORDER, NULL);
   return st;
@@ -158,6 +159,14 @@ cleanup:
   return st;
 }
 
+/* begin_general before the fast path has read anything. */
+static DLSYNC__INLINE dlsync_status begin_unread(dlsync_exchange **out, dlsync_context *ctx,
+                                                 dlsync_lane *producer, dlsync_lane *consumer,
+                                                 uint32_t flags, fast_pre *pre) {
+  pre_init(pre, DLSYNC__OP_BEGIN, producer, consumer, NULL);
+  return begin_general(out, ctx, pre, flags);
+}
+
 dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context *ctx,
                                           dlsync_lane *producer, dlsync_lane *consumer,
                                           uint32_t flags) {
@@ -165,14 +174,14 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
   dlsync_status st;
   dlsync__thread *t;
   dlsync_exchange *ex;
+  dlsync__pair pair;
   /* The fast path: two distinct stream lanes, a warm thread, an eager
    * consumer; anything else (or anything wrong) goes the general way. */
-  fast_pre pre;
-  pre_init(&pre, DLSYNC__OP_BEGIN, producer, consumer);
+  fast_pre pre; /* written only on the way it is used: fewer stores on the eager path */
   if (DLSYNC__UNLIKELY(out == NULL || ctx == NULL ||
                        (flags & ~(uint32_t)DLSYNC_EXCHANGE_CAPTURE_STABLE) != 0 ||
                        !plain_stream_lane(producer) || !plain_stream_lane(consumer)))
-    return begin_general(out, ctx, &pre, flags);
+    return begin_unread(out, ctx, producer, consumer, flags, &pre);
   t = dlsync__thread_get();
   ex = t->spare;
   if (DLSYNC__UNLIKELY(ex == NULL)) {
@@ -181,14 +190,14 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
     exchange_free(t, dlsync__exchange_make()); /* the thread's spare from now on */
     ex = t->spare;
     if (ex == NULL)
-      return begin_general(out, ctx, &pre, flags);
+      return begin_unread(out, ctx, producer, consumer, flags, &pre);
   }
   if (DLSYNC__UNLIKELY(producer->stream == consumer->stream)) {
     /* SAME_STREAM: already ordered; one status query, for its errors. */
     CUstreamCaptureStatus cs;
     CUresult r;
     if (dlsync__is_special_stream(producer->stream) || dlsync__log_on(DLSYNC__LOG_TRACE))
-      return begin_general(out, ctx, &pre, flags);
+      return begin_unread(out, ctx, producer, consumer, flags, &pre);
     r = ctx->drv->StreamIsCapturing(producer->stream, &cs);
     *out = NULL;
     if (r != CUDA_SUCCESS)
@@ -203,18 +212,20 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
   }
   /* EX_STABLE is the flag's bit; with it, end trusts begin (and looks at
    * nothing else). The fast path may add EX_ONE_CAPTURE. */
-  pre.ex = ex;
+  pre_init(&pre, DLSYNC__OP_BEGIN, producer, consumer, ex);
   ex->bits = (uint8_t)flags;
-  st = order_fast(t, ctx, streams_pair(producer, consumer),
-                  t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, &pre);
+  /* From here on the streams ordered (pair), not the lanes, which pre
+   * holds for the general path: fewer values kept across the driver calls. */
+  pair = streams_pair(producer, consumer);
+  st = order_fast(t, ctx, pair, t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, &pre);
   if (st == DLSYNC__GENERAL)
     return begin_general(out, ctx, &pre, flags);
   *out = NULL;
   if (DLSYNC__UNLIKELY(st != DLSYNC_SUCCESS))
     return st;
   t->spare = NULL;
-  ex->producer_stream = producer->stream;
-  ex->consumer_stream = consumer->stream;
+  ex->producer_stream = pair.first;
+  ex->consumer_stream = pair.then;
   *out = exchange_publish(ex, ctx);
   return DLSYNC_SUCCESS;
 }
@@ -384,13 +395,13 @@ cleanup:
 
 dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
   DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_exchange_end");
-  dlsync_status st;
+  dlsync_status st, refused; /* refused: claim's, apart, so that st can stay in a register */
   dlsync__thread *t;
   dlsync_context *ctx;
   unsigned bits;
-  dlsync_exchange *ex = exchange_claim(handle, &st);
+  dlsync_exchange *ex = exchange_claim(handle, &refused);
   if (DLSYNC__UNLIKELY(ex == NULL))
-    return st;
+    return refused;
   t = dlsync__thread_get();
   bits = ex->bits;
   ctx = atomic_load_explicit(&ex->ctx, memory_order_relaxed);

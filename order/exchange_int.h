@@ -141,20 +141,26 @@ typedef enum fast_query {
 } fast_query;
 
 /* What the fast path of dlsync_order and begin has and has read (an end has
- * only the streams: none). `first`, `then`: the caller's lanes; `roles`:
- * their names in messages; `have`: both lanes read into `opened` (what FAST_QUERY_THEN read when
- * `then` was capturing, handed to the general path, which reads neither
- * again). */
+ * only the streams: none). `first`, `then`: the caller's lanes; `op`:
+ * the call (their names in messages); `have`: both lanes read into `opened` (what FAST_QUERY_THEN
+ * read when `then` was capturing, handed to the general path, which reads neither again). */
 typedef struct fast_pre {
   dlsync_lane *first, *then;
-  const dlsync__roles *roles;
+  /* The op (its lanes' names: pre_roles; dlsync_order: the graph rows of
+   * two streams go on here). An op, not a pointer to the names: one store
+   * beside `have` on the fast path, the names looked up on failure only. */
+  dlsync__op op;
   bool have;
-  bool graph_rows; /* dlsync_order: the graph rows of two streams go on here */
   /* begin's record (else NULL): both streams in one capture
    * (SAME_CAPTURE) mark it EX_ONE_CAPTURE, with the id. */
   struct dlsync_exchange *ex;
   dlsync__lanes_opened opened; /* .a: first, .b: then */
 } fast_pre;
+
+/* The names of a fast_pre's lanes in messages. */
+static inline const dlsync__roles *pre_roles(const fast_pre *pre) {
+  return dlsync__roles_of(pre->op);
+}
 
 /* order_fast's answer when it did not carry the order out: the general path
  * must (nothing was queued). Never a status of the API. */
@@ -186,7 +192,7 @@ typedef enum fast_next {
 _Static_assert(sizeof(uintptr_t) == 8,
                "exchange handles pack an index and a generation in 64 bits");
 
-extern _Atomic(dlsync_exchange *) dlsync__ex_chunks[EX_CHUNKS];
+extern DLSYNC__HIDDEN _Atomic(dlsync_exchange *) dlsync__ex_chunks[EX_CHUNKS];
 
 /* A free record from the shared list or a new one; NULL when out of memory
  * or out of records. */
@@ -227,7 +233,8 @@ static DLSYNC__INLINE dlsync_exchange *exchange_publish(dlsync_exchange *ex, dls
 }
 
 /* The record a handle names, ended (its generation made even) by this call;
- * NULL with DLSYNC_ERROR_INVALID_ARGUMENT when it is not a begun exchange.
+ * NULL with DLSYNC_ERROR_INVALID_ARGUMENT in *st (set only then) when it is
+ * not a begun exchange.
  * Any index a handle holds is in range (EX_INDEX_BITS); an even generation
  * (NULL among them) is never begun; a record of a chunk that was made but
  * not handed out yet is at generation 0. The compare-and-swap is the whole
@@ -246,8 +253,7 @@ static DLSYNC__INLINE dlsync_exchange *exchange_claim(dlsync_exchange *handle, d
   if (DLSYNC__UNLIKELY(!atomic_compare_exchange_strong_explicit(
           &ex->handle, &h, h + EX_GEN_ONE, memory_order_acq_rel, memory_order_relaxed)))
     return dlsync__exchange_refused(handle, st);
-  *st = DLSYNC_SUCCESS;
-  return ex;
+  return ex; /* *st is left alone: its caller reads it only after a NULL */
 }
 
 /* ---- the general path (general.c) ---- */
@@ -282,11 +288,11 @@ DLSYNC__NOINLINE dlsync_status dlsync__order_row(dlsync_context *ctx, dlsync__or
                                                  pool_pick *pk, dlsync__lane_now *first,
                                                  dlsync__lane_now *then);
 /* dlsync_order with a graph built by hand on either side, for a thread
- * whose memo knows the stream lane's pool. False, nothing done: the general
- * path must. */
-DLSYNC__NOINLINE bool dlsync__order_graph_fast(dlsync_context *ctx, dlsync__thread *t,
-                                               dlsync_lane *first, dlsync_lane *then,
-                                               dlsync_status *st);
+ * whose memo knows the stream lane's pool: how it went, or DLSYNC__GENERAL,
+ * nothing done, when the general path must (a status returned, not an out
+ * parameter, as order_fast does: no store and load of it in memory). */
+DLSYNC__NOINLINE dlsync_status dlsync__order_graph_fast(dlsync_context *ctx, dlsync__thread *t,
+                                                        dlsync_lane *first, dlsync_lane *then);
 
 /* ---- the fast path's steps out of line (fast.c) ---- */
 

@@ -47,7 +47,7 @@ static DLSYNC__INLINE bool fast_graph_rows(dlsync_context *ctx, dlsync__thread *
   dlsync__lane_now *f = &pre->opened.a, *t = &pre->opened.b;
   pool_pick pk;
   dlsync__row row;
-  if (!pre->graph_rows || pre->opened.pool == NULL)
+  if (pre->op != DLSYNC__OP_ORDER || pre->opened.pool == NULL)
     return false;
   row = classify_now(DLSYNC__OP_ORDER, f, t, false);
   if (row != DLSYNC__ROW_EAGER_TO_CAPTURE && row != DLSYNC__ROW_TWO_CAPTURES)
@@ -55,7 +55,7 @@ static DLSYNC__INLINE bool fast_graph_rows(dlsync_context *ctx, dlsync__thread *
   pk.pool = pre->opened.pool;
   pk.from_memo = true;
   pk.stream = pre->first->stream;
-  pk.role = pre->roles->first;
+  pk.role = pre_roles(pre)->first;
   pk.t = th;
   *st = row == DLSYNC__ROW_EAGER_TO_CAPTURE ? row_eager_to_capture(ctx, &pk, f, t)
                                             : row_two_captures(ctx, &pk, f, t);
@@ -91,10 +91,10 @@ static DLSYNC__INLINE bool fast_eager_to_capture(dlsync_context *ctx, dlsync__th
    * keeps the way out of success in line. */
   r = row_eager_to_capture_calls(d, ev, p, &wr);
   if (DLSYNC__UNLIKELY(wr != CUDA_SUCCESS))
-    *st = dlsync__fail_external_wait(d, wr, p, pre->roles, ct->id);
+    *st = dlsync__fail_external_wait(d, wr, p, pre_roles(pre), ct->id);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
     if (!context_mismatch(r)) {
-      *st = dlsync__fail_record(d, r, p, pre->roles);
+      *st = dlsync__fail_record(d, r, p, pre_roles(pre));
       return true;
     }
     /* A stream handle reused in another context: the general path asks the
@@ -127,7 +127,7 @@ static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *t
     return true;
   }
   if (DLSYNC__UNLIKELY(!dlsync__capture_info_active(&ct))) {
-    *st = dlsync__lane_take(&pre->opened.b, d, pre->then, pre->roles->then, &ct); /* why not */
+    *st = dlsync__lane_take(&pre->opened.b, d, pre->then, pre_roles(pre)->then, &ct); /* why not */
     return true;
   }
   th->then_capture = true;
@@ -139,14 +139,14 @@ static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *t
     CUstreamCaptureStatus fs;
     CUresult r = d->StreamIsCapturing(p->first, &fs);
     if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
-      *st = dlsync__fast_query_failed(d, r, false, p->first, pre->roles->first);
+      *st = dlsync__fast_query_failed(d, r, false, p->first, pre_roles(pre)->first);
       return true;
     }
     if (DLSYNC__LIKELY(fs == CU_STREAM_CAPTURE_STATUS_NONE)) {
-      if (pre->graph_rows && fast_eager_to_capture(ctx, th, pre, &ct, st))
+      if (pre->op == DLSYNC__OP_ORDER && fast_eager_to_capture(ctx, th, pre, &ct, st))
         return true;
-      dlsync__lane_read_eager(&pre->opened.a, pre->first, pre->roles->first);
-      (void)dlsync__lane_take(&pre->opened.b, d, pre->then, pre->roles->then, &ct);
+      dlsync__lane_read_eager(&pre->opened.a, pre->first, pre_roles(pre)->first);
+      (void)dlsync__lane_take(&pre->opened.b, d, pre->then, pre_roles(pre)->then, &ct);
       pre->have = true;
       return fast_graph_rows(ctx, th, pre, st);
     }
@@ -162,19 +162,19 @@ static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *t
     /* first's array is valid: the query since was of `then`. *st is
      * DLSYNC_SUCCESS: written only on failure, which keeps success (an
      * empty set, no call) out of gcc's .cold section. */
-    dlsync_status added = row_same_capture_calls(d, pv, pre->roles, cf.deps, cf.n);
+    dlsync_status added = row_same_capture_calls(d, pv, pre_roles(pre), cf.deps, cf.n);
     if (DLSYNC__UNLIKELY(added != DLSYNC_SUCCESS))
       *st = added;
     return true;
   }
-  if (DLSYNC__LIKELY(dlsync__capture_info_eager(&cf)) && pre->graph_rows &&
+  if (DLSYNC__LIKELY(dlsync__capture_info_eager(&cf)) && pre->op == DLSYNC__OP_ORDER &&
       fast_eager_to_capture(ctx, th, pre, &ct, st))
     return true;
   /* Not plain: both lanes written for the graph rows or the general path
    * (then's dependency array is still valid: the query since was of
    * another stream). */
-  (void)dlsync__lane_take(&pre->opened.b, d, pre->then, pre->roles->then, &ct);
-  *st = dlsync__lane_take(&pre->opened.a, d, pre->first, pre->roles->first, &cf);
+  (void)dlsync__lane_take(&pre->opened.b, d, pre->then, pre_roles(pre)->then, &ct);
+  *st = dlsync__lane_take(&pre->opened.a, d, pre->first, pre_roles(pre)->first, &cf);
   if (*st != DLSYNC_SUCCESS)
     return true;
   pre->have = true;

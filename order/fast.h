@@ -38,9 +38,11 @@ static DLSYNC__INLINE dlsync_status order_fast(dlsync__thread *t, dlsync_context
                                                dlsync__pair pair, fast_query query, fast_pre *pre) {
   const dlsync__driver *d = ctx->drv;
   /* The lanes' names, for messages: the op's (an end has no fast_pre). */
-  const dlsync__roles *roles = pre != NULL ? pre->roles : dlsync__roles_of(DLSYNC__OP_END);
+  const dlsync__roles *roles = dlsync__roles_of(pre != NULL ? pre->op : DLSYNC__OP_END);
   CUstream first = pair.first, then = pair.then;
-  dlsync_status st = DLSYNC_SUCCESS;
+  /* st: the plain row's (in a register); qst: the out-of-line steps' (set
+   * when they say FAST_DONE), apart, for its address is taken. */
+  dlsync_status st, qst;
   CUstreamCaptureStatus cs;
   CUevent ev;
   CUresult r;
@@ -92,23 +94,22 @@ static DLSYNC__INLINE dlsync_status order_fast(dlsync__thread *t, dlsync_context
        * first inside a capture) is plain too. */
       if (cs != CU_STREAM_CAPTURE_STATUS_ACTIVE)
         return DLSYNC__GENERAL;
-      next = pre != NULL ? dlsync__fast_then_queries(t, ctx, pre, &st) : FAST_GENERAL;
+      next = pre != NULL ? dlsync__fast_then_queries(t, ctx, pre, &qst) : FAST_GENERAL;
     }
   } else if (query == FAST_QUERY_THEN_FULL) {
-    next = pre != NULL ? dlsync__fast_then_queries(t, ctx, pre, &st) : FAST_GENERAL;
+    next = pre != NULL ? dlsync__fast_then_queries(t, ctx, pre, &qst) : FAST_GENERAL;
   } else if (query != FAST_QUERY_NONE) {
-    next = query == FAST_QUERY_FIRST_IN ? dlsync__fast_first_in_queries(t, d, first, then, &st)
-                                        : dlsync__fast_both_queries(t, d, first, then, &st);
+    next = query == FAST_QUERY_FIRST_IN ? dlsync__fast_first_in_queries(t, d, first, then, &qst)
+                                        : dlsync__fast_both_queries(t, d, first, then, &qst);
   }
   if (DLSYNC__UNLIKELY(next != FAST_GO))
-    return next == FAST_DONE ? st : DLSYNC__GENERAL;
+    return next == FAST_DONE ? qst : DLSYNC__GENERAL;
   if (DLSYNC__UNLIKELY(ev == NULL))
     return DLSYNC__GENERAL; /* pre->have: both lanes read */
   /* EAGER_EAGER or JOIN: the row's two calls with the thread's scratch event. */
   r = row_plain_calls(ctx, ev, pair, roles, &st);
-  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) &&
-      !dlsync__fast_record_failed(ctx, r, first, roles->first, &st))
-    return DLSYNC__GENERAL;
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS))
+    return dlsync__fast_record_failed(ctx, r, first, roles->first, &qst) ? qst : DLSYNC__GENERAL;
   return st;
 }
 

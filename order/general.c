@@ -8,7 +8,7 @@
 
 dlsync_status dlsync__order_row(dlsync_context *ctx, dlsync__order_step *step, pool_pick *pk,
                                 dlsync__lane_now *first, dlsync__lane_now *then) {
-  return order_row_inline(ctx, step, pk, first, then);
+  return order_row_inline(ctx, step, pk, first, then, true);
 }
 
 dlsync_status dlsync__order_lanes(dlsync_context *ctx, dlsync__op op, dlsync_lane *first,
@@ -49,12 +49,13 @@ cleanup:
  * what it does for every kind of lane (the lanes are checked, the stream
  * asked about once in full, the built lanes read), then the row classified
  * and carried out by its function, as on the general path. The memo's pool
- * is checked as the row functions check it. False, nothing done: the
- * general path must (two stream lanes, a special stream handle, a stream
+ * is checked as the row functions check it. DLSYNC__GENERAL, nothing done:
+ * the general path must (two stream lanes, a special stream handle, a stream
  * the memo does not know, the decision log at TRACE, which names each row). */
-bool dlsync__order_graph_fast(dlsync_context *ctx, dlsync__thread *t, dlsync_lane *first,
-                              dlsync_lane *then, dlsync_status *st) {
+dlsync_status dlsync__order_graph_fast(dlsync_context *ctx, dlsync__thread *t, dlsync_lane *first,
+                                       dlsync_lane *then) {
   const dlsync__driver *d = ctx->drv;
+  dlsync_status st;
   dlsync__lane_now a, b;
   dlsync_lane *stream_lane = NULL;
   dlsync__lane_now *stream_now = NULL;
@@ -62,7 +63,7 @@ bool dlsync__order_graph_fast(dlsync_context *ctx, dlsync__thread *t, dlsync_lan
   pool_pick pk;
   dlsync__order_step step;
   if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)) || first == NULL || then == NULL)
-    return false;
+    return DLSYNC__GENERAL;
   if (first->kind == DLSYNC_LANE_GRAPH && then->kind == DLSYNC_LANE_STREAM) {
     stream_lane = then;
     stream_now = &b;
@@ -72,7 +73,7 @@ bool dlsync__order_graph_fast(dlsync_context *ctx, dlsync__thread *t, dlsync_lan
     stream_now = &a;
     stream_role = "first";
   } else if (first->kind != DLSYNC_LANE_GRAPH || then->kind != DLSYNC_LANE_GRAPH) {
-    return false;
+    return DLSYNC__GENERAL;
   }
   pk.pool = NULL;
   pk.from_memo = false;
@@ -81,33 +82,33 @@ bool dlsync__order_graph_fast(dlsync_context *ctx, dlsync__thread *t, dlsync_lan
   pk.t = t;
   if (stream_lane != NULL) {
     if (stream_lane->graph != NULL || dlsync__is_special_stream(stream_lane->stream))
-      return false; /* the general path names what is wrong, or reads it its way */
+      return DLSYNC__GENERAL; /* the general path names what is wrong, or reads it its way */
     (void)dlsync__thread_scratch(t, &ctx->pools, stream_lane->stream, &pk.pool);
     if (pk.pool == NULL)
-      return false;
+      return DLSYNC__GENERAL;
     pk.from_memo = true;
     pk.stream = stream_lane->stream;
     pk.role = stream_role;
   }
-  *st = first->kind == DLSYNC_LANE_GRAPH ? dlsync__lane_check_graph(first, "first")
-                                         : dlsync__lane_check(first, "first");
-  if (*st == DLSYNC_SUCCESS)
-    *st = then->kind == DLSYNC_LANE_GRAPH ? dlsync__lane_check_graph(then, "then")
-                                          : dlsync__lane_check(then, "then");
-  if (*st != DLSYNC_SUCCESS)
-    return true;
+  st = first->kind == DLSYNC_LANE_GRAPH ? dlsync__lane_check_graph(first, "first")
+                                        : dlsync__lane_check(first, "first");
+  if (st == DLSYNC_SUCCESS)
+    st = then->kind == DLSYNC_LANE_GRAPH ? dlsync__lane_check_graph(then, "then")
+                                         : dlsync__lane_check(then, "then");
+  if (st != DLSYNC_SUCCESS)
+    return st;
   if (stream_lane != NULL) {
     dlsync__capture_info ci;
     dlsync__lane_query(&ci, d, stream_lane->stream);
-    *st = dlsync__lane_take(stream_now, d, stream_lane, stream_role, &ci);
-    if (*st != DLSYNC_SUCCESS)
-      return true;
+    st = dlsync__lane_take(stream_now, d, stream_lane, stream_role, &ci);
+    if (st != DLSYNC_SUCCESS)
+      return st;
     if (stream_lane == then) /* the hint for the fast path's queries */
       t->then_capture = b.kind != DLSYNC_LANE_EAGER;
   } else {
-    *st = dlsync__pool_for_current(&pk.pool, &ctx->pools, "both lanes are graph lanes");
-    if (*st != DLSYNC_SUCCESS)
-      return true;
+    st = dlsync__pool_for_current(&pk.pool, &ctx->pools, "both lanes are graph lanes");
+    if (st != DLSYNC_SUCCESS)
+      return st;
   }
   if (first->kind == DLSYNC_LANE_GRAPH)
     dlsync__lane_read_built(&a, first, "first");
@@ -116,6 +117,5 @@ bool dlsync__order_graph_fast(dlsync_context *ctx, dlsync__thread *t, dlsync_lan
   /* The table's row and its function, as on the general path. */
   step.op = DLSYNC__OP_ORDER;
   step.first_pending = false;
-  *st = order_row_inline(ctx, &step, &pk, &a, &b);
-  return true;
+  return order_row_inline(ctx, &step, &pk, &a, &b, false); /* TRACE: not here (above) */
 }

@@ -107,34 +107,6 @@ dlsync_status dlsync__repick_pool(dlsync_context *ctx, pool_pick *pk) {
   return dlsync__pool_for_stream(&pk->pool, NULL, &ctx->pools, pk->stream, pk->role);
 }
 
-/* Before an event goes into a graph node, make sure the pool is the one of the
- * stream's context: a memo answer is checked with cuStreamGetCtx (the driver
- * does not check an event node's context, nor an external record's). */
-dlsync_status dlsync__check_memo_pool(dlsync_context *ctx, pool_pick *pk) {
-  dlsync_status st = DLSYNC_SUCCESS;
-  if (!pk->from_memo)
-    return DLSYNC_SUCCESS;
-  DLSYNC_TRY(dlsync__pool_check(&pk->pool, &ctx->pools, pk->stream, pk->role));
-  pk->from_memo = false;
-cleanup:
-  return st;
-}
-
-/* check_memo_pool, then, since its call was on a stream, a capturing lane
- * whose dependencies were too many to copy is read again (the driver's array
- * is only valid until the next call on its stream). */
-dlsync_status dlsync__verify_pool(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
-                                  dlsync__lane_now *then) {
-  dlsync_status st = DLSYNC_SUCCESS;
-  if (!pk->from_memo)
-    return DLSYNC_SUCCESS;
-  DLSYNC_TRY(dlsync__check_memo_pool(ctx, pk));
-  DLSYNC_TRY(dlsync__lane_refresh(first, ctx->drv));
-  DLSYNC_TRY(dlsync__lane_refresh(then, ctx->drv));
-cleanup:
-  return st;
-}
-
 /* A plain record and wait leave the event free at once, so the pool's
  * event is given back at once. When the pool came from the per-thread memo
  * and the driver says the event is not of the stream's context (a stream

@@ -42,13 +42,6 @@ DLSYNC__COLD dlsync_status dlsync__fail_external_record_for_graph(const dlsync__
                                                                   const dlsync__lane_now *then);
 /* The memo's pool is not the stream's: forget the memo, look the pool up. */
 DLSYNC__COLD dlsync_status dlsync__repick_pool(dlsync_context *ctx, pool_pick *pk);
-/* A pool from the memo checked against the driver before its event goes
- * into a graph node (check_memo_pool), and, for rows that hand the lanes'
- * dependencies to a node, capturing lanes with too many to copy read again
- * (verify_pool). */
-dlsync_status dlsync__check_memo_pool(dlsync_context *ctx, pool_pick *pk);
-dlsync_status dlsync__verify_pool(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
-                                  dlsync__lane_now *then);
 
 /* EAGER_EAGER, JOIN (the general path's way: a pooled event). */
 dlsync_status dlsync__row_record_wait(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
@@ -87,6 +80,36 @@ static DLSYNC__INLINE dlsync_status body_guard(dlsync_context *ctx, const dlsync
  * in another context, found through the memo). */
 static inline bool context_mismatch(CUresult r) {
   return r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_INVALID_CONTEXT;
+}
+
+/* Before an event goes into a graph node, make sure the pool is the one of the
+ * stream's context: a memo answer is checked with cuStreamGetCtx (the driver
+ * does not check an event node's context, nor an external record's). Inline
+ * (as verify_pool) into the rows that add nodes: a call of its own costs more
+ * than the check, which is one test when the pool is not from the memo. */
+static DLSYNC__INLINE dlsync_status check_memo_pool(dlsync_context *ctx, pool_pick *pk) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  if (!pk->from_memo)
+    return DLSYNC_SUCCESS;
+  DLSYNC_TRY(dlsync__pool_check(&pk->pool, &ctx->pools, pk->stream, pk->role));
+  pk->from_memo = false;
+cleanup:
+  return st;
+}
+
+/* check_memo_pool, then, since its call was on a stream, a capturing lane
+ * whose dependencies were too many to copy is read again (the driver's array
+ * is only valid until the next call on its stream). */
+static DLSYNC__INLINE dlsync_status verify_pool(dlsync_context *ctx, pool_pick *pk,
+                                                dlsync__lane_now *first, dlsync__lane_now *then) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  if (!pk->from_memo)
+    return DLSYNC_SUCCESS;
+  DLSYNC_TRY(check_memo_pool(ctx, pk));
+  DLSYNC_TRY(dlsync__lane_refresh(first, ctx->drv));
+  DLSYNC_TRY(dlsync__lane_refresh(then, ctx->drv));
+cleanup:
+  return st;
 }
 
 /* ---- the rows ---- */
@@ -228,7 +251,7 @@ static DLSYNC__INLINE dlsync_status row_two_captures(dlsync_context *ctx, pool_p
   const dlsync__driver *d = ctx->drv;
   CUevent ev = NULL;
   DLSYNC_TRY(body_guard(ctx, first, then));
-  DLSYNC_TRY(dlsync__check_memo_pool(ctx, pk)); /* no dependencies handed over: none read again */
+  DLSYNC_TRY(check_memo_pool(ctx, pk)); /* no dependencies handed over: none read again */
   DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, first, then));
   DLSYNC_CU(d, EventRecordWithFlags, (ev, first->stream, CU_EVENT_RECORD_EXTERNAL),
             "%s stream %p is capturing (capture %llu); adding an event-record node for %s "
@@ -258,7 +281,7 @@ static DLSYNC__INLINE dlsync_status row_two_graphs(dlsync_context *ctx, pool_pic
   CUevent ev = NULL;
   dlsync__lane_now *lanes[2];
   DLSYNC_TRY(body_guard(ctx, first, then));
-  DLSYNC_TRY(dlsync__verify_pool(ctx, pk, first, then));
+  DLSYNC_TRY(verify_pool(ctx, pk, first, then));
   lanes[0] = first;
   lanes[1] = then;
   DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, lanes, 2));
@@ -281,7 +304,7 @@ static DLSYNC__INLINE dlsync_status row_capture_to_built(dlsync_context *ctx, po
   dlsync__lane_now *lanes[2];
   CUresult r;
   DLSYNC_TRY(body_guard(ctx, first, then));
-  DLSYNC_TRY(dlsync__check_memo_pool(ctx, pk)); /* then is built: no dependencies read again */
+  DLSYNC_TRY(check_memo_pool(ctx, pk)); /* then is built: no dependencies read again */
   lanes[0] = first;
   lanes[1] = then;
   DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, lanes, 2));
@@ -315,10 +338,12 @@ static DLSYNC__INLINE dlsync__row classify_now(dlsync__op op, const dlsync__lane
 
 /* Classify, then carry out the row by its function. Inline into the graph
  * lanes' path (dlsync__order_graph_fast), where the op is known, and into
- * dlsync__order_row for the general path. */
+ * dlsync__order_row for the general path. may_trace: false where the caller
+ * found the decision log below TRACE already (its level is set once,
+ * base/log.c), which spares a second look. */
 static DLSYNC__INLINE dlsync_status order_row_inline(dlsync_context *ctx, dlsync__order_step *step,
                                                      pool_pick *pk, dlsync__lane_now *first,
-                                                     dlsync__lane_now *then) {
+                                                     dlsync__lane_now *then, bool may_trace) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__row row = classify_now(step->op, first, then, step->first_pending);
   step->row = row;
@@ -372,7 +397,7 @@ static DLSYNC__INLINE dlsync_status order_row_inline(dlsync_context *ctx, dlsync
     break;
   }
 cleanup:
-  if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
+  if (may_trace && DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
     dlsync__trace_row(step->op, row, first, then, st);
   return st;
 }

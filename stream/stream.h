@@ -109,14 +109,14 @@ typedef struct dlsync__capture_info {
   size_t n;
 } dlsync__capture_info;
 
+/* Nothing is stored in ci before the call: the driver writes the status
+ * when it succeeds, and the id, graph and dependencies when the stream
+ * captures, and every reader looks at r and the status first
+ * (dlsync__capture_info_active, _eager, dlsync__lane_take), so no field is
+ * read that the call did not write (stores the fast paths would pay for). */
 static inline void dlsync__lane_query(dlsync__capture_info *ci, const dlsync__driver *d,
                                       CUstream s) {
   const CUgraphEdgeData *edges = NULL;
-  ci->status = CU_STREAM_CAPTURE_STATUS_NONE;
-  ci->id = 0;
-  ci->graph = NULL;
-  ci->deps = NULL;
-  ci->n = 0;
   ci->r =
       DLSYNC__UNLIKELY(d->StreamGetCaptureInfo == NULL)
           ? CUDA_ERROR_NOT_SUPPORTED
@@ -256,7 +256,10 @@ static inline bool dlsync__is_legacy_stream(CUstream s) {
 /* The handles that follow the calling thread (legacy, per-thread default):
  * never memoised, never on the fast path. */
 static inline bool dlsync__is_special_stream(CUstream s) {
-  return dlsync__is_legacy_stream(s) || s == CU_STREAM_PER_THREAD;
+  /* NULL, CU_STREAM_LEGACY and CU_STREAM_PER_THREAD are the handles 0, 1
+   * and 2 (cuda.h's ABI: ((CUstream)0x1), ((CUstream)0x2)): one compare,
+   * where gcc makes two or three of the three tests on the fast paths. */
+  return (uintptr_t)s <= (uintptr_t)CU_STREAM_PER_THREAD;
 }
 static inline bool dlsync__same_stream(CUstream a, CUstream b) {
   return a == b || (dlsync__is_legacy_stream(a) && dlsync__is_legacy_stream(b));
