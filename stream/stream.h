@@ -109,14 +109,14 @@ typedef struct dlsync__capture_info {
   size_t n;
 } dlsync__capture_info;
 
+/* Nothing is stored in ci before the call: the driver writes the status
+ * when it succeeds, and the id, graph and dependencies when the stream
+ * captures, and every reader looks at r and the status first
+ * (dlsync__capture_info_active, _eager, dlsync__lane_take), so no field is
+ * read that the call did not write (stores the fast paths would pay for). */
 static inline void dlsync__lane_query(dlsync__capture_info *ci, const dlsync__driver *d,
                                       CUstream s) {
   const CUgraphEdgeData *edges = NULL;
-  ci->status = CU_STREAM_CAPTURE_STATUS_NONE;
-  ci->id = 0;
-  ci->graph = NULL;
-  ci->deps = NULL;
-  ci->n = 0;
   ci->r =
       DLSYNC__UNLIKELY(d->StreamGetCaptureInfo == NULL)
           ? CUDA_ERROR_NOT_SUPPORTED
