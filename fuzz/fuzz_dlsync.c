@@ -383,6 +383,7 @@ static void step(world *w, input *in) {
       (void)d->StreamEndCapture(w->streams[k], &g);
       w->capturing[k] = fake_capture_id(w->streams[k]) != 0; /* a fault leaves it going */
       if (w->body_cap[k] != 0) {                             /* the body stays its parent's */
+        (void)take(in); /* the launch byte, read as for any capture */
         if (!w->capturing[k])
           w->body_cap[k] = 0;
         break;
