@@ -1,15 +1,16 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* libFuzzer harness over the fake driver (issue 13).
+/* libFuzzer harness over the fake driver.
  *
  * Each input is a little program: bytes pick operations (dlsync_order,
  * exchange begin (one producer or many)/end, fence signal/wait/release, dlsync_release, flush),
  * their lanes (streams of both kinds, the special handles, captures begun and
  * ended, graphs built by hand with fuzzed deps and capacity, bad lanes) and
- * their flags, plus one fault: a driver call of the fake failing (op 0), or
- * one of dlsync's allocations (op 16), counted from there on.
- * A program with a fault op runs twice: once with the op ignored (the
- * baseline: each operation's status), then with the fault. After each run
- * everything is ended and released, and the invariants are checked; a
+ * their flags, conditional nodes' bodies (made in those graphs, declared
+ * by the context or by a second one, captured into, graph lanes on them),
+ * dlsync_graph_launch of library graphs and bad handles, plus one fault: a driver call of the fake
+ * failing (op 0), or one of dlsync's allocations (op 16), counted from there on. A program with a
+ * fault op runs twice: once with the op ignored (the baseline: each operation's status), then with
+ * the fault. After each run everything is ended and released, and the invariants are checked; a
  * broken one aborts (a crash for libFuzzer):
  *  - an allocation that failed during an operation was done without (the
  *    operation's status is the baseline's) or reported (OUT_OF_MEMORY, "out
@@ -18,6 +19,10 @@
  *  - the pool is intact: no event still held by a graph or fence, what the
  *    pools count as alive is what the fake has, and every event is back in
  *    its pool;
+ *  - each call to the conditional-body and graph-launch entry points returns
+ *    a status its header documents; is_declared agrees with what each
+ *    context declared and removed; a parent graph whose bodies were declared
+ *    (by either context) at every dlsync call instantiates;
  *  - every deleter of a successful release ran exactly once, none of a failed
  *    one;
  *  - the context is destroyed cleanly and nothing leaked (the fake's leak
@@ -82,18 +87,20 @@ static const CUresult faults[] = {
 typedef struct world {
   const dlsync__driver *d;
   dlsync_context *ctx;
-  CUstream streams[3]; /* non-blocking, non-blocking, blocking */
+  dlsync_context *ctx2; /* another context: it only declares bodies (ctx's rows refuse them) */
+  CUstream streams[3];  /* non-blocking, non-blocking, blocking */
   bool capturing[3];
   CUgraph graphs[NGRAPHS];
   /* Conditional nodes' bodies made in graphs (op 17): the handle, its
-   * parent's slot, whether it is declared now (the harness's model of
-   * dlsync_conditional_body_is_declared), whether a dlsync call may have
-   * put a node in it while it was not declared (then its parent need not
-   * instantiate). */
+   * parent's slot, whether it is declared now by ctx and by ctx2 (the
+   * harness's model of dlsync_conditional_body_is_declared), whether a
+   * dlsync call may have put a node in it while neither had declared it
+   * (then its parent need not instantiate). */
   struct {
     CUgraph h;
     unsigned parent;
-    bool alive, declared, tainted;
+    bool alive, tainted;
+    bool declared[2]; /* by ctx, by ctx2 */
   } bodies[NBODIES];
   int body_cap[3]; /* 1 + the body stream k captures into; 0: not a body */
   /* The library's graphs: kernels, one with an event-wait node, one with a
@@ -207,9 +214,11 @@ static void body_parent_gone(world *w, unsigned g) {
   for (unsigned b = 0; b < NBODIES; b++) {
     if (!w->bodies[b].alive || w->bodies[b].parent != g)
       continue;
-    if (w->bodies[b].declared)
-      check(dlsync_conditional_body_remove(w->ctx, w->bodies[b].h) == DLSYNC_SUCCESS,
-            "a declared body is removed");
+    for (unsigned c = 0; c < 2; c++)
+      if (w->bodies[b].declared[c])
+        check(dlsync_conditional_body_remove(c ? w->ctx2 : w->ctx, w->bodies[b].h) ==
+                  DLSYNC_SUCCESS,
+              "a declared body is removed");
     for (unsigned k = 0; k < 3; k++)
       if (w->body_cap[k] == 1 + (int)b) {
         CUgraph ended = NULL;
@@ -254,14 +263,15 @@ static void conditional_node(world *w, input *in) {
 static void body_declare(world *w, input *in, bool add) {
   static const dlsync_status ok[] = {DLSYNC_SUCCESS, DLSYNC_ERROR_INVALID_ARGUMENT};
   unsigned which = take(in);
-  unsigned b = which % NBODIES;
+  unsigned b = which % NBODIES, c = (which >> 6) & 1; /* c: ctx2 declares */
+  dlsync_context *ctx = c ? w->ctx2 : w->ctx;
   CUgraph g = (which & 16) ? NULL : (which & 32) ? (CUgraph)w->streams[0] : w->bodies[b].h;
   bool modelled = !(which & 48) && w->bodies[b].alive;
   dlsync_status st;
   w->declaring = true;
   if (!(which & 48) && !w->bodies[b].alive)
     return;
-  st = add ? dlsync_conditional_body_add(w->ctx, g) : dlsync_conditional_body_remove(w->ctx, g);
+  st = add ? dlsync_conditional_body_add(ctx, g) : dlsync_conditional_body_remove(ctx, g);
   note(w, st);
   check_documented(w, st, ok, 2,
                    add ? "dlsync_conditional_body_add" : "dlsync_conditional_body_remove");
@@ -273,8 +283,8 @@ static void body_declare(world *w, input *in, bool add) {
     if (add)
       check(st == DLSYNC_SUCCESS, "a body is declared");
     else
-      check((st == DLSYNC_SUCCESS) == w->bodies[b].declared, "remove succeeds iff declared");
-    w->bodies[b].declared = add;
+      check((st == DLSYNC_SUCCESS) == w->bodies[b].declared[c], "remove succeeds iff declared");
+    w->bodies[b].declared[c] = add;
   }
 }
 
@@ -497,8 +507,11 @@ static void step(world *w, input *in) {
   case 20:
     for (unsigned b = 0; b < NBODIES; b++)
       if (w->bodies[b].alive)
-        check(dlsync_conditional_body_is_declared(w->ctx, w->bodies[b].h) == w->bodies[b].declared,
-              "is_declared says what was declared");
+        check(dlsync_conditional_body_is_declared(w->ctx, w->bodies[b].h) ==
+                      w->bodies[b].declared[0] &&
+                  dlsync_conditional_body_is_declared(w->ctx2, w->bodies[b].h) ==
+                      w->bodies[b].declared[1],
+              "is_declared says what each context declared");
     check(!dlsync_conditional_body_is_declared(w->ctx, NULL) &&
               !dlsync_conditional_body_is_declared(NULL, w->bodies[s].h),
           "is_declared: false for NULL");
@@ -543,7 +556,7 @@ static void run_step(world *w, input *in, size_t k) {
    * event node in it: its parent need not instantiate (finish). */
   if (w->st != NO_STATUS && !w->declaring)
     for (unsigned b = 0; b < NBODIES; b++)
-      if (w->bodies[b].alive && !w->bodies[b].declared)
+      if (w->bodies[b].alive && !w->bodies[b].declared[0] && !w->bodies[b].declared[1])
         w->bodies[b].tainted = true;
   if (!w->faulty) {
     w->baseline[k] = w->st;
@@ -603,7 +616,7 @@ static void finish(world *w) {
   for (unsigned s = 0; s < NSLOTS; s++) {
     /* An end is a dlsync call too (into a body's capture, say). */
     for (unsigned b = 0; b < NBODIES && w->ex[s] != NULL; b++)
-      if (w->bodies[b].alive && !w->bodies[b].declared)
+      if (w->bodies[b].alive && !w->bodies[b].declared[0] && !w->bodies[b].declared[1])
         w->bodies[b].tainted = true;
     if (w->ex[s] != NULL)
       (void)dlsync_exchange_end(w->ex[s]);
@@ -708,6 +721,7 @@ static void finish(world *w) {
   if (!kept_event)
     check(ps.free_events + batch == fake_live_events(),
           "every event is back in its pool (or in the thread's open batch)");
+  check(dlsync_context_destroy(w->ctx2) == DLSYNC_SUCCESS, "the other context destroyed");
   check(dlsync_context_destroy(w->ctx) == DLSYNC_SUCCESS || kept_event,
         "context destroy after everything ended");
   for (unsigned k = 0; k < 3; k++)
@@ -775,6 +789,7 @@ static bool run_program(const uint8_t *data, size_t size, bool faulty, int *base
   fake_reset(2);
   w.d = fake_driver();
   check(dlsync__context_create_with_driver(&w.ctx, NULL, w.d) == DLSYNC_SUCCESS, "context");
+  check(dlsync__context_create_with_driver(&w.ctx2, NULL, w.d) == DLSYNC_SUCCESS, "context 2");
   w.streams[0] = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
   w.streams[1] = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
   w.streams[2] = fake_stream_create(0, 0);

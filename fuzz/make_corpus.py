@@ -32,7 +32,7 @@ def flush(): return (15, 0)
 
 # conditional bodies and a library's graph (ops 17..22)
 def cond_node(g, b, kind=0): return (17, 0, g, b, kind)  # kind 0 IF, 1 WHILE, 2 IF with two bodies
-def body_add(b): return (18, 0, b)  # b | 16: NULL, b | 32: a handle that is no graph
+def body_add(b): return (18, 0, b)  # b | 16: NULL, b | 32: a handle that is no graph, b | 64: by ctx2
 def body_remove(b): return (19, 0, b)
 def body_check(): return (20, 0)  # is_declared against the harness's model
 def body_capture(k, b): return (21, 0, k, b)  # stream k captures into body b
@@ -114,6 +114,10 @@ seeds = {
     # undeclared: the rows add event nodes (the parent need not instantiate)
     "body_undeclared": graph(0) + cond_node(0, 3, 2) + body_capture(2, 3) + order(S0, SB)
     + end_capture(2) + body_add(3) + body_check(),
+    # declared by the other context: this one's rows and launches refuse the body all the same
+    "body_other_context": graph(0) + cond_node(0, 1) + body_add(1 | 64) + body_check()
+    + body_capture(0, 1) + order(S1, S0) + launch(S0, 1) + launch(S0, 0) + end_capture(0)
+    + body_remove(1) + body_remove(1 | 64) + body_add(1) + body_add(1 | 64) + body_check(),
     # the parent destroyed: its bodies' declarations removed first, the capture ended
     "body_parent_destroyed": graph(2) + cond_node(2, 2) + body_add(2) + body_capture(1, 2)
     + graph(2) + body_check() + graph(2) + cond_node(2, 2) + body_check(),
