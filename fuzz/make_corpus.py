@@ -133,6 +133,11 @@ seeds = {
     "launch_into_itself": graph(0) + push() + launch(graph_lane(1, 0, 1, 2), 4) + launch(S0, 1, 1),
     "launch_in_body": graph(0) + cond_node(0, 0) + body_add(0) + body_capture(0, 0) + launch(S0, 0)
     + launch(S0, 1) + launch(S0, 5) + launch(body_lane(1, 0), 0) + end_capture(0),
+    # a child graph holding an event node (lib graph 1 launched onto graph 0), then graph 0
+    # launched into a declared body's capture: refused (the nodes are read at any depth), the
+    # parent (graph 1) instantiates
+    "launch_nested_events_in_body": graph(0) + graph(1) + push() + launch(graph_lane(1, 0, 1, 2), 1)
+    + cond_node(1, 2) + body_add(2) + body_capture(0, 2) + launch(S0, 4) + end_capture(0),
     "launch_faults": begin_capture(0) + fault(3) + launch(S0, 0) + end_capture(0),
     "launch_fault_lane": graph(0) + fault(1, 1) + launch(graph_lane(1, 0, 1, 2)),
     "alloc_fault_body": graph(0) + cond_node(0, 0) + alloc_fault(1) + body_add(0) + body_capture(0, 0)

@@ -619,32 +619,75 @@ static DLSYNC__COLD dlsync_status child_refused(const dlsync__driver *d, CUresul
                              (void *)child, role, (void *)into);
 }
 
-/* Event-record and event-wait nodes directly in g, into *events; the
- * driver's refusal (a destroyed or not-a-graph handle, say) reported, the
- * call named. */
+/* Event-record and event-wait nodes in g and, at any depth, in the graphs
+ * of its child-graph nodes, added to *events (a body admits none of them,
+ * nested or not: rule R28 of the fake); the driver's refusal (a destroyed or
+ * not-a-graph handle, say) reported, the call named. */
+#define EVENT_SCAN_DEPTH 32
 static DLSYNC__COLD dlsync_status event_nodes_in(const dlsync__driver *d, CUgraph g, CUgraph into,
-                                                 int *events) {
-  CUgraphNode nodes[256];
-  size_t n = 256;
-  CUresult r = d->GraphGetNodes(g, nodes, &n);
-  *events = 0;
-  if (r != CUDA_SUCCESS)
-    return dlsync__fail_driver(d, r, "cuGraphGetNodes",
-                               "reading graph %p's nodes before launching it into the conditional "
-                               "node's body %p (a destroyed or not-a-graph handle?); nothing was "
-                               "added",
-                               (void *)g, (void *)into);
-  for (size_t i = 0; i < n && i < 256; i++) {
-    CUgraphNodeType t;
-    r = d->GraphNodeGetType(nodes[i], &t);
-    if (r != CUDA_SUCCESS)
-      return dlsync__fail_driver(d, r, "cuGraphNodeGetType",
-                                 "reading graph %p's node %p before launching it into the "
-                                 "conditional node's body %p; nothing was added",
-                                 (void *)g, (void *)nodes[i], (void *)into);
-    *events += t == CU_GRAPH_NODE_TYPE_EVENT_RECORD || t == CU_GRAPH_NODE_TYPE_WAIT_EVENT;
+                                                 int depth, int *events) {
+  CUgraphNode inline_nodes[64], *nodes = inline_nodes;
+  size_t n = 0;
+  dlsync_status st = DLSYNC_SUCCESS;
+  CUresult r;
+  if (depth > EVENT_SCAN_DEPTH)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_graph_launch: graph %p nests child graphs deeper than %d; dlsync "
+                        "reads no deeper for event nodes before launching into the conditional "
+                        "node's body %p; nothing was added",
+                        (void *)g, EVENT_SCAN_DEPTH, (void *)into);
+  r = d->GraphGetNodes(g, NULL, &n);
+  if (r == CUDA_SUCCESS && n > 64) {
+    nodes = dlsync__malloc(n * sizeof *nodes);
+    if (nodes == NULL)
+      return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
+                          "dlsync_graph_launch: reading the %zu nodes of graph %p before "
+                          "launching it into the conditional node's body %p: out of memory; "
+                          "nothing was added",
+                          n, (void *)g, (void *)into);
   }
-  return DLSYNC_SUCCESS;
+  if (r == CUDA_SUCCESS && n > 0)
+    r = d->GraphGetNodes(g, nodes, &n);
+  if (r != CUDA_SUCCESS) {
+    st = dlsync__fail_driver(d, r, "cuGraphGetNodes",
+                             "reading graph %p's nodes before launching it into the conditional "
+                             "node's body %p (a destroyed or not-a-graph handle?); nothing was "
+                             "added",
+                             (void *)g, (void *)into);
+    goto done;
+  }
+  for (size_t i = 0; i < n && st == DLSYNC_SUCCESS; i++) {
+    CUgraphNodeType t;
+    CUgraph child = NULL;
+    r = d->GraphNodeGetType(nodes[i], &t);
+    if (r != CUDA_SUCCESS) {
+      st = dlsync__fail_driver(d, r, "cuGraphNodeGetType",
+                               "reading graph %p's node %p before launching it into the "
+                               "conditional node's body %p; nothing was added",
+                               (void *)g, (void *)nodes[i], (void *)into);
+      break;
+    }
+    *events += t == CU_GRAPH_NODE_TYPE_EVENT_RECORD || t == CU_GRAPH_NODE_TYPE_WAIT_EVENT;
+    if (t != CU_GRAPH_NODE_TYPE_GRAPH)
+      continue;
+    if (d->GraphChildGraphNodeGetGraph == NULL) {
+      st = dlsync__driver_require(d, DLSYNC__NEED_OPTIONAL, "dlsync_graph_launch");
+      break;
+    }
+    r = d->GraphChildGraphNodeGetGraph(nodes[i], &child);
+    if (r != CUDA_SUCCESS) {
+      st = dlsync__fail_driver(d, r, "cuGraphChildGraphNodeGetGraph",
+                               "reading graph %p's child-graph node %p before launching it into "
+                               "the conditional node's body %p; nothing was added",
+                               (void *)g, (void *)nodes[i], (void *)into);
+      break;
+    }
+    st = event_nodes_in(d, child, into, depth + 1, events);
+  }
+done:
+  if (nodes != inline_nodes)
+    dlsync__free(nodes);
+  return st;
 }
 
 dlsync_status dlsync__graph_launch_at(const dlsync__driver *d, const dlsync__bodies *bodies,
@@ -688,7 +731,7 @@ dlsync_status dlsync__graph_launch_at(const dlsync__driver *d, const dlsync__bod
     int events = 0;
     /* A child's nodes must be admitted in a body too. */
     if (where != DLSYNC__BODY_NOT)
-      DLSYNC_TRY(event_nodes_in(d, graph, l.graph, &events));
+      DLSYNC_TRY(event_nodes_in(d, graph, l.graph, 0, &events));
     if (events != 0)
       return dlsync__fail(DLSYNC_ERROR_CONDITIONAL_BODY,
                           "dlsync_graph_launch: the launching lane's graph %p is a conditional "

@@ -526,6 +526,70 @@ static void graph_launch_bad_input(void **state) {
   destroy_graph(parent);
 }
 
+/* A graph whose event node sits in a child graph (at depth 2), or past
+ * its first 256 nodes, is refused in a declared body like one that holds it
+ * directly: the parent still instantiates. (The nodes were once read to a
+ * depth of one and up to 256.) */
+static void graph_launch_in_body_nested_events(void **state) {
+  CUgraph parent, body, inner = library_graph(), middle, outer, wide;
+  CUevent ev = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+  CUgraphNode n = NULL, prev = NULL;
+  dlsync_lane lc = dlsync_lane_stream(C);
+  (void)state;
+  assert_int_equal(D->GraphAddEventWaitNode(&n, inner, NULL, 0, ev), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&middle, 0), CUDA_SUCCESS);
+  assert_int_equal(D->GraphAddChildGraphNode(&n, middle, NULL, 0, inner), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&outer, 0), CUDA_SUCCESS);
+  (void)fake_graph_add_work(outer, NULL, 0, "outer work");
+  assert_int_equal(D->GraphAddChildGraphNode(&n, outer, NULL, 0, middle), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&wide, 0), CUDA_SUCCESS);
+  for (int i = 0; i < 300; i++)
+    prev = fake_graph_add_work(wide, prev != NULL ? &prev : NULL, prev != NULL, "wide");
+  assert_int_equal(D->GraphAddEventWaitNode(&n, wide, &prev, 1, ev), CUDA_SUCCESS);
+  if_node_make(&parent, &body);
+  assert_int_equal(dlsync_conditional_body_add(ctx, body), DLSYNC_SUCCESS);
+  body_capture_begin(C, body);
+  assert_int_equal(dlsync_graph_launch(ctx, outer, NULL, &lc), DLSYNC_ERROR_CONDITIONAL_BODY);
+  assert_message_has("holds 1 event-record or event-wait node");
+  assert_int_equal(dlsync_graph_launch(ctx, wide, NULL, &lc), DLSYNC_ERROR_CONDITIONAL_BODY);
+  assert_int_equal(dlsync_graph_launch(ctx, middle, NULL, &lc), DLSYNC_ERROR_CONDITIONAL_BODY);
+  /* Each driver call of the nested read failing, then each allocation of
+   * the wide one's: the fault reported, nothing added. */
+  for (int kind = 0; kind < 2; kind++) {
+    fake_fault f = kind == 0 ? FAKE_FAULT_CALL : FAKE_FAULT_ALLOC;
+    unsigned k;
+    for (k = 1;; k++) {
+      dlsync_status st;
+      fake_fail_fault(f, k);
+      st = dlsync_graph_launch(ctx, kind == 0 ? outer : wide, NULL, &lc);
+      if (fake_fail_pending()) {
+        fake_fail_clear();
+        assert_int_equal(st, DLSYNC_ERROR_CONDITIONAL_BODY);
+        break;
+      }
+      fake_fail_clear();
+      if (!fake_fault_reported(f))
+        fail_msg("%s %u failing: %s", fake_fault_name(f), k, dlsync_last_error());
+      assert_int_equal(fake_graph_count_nodes(body, CU_GRAPH_NODE_TYPE_GRAPH), 0);
+    }
+    /* outer: the two queries, then per graph its count, list and types, and
+     * a child's graph: 2 + (2 + 2 + 1) + (2 + 1 + 1) + (2 + 3); wide: one
+     * allocation (its node list) */
+    assert_int_equal(k, kind == 0 ? 17 : 2);
+  }
+  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  body_capture_end(C, body);
+  assert_int_equal(fake_graph_count_nodes(body, CU_GRAPH_NODE_TYPE_GRAPH), 0);
+  assert_int_equal(instantiate(parent), CUDA_SUCCESS);
+  assert_int_equal(dlsync_conditional_body_remove(ctx, body), DLSYNC_SUCCESS);
+  destroy_graph(parent);
+  destroy_graph(outer);
+  destroy_graph(middle);
+  destroy_graph(inner);
+  destroy_graph(wide);
+  fake_event_destroy(ev);
+}
+
 /* More bad input, each a status and a message with nothing added or
  * queued: a handle that is no graph (the fake tells; the real driver may
  * not) and a destroyed graph on a graph lane, a graph launched into itself
@@ -687,9 +751,9 @@ static void graph_launch_faults_new_calls(void **state) {
     if (strstr(dlsync_last_error(), "cuStreamUpdateCaptureDependencies") == NULL)
       assert_int_equal(fake_graph_count_nodes(body, CU_GRAPH_NODE_TYPE_GRAPH), children);
   }
-  /* the two queries, the node list, each of its two nodes' types, the add,
-   * the dependency update */
-  assert_int_equal(n, 8);
+  /* the two queries, the node count and list, each of its two nodes'
+   * types, the add, the dependency update */
+  assert_int_equal(n, 9);
   body_capture_end(C, body);
   assert_int_equal(instantiate(parent), CUDA_SUCCESS);
   assert_int_equal(dlsync_conditional_body_remove(ctx, body), DLSYNC_SUCCESS);
@@ -820,6 +884,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(graph_launch_on_graph_lane, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(graph_launch_in_body, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(graph_launch_bad_input, fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(graph_launch_in_body_nested_events, fixture_setup,
+                                      fixture_teardown),
       cmocka_unit_test_setup_teardown(graph_launch_bad_handles, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(body_of_another_context, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(graph_launch_faults, fixture_setup, fixture_teardown),
