@@ -29,12 +29,14 @@
  * DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE (the legacy stream while a blocking
  * stream captures, as for dlsync_order); DLSYNC_ERROR_CONDITIONAL_BODY (the
  * lane's graph is a conditional node's body, declared in any context, and
- * graph holds event-record or event-wait nodes, at any depth of its child graphs:
- * include/dlsync/conditional.h); DLSYNC_ERROR_DRIVER_TOO_OLD (a driver without
- * cuGraphAddChildGraphNode or cuGraphLaunch); DLSYNC_ERROR_DRIVER (the driver refused: a destroyed
- * graph or executable, a handle that is no graph, named with the call); DLSYNC_ERROR_OUT_OF_MEMORY
- * (the driver's CUDA_ERROR_OUT_OF_MEMORY). Graph lanes need room for one node in deps (else
- * DLSYNC_ERROR_INVALID_ARGUMENT).
+ * graph holds event-record or event-wait nodes, at any depth of its child
+ * graphs: include/dlsync/conditional.h); DLSYNC_ERROR_DRIVER_TOO_OLD (a
+ * driver without cuGraphAddChildGraphNode, cuGraphChildGraphNodeGetGraph or
+ * cuGraphLaunch); DLSYNC_ERROR_DRIVER (the driver refused: a destroyed graph
+ * or executable, a handle that is no graph, named with the call);
+ * DLSYNC_ERROR_OUT_OF_MEMORY (host memory, or the driver's
+ * CUDA_ERROR_OUT_OF_MEMORY). Graph lanes need room for one node in deps
+ * (else DLSYNC_ERROR_INVALID_ARGUMENT).
  *
  * Not detected: an executable of another graph than `graph` on an eager
  * stream. The driver keeps no link from an executable to its graph that can
