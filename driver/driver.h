@@ -120,6 +120,8 @@ enum {
   X(GraphConditionalHandleCreate, PFN_cuGraphConditionalHandleCreate_v12030, 12030,             \
     DLSYNC__NEED_SUPPORT)                                                                       \
   X(GraphAddChildGraphNode, PFN_cuGraphAddChildGraphNode_v10000, 10000, DLSYNC__NEED_OPTIONAL)  \
+  X(GraphChildGraphNodeGetGraph, PFN_cuGraphChildGraphNodeGetGraph_v10000, 10000,               \
+    DLSYNC__NEED_OPTIONAL)                                                                      \
   X(GraphExecUpdate, PFN_cuGraphExecUpdate_v12000, 12000, DLSYNC__NEED_SUPPORT)
 
 typedef struct dlsync__driver {

@@ -1,15 +1,16 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* libFuzzer harness over the fake driver (issue 13).
+/* libFuzzer harness over the fake driver.
  *
  * Each input is a little program: bytes pick operations (dlsync_order,
  * exchange begin (one producer or many)/end, fence signal/wait/release, dlsync_release, flush),
  * their lanes (streams of both kinds, the special handles, captures begun and
  * ended, graphs built by hand with fuzzed deps and capacity, bad lanes) and
- * their flags, plus one fault: a driver call of the fake failing (op 0), or
- * one of dlsync's allocations (op 16), counted from there on.
- * A program with a fault op runs twice: once with the op ignored (the
- * baseline: each operation's status), then with the fault. After each run
- * everything is ended and released, and the invariants are checked; a
+ * their flags, conditional nodes' bodies (made in those graphs, declared
+ * by the context or by a second one, captured into, graph lanes on them),
+ * dlsync_graph_launch of library graphs and bad handles, plus one fault: a driver call of the fake
+ * failing (op 0), or one of dlsync's allocations (op 16), counted from there on. A program with a
+ * fault op runs twice: once with the op ignored (the baseline: each operation's status), then with
+ * the fault. After each run everything is ended and released, and the invariants are checked; a
  * broken one aborts (a crash for libFuzzer):
  *  - an allocation that failed during an operation was done without (the
  *    operation's status is the baseline's) or reported (OUT_OF_MEMORY, "out
@@ -18,6 +19,10 @@
  *  - the pool is intact: no event still held by a graph or fence, what the
  *    pools count as alive is what the fake has, and every event is back in
  *    its pool;
+ *  - each call to the conditional-body and graph-launch entry points returns
+ *    a status its header documents; is_declared agrees with what each
+ *    context declared and removed; a parent graph whose bodies were declared
+ *    (by either context) at every dlsync call instantiates;
  *  - every deleter of a successful release ran exactly once, none of a failed
  *    one;
  *  - the context is destroyed cleanly and nothing leaked (the fake's leak
@@ -42,6 +47,8 @@ int LLVMFuzzerTestOneInput(const uint8_t *data, size_t size);
 #define NSLOTS 4
 #define NRELEASES 32
 #define NGRAPHS 3
+#define NBODIES 4
+#define NLIBS 3        /* the library graphs dlsync_graph_launch runs (see world) */
 #define NSTEPS 512     /* more than an input of 512 bytes can make (2 bytes at least each) */
 #define NO_STATUS (-1) /* a step that made no dlsync call */
 
@@ -80,9 +87,30 @@ static const CUresult faults[] = {
 typedef struct world {
   const dlsync__driver *d;
   dlsync_context *ctx;
-  CUstream streams[3]; /* non-blocking, non-blocking, blocking */
+  dlsync_context *ctx2; /* another context: it only declares bodies (ctx's rows refuse them) */
+  CUstream streams[3];  /* non-blocking, non-blocking, blocking */
   bool capturing[3];
   CUgraph graphs[NGRAPHS];
+  /* Conditional nodes' bodies made in graphs (op 17): the handle, its
+   * parent's slot, whether it is declared now by ctx and by ctx2 (the
+   * harness's model of dlsync_conditional_body_is_declared), whether a
+   * dlsync call may have put a node in it while neither had declared it
+   * (then its parent need not instantiate). */
+  struct {
+    CUgraph h;
+    unsigned parent;
+    bool alive, tainted;
+    bool declared[2]; /* by ctx, by ctx2 */
+  } bodies[NBODIES];
+  int body_cap[3]; /* 1 + the body stream k captures into; 0: not a body */
+  /* The library's graphs: kernels, one with an event-wait node, one with a
+   * conditional node (no child graph); an executable of the first two; a
+   * destroyed graph and executable. */
+  CUgraph libs[NLIBS];
+  CUgraphExec lib_exec[2];
+  CUgraph gone_graph;
+  CUgraphExec gone_exec;
+  CUevent lib_event;
   CUgraphNode deps[NLANES][4];
   dlsync_lane lanes[NLANES]; /* stable storage: exchanges keep pointers to graph lanes */
   dlsync_exchange *ex[NSLOTS];
@@ -96,6 +124,7 @@ typedef struct world {
   bool fault_alloc;       /* the fault is an allocation's */
   unsigned long fault_at; /* driver calls made when it was armed */
   unsigned fault_n;       /* the nth call (or allocation) from there */
+  bool declaring;         /* this step's call only declares (adds no node) */
   int st;                 /* this step's dlsync status, NO_STATUS when none */
   bool st_reported;       /* fake_fault_reported(FAKE_FAULT_ALLOC) right after that call */
   int *baseline;          /* NSTEPS statuses of the baseline run */
@@ -138,13 +167,18 @@ static dlsync_lane *lane_of(world *w, input *in) {
     unsigned g = take(in) % NGRAPHS;
     unsigned nd = take(in) % 3;
     unsigned cap = take(in) % 5;
-    if (w->graphs[g] == NULL)
+    CUgraph on = w->graphs[g];
+    if (what & 64) { /* a graph lane on a body (declared or not) */
+      unsigned b = (g + (what & 128 ? NGRAPHS : 0)) % NBODIES;
+      on = w->bodies[b].alive ? w->bodies[b].h : NULL;
+    }
+    if (on == NULL)
       break; /* keep the old lane */
     for (unsigned k = 0; k < nd; k++)
-      w->deps[i][k] = fake_graph_add_work(w->graphs[g], NULL, 0, "work");
+      w->deps[i][k] = fake_graph_add_work(on, NULL, 0, "work");
     if (nd == 2 && (what & 16))
       w->deps[i][1] = w->deps[i][0]; /* a duplicate */
-    *l = dlsync_lane_graph(w->graphs[g], (what & 32) ? NULL : w->deps[i], nd, cap);
+    *l = dlsync_lane_graph(on, (what & 32) ? NULL : w->deps[i], nd, cap);
     break;
   }
   case 6:
@@ -160,12 +194,169 @@ static dlsync_lane *lane_of(world *w, input *in) {
   return l;
 }
 
+/* A status among those a call documents (include/dlsync/), or out of
+ * memory said so while an allocation fault is armed. */
+static void check_documented(const world *w, dlsync_status st, const dlsync_status *ok, size_t n,
+                             const char *what) {
+  for (size_t i = 0; i < n; i++)
+    if (st == ok[i])
+      return;
+  if (st == DLSYNC_ERROR_OUT_OF_MEMORY && w->st_reported)
+    return;
+  fprintf(stderr, "%s: %s (%s)\n", what, dlsync_status_name(st), dlsync_last_error());
+  check(false, "each call's status a documented one");
+}
+
+/* The bodies of graph slot g go with it: their declarations removed first
+ * (include/dlsync/conditional.h asks that), else a new graph reusing a
+ * body's handle would be taken for one. */
+static void body_parent_gone(world *w, unsigned g) {
+  for (unsigned b = 0; b < NBODIES; b++) {
+    if (!w->bodies[b].alive || w->bodies[b].parent != g)
+      continue;
+    for (unsigned c = 0; c < 2; c++)
+      if (w->bodies[b].declared[c])
+        check(dlsync_conditional_body_remove(c ? w->ctx2 : w->ctx, w->bodies[b].h) ==
+                  DLSYNC_SUCCESS,
+              "a declared body is removed");
+    for (unsigned k = 0; k < 3; k++)
+      if (w->body_cap[k] == 1 + (int)b) {
+        CUgraph ended = NULL;
+        /* Its capture ends first (the fake keeps the graph while a capture builds it). */
+        (void)w->d->StreamEndCapture(w->streams[k], &ended);
+        if (fake_capture_id(w->streams[k]) != 0)
+          (void)w->d->StreamEndCapture(w->streams[k], &ended);
+        w->capturing[k] = false;
+        w->body_cap[k] = 0;
+      }
+    memset(&w->bodies[b], 0, sizeof w->bodies[b]);
+  }
+}
+
+/* An IF (one or two bodies) or WHILE node in graph slot g; its first body
+ * goes to body slot b (when free). */
+static void conditional_node(world *w, input *in) {
+  unsigned g = take(in) % NGRAPHS, b = take(in) % NBODIES, kind = take(in);
+  CUgraphConditionalHandle h = 0;
+  CUgraphNodeParams p;
+  CUgraphNode node = NULL;
+  if (w->graphs[g] == NULL || w->bodies[b].alive)
+    return;
+  if (w->d->GraphConditionalHandleCreate(&h, w->graphs[g], fake_primary_ctx(0), 1,
+                                         CU_GRAPH_COND_ASSIGN_DEFAULT) != CUDA_SUCCESS)
+    return;
+  memset(&p, 0, sizeof p);
+  p.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+  p.conditional.handle = h;
+  p.conditional.type = (kind & 1) ? CU_GRAPH_COND_TYPE_WHILE : CU_GRAPH_COND_TYPE_IF;
+  p.conditional.size = (kind & 3) == 2 ? 2 : 1;
+  p.conditional.ctx = fake_primary_ctx(0);
+  if (w->d->GraphAddNode(&node, w->graphs[g], NULL, NULL, 0, &p) != CUDA_SUCCESS)
+    return;
+  w->bodies[b].h = p.conditional.phGraph_out[0];
+  w->bodies[b].parent = g;
+  w->bodies[b].alive = true;
+}
+
+/* dlsync_conditional_body_add (add) or _remove of body slot s, NULL or a
+ * handle that is no graph (the caller's word is taken: no driver call). */
+static void body_declare(world *w, input *in, bool add) {
+  static const dlsync_status ok[] = {DLSYNC_SUCCESS, DLSYNC_ERROR_INVALID_ARGUMENT};
+  unsigned which = take(in);
+  unsigned b = which % NBODIES, c = (which >> 6) & 1; /* c: ctx2 declares */
+  dlsync_context *ctx = c ? w->ctx2 : w->ctx;
+  CUgraph g = (which & 16) ? NULL : (which & 32) ? (CUgraph)w->streams[0] : w->bodies[b].h;
+  bool modelled = !(which & 48) && w->bodies[b].alive;
+  dlsync_status st;
+  w->declaring = true;
+  if (!(which & 48) && !w->bodies[b].alive)
+    return;
+  st = add ? dlsync_conditional_body_add(ctx, g) : dlsync_conditional_body_remove(ctx, g);
+  note(w, st);
+  check_documented(w, st, ok, 2,
+                   add ? "dlsync_conditional_body_add" : "dlsync_conditional_body_remove");
+  check(st == DLSYNC_SUCCESS || strstr(dlsync_last_error(), "dlsync_conditional_body") != NULL,
+        "a refused declaration names the call");
+  if (g == NULL)
+    check(st == DLSYNC_ERROR_INVALID_ARGUMENT, "a NULL body refused");
+  if (modelled) {
+    if (add)
+      check(st == DLSYNC_SUCCESS, "a body is declared");
+    else
+      check((st == DLSYNC_SUCCESS) == w->bodies[b].declared[c], "remove succeeds iff declared");
+    w->bodies[b].declared[c] = add;
+  }
+}
+
+/* dlsync_graph_launch: a library graph (kernels, one with an event-wait
+ * node, one with a conditional node), NULL, a graph slot, a body, a handle
+ * that is no graph or a destroyed graph; an executable, NULL, a destroyed
+ * one; at a lane. */
+static void graph_launch(world *w, input *in) {
+  static const dlsync_status ok[] = {DLSYNC_SUCCESS,
+                                     DLSYNC_ERROR_INVALID_ARGUMENT,
+                                     DLSYNC_ERROR_INVALID_LANE,
+                                     DLSYNC_ERROR_DRIVER,
+                                     DLSYNC_ERROR_CAPTURE_INVALIDATED,
+                                     DLSYNC_ERROR_DRIVER_TOO_OLD,
+                                     DLSYNC_ERROR_CONDITIONAL_BODY,
+                                     DLSYNC_ERROR_OUT_OF_MEMORY /* the driver's */,
+                                     DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE};
+  unsigned gs = take(in), xs = take(in);
+  CUgraph g = NULL;
+  CUgraphExec x = NULL;
+  dlsync_lane *l;
+  dlsync_status st;
+  switch (gs % 8) {
+  case 0:
+  case 1:
+  case 2:
+    g = w->libs[gs % 8];
+    break;
+  case 3:
+    break;
+  case 4:
+    g = w->graphs[(gs >> 3) % NGRAPHS];
+    break;
+  case 5:
+    g = w->bodies[(gs >> 3) % NBODIES].h;
+    break;
+  case 6:
+    g = (CUgraph)w->streams[0]; /* no graph */
+    break;
+  default:
+    g = w->gone_graph;
+    break;
+  }
+  switch (xs % 4) {
+  case 0:
+    break;
+  case 1:
+  case 2:
+    x = w->lib_exec[xs % 4 - 1];
+    break;
+  default:
+    x = w->gone_exec;
+    break;
+  }
+  l = lane_of(w, in);
+  st = dlsync_graph_launch(w->ctx, g, x, l);
+  note(w, st);
+  check_documented(w, st, ok, sizeof ok / sizeof ok[0], "dlsync_graph_launch");
+  if (st != DLSYNC_SUCCESS)
+    check(dlsync_last_error()[0] != '\0', "a refused launch says why");
+}
+
 static void step(world *w, input *in) {
   const dlsync__driver *d = w->d;
   unsigned op = take(in);
   unsigned s = take(in) % NSLOTS;
-  switch (op % 16) {
+  unsigned o = op % 32;
+  if (o > 22)
+    o -= 16; /* 23..31: the first ops again */
+  switch (o) {
   case 0:
+  case 16:
     /* op 0: a driver call fails; op 16 (and any with that bit): an
      * allocation. The baseline run reads the same bytes and arms nothing. */
     if (!w->fault_used) {
@@ -201,6 +392,12 @@ static void step(world *w, input *in) {
     if (w->capturing[k]) {
       (void)d->StreamEndCapture(w->streams[k], &g);
       w->capturing[k] = fake_capture_id(w->streams[k]) != 0; /* a fault leaves it going */
+      if (w->body_cap[k] != 0) {                             /* the body stays its parent's */
+        (void)take(in); /* the launch byte, read as for any capture */
+        if (!w->capturing[k])
+          w->body_cap[k] = 0;
+        break;
+      }
       if (g != NULL && (take(in) & 1)) {
         CUgraphExec e = NULL;
         if (d->GraphInstantiateWithFlags(&e, g, 0) == CUDA_SUCCESS) {
@@ -217,6 +414,7 @@ static void step(world *w, input *in) {
   case 3: {
     unsigned g = take(in) % NGRAPHS;
     if (w->graphs[g] != NULL) {
+      body_parent_gone(w, g);
       graph_destroy(d, w->graphs[g]);
       w->graphs[g] = NULL;
       /* Lanes naming it are left as they are: a destroyed graph is bad input. */
@@ -299,6 +497,38 @@ static void step(world *w, input *in) {
       (void)d->CtxPopCurrent(&cur);
     break;
   }
+  case 17:
+    conditional_node(w, in);
+    break;
+  case 18:
+  case 19:
+    body_declare(w, in, o == 18);
+    break;
+  case 20:
+    for (unsigned b = 0; b < NBODIES; b++)
+      if (w->bodies[b].alive)
+        check(dlsync_conditional_body_is_declared(w->ctx, w->bodies[b].h) ==
+                      w->bodies[b].declared[0] &&
+                  dlsync_conditional_body_is_declared(w->ctx2, w->bodies[b].h) ==
+                      w->bodies[b].declared[1],
+              "is_declared says what each context declared");
+    check(!dlsync_conditional_body_is_declared(w->ctx, NULL) &&
+              !dlsync_conditional_body_is_declared(NULL, w->bodies[s].h),
+          "is_declared: false for NULL");
+    break;
+  case 21: {
+    unsigned k = take(in) % 3, b = take(in) % NBODIES;
+    if (!w->capturing[k] && w->bodies[b].alive &&
+        d->StreamBeginCaptureToGraph(w->streams[k], w->bodies[b].h, NULL, NULL, 0,
+                                     CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS) {
+      w->capturing[k] = true;
+      w->body_cap[k] = 1 + (int)b;
+    }
+    break;
+  }
+  case 22:
+    graph_launch(w, in);
+    break;
   default:
     note(w, dlsync_release_flush(w->ctx));
     break;
@@ -309,9 +539,25 @@ static void step(world *w, input *in) {
  * during a dlsync call of this step (or, with the reclaimer thread, while it
  * ran), the call's status is the baseline's (done without) or says so. */
 static void run_step(world *w, input *in, size_t k) {
+  static int trace = -1; /* FUZZ_TRACE=1: each step and its status on stderr */
   bool armed = w->fault_armed;
+  if (trace < 0)
+    trace = getenv("FUZZ_TRACE") != NULL;
   w->st = NO_STATUS;
+  w->declaring = false;
+  if (trace)
+    fprintf(stderr, "%s step %zu: op %u\n", w->faulty ? "faulty" : "baseline", k,
+            in->n > 0 ? in->p[0] % 32u : 0u);
   step(w, in);
+  if (trace && w->st != NO_STATUS)
+    fprintf(stderr, "  -> %s %s\n", dlsync_status_name((dlsync_status)w->st),
+            w->st == DLSYNC_SUCCESS ? "" : dlsync_last_error());
+  /* A call that may add nodes while a body is not declared may put an
+   * event node in it: its parent need not instantiate (finish). */
+  if (w->st != NO_STATUS && !w->declaring)
+    for (unsigned b = 0; b < NBODIES; b++)
+      if (w->bodies[b].alive && !w->bodies[b].declared[0] && !w->bodies[b].declared[1])
+        w->bodies[b].tainted = true;
   if (!w->faulty) {
     w->baseline[k] = w->st;
     return;
@@ -368,6 +614,10 @@ static void finish(world *w) {
     w->fault_fired = true;
   fake_fail_clear();
   for (unsigned s = 0; s < NSLOTS; s++) {
+    /* An end is a dlsync call too (into a body's capture, say). */
+    for (unsigned b = 0; b < NBODIES && w->ex[s] != NULL; b++)
+      if (w->bodies[b].alive && !w->bodies[b].declared[0] && !w->bodies[b].declared[1])
+        w->bodies[b].tainted = true;
     if (w->ex[s] != NULL)
       (void)dlsync_exchange_end(w->ex[s]);
     dlsync_fence_release(w->fences[s]);
@@ -375,12 +625,48 @@ static void finish(world *w) {
   for (unsigned k = 0; k < 3; k++) {
     CUgraph g = NULL;
     if (fake_capture_id(w->streams[k]) != 0 &&
-        d->StreamEndCapture(w->streams[k], &g) == CUDA_SUCCESS && g != NULL)
+        d->StreamEndCapture(w->streams[k], &g) == CUDA_SUCCESS && g != NULL && w->body_cap[k] == 0)
       graph_destroy(d, g);
+    w->body_cap[k] = 0;
+  }
+  /* A parent whose bodies were declared whenever dlsync was called
+   * instantiates: dlsync put no event node in them (rule R28 of the fake). */
+  for (unsigned g = 0; g < NGRAPHS; g++) {
+    bool has = false, clean = true;
+    for (unsigned b = 0; b < NBODIES; b++)
+      if (w->bodies[b].alive && w->bodies[b].parent == g) {
+        has = true;
+        clean = clean && !w->bodies[b].tainted;
+      }
+    if (has && clean) {
+      CUgraphExec x = NULL;
+      CUresult r = d->GraphInstantiateWithFlags(&x, w->graphs[g], 0);
+      if (r != CUDA_SUCCESS) {
+        fprintf(stderr, "graph %p: cuGraphInstantiate %d\n", (void *)w->graphs[g], (int)r);
+        for (unsigned b = 0; b < NBODIES; b++)
+          if (w->bodies[b].alive && w->bodies[b].parent == g)
+            fprintf(stderr, "body %p: %zu nodes, %zu record, %zu wait, %zu graph, %zu host\n",
+                    (void *)w->bodies[b].h, fake_graph_count_nodes(w->bodies[b].h, -1),
+                    fake_graph_count_nodes(w->bodies[b].h, CU_GRAPH_NODE_TYPE_EVENT_RECORD),
+                    fake_graph_count_nodes(w->bodies[b].h, CU_GRAPH_NODE_TYPE_WAIT_EVENT),
+                    fake_graph_count_nodes(w->bodies[b].h, CU_GRAPH_NODE_TYPE_GRAPH),
+                    fake_graph_count_nodes(w->bodies[b].h, CU_GRAPH_NODE_TYPE_HOST));
+      }
+      check(r == CUDA_SUCCESS, "a parent of declared bodies instantiates");
+      (void)d->GraphExecDestroy(x);
+    }
   }
   for (unsigned g = 0; g < NGRAPHS; g++)
-    if (w->graphs[g] != NULL)
+    if (w->graphs[g] != NULL) {
+      body_parent_gone(w, g);
       graph_destroy(d, w->graphs[g]);
+    }
+  for (unsigned x = 0; x < 2; x++)
+    if (d->GraphExecDestroy(w->lib_exec[x]) != CUDA_SUCCESS)
+      (void)d->GraphExecDestroy(w->lib_exec[x]);
+  for (unsigned g = 0; g < NLIBS; g++)
+    graph_destroy(d, w->libs[g]);
+  fake_event_destroy(w->lib_event);
   while (d->CtxGetCurrent(&cur) == CUDA_SUCCESS && cur != NULL)
     (void)d->CtxPopCurrent(&cur);
   fake_run_destructors();
@@ -435,6 +721,7 @@ static void finish(world *w) {
   if (!kept_event)
     check(ps.free_events + batch == fake_live_events(),
           "every event is back in its pool (or in the thread's open batch)");
+  check(dlsync_context_destroy(w->ctx2) == DLSYNC_SUCCESS, "the other context destroyed");
   check(dlsync_context_destroy(w->ctx) == DLSYNC_SUCCESS || kept_event,
         "context destroy after everything ended");
   for (unsigned k = 0; k < 3; k++)
@@ -455,6 +742,41 @@ static void finish(world *w) {
   }
 }
 
+/* The library's graphs and executables (world), made before the program. */
+static void libs_make(world *w) {
+  const dlsync__driver *d = w->d;
+  CUgraphConditionalHandle h = 0;
+  CUgraphNodeParams p;
+  CUgraphNode a, node = NULL;
+  for (unsigned i = 0; i < NLIBS; i++) {
+    check(d->GraphCreate(&w->libs[i], 0) == CUDA_SUCCESS, "a library graph");
+    a = fake_graph_add_work(w->libs[i], NULL, 0, "lib a");
+    (void)fake_graph_add_work(w->libs[i], &a, 1, "lib b");
+  }
+  w->lib_event = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+  check(d->GraphAddEventWaitNode(&node, w->libs[1], NULL, 0, w->lib_event) == CUDA_SUCCESS,
+        "a library graph's wait node");
+  check(d->GraphConditionalHandleCreate(&h, w->libs[2], fake_primary_ctx(0), 1,
+                                        CU_GRAPH_COND_ASSIGN_DEFAULT) == CUDA_SUCCESS,
+        "a conditional handle");
+  memset(&p, 0, sizeof p);
+  p.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+  p.conditional.handle = h;
+  p.conditional.type = CU_GRAPH_COND_TYPE_IF;
+  p.conditional.size = 1;
+  p.conditional.ctx = fake_primary_ctx(0);
+  check(d->GraphAddNode(&node, w->libs[2], NULL, NULL, 0, &p) == CUDA_SUCCESS,
+        "a library graph's conditional node");
+  for (unsigned i = 0; i < 2; i++)
+    check(d->GraphInstantiateWithFlags(&w->lib_exec[i], w->libs[i], 0) == CUDA_SUCCESS,
+          "a library executable");
+  check(d->GraphCreate(&w->gone_graph, 0) == CUDA_SUCCESS, "a graph");
+  check(d->GraphInstantiateWithFlags(&w->gone_exec, w->gone_graph, 0) == CUDA_SUCCESS,
+        "an executable");
+  check(d->GraphExecDestroy(w->gone_exec) == CUDA_SUCCESS, "an executable destroyed");
+  graph_destroy(d, w->gone_graph);
+}
+
 /* The program on a fresh fake and context; faulty: with its fault. Returns
  * whether it has one. */
 static bool run_program(const uint8_t *data, size_t size, bool faulty, int *baseline) {
@@ -467,9 +789,11 @@ static bool run_program(const uint8_t *data, size_t size, bool faulty, int *base
   fake_reset(2);
   w.d = fake_driver();
   check(dlsync__context_create_with_driver(&w.ctx, NULL, w.d) == DLSYNC_SUCCESS, "context");
+  check(dlsync__context_create_with_driver(&w.ctx2, NULL, w.d) == DLSYNC_SUCCESS, "context 2");
   w.streams[0] = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
   w.streams[1] = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
   w.streams[2] = fake_stream_create(0, 0);
+  libs_make(&w);
   for (unsigned r = 0; r < NRELEASES; r++)
     atomic_store(&deleter_calls[r], 0);
   fake_log_reset();

@@ -30,6 +30,23 @@ def push(): return (14, 0, 1)
 def flush(): return (15, 0)
 
 
+# conditional bodies and a library's graph (ops 17..22)
+def cond_node(g, b, kind=0): return (17, 0, g, b, kind)  # kind 0 IF, 1 WHILE, 2 IF with two bodies
+def body_add(b): return (18, 0, b)  # b | 16: NULL, b | 32: a handle that is no graph, b | 64: by ctx2
+def body_remove(b): return (19, 0, b)
+def body_check(): return (20, 0)  # is_declared against the harness's model
+def body_capture(k, b): return (21, 0, k, b)  # stream k captures into body b
+
+
+def body_lane(slot, b, nd=1, cap=2):  # a graph lane on body b
+    return (slot, 4 | 64 | (128 if b == 3 else 0), b % 3 if b < 3 else 0, nd, cap)
+
+
+# graph: 0 kernels, 1 with an event-wait node, 2 with a conditional node, 3 NULL, 4 a graph slot,
+# 5 a body, 6 no graph, 7 destroyed; exec: 0 NULL, 1 of graph 0, 2 of graph 1, 3 destroyed
+def launch(lane, graph=0, exec_=0): return (22, 0, graph, exec_) + lane
+
+
 seeds = {
     "order_eager": order(S0, S1),
     "exchange_begin_end": begin(0, S0, S1) + end(0),
@@ -81,6 +98,50 @@ seeds = {
     "built_batches": graph(0) + graph(1) + push() + order(S0, graph_lane(1, 0, 1, 2)) * 6
     + graph(0) + order(S0, graph_lane(2, 1, 1, 2)) * 3
     + order(graph_lane(3, 1, 1, 2), graph_lane(4, 1, 1, 2)) * 2,
+    # conditional bodies: declarations against the model, NULL and no-graph handles
+    "body_declarations": graph(0) + cond_node(0, 0) + body_check() + body_add(0) + body_check()
+    + body_add(0) + body_remove(0) + body_check() + body_remove(0) + body_add(16) + body_add(32)
+    + body_remove(32) + body_remove(16) + body_check(),
+    # a declared body's capture: EAGER_TO_CAPTURE and TWO_CAPTURES refused, one stream and an
+    # exchange that joins it work; the parent instantiates (finish)
+    "body_capture_rows": graph(0) + cond_node(0, 0) + body_add(0) + body_capture(0, 0)
+    + order(S1, S0) + order(S0, S0) + begin(0, S0, S1) + work(1) + end(0) + begin_capture(1)
+    + order(S0, S1) + end_capture(1) + end_capture(0) + body_check(),
+    # a graph lane on a declared WHILE body: EAGER_TO_BUILT refused, SAME_BUILT works, a fence
+    # signal refused, a release taken
+    "body_graph_lane": graph(1) + cond_node(1, 1, 1) + body_add(1) + push() + order(S0, body_lane(1, 1))
+    + order(body_lane(2, 1), body_lane(3, 1)) + signal(0, body_lane(4, 1)) + release(body_lane(5, 1)),
+    # undeclared: the rows add event nodes (the parent need not instantiate)
+    "body_undeclared": graph(0) + cond_node(0, 3, 2) + body_capture(2, 3) + order(S0, SB)
+    + end_capture(2) + body_add(3) + body_check(),
+    # declared by the other context: this one's rows and launches refuse the body all the same
+    "body_other_context": graph(0) + cond_node(0, 1) + body_add(1 | 64) + body_check()
+    + body_capture(0, 1) + order(S1, S0) + launch(S0, 1) + launch(S0, 0) + end_capture(0)
+    + body_remove(1) + body_remove(1 | 64) + body_add(1) + body_add(1 | 64) + body_check(),
+    # the parent destroyed: its bodies' declarations removed first, the capture ended
+    "body_parent_destroyed": graph(2) + cond_node(2, 2) + body_add(2) + body_capture(1, 2)
+    + graph(2) + body_check() + graph(2) + cond_node(2, 2) + body_check(),
+    # dlsync_graph_launch: eager (exec, NULL exec, destroyed exec), capturing (kernels, event
+    # node, conditional node, NULL, no graph, destroyed graph), graph lane, a body's capture
+    "launch_eager": launch(S0, 0, 1) + launch(S1, 1, 2) + launch(S0, 0, 0) + launch(S0, 0, 3)
+    + launch(SB, 3, 1),
+    "launch_capture": begin_capture(0) + launch(S0, 0) + launch(S0, 1) + launch(S0, 2)
+    + launch(S0, 3) + launch(S0, 6) + launch(S0, 7) + launch(S0, 0, 1) + end_capture(0, True, 1),
+    "launch_graph_lane": graph(0) + push() + launch(graph_lane(1, 0, 1, 2)) + launch(graph_lane(2, 0, 1, 0))
+    + launch(graph_lane(3, 0, 0, 1, null_deps=True), 1) + launch(graph_lane(1, 0, 2, 2), 4),
+    # a graph into itself (a graph lane's graph, a body's capture), an executable of another graph
+    "launch_into_itself": graph(0) + push() + launch(graph_lane(1, 0, 1, 2), 4) + launch(S0, 1, 1),
+    "launch_in_body": graph(0) + cond_node(0, 0) + body_add(0) + body_capture(0, 0) + launch(S0, 0)
+    + launch(S0, 1) + launch(S0, 5) + launch(body_lane(1, 0), 0) + end_capture(0),
+    # a child graph holding an event node (lib graph 1 launched onto graph 0), then graph 0
+    # launched into a declared body's capture: refused (the nodes are read at any depth), the
+    # parent (graph 1) instantiates
+    "launch_nested_events_in_body": graph(0) + graph(1) + push() + launch(graph_lane(1, 0, 1, 2), 1)
+    + cond_node(1, 2) + body_add(2) + body_capture(0, 2) + launch(S0, 4) + end_capture(0),
+    "launch_faults": begin_capture(0) + fault(3) + launch(S0, 0) + end_capture(0),
+    "launch_fault_lane": graph(0) + fault(1, 1) + launch(graph_lane(1, 0, 1, 2)),
+    "alloc_fault_body": graph(0) + cond_node(0, 0) + alloc_fault(1) + body_add(0) + body_capture(0, 0)
+    + order(S1, S0) + launch(S0, 0) + end_capture(0),
 }
 
 here = os.path.join(os.path.dirname(os.path.abspath(__file__)), "corpus")

@@ -6,18 +6,29 @@
 
 atomic_uint dlsync__bodies_total;
 
-static void bodies_lock(dlsync__bodies *b) {
+/* Every context's declarations, by graph handle and owner (the owning
+ * context's table): the rows of any context refuse a body that another
+ * declared. Values only (no pointer is followed): a reader racing a
+ * context's destroy reads a stale word at worst. Writers take the lock. */
+#define GLOBAL_BODIES 1024
+static struct {
+  _Atomic(uintptr_t) graph;
+  _Atomic(uintptr_t) owner;
+} global_bodies[GLOBAL_BODIES];
+static atomic_bool global_lock;
+
+static void spin_lock(atomic_bool *lock) {
   bool expected = false;
-  while (!atomic_compare_exchange_weak_explicit(&b->lock, &expected, true, memory_order_acquire,
+  while (!atomic_compare_exchange_weak_explicit(lock, &expected, true, memory_order_acquire,
                                                 memory_order_relaxed))
     expected = false;
 }
 
-static void bodies_unlock(dlsync__bodies *b) {
-  atomic_store_explicit(&b->lock, false, memory_order_release);
+static void spin_unlock(atomic_bool *lock) {
+  atomic_store_explicit(lock, false, memory_order_release);
 }
 
-bool dlsync__bodies_has(const dlsync__bodies *b, CUgraph g) {
+bool dlsync__bodies_has_here(const dlsync__bodies *b, CUgraph g) {
   uintptr_t want = (uintptr_t)g;
   if (g == NULL)
     return false;
@@ -27,10 +38,59 @@ bool dlsync__bodies_has(const dlsync__bodies *b, CUgraph g) {
   return false;
 }
 
+dlsync__body_where dlsync__bodies_find(const dlsync__bodies *b, CUgraph g) {
+  uintptr_t want = (uintptr_t)g;
+  if (g == NULL)
+    return DLSYNC__BODY_NOT;
+  if (atomic_load_explicit(&b->n, memory_order_acquire) != 0 && dlsync__bodies_has_here(b, g))
+    return DLSYNC__BODY_HERE;
+  /* Others have some when the total is more than this context's count. */
+  if (atomic_load_explicit(&dlsync__bodies_total, memory_order_acquire) <=
+      atomic_load_explicit(&b->n, memory_order_acquire))
+    return DLSYNC__BODY_NOT;
+  for (int i = 0; i < GLOBAL_BODIES; i++)
+    if (atomic_load_explicit(&global_bodies[i].graph, memory_order_acquire) == want &&
+        atomic_load_explicit(&global_bodies[i].owner, memory_order_acquire) != (uintptr_t)b)
+      return DLSYNC__BODY_ELSEWHERE;
+  return DLSYNC__BODY_NOT;
+}
+
+bool dlsync__bodies_has(const dlsync__bodies *b, CUgraph g) {
+  return dlsync__bodies_find(b, g) != DLSYNC__BODY_NOT;
+}
+
+/* The process-wide entry of (g, b): added (false when full) or cleared. */
+static bool global_add(const dlsync__bodies *b, uintptr_t g) {
+  bool ok = false;
+  spin_lock(&global_lock);
+  for (int i = 0; i < GLOBAL_BODIES && !ok; i++) {
+    if (atomic_load_explicit(&global_bodies[i].graph, memory_order_relaxed) == 0) {
+      atomic_store_explicit(&global_bodies[i].owner, (uintptr_t)b, memory_order_release);
+      atomic_store_explicit(&global_bodies[i].graph, g, memory_order_release);
+      ok = true;
+    }
+  }
+  spin_unlock(&global_lock);
+  return ok;
+}
+
+static void global_remove(const dlsync__bodies *b, uintptr_t g) {
+  spin_lock(&global_lock);
+  for (int i = 0; i < GLOBAL_BODIES; i++) {
+    if (atomic_load_explicit(&global_bodies[i].graph, memory_order_relaxed) == g &&
+        atomic_load_explicit(&global_bodies[i].owner, memory_order_relaxed) == (uintptr_t)b) {
+      atomic_store_explicit(&global_bodies[i].graph, 0, memory_order_release);
+      atomic_store_explicit(&global_bodies[i].owner, 0, memory_order_release);
+      break;
+    }
+  }
+  spin_unlock(&global_lock);
+}
+
 bool dlsync__bodies_add(dlsync__bodies *b, CUgraph g) {
   bool ok = true;
   int free_slot = -1;
-  bodies_lock(b);
+  spin_lock(&b->lock);
   for (int i = 0; i < DLSYNC_CONDITIONAL_BODIES; i++) {
     uintptr_t v = atomic_load_explicit(&b->graph[i], memory_order_relaxed);
     if (v == (uintptr_t)g)
@@ -38,7 +98,7 @@ bool dlsync__bodies_add(dlsync__bodies *b, CUgraph g) {
     if (v == 0 && free_slot < 0)
       free_slot = i;
   }
-  if (free_slot < 0) {
+  if (free_slot < 0 || !global_add(b, (uintptr_t)g)) {
     ok = false;
     goto done;
   }
@@ -46,29 +106,46 @@ bool dlsync__bodies_add(dlsync__bodies *b, CUgraph g) {
   atomic_fetch_add_explicit(&b->n, 1, memory_order_release);
   atomic_fetch_add_explicit(&dlsync__bodies_total, 1, memory_order_release);
 done:
-  bodies_unlock(b);
+  spin_unlock(&b->lock);
   return ok;
 }
 
-bool dlsync__bodies_remove(dlsync__bodies *b, CUgraph g) {
-  bool found = false;
-  bodies_lock(b);
-  for (int i = 0; i < DLSYNC_CONDITIONAL_BODIES && !found; i++) {
-    if (atomic_load_explicit(&b->graph[i], memory_order_relaxed) == (uintptr_t)g) {
+static bool remove_locked(dlsync__bodies *b, uintptr_t g) {
+  for (int i = 0; i < DLSYNC_CONDITIONAL_BODIES; i++) {
+    if (g != 0 && atomic_load_explicit(&b->graph[i], memory_order_relaxed) == g) {
       atomic_store_explicit(&b->graph[i], 0, memory_order_release);
+      global_remove(b, g);
       atomic_fetch_sub_explicit(&b->n, 1, memory_order_release);
       atomic_fetch_sub_explicit(&dlsync__bodies_total, 1, memory_order_release);
-      found = true;
+      return true;
     }
   }
-  bodies_unlock(b);
+  return false;
+}
+
+bool dlsync__bodies_remove(dlsync__bodies *b, CUgraph g) {
+  bool found;
+  spin_lock(&b->lock);
+  found = remove_locked(b, (uintptr_t)g);
+  spin_unlock(&b->lock);
   return found;
+}
+
+void dlsync__bodies_forget_all(dlsync__bodies *b) {
+  spin_lock(&b->lock);
+  for (int i = 0; i < DLSYNC_CONDITIONAL_BODIES; i++)
+    (void)remove_locked(b, atomic_load_explicit(&b->graph[i], memory_order_relaxed));
+  spin_unlock(&b->lock);
 }
 
 dlsync_status dlsync__body_refuse(const dlsync__bodies *b, const char *what,
                                   const dlsync__lane_now *l, bool record) {
   bool capturing = l->kind == DLSYNC_LANE_CAPTURING;
-  if (l->kind == DLSYNC_LANE_EAGER || !dlsync__bodies_has(b, l->graph))
+  dlsync__body_where where_declared;
+  if (l->kind == DLSYNC_LANE_EAGER)
+    return DLSYNC_SUCCESS;
+  where_declared = dlsync__bodies_find(b, l->graph);
+  if (where_declared == DLSYNC__BODY_NOT)
     return DLSYNC_SUCCESS;
   char where[64];
   if (capturing)
@@ -78,10 +155,12 @@ dlsync_status dlsync__body_refuse(const dlsync__bodies *b, const char *what,
     snprintf(where, sizeof where, "a graph lane on graph %p", (void *)l->graph);
   return dlsync__fail(DLSYNC_ERROR_CONDITIONAL_BODY,
                       "%s: the %s lane is %s, a conditional node's body "
-                      "(dlsync_conditional_body_add), where CUDA admits no event-%s node (the "
+                      "(dlsync_conditional_body_add%s), where CUDA admits no event-%s node (the "
                       "parent graph would fail to instantiate). Nothing was queued; %s. Order this "
                       "work before the conditional node (on the parent graph's lane), or bring the "
                       "other stream into the body's capture (edges only)",
-                      what, l->role, where, record ? "record" : "wait",
+                      what, l->role, where,
+                      where_declared == DLSYNC__BODY_ELSEWHERE ? " in another dlsync context" : "",
+                      record ? "record" : "wait",
                       capturing ? "the capture is still valid" : "the graph is unchanged");
 }

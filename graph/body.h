@@ -28,17 +28,33 @@ typedef struct dlsync__bodies {
  * when it is not 0. */
 extern DLSYNC__HIDDEN atomic_uint dlsync__bodies_total;
 
-/* Whether any body is declared in b's context. */
+/* Whether any body is declared in any context (a graph is a body whatever
+ * context declared it: the rows of every context look). b: the context's
+ * table (unused: the test is the one global word). */
 static inline bool dlsync__bodies_any(const dlsync__bodies *b) {
-  return atomic_load_explicit(&dlsync__bodies_total, memory_order_acquire) != 0 &&
-         atomic_load_explicit(&b->n, memory_order_acquire) != 0;
+  (void)b;
+  return atomic_load_explicit(&dlsync__bodies_total, memory_order_acquire) != 0;
 }
-/* Whether g is declared (a scan; NULL: false). */
+/* Where g is declared: not at all (NULL: not), in b's context, or only in
+ * another context's (each declaration is also kept in a process-wide table
+ * of graph handles, graph/body.c). */
+typedef enum dlsync__body_where {
+  DLSYNC__BODY_NOT,
+  DLSYNC__BODY_HERE,
+  DLSYNC__BODY_ELSEWHERE
+} dlsync__body_where;
+dlsync__body_where dlsync__bodies_find(const dlsync__bodies *b, CUgraph g);
+/* Whether g is declared in b's context or in another (a scan; NULL: false). */
 bool dlsync__bodies_has(const dlsync__bodies *b, CUgraph g);
-/* Declares g: false when the table is full (g declared already: true). */
+/* Whether g is declared in b's context. */
+bool dlsync__bodies_has_here(const dlsync__bodies *b, CUgraph g);
+/* Declares g: false when the table (or the process-wide one) is full (g
+ * declared already: true). */
 bool dlsync__bodies_add(dlsync__bodies *b, CUgraph g);
-/* Forgets g: false when it was not declared. */
+/* Forgets g: false when it was not declared in b's context. */
 bool dlsync__bodies_remove(dlsync__bodies *b, CUgraph g);
+/* Forgets every declaration of b's context (context destroy). */
+void dlsync__bodies_forget_all(dlsync__bodies *b);
 
 /* A lane whose graph is a declared body that `what` (a row's name, a
  * fence's call) would give an event-record (record) or event-wait node:

@@ -619,21 +619,75 @@ static DLSYNC__COLD dlsync_status child_refused(const dlsync__driver *d, CUresul
                              (void *)child, role, (void *)into);
 }
 
-/* Event-record and event-wait nodes directly in g (-1: the driver could
- * not say). */
-static int event_nodes_in(const dlsync__driver *d, CUgraph g) {
-  CUgraphNode nodes[256];
-  size_t n = 256;
-  int events = 0;
-  if (d->GraphGetNodes(g, nodes, &n) != CUDA_SUCCESS)
-    return -1;
-  for (size_t i = 0; i < n && i < 256; i++) {
-    CUgraphNodeType t;
-    if (d->GraphNodeGetType(nodes[i], &t) != CUDA_SUCCESS)
-      return -1;
-    events += t == CU_GRAPH_NODE_TYPE_EVENT_RECORD || t == CU_GRAPH_NODE_TYPE_WAIT_EVENT;
+/* Event-record and event-wait nodes in g and, at any depth, in the graphs
+ * of its child-graph nodes, added to *events (a body admits none of them,
+ * nested or not: rule R28 of the fake); the driver's refusal (a destroyed or
+ * not-a-graph handle, say) reported, the call named. */
+#define EVENT_SCAN_DEPTH 32
+static DLSYNC__COLD dlsync_status event_nodes_in(const dlsync__driver *d, CUgraph g, CUgraph into,
+                                                 int depth, int *events) {
+  CUgraphNode inline_nodes[64], *nodes = inline_nodes;
+  size_t n = 0;
+  dlsync_status st = DLSYNC_SUCCESS;
+  CUresult r;
+  if (depth > EVENT_SCAN_DEPTH)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_graph_launch: graph %p nests child graphs deeper than %d; dlsync "
+                        "reads no deeper for event nodes before launching into the conditional "
+                        "node's body %p; nothing was added",
+                        (void *)g, EVENT_SCAN_DEPTH, (void *)into);
+  r = d->GraphGetNodes(g, NULL, &n);
+  if (r == CUDA_SUCCESS && n > 64) {
+    nodes = dlsync__malloc(n * sizeof *nodes);
+    if (nodes == NULL)
+      return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
+                          "dlsync_graph_launch: reading the %zu nodes of graph %p before "
+                          "launching it into the conditional node's body %p: out of memory; "
+                          "nothing was added",
+                          n, (void *)g, (void *)into);
   }
-  return events;
+  if (r == CUDA_SUCCESS && n > 0)
+    r = d->GraphGetNodes(g, nodes, &n);
+  if (r != CUDA_SUCCESS) {
+    st = dlsync__fail_driver(d, r, "cuGraphGetNodes",
+                             "reading graph %p's nodes before launching it into the conditional "
+                             "node's body %p (a destroyed or not-a-graph handle?); nothing was "
+                             "added",
+                             (void *)g, (void *)into);
+    goto done;
+  }
+  for (size_t i = 0; i < n && st == DLSYNC_SUCCESS; i++) {
+    CUgraphNodeType t;
+    CUgraph child = NULL;
+    r = d->GraphNodeGetType(nodes[i], &t);
+    if (r != CUDA_SUCCESS) {
+      st = dlsync__fail_driver(d, r, "cuGraphNodeGetType",
+                               "reading graph %p's node %p before launching it into the "
+                               "conditional node's body %p; nothing was added",
+                               (void *)g, (void *)nodes[i], (void *)into);
+      break;
+    }
+    *events += t == CU_GRAPH_NODE_TYPE_EVENT_RECORD || t == CU_GRAPH_NODE_TYPE_WAIT_EVENT;
+    if (t != CU_GRAPH_NODE_TYPE_GRAPH)
+      continue;
+    if (d->GraphChildGraphNodeGetGraph == NULL) {
+      st = dlsync__driver_require(d, DLSYNC__NEED_OPTIONAL, "dlsync_graph_launch");
+      break;
+    }
+    r = d->GraphChildGraphNodeGetGraph(nodes[i], &child);
+    if (r != CUDA_SUCCESS) {
+      st = dlsync__fail_driver(d, r, "cuGraphChildGraphNodeGetGraph",
+                               "reading graph %p's child-graph node %p before launching it into "
+                               "the conditional node's body %p; nothing was added",
+                               (void *)g, (void *)nodes[i], (void *)into);
+      break;
+    }
+    st = event_nodes_in(d, child, into, depth + 1, events);
+  }
+done:
+  if (nodes != inline_nodes)
+    dlsync__free(nodes);
+  return st;
 }
 
 dlsync_status dlsync__graph_launch_at(const dlsync__driver *d, const dlsync__bodies *bodies,
@@ -663,20 +717,31 @@ dlsync_status dlsync__graph_launch_at(const dlsync__driver *d, const dlsync__bod
                         "dlsync_graph_launch: the lane is %s and graph is NULL: a child-graph node "
                         "needs the graph itself",
                         l.kind == DLSYNC_LANE_CAPTURING ? "a capturing stream" : "a graph lane");
+  if (graph == l.graph)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_graph_launch: graph %p is the launching lane's own graph (%s): a "
+                        "graph cannot hold itself as a child graph; nothing was added",
+                        (void *)graph,
+                        l.kind == DLSYNC_LANE_CAPTURING ? "the graph its stream captures into"
+                                                        : "a graph lane on it");
   if (d->GraphAddChildGraphNode == NULL)
     return dlsync__driver_require(d, DLSYNC__NEED_OPTIONAL, "dlsync_graph_launch");
-  if (dlsync__bodies_any(bodies) && dlsync__bodies_has(bodies, l.graph)) {
+  if (dlsync__bodies_any(bodies)) {
+    dlsync__body_where where = dlsync__bodies_find(bodies, l.graph);
+    int events = 0;
     /* A child's nodes must be admitted in a body too. */
-    int events = event_nodes_in(d, graph);
+    if (where != DLSYNC__BODY_NOT)
+      DLSYNC_TRY(event_nodes_in(d, graph, l.graph, 0, &events));
     if (events != 0)
       return dlsync__fail(DLSYNC_ERROR_CONDITIONAL_BODY,
                           "dlsync_graph_launch: the launching lane's graph %p is a conditional "
-                          "node's body (dlsync_conditional_body_add) and graph %p holds %d "
-                          "event-record or event-wait node(s) (-1: its nodes could not be read), "
-                          "which CUDA does not admit in a body (the parent graph would fail to "
-                          "instantiate). Nothing was added; launch the graph before the "
-                          "conditional node instead",
-                          (void *)l.graph, (void *)graph, events);
+                          "node's body (dlsync_conditional_body_add%s) and graph %p holds %d "
+                          "event-record or event-wait node(s), which CUDA does not admit in a body "
+                          "(the parent graph would fail to instantiate). Nothing was added; "
+                          "launch the graph before the conditional node instead",
+                          (void *)l.graph,
+                          where == DLSYNC__BODY_ELSEWHERE ? " in another dlsync context" : "",
+                          (void *)graph, events);
   }
   r = d->GraphAddChildGraphNode(&node, l.graph, dlsync__lane_deps(&l), l.ndeps, graph);
   if (r != CUDA_SUCCESS)

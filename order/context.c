@@ -153,6 +153,8 @@ dlsync_status dlsync_context_destroy(dlsync_context *ctx) {
                         "dlsync_context_destroy: the default context belongs to the library and "
                         "lives until the process ends");
   atomic_store(&ctx->destroyed, true);
+  /* Its conditional-body declarations: no other context refuses them now. */
+  dlsync__bodies_forget_all(&ctx->bodies);
   /* Exchanges still begun: ended here, ordering nothing (their handles are
    * invalid from now on). */
   abandoned = dlsync__exchanges_abandon(ctx);

@@ -294,7 +294,8 @@ dlsync_status dlsync_conditional_body_add(dlsync_context *ctx, struct CUgraph_st
   if (!dlsync__bodies_add(&ctx->bodies, body))
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
                         "dlsync_conditional_body_add: graph %p: %d bodies are declared already "
-                        "(DLSYNC_CONDITIONAL_BODIES); remove those whose parent graph is done",
+                        "in this context (DLSYNC_CONDITIONAL_BODIES), or 1024 in the process; "
+                        "remove those whose parent graph is done",
                         (void *)body, DLSYNC_CONDITIONAL_BODIES);
   DLSYNC__LOG(DLSYNC__LOG_INFO, "graph %p declared a conditional body", (void *)body);
   return DLSYNC_SUCCESS;
@@ -314,7 +315,7 @@ dlsync_status dlsync_conditional_body_remove(dlsync_context *ctx, struct CUgraph
 }
 
 int dlsync_conditional_body_is_declared(dlsync_context *ctx, struct CUgraph_st *body) {
-  return ctx != NULL && dlsync__bodies_has(&ctx->bodies, body);
+  return ctx != NULL && dlsync__bodies_has_here(&ctx->bodies, body);
 }
 
 /* ---- a library's own graph on any lane (include/dlsync/graph.h) ---- */

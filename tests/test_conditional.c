@@ -507,8 +507,8 @@ static void graph_launch_bad_input(void **state) {
   dlsync_lane lc = dlsync_lane_stream(C);
   (void)state;
   if_node_make(&parent, &body);
-  destroy_graph(gone);
   assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  destroy_graph(gone); /* after the capture's graph is made: the fake reuses a free handle */
   assert_int_equal(fake_work_ex(C, "w", NULL, NULL), CUDA_SUCCESS);
   assert_int_equal(dlsync_graph_launch(ctx, parent, NULL, &lc), DLSYNC_ERROR_INVALID_ARGUMENT);
   assert_message_has("1 conditional");
@@ -524,6 +524,242 @@ static void graph_launch_bad_input(void **state) {
   assert_int_equal(fake_graph_count_nodes(cap, -1), 1);
   destroy_graph(cap);
   destroy_graph(parent);
+}
+
+/* A graph whose event node sits in a child graph (at depth 2), or past
+ * its first 256 nodes, is refused in a declared body like one that holds it
+ * directly: the parent still instantiates. (The nodes were once read to a
+ * depth of one and up to 256.) */
+static void graph_launch_in_body_nested_events(void **state) {
+  CUgraph parent, body, inner = library_graph(), middle, outer, wide;
+  CUevent ev = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+  CUgraphNode n = NULL, prev = NULL;
+  dlsync_lane lc = dlsync_lane_stream(C);
+  (void)state;
+  assert_int_equal(D->GraphAddEventWaitNode(&n, inner, NULL, 0, ev), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&middle, 0), CUDA_SUCCESS);
+  assert_int_equal(D->GraphAddChildGraphNode(&n, middle, NULL, 0, inner), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&outer, 0), CUDA_SUCCESS);
+  (void)fake_graph_add_work(outer, NULL, 0, "outer work");
+  assert_int_equal(D->GraphAddChildGraphNode(&n, outer, NULL, 0, middle), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&wide, 0), CUDA_SUCCESS);
+  for (int i = 0; i < 300; i++)
+    prev = fake_graph_add_work(wide, prev != NULL ? &prev : NULL, prev != NULL, "wide");
+  assert_int_equal(D->GraphAddEventWaitNode(&n, wide, &prev, 1, ev), CUDA_SUCCESS);
+  if_node_make(&parent, &body);
+  assert_int_equal(dlsync_conditional_body_add(ctx, body), DLSYNC_SUCCESS);
+  body_capture_begin(C, body);
+  assert_int_equal(dlsync_graph_launch(ctx, outer, NULL, &lc), DLSYNC_ERROR_CONDITIONAL_BODY);
+  assert_message_has("holds 1 event-record or event-wait node");
+  assert_int_equal(dlsync_graph_launch(ctx, wide, NULL, &lc), DLSYNC_ERROR_CONDITIONAL_BODY);
+  assert_int_equal(dlsync_graph_launch(ctx, middle, NULL, &lc), DLSYNC_ERROR_CONDITIONAL_BODY);
+  /* Each driver call of the nested read failing, then each allocation of
+   * the wide one's: the fault reported, nothing added. */
+  for (int kind = 0; kind < 2; kind++) {
+    fake_fault f = kind == 0 ? FAKE_FAULT_CALL : FAKE_FAULT_ALLOC;
+    unsigned k;
+    for (k = 1;; k++) {
+      dlsync_status st;
+      fake_fail_fault(f, k);
+      st = dlsync_graph_launch(ctx, kind == 0 ? outer : wide, NULL, &lc);
+      if (fake_fail_pending()) {
+        fake_fail_clear();
+        assert_int_equal(st, DLSYNC_ERROR_CONDITIONAL_BODY);
+        break;
+      }
+      fake_fail_clear();
+      if (!fake_fault_reported(f))
+        fail_msg("%s %u failing: %s", fake_fault_name(f), k, dlsync_last_error());
+      assert_int_equal(fake_graph_count_nodes(body, CU_GRAPH_NODE_TYPE_GRAPH), 0);
+    }
+    /* outer: the two queries, then per graph its count, list and types, and
+     * a child's graph: 2 + (2 + 2 + 1) + (2 + 1 + 1) + (2 + 3); wide: one
+     * allocation (its node list) */
+    assert_int_equal(k, kind == 0 ? 17 : 2);
+  }
+  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  body_capture_end(C, body);
+  assert_int_equal(fake_graph_count_nodes(body, CU_GRAPH_NODE_TYPE_GRAPH), 0);
+  assert_int_equal(instantiate(parent), CUDA_SUCCESS);
+  assert_int_equal(dlsync_conditional_body_remove(ctx, body), DLSYNC_SUCCESS);
+  destroy_graph(parent);
+  destroy_graph(outer);
+  destroy_graph(middle);
+  destroy_graph(inner);
+  destroy_graph(wide);
+  fake_event_destroy(ev);
+}
+
+/* More bad input, each a status and a message with nothing added or
+ * queued: a handle that is no graph (the fake tells; the real driver may
+ * not) and a destroyed graph on a graph lane, a graph launched into itself
+ * (a graph lane on it, a capture into it), a destroyed executable on an
+ * eager stream. An executable of another graph cannot be told from the
+ * right one (include/dlsync/graph.h): on an eager stream what runs is exec,
+ * whatever graph says (NULL too). */
+static void graph_launch_bad_handles(void **state) {
+  CUgraph g = library_graph(), host, gone, cap;
+  CUgraphExec x = NULL, x_gone = NULL;
+  CUgraphNode a[2];
+  dlsync_lane la, lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  uint64_t before;
+  (void)state;
+  assert_int_equal(D->GraphCreate(&host, 0), CUDA_SUCCESS);
+  a[0] = fake_graph_add_work(host, NULL, 0, "a");
+  la = dlsync_lane_graph(host, a, 1, 2);
+  fake_log_reset();
+  assert_int_equal(dlsync_graph_launch(ctx, (CUgraph)P, NULL, &la), DLSYNC_ERROR_DRIVER);
+  assert_message_has("cuGraphAddChildGraphNode");
+  assert_message_has("not-a-graph handle");
+  assert_int_equal(fake_call_count("cuGraphAddChildGraphNode"), 1);
+  assert_int_equal(dlsync_graph_launch(ctx, host, NULL, &la), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_message_has("the launching lane's own graph");
+  assert_int_equal(fake_call_count("cuGraphAddChildGraphNode"), 1); /* refused before */
+  assert_int_equal(D->GraphCreate(&gone, 0), CUDA_SUCCESS);
+  destroy_graph(gone);
+  assert_int_equal(dlsync_graph_launch(ctx, gone, NULL, &la), DLSYNC_ERROR_DRIVER);
+  assert_message_has("a destroyed or not-a-graph handle");
+  assert_int_equal(fake_graph_count_nodes(host, -1), 1);
+  assert_ptr_equal(la.deps[0], a[0]);
+  assert_int_equal(la.ndeps, 1);
+  /* A capture into itself. */
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  assert_int_equal(fake_work_ex(C, "w", NULL, NULL), CUDA_SUCCESS);
+  assert_int_equal(dlsync_graph_launch(ctx, fake_capture_graph(C), NULL, &lc),
+                   DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_message_has("the graph its stream captures into");
+  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  cap = end_capture_ok(C);
+  assert_int_equal(fake_graph_count_nodes(cap, -1), 1);
+  destroy_graph(cap);
+  /* Eager: a destroyed executable, then another graph's executable. */
+  assert_int_equal(D->GraphInstantiateWithFlags(&x, g, 0), CUDA_SUCCESS);
+  assert_int_equal(D->GraphInstantiateWithFlags(&x_gone, g, 0), CUDA_SUCCESS);
+  assert_int_equal(D->GraphExecDestroy(x_gone), CUDA_SUCCESS);
+  before = fake_work(P, "before", NULL);
+  assert_int_equal(dlsync_graph_launch(ctx, g, x_gone, &lp), DLSYNC_ERROR_DRIVER);
+  assert_message_has("cuGraphLaunch");
+  assert_int_equal(fake_stream_last_op(P), before); /* nothing queued */
+  assert_int_equal(dlsync_graph_launch(ctx, host, x, &lp), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_graph_launch(ctx, NULL, x, &lp), DLSYNC_SUCCESS);
+  assert_true(fake_happens_before(before, fake_stream_last_op(P)));
+  assert_int_equal(D->GraphExecDestroy(x), CUDA_SUCCESS);
+  destroy_graph(host);
+  destroy_graph(g);
+}
+
+/* A body declared in another dlsync context: this context's rows and
+ * launches refuse it too (the graph is a body whatever context said so),
+ * naming the other context, nothing queued; the declaration is that
+ * context's (is_declared, remove) and goes with it when it is destroyed. */
+static void body_of_another_context(void **state) {
+  CUgraph parent, body, g = library_graph(), with_event = library_graph();
+  CUevent ev = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+  CUgraphNode wn = NULL, a[2];
+  dlsync_context *other = NULL;
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C), lb;
+  (void)state;
+  assert_int_equal(D->GraphAddEventWaitNode(&wn, with_event, NULL, 0, ev), CUDA_SUCCESS);
+  assert_int_equal(dlsync__context_create_with_driver(&other, NULL, D), DLSYNC_SUCCESS);
+  if_node_make(&parent, &body);
+  assert_int_equal(dlsync_conditional_body_add(other, body), DLSYNC_SUCCESS);
+  assert_true(dlsync_conditional_body_is_declared(other, body));
+  assert_false(dlsync_conditional_body_is_declared(ctx, body));
+  assert_int_equal(dlsync_conditional_body_remove(ctx, body), DLSYNC_ERROR_INVALID_ARGUMENT);
+  /* A graph lane on it. */
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  a[0] = fake_graph_add_work(body, NULL, 0, "body a");
+  lb = dlsync_lane_graph(body, a, 1, 2);
+  fake_log_reset();
+  assert_refused(dlsync_order(ctx, &lp, &lb), "EAGER_TO_BUILT", body);
+  assert_message_has("in another dlsync context");
+  fake_log_reset();
+  assert_int_equal(dlsync_graph_launch(ctx, with_event, NULL, &lb), DLSYNC_ERROR_CONDITIONAL_BODY);
+  assert_message_has("in another dlsync context");
+  assert_int_equal(fake_call_count("cuGraphAddChildGraphNode"), 0);
+  assert_int_equal(dlsync_graph_launch(ctx, g, NULL, &lb), DLSYNC_SUCCESS); /* kernels only */
+  assert_int_equal(fake_graph_count_nodes(body, CU_GRAPH_NODE_TYPE_GRAPH), 1);
+  /* A capture into it. */
+  body_capture_begin(C, body);
+  fake_log_reset();
+  assert_refused(dlsync_order(ctx, &lp, &lc), "EAGER_TO_CAPTURE", body);
+  assert_message_has("in another dlsync context");
+  body_capture_end(C, body);
+  assert_int_equal(event_nodes(body), 0);
+  assert_int_equal(instantiate(parent), CUDA_SUCCESS);
+  /* The other context destroyed: its declaration is gone with it (the
+   * control: the order now adds its wait node and the parent fails). */
+  assert_int_equal(dlsync_context_destroy(other), DLSYNC_SUCCESS);
+  assert_false(dlsync__bodies_any(&ctx->bodies));
+  lb = dlsync_lane_graph(body, a, 1, 2);
+  assert_int_equal(dlsync_order(ctx, &lp, &lb), DLSYNC_SUCCESS);
+  assert_int_equal(instantiate(parent), CUDA_ERROR_INVALID_VALUE);
+  assert_int_equal(D->CtxPopCurrent(NULL), CUDA_SUCCESS);
+  destroy_graph(parent);
+  destroy_graph(with_event);
+  destroy_graph(g);
+  fake_event_destroy(ev);
+}
+
+/* Every driver call of the new paths failing in turn (the sweep of
+ * tests/test_hardening.c): an eager launch, a launch into a declared body's
+ * capture (its nodes read first). Each failure is the driver's, reported
+ * with the call named; nothing queued on the stream, and no child node in
+ * the body but when the last call (the dependency update) failed. */
+static void graph_launch_faults_new_calls(void **state) {
+  CUgraph g = library_graph(), parent, body;
+  CUgraphExec x = NULL;
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  unsigned n;
+  (void)state;
+  assert_int_equal(D->GraphInstantiateWithFlags(&x, g, 0), CUDA_SUCCESS);
+  for (n = 1;; n++) {
+    uint64_t before = fake_work(P, "before", NULL);
+    dlsync_status st;
+    fake_fail_fault(FAKE_FAULT_CALL, n);
+    st = dlsync_graph_launch(ctx, g, x, &lp);
+    if (fake_fail_pending()) {
+      fake_fail_clear();
+      assert_int_equal(st, DLSYNC_SUCCESS);
+      break;
+    }
+    fake_fail_clear();
+    assert_int_not_equal(st, DLSYNC_SUCCESS);
+    if (!fake_fault_reported(FAKE_FAULT_CALL))
+      fail_msg("eager, call %u failing: %s", n, dlsync_last_error());
+    assert_int_equal(fake_stream_last_op(P), before);
+  }
+  assert_int_equal(n, 3); /* the lane's query, the launch */
+  if_node_make(&parent, &body);
+  assert_int_equal(dlsync_conditional_body_add(ctx, body), DLSYNC_SUCCESS);
+  body_capture_begin(C, body);
+  for (n = 1;; n++) {
+    size_t children = fake_graph_count_nodes(body, CU_GRAPH_NODE_TYPE_GRAPH);
+    dlsync_status st;
+    fake_log_reset();
+    fake_fail_fault(FAKE_FAULT_CALL, n);
+    st = dlsync_graph_launch(ctx, g, NULL, &lc);
+    if (fake_fail_pending()) {
+      fake_fail_clear();
+      assert_int_equal(st, DLSYNC_SUCCESS);
+      break;
+    }
+    fake_fail_clear();
+    assert_int_not_equal(st, DLSYNC_SUCCESS);
+    if (!fake_fault_reported(FAKE_FAULT_CALL))
+      fail_msg("body, call %u failing: %s", n, dlsync_last_error());
+    if (strstr(dlsync_last_error(), "cuStreamUpdateCaptureDependencies") == NULL)
+      assert_int_equal(fake_graph_count_nodes(body, CU_GRAPH_NODE_TYPE_GRAPH), children);
+  }
+  /* the two queries, the node count and list, each of its two nodes'
+   * types, the add, the dependency update */
+  assert_int_equal(n, 9);
+  body_capture_end(C, body);
+  assert_int_equal(instantiate(parent), CUDA_SUCCESS);
+  assert_int_equal(dlsync_conditional_body_remove(ctx, body), DLSYNC_SUCCESS);
+  assert_int_equal(D->GraphExecDestroy(x), CUDA_SUCCESS);
+  destroy_graph(parent);
+  destroy_graph(g);
 }
 
 /* Every driver call of a launch into a capture and onto a graph lane
@@ -648,7 +884,13 @@ int main(void) {
       cmocka_unit_test_setup_teardown(graph_launch_on_graph_lane, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(graph_launch_in_body, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(graph_launch_bad_input, fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(graph_launch_in_body_nested_events, fixture_setup,
+                                      fixture_teardown),
+      cmocka_unit_test_setup_teardown(graph_launch_bad_handles, fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(body_of_another_context, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(graph_launch_faults, fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(graph_launch_faults_new_calls, fixture_setup,
+                                      fixture_teardown),
       cmocka_unit_test_setup_teardown(recapture_same_topology, fixture_setup, fixture_teardown),
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

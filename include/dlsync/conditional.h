@@ -35,15 +35,20 @@
  *    body's capture (an exchange that joins it takes edges only).
  *
  * A body of a body (a conditional node inside a body) is declared the same
- * way. Declarations belong to the context: any thread's calls see them.
+ * way. Declarations belong to the context that made them (is_declared and
+ * remove answer for it; they go when it is destroyed) and any thread's calls
+ * see them; a graph is a body whatever context said so, so every context's
+ * rows and dlsync_graph_launch refuse a body another context declared, the
+ * message saying "in another dlsync context".
  * Graph handles are reused once a graph is destroyed: remove a declaration
  * before the parent graph (which owns its bodies) is destroyed, or a new graph
  * with the same handle is taken for a body. At most DLSYNC_CONDITIONAL_BODIES
- * bodies are declared at once per context.
+ * bodies are declared at once per context (and 1024 in the process).
  *
- * Threads: any. Cost: while a context has no declared body, the rows that add
- * nodes pay one load; with some, they also compare their graphs with the
- * declared ones. The rows that add no node never look.
+ * Threads: any. Cost: while no context has a declared body, the rows that add
+ * nodes pay one load; with some, they also compare their graphs with their
+ * context's declared ones, and with the process's when other contexts have
+ * some. The rows that add no node never look.
  */
 #ifndef DLSYNC_CONDITIONAL_H
 #define DLSYNC_CONDITIONAL_H
@@ -63,7 +68,8 @@ struct CUgraph_st;
 /* Declares `body` (a graph from CUDA_CONDITIONAL_NODE_PARAMS.phGraph_out) a
  * conditional node's body for ctx. Declaring one twice is allowed and counts
  * once. Errors: DLSYNC_ERROR_INVALID_ARGUMENT (ctx or body NULL, or
- * DLSYNC_CONDITIONAL_BODIES bodies declared already). No driver call. */
+ * DLSYNC_CONDITIONAL_BODIES bodies declared already in ctx, or 1024 in the
+ * process). No driver call: the handle is taken on the caller's word. */
 DLSYNC_API dlsync_status dlsync_conditional_body_add(dlsync_context *ctx, struct CUgraph_st *body);
 
 /* Forgets a declaration. DLSYNC_ERROR_INVALID_ARGUMENT when ctx or body is
@@ -71,7 +77,8 @@ DLSYNC_API dlsync_status dlsync_conditional_body_add(dlsync_context *ctx, struct
 DLSYNC_API dlsync_status dlsync_conditional_body_remove(dlsync_context *ctx,
                                                         struct CUgraph_st *body);
 
-/* Whether `body` is declared for ctx (false for NULL arguments). */
+/* Whether `body` is declared by ctx (false for NULL arguments, and for a
+ * body only another context declared). */
 DLSYNC_API int dlsync_conditional_body_is_declared(dlsync_context *ctx, struct CUgraph_st *body);
 
 #ifdef __cplusplus

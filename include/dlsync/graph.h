@@ -17,15 +17,38 @@
  * after the call, and what dlsync placed stays valid as long as the graph
  * it went into, or an executable of it, lives.
  *
+ * On an eager stream only `exec` is used: `graph` may be NULL or already
+ * destroyed (an executable does not need its graph once instantiated).
+ *
  * Errors, each with a message and nothing queued: DLSYNC_ERROR_INVALID_ARGUMENT
  * (ctx or lane NULL; graph NULL where a child node is needed; exec NULL on an
- * eager stream; a graph that cannot be a child: it holds conditional,
- * memory-allocation or memory-free nodes, said so by name);
- * DLSYNC_ERROR_INVALID_LANE; DLSYNC_ERROR_CAPTURE_INVALIDATED;
- * DLSYNC_ERROR_DRIVER_TOO_OLD (a driver without cuGraphAddChildGraphNode or
+ * eager stream; graph the lane's own graph (a graph lane on it, a capture
+ * into it): a graph cannot hold itself; a graph that cannot be a child: it
+ * holds conditional, memory-allocation or memory-free nodes, said so by
+ * name); DLSYNC_ERROR_INVALID_LANE; DLSYNC_ERROR_CAPTURE_INVALIDATED;
+ * DLSYNC_ERROR_LEGACY_STREAM_IN_CAPTURE (the legacy stream while a blocking
+ * stream captures, as for dlsync_order); DLSYNC_ERROR_CONDITIONAL_BODY (the
+ * lane's graph is a conditional node's body, declared in any context, and
+ * graph holds event-record or event-wait nodes, at any depth of its child
+ * graphs: include/dlsync/conditional.h); DLSYNC_ERROR_DRIVER_TOO_OLD (a
+ * driver without cuGraphAddChildGraphNode, cuGraphChildGraphNodeGetGraph or
  * cuGraphLaunch); DLSYNC_ERROR_DRIVER (the driver refused: a destroyed graph
- * or executable, for example). Graph lanes need room for one node in deps
- * (else DLSYNC_ERROR_INVALID_ARGUMENT). Threads: any; legal during capture.
+ * or executable, a handle that is no graph, named with the call);
+ * DLSYNC_ERROR_OUT_OF_MEMORY (host memory, or the driver's
+ * CUDA_ERROR_OUT_OF_MEMORY). Graph lanes need room for one node in deps
+ * (else DLSYNC_ERROR_INVALID_ARGUMENT).
+ *
+ * Not detected: an executable of another graph than `graph` on an eager
+ * stream. The driver keeps no link from an executable to its graph that can
+ * be read without side effects: cuGraphExecGetFlags gives only the
+ * instantiation flags, cuGraphExecUpdate would rewrite the executable to
+ * check, and cuGraphNodeGetEnabled (which refuses a node of another graph)
+ * only takes kernel, memset and memcpy nodes and costs a node list per
+ * launch. exec is what runs. A handle of another kind passed as graph is
+ * refused by the driver when it checks its handles (the fake does); a real
+ * driver may not, as for any CUDA call given a wrong handle.
+ *
+ * Threads: any; legal during capture.
  */
 #ifndef DLSYNC_GRAPH_H
 #define DLSYNC_GRAPH_H

@@ -2566,6 +2566,16 @@ static CUresult CUDAAPI fk_GraphAddChildGraphNode(CUgraphNode *out, CUgraph hg,
   return leave(r);
 }
 
+/* The graph a child-graph node holds (its copy, owned by the node). */
+static CUresult CUDAAPI fk_GraphChildGraphNodeGetGraph(CUgraphNode h, CUgraph *out) {
+  ENTER(GraphChildGraphNodeGetGraph);
+  fnode *n = GET_NODE(h);
+  if (!n || !out || n->type != CU_GRAPH_NODE_TYPE_GRAPH || !n->child)
+    return leave(CUDA_ERROR_INVALID_VALUE);
+  *out = n->child->h;
+  return leave(CUDA_SUCCESS);
+}
+
 /* [R31 EXEC-UPDATE] cuGraphExecUpdate: the executable takes the node
  * parameters (events, host functions) of a graph whose nodes, flattened
  * through child graphs, have the same count and types in the same order
