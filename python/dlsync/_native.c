@@ -764,26 +764,36 @@ static PyObject *dlsync_py_end(PyObject *module, PyObject *handle) {
   Py_RETURN_NONE;
 }
 
-static PyObject *dlsync_py_capture_state(PyObject *module, PyObject *stream) {
+/* dlsync_lane_query of a stream handle, the GIL released around the call;
+ * -1 with the Python error set on failure. */
+static int dlsync_py_query_stream(dlsync_lane_state *state, PyObject *stream) {
   uintptr_t handle;
   dlsync_lane lane;
-  dlsync_lane_state state;
   dlsync_context *ctx;
   PyThreadState *released;
   dlsync_status status;
-  PyObject *answer;
-  (void)module;
   if (dlsync_py_check_ready() < 0 || dlsync_py_handle_value(stream, &handle) < 0)
-    return NULL;
+    return -1;
   ctx = dlsync_py_context();
   if (ctx == NULL)
-    return NULL;
+    return -1;
   lane = dlsync_py_lane(handle);
   released = PyEval_SaveThread();
-  status = dlsync_py_lib.lane_query(&state, ctx, &lane);
+  status = dlsync_py_lib.lane_query(state, ctx, &lane);
   PyEval_RestoreThread(released);
-  if (status != DLSYNC_SUCCESS)
-    return dlsync_py_fail(status);
+  if (status != DLSYNC_SUCCESS) {
+    dlsync_py_fail(status);
+    return -1;
+  }
+  return 0;
+}
+
+static PyObject *dlsync_py_capture_state(PyObject *module, PyObject *stream) {
+  dlsync_lane_state state;
+  PyObject *answer;
+  (void)module;
+  if (dlsync_py_query_stream(&state, stream) < 0)
+    return NULL;
   answer = state.kind == DLSYNC_LANE_CAPTURING ? dlsync_py_s_capturing : dlsync_py_s_eager;
   Py_INCREF(answer);
   return answer;
@@ -791,24 +801,10 @@ static PyObject *dlsync_py_capture_state(PyObject *module, PyObject *stream) {
 
 /* capture_graph(stream): the graph its capture builds, or None when eager. */
 static PyObject *dlsync_py_capture_graph(PyObject *module, PyObject *stream) {
-  uintptr_t handle;
-  dlsync_lane lane;
   dlsync_lane_state state;
-  dlsync_context *ctx;
-  PyThreadState *released;
-  dlsync_status status;
   (void)module;
-  if (dlsync_py_check_ready() < 0 || dlsync_py_handle_value(stream, &handle) < 0)
+  if (dlsync_py_query_stream(&state, stream) < 0)
     return NULL;
-  ctx = dlsync_py_context();
-  if (ctx == NULL)
-    return NULL;
-  lane = dlsync_py_lane(handle);
-  released = PyEval_SaveThread();
-  status = dlsync_py_lib.lane_query(&state, ctx, &lane);
-  PyEval_RestoreThread(released);
-  if (status != DLSYNC_SUCCESS)
-    return dlsync_py_fail(status);
   if (state.kind != DLSYNC_LANE_CAPTURING)
     Py_RETURN_NONE;
   return PyLong_FromVoidPtr(state.graph);
