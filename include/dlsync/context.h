@@ -101,7 +101,7 @@ DLSYNC_API dlsync_status dlsync_context_create(dlsync_context **out,
  * graphs are handed to the library and destroyed once those graphs are gone;
  * nothing is leaked and no graph loses an event, with one exception: another
  * thread that is still alive keeps its open batch of events for built
- * graphs (up to 8 CUDA events, exchange.h) until it exits or orders again.
+ * graphs (up to 8 CUDA events, exchange.h) until that thread exits.
  * The context is destroyed whatever the status.
  * Returns: DLSYNC_SUCCESS.
  * Errors: DLSYNC_ERROR_BUSY, with a message naming them, when fences,
