@@ -13,52 +13,22 @@
 #include <string>
 
 #include "dlsync/tvm_ffi.h"
-#include "fake/fake_driver.h"
+#include "fake/fake_session.hpp"
 
-extern "C" dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
-                                                            const dlsync_context_config *config,
-                                                            const dlsync__driver *drv);
-
-static int failures;
-static const dlsync__driver *D;
-static dlsync_context *ctx;
-static CUstream E, S;
+using fake_session::ctx;
+using fake_session::D;
+using fake_session::failures;
+static CUstream &E = fake_session::first, &S = fake_session::second;
 static const DLDevice cuda0 = {kDLCUDA, 0};
 
-#define CHECK(cond)                                                                         \
-  do {                                                                                      \
-    if (!(cond)) {                                                                          \
-      std::fprintf(stderr, "%s:%d: %s: failed: %s\n", __FILE__, __LINE__, __func__, #cond); \
-      failures++;                                                                           \
-    }                                                                                       \
-  } while (0)
-
 static void open_fake() {
-  fake_reset(2);
-  D = fake_driver();
-  ctx = nullptr;
-  CHECK(dlsync__context_create_with_driver(&ctx, nullptr, D) == DLSYNC_SUCCESS);
-  E = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
-  S = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  fake_session::open();
   CHECK(TVMFFIEnvSetStream(kDLCUDA, 0, E, nullptr) == 0);
-  fake_log_reset();
 }
 
 static void close_fake() {
-  char leaks[256] = {0};
-  fake_fail_clear();
   CHECK(TVMFFIEnvSetStream(kDLCUDA, 0, nullptr, nullptr) == 0);
-  CHECK(fake_illegal_calls() == 0);
-  CHECK(fake_dangling_event_uses() == 0);
-  CHECK(dlsync_context_destroy(ctx) == DLSYNC_SUCCESS);
-  fake_stream_destroy(E);
-  fake_stream_destroy(S);
-  fake_run_destructors();
-  CHECK(fake_live_events() == 0);
-  if (fake_leak_report(leaks, sizeof leaks) != 0) {
-    std::fprintf(stderr, "leaked: %s\n", leaks);
-    failures++;
-  }
+  fake_session::close();
 }
 
 /* Runs f; true when it threw tvm::ffi::Error of `kind` whose message has `text`. */
