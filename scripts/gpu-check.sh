@@ -11,6 +11,7 @@
 #                                          # compute-sanitizer memcheck and synccheck
 #   BENCH_ONLY=1 bash scripts/gpu-check.sh # the build and the bench only
 #   NO_BENCH=1 bash scripts/gpu-check.sh   # everything but the two benches
+#   NO_WHEEL=1 bash scripts/gpu-check.sh   # not the wheel from .whl-dlsync/
 #   ECO_CASES="nanobind_ext tvm_ffi" ...   # only these ecosystem examples
 #   BENCH_RUNS=3 HARNESS_RUNS=3 ...        # the bench and dlsync.testing's GPU
 #                                          # tests three times
@@ -188,7 +189,7 @@ fi
 wheel=$(ls "$root"/.whl-dlsync/dlsync-*"$(uname -m)".whl 2>/dev/null | head -n 1)
 wheel_rc=skipped
 stamp wheel
-if [ -n "$wheel" ] && [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
+if [ -n "$wheel" ] && [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ] && [ -z "${NO_WHEEL:-}" ]; then
   wheel_rc=0
   pkg=/tmp/dlsyncpkg
   tests=$(mktemp -d) # the tests outside the tree: they must import the installed dlsync
@@ -272,7 +273,7 @@ if [ "$wheel_rc" != skipped ]; then
   grep -E '^wheel-info: (dlsync library|libdlsync|selftest)|^wheel-ext: (headers|/)' "$out/wheel.txt"
   [ "$wheel_rc" = 0 ] || { grep -E "^(FAILED|ERROR)|Error" "$out/wheel.txt" | head -20; status=1; }
 else
-  echo "== wheel: none in .whl-dlsync/ (or SUITE_ONLY/NO_PYTHON): not tested"
+  echo "== wheel: none in .whl-dlsync/ (or SUITE_ONLY/NO_PYTHON/NO_WHEEL): not tested"
 fi
 # ---- end packaging ----
 if [ -z "${SUITE_ONLY:-}" ]; then

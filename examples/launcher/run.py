@@ -30,6 +30,7 @@ HERE = os.path.dirname(os.path.abspath(__file__))
 RUNS = int(os.environ.get("LAUNCHER_RUNS", "20"))
 N = int(os.environ.get("LAUNCHER_N", str(1 << 24)))
 SPIN = 20_000_000  # about 10 ms
+CASE_TIMEOUT = 120  # seconds for one case's process (4x under memcheck)
 
 
 def case(lib: str, setting: str, release: str) -> dict:
@@ -86,8 +87,11 @@ def case(lib: str, setting: str, release: str) -> dict:
 
 def _child(lib, setting, release, wrap=None, env=None):
     cmd = [sys.executable, __file__, "--case", lib, setting, release]
-    proc = subprocess.run((wrap or []) + cmd, capture_output=True, text=True, timeout=600,
-                          env=env)
+    try:
+        proc = subprocess.run((wrap or []) + cmd, capture_output=True, text=True,
+                              timeout=CASE_TIMEOUT * (4 if wrap else 1), env=env)
+    except subprocess.TimeoutExpired as e:
+        proc = subprocess.CompletedProcess(e.cmd, "timeout", stdout="", stderr="no result in time")
     res = None
     for line in proc.stdout.splitlines():
         if line.startswith("RESULT "):
@@ -149,7 +153,9 @@ def main() -> int:
         print(__doc__)
         return 2
     lib = os.path.abspath(sys.argv[1])
-    rows, ok_all = [], True
+    ok_all = True
+    # Each row is printed as its case ends: a run cut short still shows what it did.
+    print(f"{'case':9} {'setting':19} {'release':7} {'runs':>4} {'wrong':>5}  verdict", flush=True)
     for setting in SETTINGS:
         for release in ("after", "before"):
             res, _ = _child(lib, setting, release)
@@ -164,12 +170,10 @@ def main() -> int:
                 verdict = ("control failed as expected" if ok else
                            "CONTROL FAILED FOR ANOTHER REASON" if res["error"] else "CONTROL DID NOT FAIL")
             ok_all = ok_all and ok
-            rows.append((setting, release, res, verdict))
-    print(f"{'case':9} {'setting':19} {'release':7} {'runs':>4} {'wrong':>5}  verdict")
-    for setting, release, res, verdict in rows:
-        print(f"{'launcher':9} {setting:19} {release:7} {res['runs']:>4} {res['wrong']:>5}  {verdict}")
-        if res["error"] and not verdict.startswith("skipped"):
-            print(f"    error: {res['error']}")
+            print(f"{'launcher':9} {setting:19} {release:7} {res['runs']:>4} {res['wrong']:>5}  "
+                  f"{verdict}", flush=True)
+            if res["error"] and not verdict.startswith("skipped"):
+                print(f"    error: {res['error']}", flush=True)
     return 0 if ok_all else 1
 
 

@@ -20,6 +20,7 @@ import sys
 RUNS = 20
 N = 1 << 24
 SPIN = 20_000_000  # about 10 ms
+CASE_TIMEOUT = 120  # seconds for one case's process
 
 
 def case(producer: str, setting: str, mode: str) -> dict:
@@ -148,17 +149,25 @@ def main() -> int:
             cases.append((producer, setting))
     cases.append(("jax", "eager"))
     cases.append(("raising", "eager"))
-    rows, ok_all = [], True
+    ok_all = True
+    # Each row is printed as its case ends: a run cut short still shows what it did.
+    print(f"{'case':14} {'producer':8} {'setting':19} {'import':7} {'runs':>4} {'wrong':>5}  verdict",
+          flush=True)
     for producer, setting in cases:
         for mode in ("dlsync", "plain"):
             env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-            proc = subprocess.run([sys.executable, __file__, "--case", producer, setting, mode],
-                                  env=env, capture_output=True, text=True, timeout=300)
+            try:
+                proc = subprocess.run([sys.executable, __file__, "--case", producer, setting, mode],
+                                      env=env, capture_output=True, text=True, timeout=CASE_TIMEOUT)
+            except subprocess.TimeoutExpired:
+                proc = None
             res = None
-            for line in proc.stdout.splitlines():
+            for line in proc.stdout.splitlines() if proc else ():
                 if line.startswith("RESULT "):
                     res = json.loads(line[7:])
-            if res is None:
+            if proc is None:
+                res = {"runs": 0, "wrong": 0, "error": f"exit timeout: no result in {CASE_TIMEOUT} s"}
+            elif res is None:
                 tail = (proc.stderr or proc.stdout).strip().splitlines()[-2:]
                 res = {"runs": 0, "wrong": 0,
                        "error": f"exit {proc.returncode}: {' | '.join(tail)[:240]}"}
@@ -178,13 +187,10 @@ def main() -> int:
                 verdict = ("control failed as expected" if ok else
                            "CONTROL FAILED FOR ANOTHER REASON" if res["error"] else "CONTROL DID NOT FAIL")
             ok_all = ok_all and ok
-            rows.append((producer, setting, mode, res, verdict))
-    print(f"{'case':14} {'producer':8} {'setting':19} {'import':7} {'runs':>4} {'wrong':>5}  verdict")
-    for producer, setting, mode, res, verdict in rows:
-        print(f"{'nanobind_ext':14} {producer:8} {setting:19} {mode:7} {res['runs']:>4} "
-              f"{res['wrong']:>5}  {verdict}")
-        if res["error"] and not _framework_missing(res["error"]):
-            print(f"    error: {res['error']}")
+            print(f"{'nanobind_ext':14} {producer:8} {setting:19} {mode:7} {res['runs']:>4} "
+                  f"{res['wrong']:>5}  {verdict}", flush=True)
+            if res["error"] and not _framework_missing(res["error"]):
+                print(f"    error: {res['error']}", flush=True)
     return 0 if ok_all else 1
 
 
