@@ -52,7 +52,9 @@ def case(producer: str, setting: str, mode: str) -> dict:
 
         out = torch.empty(N, device="cuda")
         for i in range(RUNS):
-            a = jnp.full((2048, 2048), 1e-3, jnp.float32)
+            # 1/2048 is a fixed point of a @ a (2048 x 2048): the chain stays finite, so
+            # a[0, 0] * 0.0 below is 0 (1e-3 grew to inf in 8 steps, and inf * 0 is NaN).
+            a = jnp.full((2048, 2048), 1.0 / 2048, jnp.float32)
             for _ in range(8):  # the slow producer: matmuls queued ahead of x
                 a = a @ a
             x = jnp.full((N,), float(i + 1), jnp.float32) + a[0, 0] * 0.0

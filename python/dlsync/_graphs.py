@@ -66,13 +66,27 @@ def _torch_graph(obj: Any) -> Tuple[Optional[int], Optional[int]]:
     return graph or None, exec_ or None
 
 
-def _cuda_core_builder(obj: Any) -> Optional[Any]:
-    """The members of a cuda.core GraphBuilder (its ``_mnff``: ``graph``
-    once building ended, ``conditional_graph`` for a conditional body's
-    builder), or None for other objects."""
-    if not _module_of(obj).startswith("cuda.core") or type(obj).__name__ != "GraphBuilder":
-        return None
-    return getattr(obj, "_mnff", None)
+def _cuda_core_builder(obj: Any) -> bool:
+    """Whether obj is a cuda.core GraphBuilder."""
+    return _module_of(obj).startswith("cuda.core") and type(obj).__name__ == "GraphBuilder"
+
+
+def _cuda_core_builder_graph(obj: Any) -> Optional[int]:
+    """The CUgraph of a cuda.core GraphBuilder, or None while it has none
+    to give. cuda.core 1.x: ``graph_definition.handle`` (a conditional
+    body's builder has it from its creation, a primary builder once
+    building ended; RuntimeError before); cuda.core 0.x: the members in
+    ``_mnff`` (``graph`` once building ended, ``conditional_graph`` for a
+    conditional body's builder)."""
+    try:
+        definition = obj.graph_definition
+    except (AttributeError, RuntimeError):
+        definition = None
+    if definition is not None:
+        return _as_int(definition.handle) or None
+    members = getattr(obj, "_mnff", None)
+    g = getattr(members, "graph", None) or getattr(members, "conditional_graph", None)
+    return _as_int(g) or None
 
 
 def graph_handles(graph: Any, exec_: Any = None) -> Tuple[Optional[int], Optional[int]]:
@@ -92,16 +106,15 @@ def graph_handles(graph: Any, exec_: Any = None) -> Tuple[Optional[int], Optiona
     if mod.startswith("torch") and hasattr(graph, "raw_cuda_graph_exec"):
         g, e = _torch_graph(graph)
         return g, e if x is None else x
-    members = _cuda_core_builder(graph)
-    if members is not None:
-        g = getattr(members, "graph", None) or getattr(members, "conditional_graph", None)
+    if _cuda_core_builder(graph):
+        g = _cuda_core_builder_graph(graph)
         if not g:
             raise ValueError(
                 "dlsync.launch: this cuda.core GraphBuilder has no graph yet: call "
                 "end_building() first (or pass the Graph that complete() returned, for an "
                 "eager stream)"
             )
-        return _as_int(g), x
+        return g, x
     if mod.startswith("cuda.core") and name == "Graph" and hasattr(graph, "handle"):
         # complete()'s executable; its CUgraph is not kept by cuda.core.
         return None, _as_int(graph.handle) if x is None else x
@@ -155,16 +168,25 @@ def body_handle(body: Any) -> int:
         return body
     if type(body).__name__ in _GRAPH_TYPES:
         return _as_int(body)
-    members = _cuda_core_builder(body)
-    if members is not None:
-        g = getattr(members, "conditional_graph", None)
+    if _cuda_core_builder(body):
+        # A conditional body's builder gives its graph before its capture
+        # begins; a primary builder gives none until its building ended (and
+        # cuda.core 0.x names a body's graph apart).
+        members = getattr(body, "_mnff", None)
+        if members is not None:
+            g = _as_int(getattr(members, "conditional_graph", None))
+        elif getattr(body, "is_building", False) or getattr(body, "is_join_required", False):
+            g = None
+        else:
+            g = _cuda_core_builder_graph(body)
         if not g:
             raise TypeError(
                 "dlsync.conditional_body: this cuda.core GraphBuilder is not a conditional "
-                "body's builder (one that if_cond / if_then / if_else / switch / while_loop "
-                "returned)"
+                "body's builder before its capture began (declare the builder that if_cond / "
+                "if_then / if_else / switch / while_loop returned, then begin_building() "
+                "inside the block)"
             )
-        return _as_int(g)
+        return g
     raise TypeError(
         "dlsync.conditional_body takes a conditional node's body: a CUgraph handle (int, "
         "CUDA_CONDITIONAL_NODE_PARAMS.phGraph_out[i]), cuda.bindings' CUgraph or the cuda.core "

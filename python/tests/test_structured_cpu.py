@@ -50,6 +50,27 @@ def _fake_type(module, name, **attrs):
     return type(name, (), dict(attrs, __module__=module))()
 
 
+class _CoreBuilder:
+    """cuda.core 1.x's GraphBuilder as dlsync sees it: graph_definition (a
+    view whose .handle is the CUgraph) raises RuntimeError where cuda.core
+    does (a primary builder before its building ended, any builder while it
+    builds); is_building; is_join_required (a forked builder)."""
+
+    def __init__(self, graph, body, building=False, forked=False):
+        self._graph, self._body = graph, body
+        self.is_building, self.is_join_required = building, forked
+
+    @property
+    def graph_definition(self):
+        if self.is_join_required or self.is_building or (not self._body and not self._graph):
+            raise RuntimeError("not available now")
+        return type("GraphDefinition", (), {"handle": self._graph})()
+
+
+_CoreBuilder.__name__ = _CoreBuilder.__qualname__ = "GraphBuilder"
+_CoreBuilder.__module__ = "cuda.core.graph._graph_builder"
+
+
 @needs_fake
 class ConditionalBodies(unittest.TestCase):
     def setUp(self):
@@ -218,6 +239,23 @@ class ConditionalBodies(unittest.TestCase):
         finally:
             FAKE.graph_destroy(parent)
 
+    def test_cuda_core_1_builder(self):
+        parent, body = FAKE.conditional()
+        try:
+            with dlsync.conditional_body(_CoreBuilder(body, body=True)) as g:
+                self.assertEqual(g, body)
+                self.assertTrue(dlsync.is_conditional_body(body))
+            self.assertFalse(dlsync.is_conditional_body(body))
+            for builder in (_CoreBuilder(None, body=False),  # a primary builder, not built
+                            _CoreBuilder(body, body=True, building=True),  # capture begun
+                            _CoreBuilder(body, body=True, forked=True)):
+                with self.assertRaisesRegex(TypeError, "not a conditional body's builder"):
+                    with dlsync.conditional_body(builder):
+                        pass
+                self.assertFalse(dlsync.is_conditional_body(body))
+        finally:
+            FAKE.graph_destroy(parent)
+
     def test_bad_bodies(self):
         with self.assertRaisesRegex(TypeError, r"not object"):
             with dlsync.conditional_body(object()):
@@ -311,9 +349,10 @@ class Launch(unittest.TestCase):
         dlsync.launch(builder, self.s, exec=x)
         core_graph = _fake_type("cuda.core._graph._graph_builder", "Graph", handle=x)
         dlsync.launch(core_graph, self.s)
+        dlsync.launch(_CoreBuilder(g, body=False), self.s, exec=x)  # cuda.core 1.x
         cu_graph = _fake_type("cuda.bindings.driver", "CUgraphExec", __int__=lambda self: x)
         dlsync.launch(None, self.s, exec=cu_graph)
-        self.assertEqual(FAKE.calls("cuGraphLaunch"), before + 4)
+        self.assertEqual(FAKE.calls("cuGraphLaunch"), before + 5)
         # In a capture, the torch graph gives its CUgraph: a child node.
         FAKE.begin_capture(self.s)
         dlsync.launch(torch_graph, self.s)
@@ -339,6 +378,8 @@ class Launch(unittest.TestCase):
                              _mnff=type("M", (), {"graph": None, "conditional_graph": None})())
         with self.assertRaisesRegex(ValueError, "end_building"):
             dlsync.launch(unbuilt, self.s)
+        with self.assertRaisesRegex(ValueError, "end_building"):  # cuda.core 1.x
+            dlsync.launch(_CoreBuilder(None, body=False), self.s)
         with self.assertRaisesRegex(TypeError, "the exec must be an int CUgraphExec handle"):
             dlsync.launch(self.g, self.s, exec="x")
         with self.assertRaisesRegex(ValueError, r"the graph is -1: a CUgraph handle"):

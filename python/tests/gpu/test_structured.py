@@ -62,6 +62,35 @@ def _core():
     return core
 
 
+def _condition(gb):
+    """A condition for the conditional nodes of gb: create_condition
+    (cuda.core 1.x) or create_conditional_handle (0.x)."""
+    fn = getattr(gb, "create_condition", None) or getattr(gb, "create_conditional_handle")
+    return fn(default_value=1)
+
+
+def _condition_value(h) -> int:
+    """The CUgraphConditionalHandle of a condition, for a kernel argument."""
+    return int(h.handle) if hasattr(h, "handle") else int(h)
+
+
+def _end_captures(*builders):
+    """Ends the captures these cuda.core builders still have open (the body
+    before its parent), whatever state the failure left them in."""
+    for b in builders:
+        if b is None:
+            continue
+        try:
+            if b.is_building:
+                b.end_building()
+        except Exception:  # noqa: BLE001 - best effort; close() below ends it otherwise
+            pass
+        try:
+            b.close()
+        except Exception:  # noqa: BLE001
+            pass
+
+
 def _if_builder(gb, handle):
     """cuda.core's IF builder: if_then where it has it, else if_cond."""
     fn = getattr(gb, "if_then", None) or getattr(gb, "if_cond", None)
@@ -191,13 +220,13 @@ def _core_conditional(kind, use):
     torch.cuda.synchronize()
     runs = wrong = broken = 0
     rows = []
-    gb = None
+    gb = body = None
     try:
         gb = dev.create_graph_builder().begin_building("relaxed")
         parent = dlsync.stream_handle(gb)
         with _producer_ordered_before(parent, prod, use):
             _produce(prod, x, y)
-        h = gb.create_conditional_handle(default_value=1)
+        h = _condition(gb)
         body = _if_builder(gb, h) if kind == "if" else gb.while_loop(h)
         with dlsync.conditional_body(body) if use else contextlib.nullcontext() as declared:
             body.begin_building("relaxed")
@@ -209,7 +238,7 @@ def _core_conditional(kind, use):
                     cupy.multiply(cy, 3, out=res)
                 else:
                     cupy.add(res, cy, out=res)
-                    loop((1,), (1,), (numpy.uint64(int(h)), left))
+                    loop((1,), (1,), (numpy.uint64(_condition_value(h)), left))
             if use:
                 rows.append(_refused(lambda: dlsync.exchange(eager, bs).__enter__(),
                                      "EAGER_TO_CAPTURE", declared))
@@ -226,6 +255,7 @@ def _core_conditional(kind, use):
         graph = gb.complete()
     except Exception as e:  # noqa: BLE001 - with dlsync: counted broken, fails the case
         broken += 1
+        _end_captures(body, gb)  # a capture left open would break every later test
         torch.cuda.synchronize()
         return runs, wrong, broken, _broken(e)
     launch = dev.create_stream()
