@@ -160,7 +160,7 @@ static inline void dlsync__spin_unlock(atomic_int *l) {
  * `graph` (graph/graph.h checks it); order/ keeps one
  * free exchange handle in `spare`. */
 #define DLSYNC__THREAD_EVENT_BYTES 400
-#define DLSYNC__THREAD_GRAPH_BYTES 1488
+#define DLSYNC__THREAD_GRAPH_BYTES 1504
 
 #if defined(__GNUC__)
 /* A type that may view another object's bytes (the slots below). */

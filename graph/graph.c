@@ -282,6 +282,36 @@ static pthread_once_t built_once = PTHREAD_ONCE_INIT;
 static pthread_key_t built_key;
 static atomic_bool built_key_ok;
 
+/* The threads whose exit hook is set (only they keep a batch open past the
+ * order that opened it), so that context destroy closes every thread's
+ * batches of its pools, not only its own. The lock also guards what another
+ * thread may do to a memo: a memo's pool and generation are written only
+ * under it (its owner reads them without it, and the sweep never writes
+ * them), and its batch is closed under it by its owner only when the memo
+ * goes to another pool or the thread exits. A memo's batch is otherwise its
+ * owner's alone: the sweep closes only the memos of a context being
+ * destroyed, which no other use of that context may race with. */
+static pthread_mutex_t built_registry_lock = PTHREAD_MUTEX_INITIALIZER;
+static graph_thread *built_registry;
+
+static void registry_add(graph_thread *gt) { /* with built_registry_lock */
+  gt->registry_prev = NULL;
+  gt->registry_next = built_registry;
+  if (built_registry != NULL)
+    built_registry->registry_prev = gt;
+  built_registry = gt;
+}
+
+static void registry_remove(graph_thread *gt) { /* with built_registry_lock */
+  if (gt->registry_prev != NULL)
+    gt->registry_prev->registry_next = gt->registry_next;
+  else if (built_registry == gt)
+    built_registry = gt->registry_next;
+  if (gt->registry_next != NULL)
+    gt->registry_next->registry_prev = gt->registry_prev;
+  gt->registry_next = gt->registry_prev = NULL;
+}
+
 /* Drops the thread's reference to m's batch (its events come back once the
  * graphs that retained it are gone) and empties m. When the driver refuses
  * (the result returned), a batch no graph took is given back by hand (its
@@ -320,11 +350,14 @@ static void built_close_warn(built_memo *m, const char *when) {
 
 static void built_thread_exit(void *p) {
   graph_thread *gt = p;
+  pthread_mutex_lock(&built_registry_lock);
   for (unsigned i = 0; i < DLSYNC__BUILT_MEMOS; i++) {
     built_close_warn(&gt->built[i], "a thread's exit");
     gt->built[i].pool = NULL;
   }
+  registry_remove(gt);
   gt->built_keyed = false;
+  pthread_mutex_unlock(&built_registry_lock);
 }
 
 static void built_key_init(void) {
@@ -359,6 +392,9 @@ static DLSYNC__INLINE built_memo *built_memo_for(graph_thread *gt, const dlsync_
       return m;
     }
   }
+  /* A memo goes to another pool under the registry's lock: a context
+   * destroy on another thread may be closing it. */
+  pthread_mutex_lock(&built_registry_lock);
   for (unsigned i = 0; i < DLSYNC__BUILT_MEMOS; i++)
     if (gt->built[i].pool == NULL) { /* a free one first */
       pick = i;
@@ -371,6 +407,7 @@ static DLSYNC__INLINE built_memo *built_memo_for(graph_thread *gt, const dlsync_
   m->generation = ps->generation;
   m->release = ps->drv->UserObjectRelease;
   m->taken = 0;
+  pthread_mutex_unlock(&built_registry_lock);
   return m;
 }
 
@@ -399,6 +436,11 @@ static DLSYNC__NOINLINE dlsync_status built_open(built_memo *m, graph_thread *gt
   if (!gt->built_keyed) {
     (void)pthread_once(&built_once, built_key_init);
     gt->built_keyed = atomic_load(&built_key_ok) && pthread_setspecific(built_key, gt) == 0;
+    if (gt->built_keyed) {
+      pthread_mutex_lock(&built_registry_lock);
+      registry_add(gt);
+      pthread_mutex_unlock(&built_registry_lock);
+    }
   }
   if (gt->built_keyed && m->taken > 1)
     want = m->taken < DLSYNC__BUILT_BATCH ? m->taken : DLSYNC__BUILT_BATCH;
@@ -487,15 +529,29 @@ cleanup:
   return st;
 }
 
-void dlsync__graph_built_close(const dlsync__pools *ps) {
-  graph_thread *gt = dlsync__graph_thread_of(dlsync__thread_get());
+/* Closes gt's memos of ps (with built_registry_lock). Another thread's
+ * memo keeps its pool and generation (its owner may be reading them, to
+ * find another memo); that generation is never matched again. */
+static void built_close_of(graph_thread *gt, const dlsync__pools *ps, bool own) {
   for (unsigned i = 0; i < DLSYNC__BUILT_MEMOS; i++) {
     built_memo *m = &gt->built[i];
     if (m->pool == NULL || m->generation != ps->generation)
       continue;
-    built_close_warn(m, "context destroy");
-    m->pool = NULL;
+    built_close_warn(m,
+                     own ? "context destroy" : "context destroy, closing another thread's batch");
+    if (own)
+      m->pool = NULL;
   }
+}
+
+void dlsync__graph_built_close(const dlsync__pools *ps) {
+  graph_thread *self = dlsync__graph_thread_of(dlsync__thread_get());
+  pthread_mutex_lock(&built_registry_lock);
+  built_close_of(self, ps, true); /* registered or not */
+  for (graph_thread *gt = built_registry; gt != NULL; gt = gt->registry_next)
+    if (gt != self)
+      built_close_of(gt, ps, false);
+  pthread_mutex_unlock(&built_registry_lock);
 }
 
 size_t dlsync__graph_built_held(const dlsync__pools *ps) {

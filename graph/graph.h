@@ -185,6 +185,9 @@ typedef struct DLSYNC__MAY_ALIAS dlsync__graph_thread {
   unsigned built_last; /* the memo of built[] used last */
   bool built_keyed;    /* the thread-exit hook that closes the batches is set */
   dlsync__built_memo built[DLSYNC__BUILT_MEMOS];
+  /* The registry of threads with a thread-exit hook (graph.c): context
+   * destroy closes every such thread's batches of its pools. */
+  struct dlsync__graph_thread *registry_next, *registry_prev;
 } dlsync__graph_thread;
 
 #ifndef __cplusplus
@@ -321,9 +324,11 @@ static inline dlsync_status dlsync__graph_built_event(CUevent *out, dlsync__thre
   }
   return dlsync__graph_built_event_slow(out, t, ps, pool, lanes, nlanes);
 }
-/* Closes the calling thread's open batches of the pools `ps` (its reference
- * to each dropped: their unused events come back once their graphs are
- * gone). For context destroy. */
+/* Closes every thread's open batches of the pools `ps` (each thread's
+ * reference dropped: their unused events come back once their graphs are
+ * gone). For context destroy, which no other use of that context races
+ * with: another thread touches its memo of `ps` only to give it to another
+ * pool or at its exit, both under the registry's lock, as is this. */
 void dlsync__graph_built_close(const dlsync__pools *ps);
 /* How many events the calling thread's open batches of the pools `ps` hold
  * that it has not used yet, and how many they hold in all, used or not (a

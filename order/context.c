@@ -161,9 +161,9 @@ dlsync_status dlsync_context_destroy(dlsync_context *ctx) {
   fences = atomic_load(&ctx->live_fences);
   /* Releases first: the eager ones give their events back to the pools. */
   rst = dlsync__release_book_close(ctx->releases, &left);
-  /* This thread's batches of events for built graphs: closed, so that
-   * their unused events come back once the graphs are gone (other threads
-   * close theirs at their next order into a built graph, or at exit). */
+  /* Every thread's batches of events for built graphs of this context:
+   * closed, so that their unused events come back once the graphs are gone
+   * (the threads still alive included; graph/graph.c, the registry). */
   dlsync__graph_built_close(&ctx->pools);
   pst = dlsync__pools_destroy(&ctx->pools);
   /* A driver error of the pools is returned unless releases are left; what

@@ -99,9 +99,9 @@ DLSYNC_API dlsync_status dlsync_context_create(dlsync_context **out,
 
 /* Destroys a context and its pools. NULL is a no-op. Events still owned by
  * graphs are handed to the library and destroyed once those graphs are gone;
- * nothing is leaked and no graph loses an event, with one exception: another
- * thread that is still alive keeps its open batch of events for built
- * graphs (up to 8 CUDA events, exchange.h) until that thread exits.
+ * nothing is leaked and no graph loses an event. Every thread's open batch
+ * of events for built graphs (up to 8 CUDA events per thread, exchange.h)
+ * of this context is closed here, the threads still alive included.
  * The context is destroyed whatever the status.
  * Returns: DLSYNC_SUCCESS.
  * Errors: DLSYNC_ERROR_BUSY, with a message naming them, when fences,
