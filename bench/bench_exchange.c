@@ -908,6 +908,100 @@ static void run_two_captures_flags(void) {
   run_reference(&rl);
 }
 
+/* ---- a library's own graph launched inside a capture ----
+ * dlsync_graph_launch on a capturing stream against what a library would
+ * write by hand for the same node: the capture query (graph and
+ * dependencies), cuGraphAddChildGraphNode at those dependencies,
+ * cuStreamUpdateCaptureDependencies (SET) to the new node. Those calls are
+ * also dlsync's floor: it makes no other on this path (no context lookup,
+ * no event, no user object). The library's graph: LAUNCH_NODES memsets,
+ * captured once. Each batch: K_ROWS launches into a fresh capture of P that
+ * holds one node; the captured graph's node count, 1 + the launches' child
+ * nodes, shows that dlsync adds none of its own. */
+#define LAUNCH_NODES 4
+static CUgraph launch_lib_graph;
+
+static void op_launch_by_hand(void) {
+  CUstreamCaptureStatus st;
+  cuuint64_t id;
+  CUgraph g;
+  const CUgraphNode *deps;
+  const CUgraphEdgeData *ed;
+  size_t n;
+  CUgraphNode node;
+  CHECK(D->StreamGetCaptureInfo(P, &st, &id, &g, &deps, &ed, &n) == CUDA_SUCCESS, "query");
+  CHECK(D->GraphAddChildGraphNode(&node, g, deps, n, launch_lib_graph) == CUDA_SUCCESS, "child");
+  CHECK(D->StreamUpdateCaptureDependencies(P, &node, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES) ==
+            CUDA_SUCCESS,
+        "update");
+}
+
+/* ns per launch (median of BATCHES batches) and the nodes of the last
+ * batch's captured graph. */
+static double time_launch(bool with_dlsync, size_t *nodes) {
+  double t[BATCHES];
+  dlsync_lane lp = dlsync_lane_stream(P);
+  for (int b = 0; b < BATCHES; b++) {
+    CUgraph g = NULL;
+    double t0;
+    CHECK(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
+    CHECK(D->MemsetD32Async(scale_buf, 1, 1, P) == CUDA_SUCCESS, "memset");
+    t0 = gpu_now_ns();
+    for (int i = 0; i < K_ROWS; i++) {
+      if (with_dlsync)
+        CHECK(dlsync_graph_launch(E.ctx, launch_lib_graph, NULL, &lp) == DLSYNC_SUCCESS,
+              "dlsync_graph_launch");
+      else
+        op_launch_by_hand();
+    }
+    t[b] = (gpu_now_ns() - t0) / K_ROWS;
+    CHECK(D->StreamEndCapture(P, &g) == CUDA_SUCCESS, "end capture");
+    *nodes = 0;
+    CHECK(D->GraphGetNodes(g, NULL, nodes) == CUDA_SUCCESS, "nodes");
+    D->GraphDestroy(g);
+  }
+  return median(t, BATCHES);
+}
+
+static void run_launch(void) {
+  double ds[ROW_ROUNDS], raw[ROW_ROUNDS], ratio[ROW_ROUNDS];
+  size_t nd = 0, nr = 0;
+  CUgraph lib = NULL;
+  CHECK(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
+  for (int i = 0; i < LAUNCH_NODES; i++)
+    CHECK(D->MemsetD32Async(scale_buf, (unsigned)i, 2, C) == CUDA_SUCCESS, "memset");
+  CHECK(D->StreamEndCapture(C, &lib) == CUDA_SUCCESS, "end capture");
+  launch_lib_graph = lib;
+  (void)time_launch(true, &nd); /* warm */
+  (void)time_launch(false, &nr);
+  for (int k = 0; k < ROW_ROUNDS; k++) { /* each side first in every other round */
+    bool ds_first = k % 2 == 0;
+    if (ds_first)
+      ds[k] = time_launch(true, &nd);
+    raw[k] = time_launch(false, &nr);
+    if (!ds_first)
+      ds[k] = time_launch(true, &nd);
+    ratio[k] = ds[k] / raw[k];
+  }
+  D->GraphDestroy(lib);
+  launch_lib_graph = NULL;
+  {
+    double r = median(ratio, ROW_ROUNDS), a = median(ds, ROW_ROUNDS), b = median(raw, ROW_ROUNDS);
+    double lo = ratio[0], hi = ratio[ROW_ROUNDS - 1]; /* median() sorts in place */
+    long extra = (long)nd - (long)nr;
+    printf("\nin-capture launch of a library's graph (%d memset nodes; host ns per launch, medians "
+           "over %d paired rounds of %d batches of %d; by hand = the floor: query, "
+           "cuGraphAddChildGraphNode, cuStreamUpdateCaptureDependencies)\n",
+           LAUNCH_NODES, ROW_ROUNDS, BATCHES, K_ROWS);
+    printf("%-44s %10s %10s %8s %s\n", "measure", "dlsync", "by hand", "ratio", "target");
+    printf("%-44s %10.1f %10.1f %8.2f %s [%.2f-%.2f]\n",
+           "dlsync_graph_launch in capture vs by hand", a, b, r,
+           r <= 1.25 ? "<= 1.25 ok" : "<= 1.25 MISSED", lo, hi);
+    printf("%-44s %10zu %10zu %8ld %s\n", "  nodes in a batch's graph (1 + launches)", nd, nr,
+           extra, extra == 0 ? "0 extra ok" : "0 extra MISSED");
+  }
+}
+
 static void print_rows(const row_result *res) {
   char rest[64] = "";
   if (row_rest_us > 0)
@@ -1383,6 +1477,14 @@ int main(void) {
     return 0;
   }
 
+  if (getenv("DLSYNC_BENCH_LAUNCH_ONLY") != NULL) { /* the in-capture launch alone */
+    CHECK(D->MemAlloc(&scale_buf, 8) == CUDA_SUCCESS, "alloc");
+    run_launch();
+    D->MemFree(scale_buf);
+    dlsync_context_destroy(E.ctx);
+    return 0;
+  }
+
   /* ROUNDS rounds, each measuring every operation in turn. The machine has
    * slow phases that last several batches (the raw calls alone moving by
    * 1.5x: docs/performance.md, "Paired rounds"), so each ratio is taken within a round,
@@ -1527,6 +1629,7 @@ int main(void) {
   run_capture_add();
   run_two_captures_flags();
   run_split();
+  run_launch();
   if (have_base)
     run_before_after();
   else if (getenv("DLSYNC_BASELINE_LIBRARY") != NULL)
