@@ -24,4 +24,4 @@ else
   echo "example kernel library did not build:"; tail -5 "$build/kernel_lib.log"
 fi
 # GPU_SUITE_TESTS: a narrower selection (files or node ids under python/).
-cd "$root/python" && PYTHONUNBUFFERED=1 python3 -m pytest -q -p no:cacheprovider ${GPU_SUITE_TESTS:-tests/gpu}
+cd "$root/python" && PYTHONUNBUFFERED=1 python3 -m pytest -q -rs -p no:cacheprovider ${GPU_SUITE_TESTS:-tests/gpu}
