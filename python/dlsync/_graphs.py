@@ -119,6 +119,8 @@ def graph_handles(graph: Any, exec_: Any = None) -> Tuple[Optional[int], Optiona
         # complete()'s executable; its CUgraph is not kept by cuda.core.
         return None, _as_int(graph.handle) if x is None else x
     if mod.startswith("cupy"):
+        # CuPy destroys its cudaGraph_t once instantiated (graph reads 0): where its
+        # Graph shows graphExec (CuPy 14), an eager launch of that executable.
         g, e = getattr(graph, "graph", None), getattr(graph, "graphExec", None)
         if isinstance(g, int) or isinstance(e, int):
             return g or None, (e or None) if x is None else x
@@ -148,8 +150,10 @@ def launch(graph: Any, stream: Any, exec: Any = None) -> None:  # noqa: A002 - t
     ended, a cuda.core ``Graph`` (an executable only: eager streams), or
     cuda.bindings' ``CUgraph`` / ``CUgraphExec``. ``exec`` names the
     executable where ``graph`` does not carry one. The caller may destroy
-    its graph after the call. Errors: TypeError naming an object dlsync
-    cannot use (CuPy's ``Graph`` exposes no handle), :class:`Error` with
+    its graph after the call. CuPy's ``Graph`` gives its executable where
+    it shows one (CuPy 14: eager streams only; CuPy destroys its graph at
+    instantiation), else TypeError. Errors: TypeError naming an object
+    dlsync cannot use, :class:`Error` with
     the library's status (a NULL exec for an eager stream, a graph holding
     conditional or memory nodes inside a capture: DLSYNC_ERROR_INVALID_ARGUMENT)."""
     g, x = graph_handles(graph, exec)

@@ -350,11 +350,16 @@ class Launch(unittest.TestCase):
         core_graph = _fake_type("cuda.core._graph._graph_builder", "Graph", handle=x)
         dlsync.launch(core_graph, self.s)
         dlsync.launch(_CoreBuilder(g, body=False), self.s, exec=x)  # cuda.core 1.x
+        # CuPy 14's Graph: its cudaGraph_t destroyed at instantiate (0), its executable shown
+        dlsync.launch(_fake_type("cupy.cuda.graph", "Graph", graph=0, graphExec=x), self.s)
         cu_graph = _fake_type("cuda.bindings.driver", "CUgraphExec", __int__=lambda self: x)
         dlsync.launch(None, self.s, exec=cu_graph)
-        self.assertEqual(FAKE.calls("cuGraphLaunch"), before + 5)
-        # In a capture, the torch graph gives its CUgraph: a child node.
+        self.assertEqual(FAKE.calls("cuGraphLaunch"), before + 6)
+        # In a capture, the torch graph gives its CUgraph: a child node. CuPy's
+        # executable alone cannot be one: refused by the library, nothing added.
         FAKE.begin_capture(self.s)
+        with self.assertRaisesRegex(dlsync.Error, "graph is NULL"):
+            dlsync.launch(_fake_type("cupy.cuda.graph", "Graph", graph=0, graphExec=x), self.s)
         dlsync.launch(torch_graph, self.s)
         r, cap = FAKE.end_capture_graph(self.s)
         self.assertEqual(r, fake_cuda.CUDA_SUCCESS)

@@ -112,7 +112,9 @@ def _jax_eager(use):
 
 
 def test_jax_producer_eager(record):
-    record("JAX -> CuPy", "eager", "-", _jax_eager(True), _jax_eager(False))
+    _jax()  # skips here when there is no JAX with a GPU
+    used, control = _fresh("_jax_eager", "JAX -> CuPy eager")
+    record("JAX -> CuPy", "eager", "-", used, control)
 
 
 def _jax_in_capture(mode, use):
@@ -162,14 +164,16 @@ def _jax_in_capture(mode, use):
     return runs, wrong, broken, note
 
 
-def _jax_in_capture_fresh(mode):
-    """Both runs of one mode (dlsync's, then the control) in a process of their
-    own. The control breaks JAX's own stream, and JAX may not recover in that
-    process (seen on the H200 on 2026-12-02: the next mode's first JAX call
-    failed with "Callback registry is closed", before dlsync was called)."""
+def _fresh(fn, what, *args):
+    """``fn(*args, True)`` (with dlsync) and ``fn(*args, False)`` (the
+    control) of this module in a process of their own. A control that breaks
+    JAX's own stream (here or in an earlier test of this session) may leave
+    JAX unable to recover in that process (seen on the H200: the next JAX
+    call failed with "Callback registry is closed", before dlsync was
+    called), so each JAX case starts from a JAX of its own."""
     code = ("import json, sys; sys.path.insert(0, %r); import test_reach as t; "
-            "r = [t._jax_in_capture(%r, True), t._jax_in_capture(%r, False)]; "
-            "print('RESULT ' + json.dumps(r))") % (HERE, mode, mode)
+            "r = [t.%s(*%r, True), t.%s(*%r, False)]; "
+            "print('RESULT ' + json.dumps(r))") % (HERE, fn, args, fn, args)
     env = dict(os.environ)
     # This process's JAX holds its default share of the GPU's memory already.
     env["XLA_PYTHON_CLIENT_PREALLOCATE"] = "false"
@@ -179,8 +183,13 @@ def _jax_in_capture_fresh(mode):
         if line.startswith("RESULT "):
             used, control = json.loads(line[len("RESULT "):])
             return tuple(used), tuple(control)
-    raise AssertionError(f"JAX in capture [{mode}]: the process gave no result (rc {p.returncode})"
+    raise AssertionError(f"{what}: the process gave no result (rc {p.returncode})"
                          f"\n{p.stdout[-2000:]}\n{p.stderr[-4000:]}")
+
+
+def _jax_in_capture_fresh(mode):
+    """Both runs of one mode in a process of their own (_fresh)."""
+    return _fresh("_jax_in_capture", f"JAX in capture [{mode}]", mode)
 
 
 @pytest.mark.parametrize("mode", MODES)
