@@ -411,8 +411,10 @@ static void op_floor_in_capture(void) {
   op_raw_join_by_add();
 }
 
-/* A record node appended to s's capture, or a wait node, by hand. */
-static void append_by_hand(CUstream s, CUevent ev, bool record) {
+/* A record node appended to s's capture, or a wait node, or (child not
+ * NULL) a child-graph node of child, by hand. */
+static inline __attribute__((always_inline)) void append_node_by_hand(CUstream s, CUevent ev,
+                                                                      bool record, CUgraph child) {
   CUstreamCaptureStatus st;
   cuuint64_t id;
   CUgraph g;
@@ -421,13 +423,19 @@ static void append_by_hand(CUstream s, CUevent ev, bool record) {
   size_t n;
   CUgraphNode node;
   CHECK(D->StreamGetCaptureInfo(s, &st, &id, &g, &deps, &ed, &n) == CUDA_SUCCESS, "q");
-  if (record)
+  if (child != NULL)
+    CHECK(D->GraphAddChildGraphNode(&node, g, deps, n, child) == CUDA_SUCCESS, "child node");
+  else if (record)
     CHECK(D->GraphAddEventRecordNode(&node, g, deps, n, ev) == CUDA_SUCCESS, "record node");
   else
     CHECK(D->GraphAddEventWaitNode(&node, g, deps, n, ev) == CUDA_SUCCESS, "wait node");
   CHECK(D->StreamUpdateCaptureDependencies(s, &node, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES) ==
             CUDA_SUCCESS,
         "update");
+}
+
+static void append_by_hand(CUstream s, CUevent ev, bool record) {
+  append_node_by_hand(s, ev, record, NULL);
 }
 
 /* Where SIDE_DLSYNC goes: NULL for the static library (E.ctx), else a
@@ -922,18 +930,7 @@ static void run_two_captures_flags(void) {
 static CUgraph launch_lib_graph;
 
 static void op_launch_by_hand(void) {
-  CUstreamCaptureStatus st;
-  cuuint64_t id;
-  CUgraph g;
-  const CUgraphNode *deps;
-  const CUgraphEdgeData *ed;
-  size_t n;
-  CUgraphNode node;
-  CHECK(D->StreamGetCaptureInfo(P, &st, &id, &g, &deps, &ed, &n) == CUDA_SUCCESS, "query");
-  CHECK(D->GraphAddChildGraphNode(&node, g, deps, n, launch_lib_graph) == CUDA_SUCCESS, "child");
-  CHECK(D->StreamUpdateCaptureDependencies(P, &node, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES) ==
-            CUDA_SUCCESS,
-        "update");
+  append_node_by_hand(P, NULL, false, launch_lib_graph);
 }
 
 /* ns per launch (median of BATCHES batches) and the nodes of the last
