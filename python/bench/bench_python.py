@@ -1,6 +1,6 @@
 #!/usr/bin/env python3
 # SPDX-License-Identifier: Apache-2.0
-"""The Python rows of issue 12, against PyTorch's own calls in the same run.
+"""The Python rows of the bench, against PyTorch's own calls in the same run.
 
     cd python && DLSYNC_LIBRARY=<build>/libdlsync.so python3 bench/bench_python.py
 

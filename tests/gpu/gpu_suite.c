@@ -1282,7 +1282,7 @@ out:
   return 0;
 }
 
-/* ---- lifetimes: stream-ordered release and fences (issue 4) ---- */
+/* ---- lifetimes: stream-ordered release and fences ---- */
 
 typedef struct seen {
   CUdeviceptr buf;

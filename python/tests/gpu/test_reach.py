@@ -1,5 +1,5 @@
 # SPDX-License-Identifier: Apache-2.0
-"""Reach (issue 11), on a GPU: producers that expose no stream (JAX), the DLPack
+"""Reach, on a GPU: producers that expose no stream (JAX), the DLPack
 C exchange API (PyTorch's), a C++ kernel library as a torch custom op (eager,
 torch.cuda.graph in the three modes, torch.compile with CUDA graphs), the
 many-input exchange, cuda.core's GraphBuilder as producer, and two GPUs with
