@@ -60,8 +60,11 @@ dlsync_status dlsync__pool_check(dlsync__pool **pool, dlsync__pools *ps, CUstrea
                                  const char *role);
 dlsync_status dlsync__pool_get(CUevent *out, dlsync__pool *pool);
 void dlsync__pool_put(dlsync__pool *pool, CUevent event);
-/* dlsync__pool_put of n events under one lock (a reclaimer's batch). */
-void dlsync__pool_put_many(dlsync__pool *pool, const CUevent *events, size_t n);
+/* dlsync__pool_put of n events under one lock (a reclaimer's batch), the
+ * pool keeping up to `extra` free events past its limit (the events a
+ * releasing burst will take again at once; without them each release past
+ * the limit would create an event and each return destroy one). */
+void dlsync__pool_put_many(dlsync__pool *pool, const CUevent *events, size_t n, size_t extra);
 /* For a plain record followed at once by a wait: the calling thread's own
  * event of this pool (*lent true: give it back with dlsync__pool_unborrow,
  * which then does nothing), or one from the pool. Never put such an event in

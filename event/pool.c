@@ -341,11 +341,12 @@ void dlsync__pool_put(dlsync__pool *p, CUevent event) {
     atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
 }
 
-void dlsync__pool_put_many(dlsync__pool *p, const CUevent *events, size_t n) {
+void dlsync__pool_put_many(dlsync__pool *p, const CUevent *events, size_t n, size_t extra) {
   size_t kept = 0;
   dlsync__spin_lock(&p->lock);
   if (!p->dead)
-    while (kept < n && keep_locked(p, events[kept], true))
+    while (kept < n && (p->nfree < p->kept + extra || p->nfree < p->kept) &&
+           keep_locked(p, events[kept], false))
       kept++;
   dlsync__spin_unlock(&p->lock);
   for (size_t i = kept; i < n; i++)

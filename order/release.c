@@ -275,6 +275,7 @@ typedef struct reclaimer {
   pthread_t thread;
   const dlsync__driver *drv; /* NULL: the janitor */
   int device;
+  size_t keep;          /* the thread's: events given back so far (its pools keep them) */
   atomic_bool stopping; /* the unload asked it to return once its queue is empty */
   bool started;         /* under lock: past its start (see reclaimer_start) */
 } reclaimer;
@@ -364,15 +365,24 @@ static bool enter_relaxed_batch(reclaimer *rc, release_item *batch) {
 }
 
 /* The events of the batch back to their pools, consecutive ones of a pool
- * under one lock. */
-static void return_events(release_item *batch) {
+ * under one lock. A pool keeps every event a release gives back, past its
+ * limit: the releases that follow take them again at once (past the limit
+ * each would create an event and each return destroy one, a churn that
+ * slows both sides most when they are busiest). What a pool holds is thus
+ * bounded by the most releases it ever had in flight, destroyed with its
+ * context. */
+static void return_events(release_item *batch, size_t *keep) {
   CUevent evs[64];
-  size_t n = 0;
+  size_t n = 0, total = 0;
   dlsync__pool *pool = NULL;
+  for (release_item *it = batch; it != NULL; it = it->next)
+    total += it->event != NULL;
+  *keep += total;
+  total = *keep;
   for (release_item *it = batch;; it = it->next) {
     bool flush = it == NULL || (it->event != NULL && (it->pool != pool || n == 64));
     if (flush && n > 0) {
-      dlsync__pool_put_many(pool, evs, n);
+      dlsync__pool_put_many(pool, evs, n, total);
       dlsync__pool_unref_n(pool, (unsigned)n);
       n = 0;
     }
@@ -429,7 +439,7 @@ static void run_stopping(reclaimer *rc, release_item *batch) {
       }
       it->result = r;
     }
-    return_events(it);
+    return_events(it, &rc->keep);
     run_deleters(it, run);
   }
 }
@@ -465,7 +475,7 @@ static void run_batch(reclaimer *rc, release_item *batch) {
   if (!enter_relaxed_batch(rc, batch)) {
     for (release_item *it = batch; it != NULL; it = it->next)
       it->result = CUDA_SUCCESS;
-    return_events(batch);
+    return_events(batch, &rc->keep);
     run_deleters(batch, false);
     return;
   }
@@ -496,7 +506,7 @@ static void run_batch(reclaimer *rc, release_item *batch) {
         (slots[it->slot].newest != it && slots[it->slot].newest->result != CUDA_SUCCESS))
       it->result = it->drv->EventSynchronize(it->event);
   }
-  return_events(batch);
+  return_events(batch, &rc->keep);
   run_deleters(batch, true);
 }
 
