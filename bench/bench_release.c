@@ -291,7 +291,6 @@ static int run_threads(const char *name, bool shared, double seconds) {
     if (sample_t[i] >= t_end - window && samples[i] > peak_last)
       peak_last = samples[i];
   }
-  CHECK(dlsync_release_flush(E.ctx) == DLSYNC_SUCCESS, "flush");
   {
     double span = t_end - t_warm;
     uint64_t made_span = 0;
@@ -339,6 +338,8 @@ static int run_threads(const char *name, bool shared, double seconds) {
       failed += growth > 16;
     }
   }
+  fflush(stdout); /* the figures first: a reclaimer far behind takes long to flush */
+  CHECK(dlsync_release_flush(E.ctx) == DLSYNC_SUCCESS, "flush");
   {
     bool once = true;
     uint64_t bad = 0, ran = 0;
