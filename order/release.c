@@ -51,6 +51,7 @@ typedef struct release_item {
   dlsync__pool *pool; /* eager: the event's pool (a reference is held) */
   CUevent event;      /* eager: recorded after the work */
   CUstream stream;    /* eager: where it was recorded */
+  pthread_t thread;   /* eager: the thread that recorded it */
   dlsync_deleter fn;
   void *arg;
   int device;
@@ -444,10 +445,11 @@ static void run_stopping(reclaimer *rc, release_item *batch) {
   }
 }
 
-/* One stream's newest event in a batch. */
+/* One stream's newest event in a batch, of those one thread recorded. */
 typedef struct stream_slot {
   CUstream stream;
   const dlsync__driver *drv;
+  pthread_t thread;
   release_item *newest;
 } stream_slot;
 
@@ -456,7 +458,10 @@ typedef struct stream_slot {
 /* A batch of releases, oldest first. Events recorded on one stream complete
  * in the order they were recorded (docs/design.md R32), so of each stream's
  * events only the newest is synchronised: once it is complete, so are the
- * earlier ones, with no driver call for them. A stream handle is reused
+ * earlier ones, with no driver call for them. Newest by the queue's order,
+ * which is the order of the records only among one thread's releases (two
+ * threads releasing on one stream push in either order), so a slot is a
+ * stream and a recording thread. A stream handle is reused
  * only once the destroyed stream's work is done (R32), so two streams of
  * one handle in a batch are still in order. The special handles (the
  * legacy and per-thread streams, which name a stream per context or per
@@ -485,13 +490,15 @@ static void run_batch(reclaimer *rc, release_item *batch) {
     it->slot = -1;
     if (it->event == NULL || dlsync__is_special_stream(it->stream))
       continue;
-    while (i < nslots && !(slots[i].stream == it->stream && slots[i].drv == it->drv))
+    while (i < nslots && !(slots[i].stream == it->stream && slots[i].drv == it->drv &&
+                           pthread_equal(slots[i].thread, it->thread)))
       i++;
     if (i == nslots) {
       if (nslots == BATCH_STREAMS)
         continue;
       slots[nslots].stream = it->stream;
       slots[nslots].drv = it->drv;
+      slots[nslots].thread = it->thread;
       nslots++;
     }
     slots[i].newest = it;
@@ -877,6 +884,7 @@ static dlsync_status release_eager(dlsync_context *ctx, const dlsync__lane_now *
   it->pool = pool;
   it->event = ev;
   it->stream = l->stream;
+  it->thread = pthread_self();
   it->fn = deleter;
   it->arg = arg;
   it->device = dlsync__pool_device(pool);
@@ -941,6 +949,7 @@ static DLSYNC__NOINLINE dlsync_status release_general(dlsync_context *ctx, dlsyn
     DLSYNC_CU(d, EventRecord, (it->event, l->stream), "releasing on stream %p", (void *)l->stream);
     it->pool = pool;
     it->stream = l->stream;
+    it->thread = pthread_self();
     dlsync__pool_ref(pool);
     enqueue(r, it);
     it = NULL;
