@@ -60,6 +60,11 @@ dlsync_status dlsync__pool_check(dlsync__pool **pool, dlsync__pools *ps, CUstrea
                                  const char *role);
 dlsync_status dlsync__pool_get(CUevent *out, dlsync__pool *pool);
 void dlsync__pool_put(dlsync__pool *pool, CUevent event);
+/* dlsync__pool_put of n events under one lock (a reclaimer's batch), the
+ * pool keeping up to `extra` free events past its limit (the events a
+ * releasing burst will take again at once; without them each release past
+ * the limit would create an event and each return destroy one). */
+void dlsync__pool_put_many(dlsync__pool *pool, const CUevent *events, size_t n, size_t extra);
 /* For a plain record followed at once by a wait: the calling thread's own
  * event of this pool (*lent true: give it back with dlsync__pool_unborrow,
  * which then does nothing), or one from the pool. Never put such an event in
@@ -74,6 +79,8 @@ void dlsync__pool_unborrow(dlsync__pool *pool, CUevent event, bool lent);
 void dlsync__pool_return_from_graph(dlsync__pool *pool, CUevent event);
 void dlsync__pool_ref(dlsync__pool *pool);
 void dlsync__pool_unref(dlsync__pool *pool);
+/* n dlsync__pool_unref at once. */
+void dlsync__pool_unref_n(dlsync__pool *pool, unsigned n);
 /* The device ordinal of the pool's CUDA context. */
 int dlsync__pool_device(const dlsync__pool *pool);
 /* Counts an event as held by a graph and takes a pool reference for it. */

@@ -120,6 +120,11 @@ static void pool_unref(dlsync__pool *p) {
     pool_free(p);
 }
 
+void dlsync__pool_unref_n(dlsync__pool *p, unsigned n) {
+  if (n > 0 && atomic_fetch_sub_explicit(&p->refs, n, memory_order_acq_rel) == n)
+    pool_free(p);
+}
+
 void dlsync__pool_ref(dlsync__pool *p) {
   atomic_fetch_add_explicit(&p->refs, 1, memory_order_relaxed);
 }
@@ -334,6 +339,19 @@ void dlsync__pool_put(dlsync__pool *p, CUevent event) {
   dlsync__spin_unlock(&p->lock);
   if (!kept && p->drv->EventDestroy(event) == CUDA_SUCCESS)
     atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
+}
+
+void dlsync__pool_put_many(dlsync__pool *p, const CUevent *events, size_t n, size_t extra) {
+  size_t kept = 0;
+  dlsync__spin_lock(&p->lock);
+  if (!p->dead)
+    while (kept < n && (p->nfree < p->kept + extra || p->nfree < p->kept) &&
+           keep_locked(p, events[kept], false))
+      kept++;
+  dlsync__spin_unlock(&p->lock);
+  for (size_t i = kept; i < n; i++)
+    if (p->drv->EventDestroy(events[i]) == CUDA_SUCCESS)
+      atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
 }
 
 /* ---- scratch events ----

@@ -28,9 +28,12 @@
 
 struct dlsync__release_book {
   atomic_uint refs; /* the context's + one per pending release */
+  /* Eager releases not run yet: added to without the lock (the releasing
+   * thread's fast path), taken from under it (with a broadcast), so that a
+   * waiter that reads it under the lock misses no decrease. */
+  atomic_size_t pending_eager;
   pthread_mutex_t lock;
   pthread_cond_t cond;
-  size_t pending_eager;
   size_t pending_graph;
   size_t done;
   size_t sync_failures;        /* events whose synchronisation failed (deleter ran anyway) */
@@ -47,21 +50,29 @@ typedef struct release_item {
   const dlsync__driver *drv;
   dlsync__pool *pool; /* eager: the event's pool (a reference is held) */
   CUevent event;      /* eager: recorded after the work */
+  CUstream stream;    /* eager: where it was recorded */
+  pthread_t thread;   /* eager: the thread that recorded it */
   dlsync_deleter fn;
   void *arg;
   int device;
+  int slot;        /* a reclaimer's batch: the stream's slot, -1 when synchronised alone */
+  CUresult result; /* a reclaimer's batch: its event's synchronisation */
   bool from_graph;
   atomic_bool armed; /* graph: handed over; until then the destructor only frees */
 } release_item;
 
 /* ---- books ---- */
 
-static void book_unref(dlsync__release_book *b) {
-  if (atomic_fetch_sub_explicit(&b->refs, 1, memory_order_acq_rel) != 1)
+static void book_unref_n(dlsync__release_book *b, unsigned n) {
+  if (n == 0 || atomic_fetch_sub_explicit(&b->refs, n, memory_order_acq_rel) != n)
     return;
   pthread_cond_destroy(&b->cond);
   pthread_mutex_destroy(&b->lock);
   dlsync__free(b);
+}
+
+static void book_unref(dlsync__release_book *b) {
+  book_unref_n(b, 1);
 }
 
 dlsync_status dlsync__release_book_new(dlsync__release_book **out) {
@@ -79,17 +90,21 @@ dlsync_status dlsync__release_book_new(dlsync__release_book **out) {
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "creating a context: no condition variable");
   }
   atomic_init(&b->refs, 1);
+  atomic_init(&b->pending_eager, 0);
   *out = b;
   return DLSYNC_SUCCESS;
 }
 
-static void book_add(dlsync__release_book *b, bool from_graph) {
+/* An eager release: no lock (the releasing thread's fast path). */
+static inline void book_add_eager(dlsync__release_book *b) {
+  atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
+  atomic_fetch_add_explicit(&b->pending_eager, 1, memory_order_relaxed);
+}
+
+static void book_add_graph(dlsync__release_book *b) {
   atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
   pthread_mutex_lock(&b->lock);
-  if (from_graph)
-    b->pending_graph++;
-  else
-    b->pending_eager++;
+  b->pending_graph++;
   pthread_mutex_unlock(&b->lock);
 }
 
@@ -99,7 +114,7 @@ static void book_cancel(dlsync__release_book *b, bool from_graph) {
   if (from_graph)
     b->pending_graph--;
   else
-    b->pending_eager--;
+    atomic_fetch_sub_explicit(&b->pending_eager, 1, memory_order_relaxed);
   pthread_cond_broadcast(&b->cond);
   pthread_mutex_unlock(&b->lock);
   book_unref(b);
@@ -115,22 +130,53 @@ static void book_note_failure_locked(dlsync__release_book *b, int result, const 
   }
 }
 
-static void book_done(dlsync__release_book *b, bool from_graph, int sync_result,
-                      const char *message) {
-  bool sync_failed = sync_result != CUDA_SUCCESS;
+/* What a reclaimer's batch has done for one book and not told it yet: the
+ * releases whose deleters ran (or were dropped), told in one go. */
+typedef struct book_tally {
+  dlsync__release_book *book;
+  unsigned eager, graph;
+  unsigned sync_failures;
+  int first_result; /* of the first failed synchronisation in the tally */
+  char first_message[200];
+} book_tally;
+
+static void tally_commit(book_tally *t) {
+  dlsync__release_book *b = t->book;
+  if (b == NULL)
+    return;
   pthread_mutex_lock(&b->lock);
-  if (from_graph)
-    b->pending_graph--;
-  else
-    b->pending_eager--;
-  b->done++;
-  if (sync_failed) {
-    b->sync_failures++;
-    book_note_failure_locked(b, sync_result, message);
+  atomic_fetch_sub_explicit(&b->pending_eager, t->eager, memory_order_relaxed);
+  b->pending_graph -= t->graph;
+  b->done += (size_t)t->eager + t->graph;
+  if (t->sync_failures > 0) {
+    b->sync_failures += t->sync_failures;
+    book_note_failure_locked(b, t->first_result, t->first_message);
   }
   pthread_cond_broadcast(&b->cond);
   pthread_mutex_unlock(&b->lock);
-  book_unref(b);
+  book_unref_n(b, t->eager + t->graph);
+  t->book = NULL;
+}
+
+/* Counts a release done in the tally (committing the tally first when it
+ * is another book's). */
+static void tally_add(book_tally *t, const release_item *it) {
+  if (t->book != it->book) {
+    tally_commit(t);
+    t->book = it->book;
+    t->eager = t->graph = t->sync_failures = 0;
+  }
+  if (it->from_graph)
+    t->graph++;
+  else
+    t->eager++;
+  if (it->result != CUDA_SUCCESS && t->sync_failures++ == 0) {
+    t->first_result = (int)it->result;
+    snprintf(t->first_message, sizeof t->first_message,
+             "cuEventSynchronize failed on the reclaimer of device %d: %s (the deleter ran "
+             "anyway)",
+             it->device, dlsync__driver_error_name(it->drv, it->result));
+  }
 }
 
 static _Thread_local bool on_reclaimer;
@@ -144,7 +190,7 @@ static dlsync_status book_flush(dlsync__release_book *b) {
   char message[sizeof b->first_message];
   size_t blocked;
   pthread_mutex_lock(&b->lock);
-  while (b->pending_eager > b->blocked)
+  while (atomic_load_explicit(&b->pending_eager, memory_order_relaxed) > b->blocked)
     pthread_cond_wait(&b->cond, &b->lock);
   st = b->first_failure;
   result = b->first_result;
@@ -162,8 +208,11 @@ static dlsync_status book_flush(dlsync__release_book *b) {
   return DLSYNC_SUCCESS;
 }
 
-/* The release (item) the calling reclaimer is running now, NULL elsewhere. */
+/* The release (item) the calling reclaimer is running now, NULL elsewhere,
+ * and the tally of the batch it belongs to (releases whose deleters ran and
+ * that their books do not count as done yet). */
 static _Thread_local const release_item *running;
+static _Thread_local const book_tally *running_tally;
 
 dlsync_status dlsync__release_book_close(dlsync__release_book *b, dlsync__release_left *left) {
   dlsync__release_left l = {0, 0, 0, on_reclaimer};
@@ -173,12 +222,17 @@ dlsync_status dlsync__release_book_close(dlsync__release_book *b, dlsync__releas
       /* From a deleter: a release queued behind the one running would wait
        * for itself, so the eager ones are not waited for; they still run
        * (the book is reference-counted). The one running, if it is of this
-       * book, is not counted: it is done once its deleter returns. */
+       * book, is not counted: it is done once its deleter returns; nor are
+       * those of its batch whose deleters ran already. */
       bool own = running != NULL && running->book == b;
-      l.queued = b->pending_eager - (own && !running->from_graph ? 1 : 0);
-      l.graph_owned = b->pending_graph - (own && running->from_graph ? 1 : 0);
+      const book_tally *t =
+          running_tally != NULL && running_tally->book == b ? running_tally : NULL;
+      l.queued = atomic_load_explicit(&b->pending_eager, memory_order_relaxed) -
+                 (own && !running->from_graph ? 1 : 0) - (t != NULL ? t->eager : 0);
+      l.graph_owned =
+          b->pending_graph - (own && running->from_graph ? 1 : 0) - (t != NULL ? t->graph : 0);
     } else {
-      while (b->pending_eager > b->blocked)
+      while (atomic_load_explicit(&b->pending_eager, memory_order_relaxed) > b->blocked)
         pthread_cond_wait(&b->cond, &b->lock);
       l.blocked = b->blocked;
       l.graph_owned = b->pending_graph;
@@ -199,19 +253,30 @@ dlsync_status dlsync__release_book_close(dlsync__release_book *b, dlsync__releas
  * function or a user-object destructor, where no CUDA call is allowed), and
  * destroying the events graphs give back to a destroyed context.
  *
+ * Queue: releasing threads push onto a lock-free stack (one compare and
+ * swap); the thread takes the whole stack at once and runs it oldest first,
+ * as one batch. It wakes the thread only when that sleeps: after a batch
+ * the thread naps (NAP_US, up to NAPS times) before it sleeps, so a steady
+ * stream of releases never makes a system call on the releasing thread.
+ *
  * Each thread is joined when this copy of the library is unloaded (its
  * destructor, below): at exit, or at the dlclose of a shared library that
  * embeds libdlsync.a, whose code the threads run. Stopping is a handshake
  * without timeout: the thread runs what is queued (a deleter running
  * finishes), then returns, and the unload joins it. */
 
+#define NAP_US 50u
+#define NAPS 40u
+
 typedef struct reclaimer {
+  _Atomic(release_item *) pushed; /* newest first; taken whole by the thread */
+  atomic_bool sleeping;           /* the thread waits on cond: a push signals it */
   pthread_mutex_t lock;
   pthread_cond_t cond;
-  release_item *head, *tail;
   pthread_t thread;
   const dlsync__driver *drv; /* NULL: the janitor */
   int device;
+  size_t keep;          /* the thread's: events given back so far (its pools keep them) */
   atomic_bool stopping; /* the unload asked it to return once its queue is empty */
   bool started;         /* under lock: past its start (see reclaimer_start) */
 } reclaimer;
@@ -222,35 +287,53 @@ static int nreclaimers;
 static reclaimer *janitor;
 static bool unloaded; /* under reclaimers_lock: no thread is started again */
 
-/* RELAXED each time, for graph-owned releases too (their deleters may call
- * CUDA): nothing this thread does may break a capture. When the driver
- * refuses, the thread's mode is unknown, and cuEventSynchronize (or any
- * query) in GLOBAL mode would invalidate another thread's GLOBAL capture: the
- * item stays here, the failure is counted and reported (flush returns it),
- * and entering RELAXED mode is tried again, from 1 ms to 100 ms apart. The
- * deleter runs once that succeeds. Returns false when the library is being
- * unloaded meanwhile: the item is then dropped (its deleter not run, as it
- * could run before the work). */
-static bool enter_relaxed(reclaimer *rc, release_item *it) {
+/* The reclaimers of the first FAST_DEVICES devices, read without the lock
+ * (set under it, once started; cleared at the unload). */
+#define FAST_DEVICES 64
+static _Atomic(reclaimer *) fast_reclaimers[FAST_DEVICES];
+
+/* RELAXED each batch, for graph-owned releases too (their deleters may call
+ * CUDA): nothing this thread does may break a capture. A batch's deleters
+ * run after its synchronisations, and the next batch enters RELAXED mode
+ * again, so a deleter that changes the thread's mode changes it for no
+ * query of dlsync's. When the driver refuses, the thread's mode is unknown,
+ * and cuEventSynchronize (or any query) in GLOBAL mode would invalidate
+ * another thread's GLOBAL capture: the batch stays here, the failure is
+ * counted for each of its releases and reported (flush returns it), and
+ * entering RELAXED mode is tried again, from 1 ms to 100 ms apart. The
+ * deleters run once that succeeds. Returns false when the library is being
+ * unloaded meanwhile: the batch is then dropped (its deleters not run, as
+ * they could run before the work). */
+static void note_blocked(release_item *batch, int sign, CUresult r, const char *message) {
+  for (release_item *it = batch; it != NULL; it = it->next) {
+    pthread_mutex_lock(&it->book->lock);
+    if (sign > 0) {
+      it->book->mode_failures++;
+      it->book->blocked += it->from_graph ? 0 : 1;
+      book_note_failure_locked(it->book, (int)r, message);
+      pthread_cond_broadcast(&it->book->cond);
+    } else {
+      it->book->blocked -= it->from_graph ? 0 : 1;
+    }
+    pthread_mutex_unlock(&it->book->lock);
+  }
+}
+
+static bool enter_relaxed(reclaimer *rc, const dlsync__driver *drv, release_item *batch) {
   bool failed = false, entered = true;
   unsigned delay_us = 1000;
   for (;;) {
     CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-    CUresult r = it->drv->ThreadExchangeStreamCaptureMode(&mode);
+    CUresult r = drv->ThreadExchangeStreamCaptureMode(&mode);
     if (r == CUDA_SUCCESS)
       break;
     if (!failed) {
       char message[200];
       snprintf(message, sizeof message,
                "cuThreadExchangeStreamCaptureMode failed on the reclaimer of device %d: %s",
-               it->device, dlsync__driver_error_name(it->drv, r));
+               rc->device, dlsync__driver_error_name(drv, r));
       failed = true;
-      pthread_mutex_lock(&it->book->lock);
-      it->book->mode_failures++;
-      it->book->blocked += it->from_graph ? 0 : 1;
-      book_note_failure_locked(it->book, (int)r, message);
-      pthread_cond_broadcast(&it->book->cond);
-      pthread_mutex_unlock(&it->book->lock);
+      note_blocked(batch, 1, r, message);
     }
     if (atomic_load(&rc->stopping)) {
       entered = false;
@@ -259,30 +342,94 @@ static bool enter_relaxed(reclaimer *rc, release_item *it) {
     usleep(delay_us);
     delay_us = delay_us < 100000 ? delay_us * 2 : 100000;
   }
-  if (failed) {
-    pthread_mutex_lock(&it->book->lock);
-    it->book->blocked -= it->from_graph ? 0 : 1;
-    pthread_mutex_unlock(&it->book->lock);
-  }
+  if (failed)
+    note_blocked(batch, -1, CUDA_SUCCESS, NULL);
   return entered;
 }
 
-static void run_item(reclaimer *rc, release_item *it) {
-  CUresult sync_result = CUDA_SUCCESS;
-  char message[200] = {0};
-  bool run;
-  if (it->book == NULL) { /* the janitor's work */
-    it->fn(it->arg);
-    dlsync__free(it);
-    return;
+/* Every driver table of the batch (one, but for tests that wrap it). */
+static bool enter_relaxed_batch(reclaimer *rc, release_item *batch) {
+  const dlsync__driver *done[4];
+  unsigned ndone = 0;
+  for (release_item *it = batch; it != NULL; it = it->next) {
+    bool seen = false;
+    for (unsigned i = 0; i < ndone; i++)
+      seen = seen || done[i] == it->drv;
+    if (seen)
+      continue;
+    if (!enter_relaxed(rc, it->drv, batch))
+      return false;
+    if (ndone < sizeof done / sizeof done[0])
+      done[ndone++] = it->drv;
   }
-  run = enter_relaxed(rc, it);
-  if (it->event != NULL) {
-    CUresult r = CUDA_SUCCESS;
-    if (run && atomic_load(&rc->stopping) && it->drv->EventQuery != NULL) {
-      /* Unloading: the work done already is released; work still going is
-       * not waited for (an exit must not hang on it), its deleter not run. */
-      r = it->drv->EventQuery(it->event);
+  return true;
+}
+
+/* The events of the batch back to their pools, consecutive ones of a pool
+ * under one lock. A pool keeps every event a release gives back, past its
+ * limit: the releases that follow take them again at once (past the limit
+ * each would create an event and each return destroy one, a churn that
+ * slows both sides most when they are busiest). What a pool holds is thus
+ * bounded by the most releases it ever had in flight, destroyed with its
+ * context. */
+static void return_events(release_item *batch, size_t *keep) {
+  CUevent evs[64];
+  size_t n = 0, total = 0;
+  dlsync__pool *pool = NULL;
+  for (release_item *it = batch; it != NULL; it = it->next)
+    total += it->event != NULL;
+  *keep += total;
+  total = *keep;
+  for (release_item *it = batch;; it = it->next) {
+    bool flush = it == NULL || (it->event != NULL && (it->pool != pool || n == 64));
+    if (flush && n > 0) {
+      dlsync__pool_put_many(pool, evs, n, total);
+      dlsync__pool_unref_n(pool, (unsigned)n);
+      n = 0;
+    }
+    if (it == NULL)
+      break;
+    if (it->event == NULL)
+      continue;
+    pool = it->pool;
+    evs[n++] = it->event;
+    it->event = NULL;
+  }
+}
+
+/* The deleters of the batch, in queue order, each book told once per run of
+ * its releases. `run` false: dropped (the library is unloaded), counted done. */
+static void run_deleters(release_item *batch, bool run) {
+  book_tally t;
+  t.book = NULL;
+  running_tally = &t;
+  for (release_item *it = batch, *next; it != NULL; it = next) {
+    next = it->next;
+    if (run) {
+      running = it;
+      it->fn(it->arg);
+      running = NULL;
+    }
+    tally_add(&t, it);
+    dlsync__free(it);
+  }
+  running_tally = NULL;
+  tally_commit(&t);
+}
+
+/* Unloading: the work done already is released; work still going is not
+ * waited for (an exit must not hang on it), its deleter not run. One release
+ * at a time, as it is rare. */
+static void run_stopping(reclaimer *rc, release_item *batch) {
+  for (release_item *it = batch, *next; it != NULL; it = next) {
+    bool run;
+    next = it->next;
+    it->next = NULL;
+    run = enter_relaxed(rc, it->drv, it);
+    it->result = CUDA_SUCCESS;
+    if (run && it->event != NULL) {
+      CUresult r = it->drv->EventQuery != NULL ? it->drv->EventQuery(it->event)
+                                               : it->drv->EventSynchronize(it->event);
       if (r == CUDA_ERROR_NOT_READY) {
         run = false;
         r = CUDA_SUCCESS;
@@ -291,34 +438,130 @@ static void run_item(reclaimer *rc, release_item *it) {
                     "device %d: its deleter does not run",
                     it->device);
       }
-    } else if (run) {
-      r = it->drv->EventSynchronize(it->event);
+      it->result = r;
     }
-    if (r != CUDA_SUCCESS) {
-      /* The deleter runs anyway (the stream will not get better by waiting);
-       * the failure is counted and returned by the next flush. */
-      sync_result = r;
-      snprintf(message, sizeof message,
-               "cuEventSynchronize failed on the reclaimer of device %d: %s (the deleter ran "
-               "anyway)",
-               it->device, dlsync__driver_error_name(it->drv, r));
-    }
-    dlsync__pool_put(it->pool, it->event);
-    dlsync__pool_unref(it->pool);
+    return_events(it, &rc->keep);
+    run_deleters(it, run);
   }
-  if (run) {
-    running = it;
+}
+
+/* One stream's newest event in a batch, of those one thread recorded. */
+typedef struct stream_slot {
+  CUstream stream;
+  const dlsync__driver *drv;
+  pthread_t thread;
+  release_item *newest;
+} stream_slot;
+
+#define BATCH_STREAMS 32
+
+/* A batch of releases, oldest first. Events recorded on one stream complete
+ * in the order they were recorded (docs/design.md R32), so of each stream's
+ * events only the newest is synchronised: once it is complete, so are the
+ * earlier ones, with no driver call for them. Newest by the queue's order,
+ * which is the order of the records only among one thread's releases (two
+ * threads releasing on one stream push in either order), so a slot is a
+ * stream and a recording thread. A stream handle is reused
+ * only once the destroyed stream's work is done (R32), so two streams of
+ * one handle in a batch are still in order. The special handles (the
+ * legacy and per-thread streams, which name a stream per context or per
+ * thread) and the streams past BATCH_STREAMS are synchronised one event at
+ * a time. When the newest event's synchronisation fails, each earlier one
+ * of its stream is synchronised on its own, so that each release reports
+ * its own result. Then the events go back to their pools and the deleters
+ * run, in queue order. */
+static void run_batch(reclaimer *rc, release_item *batch) {
+  stream_slot slots[BATCH_STREAMS];
+  unsigned nslots = 0;
+  if (atomic_load(&rc->stopping)) {
+    run_stopping(rc, batch);
+    return;
+  }
+  if (!enter_relaxed_batch(rc, batch)) {
+    for (release_item *it = batch; it != NULL; it = it->next)
+      it->result = CUDA_SUCCESS;
+    return_events(batch, &rc->keep);
+    run_deleters(batch, false);
+    return;
+  }
+  for (release_item *it = batch; it != NULL; it = it->next) {
+    unsigned i = 0;
+    it->result = CUDA_SUCCESS;
+    it->slot = -1;
+    if (it->event == NULL || dlsync__is_special_stream(it->stream))
+      continue;
+    while (i < nslots && !(slots[i].stream == it->stream && slots[i].drv == it->drv &&
+                           pthread_equal(slots[i].thread, it->thread)))
+      i++;
+    if (i == nslots) {
+      if (nslots == BATCH_STREAMS)
+        continue;
+      slots[nslots].stream = it->stream;
+      slots[nslots].drv = it->drv;
+      slots[nslots].thread = it->thread;
+      nslots++;
+    }
+    slots[i].newest = it;
+    it->slot = (int)i;
+  }
+  for (unsigned i = 0; i < nslots; i++)
+    slots[i].newest->result = slots[i].drv->EventSynchronize(slots[i].newest->event);
+  for (release_item *it = batch; it != NULL; it = it->next) {
+    if (it->event == NULL)
+      continue;
+    if (it->slot < 0 ||
+        (slots[it->slot].newest != it && slots[it->slot].newest->result != CUDA_SUCCESS))
+      it->result = it->drv->EventSynchronize(it->event);
+  }
+  return_events(batch, &rc->keep);
+  run_deleters(batch, true);
+}
+
+/* The janitor's work: no book, no event. */
+static void run_janitor(release_item *batch) {
+  for (release_item *it = batch, *next; it != NULL; it = next) {
+    next = it->next;
     it->fn(it->arg);
-    running = NULL;
+    dlsync__free(it);
   }
-  book_done(it->book, it->from_graph, (int)sync_result, message);
-  dlsync__free(it);
+}
+
+/* The whole queue, oldest first. */
+static release_item *take_all(reclaimer *r) {
+  release_item *it = atomic_exchange_explicit(&r->pushed, NULL, memory_order_acquire);
+  release_item *fifo = NULL;
+  while (it != NULL) {
+    release_item *next = it->next;
+    it->next = fifo;
+    fifo = it;
+    it = next;
+  }
+  return fifo;
+}
+
+/* Nothing queued: a nap (the releasing threads do not signal a napping
+ * thread), and after NAPS of them a sleep that a push ends. */
+static void idle(reclaimer *r, unsigned *naps) {
+  if (*naps < NAPS) {
+    (*naps)++;
+    usleep(NAP_US);
+    return;
+  }
+  pthread_mutex_lock(&r->lock);
+  atomic_store(&r->sleeping, true);
+  /* seq_cst on both sides: either a push sees `sleeping` or this sees it. */
+  if (atomic_load(&r->pushed) == NULL && !atomic_load(&r->stopping))
+    pthread_cond_wait(&r->cond, &r->lock);
+  atomic_store(&r->sleeping, false);
+  pthread_mutex_unlock(&r->lock);
+  *naps = 0;
 }
 
 static void *reclaimer_main(void *p) {
   reclaimer *r = p;
   char bus_id[32] = {0};
   CUdevice dev;
+  unsigned naps = NAPS; /* asleep until the first push */
   on_reclaimer = true;
   if (r->drv != NULL && r->drv->DeviceGet(&dev, r->device) == CUDA_SUCCESS &&
       r->drv->DeviceGetPCIBusId(bus_id, (int)sizeof bus_id, dev) == CUDA_SUCCESS)
@@ -328,20 +571,23 @@ static void *reclaimer_main(void *p) {
   pthread_cond_broadcast(&r->cond);
   pthread_mutex_unlock(&r->lock);
   for (;;) {
-    release_item *it;
-    pthread_mutex_lock(&r->lock);
-    while (r->head == NULL && !atomic_load(&r->stopping))
-      pthread_cond_wait(&r->cond, &r->lock);
-    it = r->head;
-    if (it == NULL) { /* stopping, and nothing left */
-      pthread_mutex_unlock(&r->lock);
-      break;
+    release_item *batch = take_all(r);
+    if (batch == NULL) {
+      if (atomic_load(&r->stopping)) {
+        /* Pushed before the stop was asked for: seen now. */
+        batch = take_all(r);
+        if (batch == NULL)
+          break;
+      } else {
+        idle(r, &naps);
+        continue;
+      }
     }
-    r->head = it->next;
-    if (r->head == NULL)
-      r->tail = NULL;
-    pthread_mutex_unlock(&r->lock);
-    run_item(r, it);
+    naps = 0;
+    if (r->drv == NULL)
+      run_janitor(batch);
+    else
+      run_batch(r, batch);
   }
   return NULL;
 }
@@ -371,6 +617,8 @@ static dlsync_status reclaimer_start(reclaimer **out, const dlsync__driver *drv,
   }
   r->drv = drv;
   r->device = device;
+  atomic_init(&r->pushed, NULL);
+  atomic_init(&r->sleeping, false);
   atomic_init(&r->stopping, false);
   /* Joinable: the unload joins it. */
   if (pthread_create(&r->thread, NULL, reclaimer_main, r) != 0) {
@@ -392,7 +640,8 @@ static dlsync_status reclaimer_start(reclaimer **out, const dlsync__driver *drv,
 }
 
 /* The reclaimer of a GPU, started on first use. */
-static dlsync_status reclaimer_for(reclaimer **out, const dlsync__driver *drv, int device) {
+static DLSYNC__NOINLINE dlsync_status reclaimer_for_slow(reclaimer **out, const dlsync__driver *drv,
+                                                         int device) {
   dlsync_status st = DLSYNC_SUCCESS;
   pthread_mutex_lock(&reclaimers_lock);
   if (device < nreclaimers && reclaimers[device] != NULL) {
@@ -412,9 +661,31 @@ static dlsync_status reclaimer_for(reclaimer **out, const dlsync__driver *drv, i
   }
   DLSYNC_TRY(reclaimer_start(&reclaimers[device], drv, device));
   *out = reclaimers[device];
+  if (device < FAST_DEVICES)
+    atomic_store_explicit(&fast_reclaimers[device], *out, memory_order_release);
 cleanup:
   pthread_mutex_unlock(&reclaimers_lock);
   return st;
+}
+
+static inline dlsync_status reclaimer_for(reclaimer **out, const dlsync__driver *drv, int device) {
+  if (DLSYNC__LIKELY(device >= 0 && device < FAST_DEVICES)) {
+    *out = atomic_load_explicit(&fast_reclaimers[device], memory_order_acquire);
+    if (DLSYNC__LIKELY(*out != NULL))
+      return DLSYNC_SUCCESS;
+  }
+  return reclaimer_for_slow(out, drv, device);
+}
+
+/* The reclaimer of a GPU if it runs (NULL once the library is unloaded). */
+static reclaimer *reclaimer_peek(int device) {
+  reclaimer *r;
+  if (device >= 0 && device < FAST_DEVICES)
+    return atomic_load_explicit(&fast_reclaimers[device], memory_order_acquire);
+  pthread_mutex_lock(&reclaimers_lock);
+  r = device < nreclaimers ? reclaimers[device] : NULL;
+  pthread_mutex_unlock(&reclaimers_lock);
+  return r;
 }
 
 /* Asks r to stop and joins it; frees it. From r's own thread (a deleter
@@ -451,6 +722,8 @@ __attribute__((destructor)) static void reclaimers_unload(void) {
   reclaimers = NULL;
   nreclaimers = 0;
   janitor = NULL;
+  for (int i = 0; i < FAST_DEVICES; i++)
+    atomic_store_explicit(&fast_reclaimers[i], NULL, memory_order_release);
   pthread_mutex_unlock(&reclaimers_lock);
   /* The reclaimers first: a deleter they run may hand the janitor work. */
   for (int i = 0; i < n; i++)
@@ -462,17 +735,19 @@ __attribute__((destructor)) static void reclaimers_unload(void) {
 }
 #endif
 
-/* No CUDA call: also used from user-object destructors (driver threads). */
-static void enqueue(reclaimer *r, release_item *it) {
-  it->next = NULL;
-  pthread_mutex_lock(&r->lock);
-  if (r->tail != NULL)
-    r->tail->next = it;
-  else
-    r->head = it;
-  r->tail = it;
-  pthread_cond_signal(&r->cond);
-  pthread_mutex_unlock(&r->lock);
+/* No CUDA call and no lock but when the thread sleeps: also used from
+ * user-object destructors (driver threads) and the releasing fast path. */
+static inline void enqueue(reclaimer *r, release_item *it) {
+  release_item *head = atomic_load_explicit(&r->pushed, memory_order_relaxed);
+  do
+    it->next = head;
+  while (!atomic_compare_exchange_weak_explicit(&r->pushed, &head, it, memory_order_seq_cst,
+                                                memory_order_relaxed));
+  if (DLSYNC__UNLIKELY(atomic_load(&r->sleeping))) {
+    pthread_mutex_lock(&r->lock);
+    pthread_cond_signal(&r->cond);
+    pthread_mutex_unlock(&r->lock);
+  }
 }
 
 /* ---- the janitor ---- */
@@ -528,9 +803,7 @@ static void release_from_graph(void *p) {
     dlsync__free(it);
     return;
   }
-  pthread_mutex_lock(&reclaimers_lock);
-  r = it->device < nreclaimers ? reclaimers[it->device] : NULL;
-  pthread_mutex_unlock(&reclaimers_lock);
+  r = reclaimer_peek(it->device);
   if (r == NULL) {
     /* The library was unloaded (its threads joined) while a graph still
      * owned the release: not run, which would be on a driver thread. */
@@ -563,29 +836,94 @@ static DLSYNC__NOINLINE void trace_release(const dlsync_context *ctx, const dlsy
 static const dlsync__lanes_ask release_ask = {"releasing", NULL, "releasing on a graph lane",
                                               false};
 
-dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_deleter deleter,
-                             void *arg) {
-  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_release");
+/* The driver refused an event of the memo's pool for this stream: a stream
+ * handle reused in another CUDA context (design.md R26). */
+static inline bool context_mismatch(CUresult r) {
+  return r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_INVALID_CONTEXT;
+}
+
+/* An eager stream that is not a special handle: the releasing thread's
+ * fast path. One capture status query (made by the caller), the pool from
+ * the per-thread memo (checked by the record itself: a stream handle reused
+ * in another context fails it, and the pool is then asked of the driver),
+ * a pooled event recorded, the book counted with atomic adds and the
+ * release pushed onto the reclaimer's stack: no lock, no system call. */
+static dlsync_status release_eager(dlsync_context *ctx, const dlsync__lane_now *l,
+                                   dlsync_deleter deleter, void *arg) {
   dlsync_status st = DLSYNC_SUCCESS;
-  const dlsync__driver *d;
-  dlsync__lane_now l;
+  const dlsync__driver *d = ctx->drv;
+  dlsync__pool *pool = NULL;
+  bool from_memo = false;
+  reclaimer *r = NULL;
+  CUevent ev = NULL;
+  CUresult cr;
+  release_item *it;
+  DLSYNC_TRY(dlsync__pool_for_stream(&pool, &from_memo, &ctx->pools, l->stream, "releasing"));
+  DLSYNC_TRY(dlsync__pool_get(&ev, pool));
+  cr = d->EventRecord(ev, l->stream);
+  if (DLSYNC__UNLIKELY(cr != CUDA_SUCCESS) && from_memo && context_mismatch(cr)) {
+    dlsync__pool_put(pool, ev);
+    ev = NULL;
+    dlsync__pool_memo_forget(&ctx->pools, l->stream);
+    DLSYNC_TRY(dlsync__pool_for_stream(&pool, NULL, &ctx->pools, l->stream, "releasing"));
+    DLSYNC_TRY(dlsync__pool_get(&ev, pool));
+    cr = d->EventRecord(ev, l->stream);
+  }
+  if (DLSYNC__UNLIKELY(cr != CUDA_SUCCESS)) {
+    st = dlsync__fail_driver(d, cr, "cuEventRecord", "releasing on stream %p", (void *)l->stream);
+    goto cleanup;
+  }
+  DLSYNC_TRY(reclaimer_for(&r, d, dlsync__pool_device(pool)));
+  it = dlsync__malloc(sizeof *it);
+  if (DLSYNC__UNLIKELY(it == NULL)) {
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_release: out of memory");
+    goto cleanup;
+  }
+  it->book = ctx->releases;
+  it->drv = d;
+  it->pool = pool;
+  it->event = ev;
+  it->stream = l->stream;
+  it->thread = pthread_self();
+  it->fn = deleter;
+  it->arg = arg;
+  it->device = dlsync__pool_device(pool);
+  it->slot = -1;
+  it->result = CUDA_SUCCESS;
+  it->from_graph = false;
+  atomic_init(&it->armed, true);
+  dlsync__pool_ref(pool);
+  book_add_eager(it->book);
+  enqueue(r, it);
+  return DLSYNC_SUCCESS;
+cleanup:
+  /* The event was recorded (or not) and is given back: a pooled event
+   * is recorded over before its next use. */
+  if (ev != NULL)
+    dlsync__pool_put(pool, ev);
+  return st;
+}
+
+/* Every other lane: a special stream handle (legacy, per-thread), a
+ * capturing stream, a graph built by hand. */
+static DLSYNC__NOINLINE dlsync_status release_general(dlsync_context *ctx, dlsync_lane *lane,
+                                                      dlsync__lane_now *l, dlsync_deleter deleter,
+                                                      void *arg) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = ctx->drv;
   dlsync__lanes_opened opened;
   dlsync__pool *pool = NULL;
   reclaimer *r = NULL;
   release_item *it = NULL;
   bool booked = false;
-  memset(&l, 0, sizeof l);
-  if (ctx == NULL || deleter == NULL)
-    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_release: %s is NULL",
-                        ctx == NULL ? "ctx" : "deleter");
-  d = ctx->drv;
-  DLSYNC_TRY(dlsync__lane_check(lane, "releasing"));
   /* For a graph lane, the current context's device says which GPU's
    * reclaimer runs it. */
   opened.read = false;
   DLSYNC_TRY(dlsync__lanes_open(&opened, ctx, lane, NULL, &release_ask));
-  l = opened.a;
+  *l = opened.a;
   pool = opened.pool;
+  if (l->kind == DLSYNC_LANE_EAGER && !dlsync__is_special_stream(l->stream))
+    return release_eager(ctx, l, deleter, arg);
   DLSYNC_TRY(reclaimer_for(&r, d, dlsync__pool_device(pool)));
   it = dlsync__calloc(1, sizeof *it);
   if (it == NULL) {
@@ -597,20 +935,27 @@ dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_dele
   it->fn = deleter;
   it->arg = arg;
   it->device = dlsync__pool_device(pool);
-  it->from_graph = l.kind != DLSYNC_LANE_EAGER;
+  it->slot = -1;
+  it->result = CUDA_SUCCESS;
+  it->from_graph = l->kind != DLSYNC_LANE_EAGER;
   atomic_init(&it->armed, false);
-  book_add(it->book, it->from_graph);
+  if (it->from_graph)
+    book_add_graph(it->book);
+  else
+    book_add_eager(it->book);
   booked = true;
-  if (l.kind == DLSYNC_LANE_EAGER) {
+  if (l->kind == DLSYNC_LANE_EAGER) {
     DLSYNC_TRY(dlsync__pool_get(&it->event, pool));
-    DLSYNC_CU(d, EventRecord, (it->event, l.stream), "releasing on stream %p", (void *)l.stream);
+    DLSYNC_CU(d, EventRecord, (it->event, l->stream), "releasing on stream %p", (void *)l->stream);
     it->pool = pool;
+    it->stream = l->stream;
+    it->thread = pthread_self();
     dlsync__pool_ref(pool);
     enqueue(r, it);
     it = NULL;
   } else {
     bool taken = false;
-    st = dlsync__graph_hold(ctx->drv, &l.graph, 1, release_from_graph, it, &taken);
+    st = dlsync__graph_hold(ctx->drv, &l->graph, 1, release_from_graph, it, &taken);
     if (taken) {
       /* From here the destructor owns the item (and its book entry). On
        * failure no graph holds it and the destructor has run or will run
@@ -624,8 +969,6 @@ dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_dele
       goto cleanup;
   }
 cleanup:
-  if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
-    trace_release(ctx, &l, st);
   if (it != NULL) {
     if (it->event != NULL && it->pool == NULL)
       dlsync__pool_put(pool, it->event);
@@ -633,6 +976,33 @@ cleanup:
       book_cancel(it->book, it->from_graph);
     dlsync__free(it);
   }
+  return st;
+}
+
+dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane, dlsync_deleter deleter,
+                             void *arg) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_release");
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__lane_now l;
+  if (DLSYNC__UNLIKELY(ctx == NULL || deleter == NULL))
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_release: %s is NULL",
+                        ctx == NULL ? "ctx" : "deleter");
+  DLSYNC_TRY(dlsync__lane_check(lane, "releasing"));
+  if (DLSYNC__LIKELY(lane->kind == DLSYNC_LANE_STREAM &&
+                     !dlsync__is_special_stream(lane->stream))) {
+    /* One status query (cuStreamIsCapturing) says whether it is eager. */
+    DLSYNC_TRY(dlsync__lane_read(&l, ctx->drv, lane, "releasing"));
+    if (DLSYNC__LIKELY(l.kind == DLSYNC_LANE_EAGER))
+      st = release_eager(ctx, &l, deleter, arg);
+    else
+      st = release_general(ctx, lane, &l, deleter, arg);
+  } else {
+    memset(&l, 0, sizeof l);
+    st = release_general(ctx, lane, &l, deleter, arg);
+  }
+cleanup:
+  if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
+    trace_release(ctx, &l, st);
   return st;
 }
 
@@ -660,7 +1030,7 @@ dlsync_status dlsync_release_get_stats(dlsync_release_stats *out, const dlsync_c
                         out->size, out->version);
   b = ctx->releases;
   pthread_mutex_lock(&b->lock);
-  out->pending_eager = b->pending_eager;
+  out->pending_eager = atomic_load_explicit(&b->pending_eager, memory_order_relaxed);
   out->pending_graph = b->pending_graph;
   out->done = b->done;
   if (out->size >= offsetof(dlsync_release_stats, blocked) + sizeof out->blocked) {

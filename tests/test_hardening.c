@@ -328,6 +328,105 @@ static void test_failed_reclaimer_sync_is_counted_and_returned_by_flush(void **s
   assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
 }
 
+/* A deleter that holds the reclaimer until the test lets it go, so that
+ * the releases made meanwhile are taken as one batch. */
+static atomic_int batch_gate_in, batch_gate_open;
+static void batch_gate_deleter(void *arg) {
+  (void)arg;
+  atomic_store(&batch_gate_in, 1);
+  for (int i = 0; i < TIMEOUT_MS && !atomic_load(&batch_gate_open); i++)
+    sleep_ms(1);
+}
+
+/* Holds the reclaimer in batch_gate_deleter; returns once it is there. */
+static void hold_reclaimer(dlsync_lane *l) {
+  atomic_store(&batch_gate_in, 0);
+  atomic_store(&batch_gate_open, 0);
+  assert_int_equal(dlsync_release(ctx, l, batch_gate_deleter, NULL), DLSYNC_SUCCESS);
+  for (int i = 0; i < TIMEOUT_MS && !atomic_load(&batch_gate_in); i++)
+    sleep_ms(1);
+  assert_int_equal(atomic_load(&batch_gate_in), 1);
+}
+
+/* One batch of five releases on one stream and two on another: the newest
+ * event of each stream is synchronised (events of one stream complete in
+ * order), two calls for seven releases; each deleter runs once. */
+static void test_a_batch_synchronises_the_newest_event_of_each_stream(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C), lp = dlsync_lane_stream(P);
+  unsigned before;
+  (void)state;
+  atomic_store(&deleted, 0);
+  hold_reclaimer(&lc);
+  before = fake_call_count("cuEventSynchronize");
+  for (int i = 0; i < 5; i++)
+    assert_int_equal(dlsync_release(ctx, &lc, count_deleter, NULL), DLSYNC_SUCCESS);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(dlsync_release(ctx, &lp, count_deleter, NULL), DLSYNC_SUCCESS);
+  atomic_store(&batch_gate_open, 1);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&deleted), 7);
+  assert_int_equal(fake_call_count("cuEventSynchronize") - before, 2);
+  assert_int_equal(stats_of(ctx).pending_eager, 0);
+}
+
+/* The newest event's synchronisation fails inside a batch: each earlier
+ * event of its stream is synchronised on its own, every deleter runs once,
+ * and the next flush reports the failure, once. */
+static void test_a_failed_sync_in_a_batch_runs_each_deleter_once(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C);
+  dlsync_release_stats s;
+  unsigned before;
+  (void)state;
+  atomic_store(&deleted, 0);
+  hold_reclaimer(&lc);
+  before = fake_call_count("cuEventSynchronize");
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(dlsync_release(ctx, &lc, count_deleter, NULL), DLSYNC_SUCCESS);
+  fake_fail_nth("cuEventSynchronize", 1, CUDA_ERROR_LAUNCH_FAILED);
+  atomic_store(&batch_gate_open, 1);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_ERROR_DRIVER);
+  assert_message_has("CUDA_ERROR_LAUNCH_FAILED");
+  assert_int_equal(atomic_load(&deleted), 4);
+  assert_int_equal(fake_call_count("cuEventSynchronize") - before, 4); /* the newest, then 3 */
+  s = stats_of(ctx);
+  assert_int_equal(s.sync_failures, 1);
+  assert_int_equal(s.pending_eager, 0);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+}
+
+/* The reclaimer cannot enter RELAXED mode for a batch of three: the three
+ * are blocked (counted, no synchronisation), then run once it can. */
+static void test_a_mode_failure_blocks_the_whole_batch(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C);
+  dlsync_release_stats s;
+  unsigned before;
+  (void)state;
+  atomic_store(&deleted, 0);
+  hold_reclaimer(&lc);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(dlsync_release(ctx, &lc, count_deleter, NULL), DLSYNC_SUCCESS);
+  before = fake_call_count("cuEventSynchronize");
+  fake_fail_always("cuThreadExchangeStreamCaptureMode", CUDA_ERROR_UNKNOWN);
+  atomic_store(&batch_gate_open, 1);
+  for (int i = 0; i < TIMEOUT_MS && stats_of(ctx).blocked < 3; i++)
+    sleep_ms(1);
+  s = stats_of(ctx);
+  assert_int_equal(s.blocked, 3);
+  assert_int_equal(s.mode_failures, 3);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_ERROR_DRIVER);
+  assert_message_has("cuThreadExchangeStreamCaptureMode");
+  assert_int_equal(atomic_load(&deleted), 0);
+  assert_int_equal(fake_call_count("cuEventSynchronize") - before, 0);
+  /* Once it can, the three run (a flush while they are blocked returns at
+   * once: it waits for what can run). */
+  fake_fail_clear();
+  for (int i = 0; i < TIMEOUT_MS && atomic_load(&deleted) < 3; i++)
+    sleep_ms(1);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&deleted), 3);
+  assert_int_equal(stats_of(ctx).blocked, 0);
+}
+
 static void test_release_stats_need_their_size_and_version(void **state) {
   dlsync_release_stats s;
   (void)state;
@@ -1656,6 +1755,12 @@ int main(void) {
                                       fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(test_failed_reclaimer_sync_is_counted_and_returned_by_flush,
                                       fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_a_batch_synchronises_the_newest_event_of_each_stream,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_a_failed_sync_in_a_batch_runs_each_deleter_once,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_a_mode_failure_blocks_the_whole_batch, fixture_setup,
+                                      fixture_teardown),
       cmocka_unit_test_setup_teardown(test_release_stats_need_their_size_and_version, fixture_setup,
                                       fixture_teardown),
       cmocka_unit_test_setup_teardown(test_user_object_release_fault_does_not_strand_a_release,

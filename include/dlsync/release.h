@@ -15,7 +15,12 @@
  *
  *  - eager stream: a pooled event is recorded; a reclaimer thread (one per
  *    GPU, bound to CPUs local to it where hwloc can tell) waits for it and
- *    calls the deleter. The releasing thread never blocks.
+ *    calls the deleter. The releasing thread never blocks: on a stream it
+ *    has released on before, it makes one capture status query and one
+ *    cuEventRecord, and takes no lock (a launch path may release after each
+ *    launch). The reclaimer takes what is queued as one batch and, as events
+ *    of one stream complete in order, waits only for the newest of each
+ *    stream's.
  *  - capturing stream or graph built by hand: the graph owns the object (a
  *    user object); the deleter runs once, after the graph and every
  *    executable made from it are destroyed and their launches have finished,
