@@ -457,19 +457,23 @@ typedef struct stream_slot {
 
 /* A batch of releases, oldest first. Events recorded on one stream complete
  * in the order they were recorded (docs/design.md R32), so of each stream's
- * events only the newest is synchronised: once it is complete, so are the
- * earlier ones, with no driver call for them. Newest by the queue's order,
- * which is the order of the records only among one thread's releases (two
- * threads releasing on one stream push in either order), so a slot is a
- * stream and a recording thread. A stream handle is reused
- * only once the destroyed stream's work is done (R32), so two streams of
- * one handle in a batch are still in order. The special handles (the
- * legacy and per-thread streams, which name a stream per context or per
- * thread) and the streams past BATCH_STREAMS are synchronised one event at
- * a time. When the newest event's synchronisation fails, each earlier one
- * of its stream is synchronised on its own, so that each release reports
- * its own result. Then the events go back to their pools and the deleters
- * run, in queue order. */
+ * events the newest is synchronised first: once it is complete, so are the
+ * earlier ones. Newest by the queue's order, which is the order of the
+ * records only among one thread's releases (two threads releasing on one
+ * stream push in either order), so a slot is a stream handle and a
+ * recording thread. A handle is not a stream's identity, though: the
+ * driver gives a destroyed stream's handle to a new stream while the old
+ * one's work is still running (R33, seen on the H200), so two releases of
+ * one handle may be of two streams. Each earlier event of a slot is
+ * therefore asked (cuEventQuery, which does not wait) before its deleter
+ * runs, and synchronised on its own when it is not complete yet: the
+ * grouping saves waits, never a check. The special handles (the legacy and
+ * per-thread streams, which name a stream per context or per thread) and
+ * the streams past BATCH_STREAMS are synchronised one event at a time. When
+ * the newest event's synchronisation fails, each earlier one of its stream
+ * is synchronised on its own, so that each release reports its own result.
+ * Then the events go back to their pools and the deleters run, in queue
+ * order. */
 static void run_batch(reclaimer *rc, release_item *batch) {
   stream_slot slots[BATCH_STREAMS];
   unsigned nslots = 0;
@@ -507,11 +511,16 @@ static void run_batch(reclaimer *rc, release_item *batch) {
   for (unsigned i = 0; i < nslots; i++)
     slots[i].newest->result = slots[i].drv->EventSynchronize(slots[i].newest->event);
   for (release_item *it = batch; it != NULL; it = it->next) {
-    if (it->event == NULL)
+    if (it->event == NULL || (it->slot >= 0 && slots[it->slot].newest == it))
       continue;
-    if (it->slot < 0 ||
-        (slots[it->slot].newest != it && slots[it->slot].newest->result != CUDA_SUCCESS))
-      it->result = it->drv->EventSynchronize(it->event);
+    if (it->slot >= 0 && slots[it->slot].newest->result == CUDA_SUCCESS &&
+        it->drv->EventQuery != NULL) {
+      /* Complete already, unless its handle named another stream (R33). */
+      it->result = it->drv->EventQuery(it->event);
+      if (it->result != CUDA_ERROR_NOT_READY)
+        continue;
+    }
+    it->result = it->drv->EventSynchronize(it->event);
   }
   return_events(batch, &rc->keep);
   run_deleters(batch, true);

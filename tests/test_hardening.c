@@ -353,11 +353,12 @@ static void hold_reclaimer(dlsync_lane *l) {
  * order), two calls for seven releases; each deleter runs once. */
 static void test_a_batch_synchronises_the_newest_event_of_each_stream(void **state) {
   dlsync_lane lc = dlsync_lane_stream(C), lp = dlsync_lane_stream(P);
-  unsigned before;
+  unsigned before, queries;
   (void)state;
   atomic_store(&deleted, 0);
   hold_reclaimer(&lc);
   before = fake_call_count("cuEventSynchronize");
+  queries = fake_call_count("cuEventQuery");
   for (int i = 0; i < 5; i++)
     assert_int_equal(dlsync_release(ctx, &lc, count_deleter, NULL), DLSYNC_SUCCESS);
   for (int i = 0; i < 2; i++)
@@ -366,7 +367,32 @@ static void test_a_batch_synchronises_the_newest_event_of_each_stream(void **sta
   assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
   assert_int_equal(atomic_load(&deleted), 7);
   assert_int_equal(fake_call_count("cuEventSynchronize") - before, 2);
+  assert_int_equal(fake_call_count("cuEventQuery") - queries, 5); /* each earlier one asked */
   assert_int_equal(stats_of(ctx).pending_eager, 0);
+}
+
+/* A stream handle can name a new stream while the old one's work runs
+ * (design.md R33): an earlier event of a slot that is not complete when
+ * asked (cuEventQuery: CUDA_ERROR_NOT_READY) is synchronised on its own
+ * before its deleter runs; nothing is reported as failed. */
+static void test_an_earlier_event_not_complete_is_synchronised_on_its_own(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C);
+  dlsync_release_stats s;
+  unsigned before;
+  (void)state;
+  atomic_store(&deleted, 0);
+  hold_reclaimer(&lc);
+  before = fake_call_count("cuEventSynchronize");
+  for (int i = 0; i < 4; i++)
+    assert_int_equal(dlsync_release(ctx, &lc, count_deleter, NULL), DLSYNC_SUCCESS);
+  fake_fail_nth("cuEventQuery", 2, CUDA_ERROR_NOT_READY);
+  atomic_store(&batch_gate_open, 1);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&deleted), 4);
+  assert_int_equal(fake_call_count("cuEventSynchronize") - before, 2); /* the newest, the one */
+  s = stats_of(ctx);
+  assert_int_equal(s.sync_failures, 0);
+  assert_int_equal(s.pending_eager, 0);
 }
 
 /* The newest event's synchronisation fails inside a batch: each earlier
@@ -1758,6 +1784,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(test_a_batch_synchronises_the_newest_event_of_each_stream,
                                       fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(test_a_failed_sync_in_a_batch_runs_each_deleter_once,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_an_earlier_event_not_complete_is_synchronised_on_its_own,
                                       fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(test_a_mode_failure_blocks_the_whole_batch, fixture_setup,
                                       fixture_teardown),

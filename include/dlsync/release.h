@@ -19,8 +19,10 @@
  *    has released on before, it makes one capture status query and one
  *    cuEventRecord, and takes no lock (a launch path may release after each
  *    launch). The reclaimer takes what is queued as one batch and, as events
- *    of one stream complete in order, waits only for the newest of each
- *    stream's.
+ *    of one stream complete in order, waits for the newest of each stream's
+ *    first, then asks each earlier one (without waiting) before its deleter
+ *    runs: a stream handle can name a new stream while an old one's work
+ *    runs.
  *  - capturing stream or graph built by hand: the graph owns the object (a
  *    user object); the deleter runs once, after the graph and every
  *    executable made from it are destroyed and their launches have finished,

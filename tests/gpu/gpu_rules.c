@@ -37,10 +37,12 @@ int main(void) {
   /* The rules the fake does not model (gpu_rules_probes.c). */
   int probes_failed = 0;
   for (size_t i = 0; i < gpu_probe_rule_count; i++) {
-    char why[256];
+    char why[256] = "";
     const char *res = gpu_probe_rules[i].check(e.d, buf, why, sizeof why);
-    printf("  [%-28s] %-6s %s%s%s\n", gpu_probe_rules[i].tag, res == NULL ? "HOLDS" : "FAILS",
-           gpu_probe_rules[i].what, res == NULL ? "" : ": ", res == NULL ? "" : res);
+    /* A rule that holds may say what it saw, in why: printed in parentheses. */
+    printf("  [%-28s] %-6s %s%s%s%s\n", gpu_probe_rules[i].tag, res == NULL ? "HOLDS" : "FAILS",
+           gpu_probe_rules[i].what, res == NULL ? (why[0] != '\0' ? " (" : "") : ": ",
+           res == NULL ? why : res, res == NULL && why[0] != '\0' ? ")" : "");
     probes_failed += res != NULL;
   }
   printf("%zu of %zu rules the fake does not model hold\n",

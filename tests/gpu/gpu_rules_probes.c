@@ -1,6 +1,6 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* CUDA behaviours dlsync relies on that the fake driver does not model
- * ([R14]..[R19] and [R32] of docs/design.md), checked on the real driver through
+ * ([R14]..[R19], [R32] and [R33] of docs/design.md), checked on the real driver through
  * dlsync's driver table. Linked into gpu_rules, which runs them after the
  * fake's rules. Two are about cost; they compare calls made side by side in
  * the same run (medians of paired rounds) with margins far wider than the
@@ -692,20 +692,19 @@ done:
 /* ---- R32 STREAM-ORDER --------------------------------------------------- */
 /* Events recorded on one stream complete in the order they were recorded:
  * once the later one is complete, so is the earlier one (the reclaimer
- * synchronises only the newest event of each stream in a batch). Slow work
+ * synchronises the newest event of each stream in a batch first). Slow work
  * (memsets of 256 MiB) ahead of the first event, so that it is still
  * pending when the second is recorded (checked: else the check could not
- * fail). And a stream destroyed with work pending does not give its handle
- * to a stream created before that work is done. */
+ * fail). */
 enum { ORDER_ROUNDS = 50, ORDER_NEW_STREAMS = 32 };
 
 static const char *stream_order_rule(const dlsync__driver *d, CUdeviceptr buf, char *why,
                                      size_t n) {
   const char *res = NULL;
-  CUstream s = NULL, gone = NULL, fresh[ORDER_NEW_STREAMS] = {0};
+  CUstream s = NULL;
   CUevent e1 = NULL, e2 = NULL;
   CUdeviceptr big = 0;
-  int pending_seen = 0, reused_pending = 0;
+  int pending_seen = 0;
   TRY(d->MemAlloc(&big, (size_t)SLOW_WORDS * 4));
   TRY(d->StreamCreate(&s, CU_STREAM_NON_BLOCKING));
   TRY(d->EventCreate(&e1, CU_EVENT_DISABLE_TIMING));
@@ -727,35 +726,7 @@ static const char *stream_order_rule(const dlsync__driver *d, CUdeviceptr buf, c
   if (res == NULL && pending_seen == 0)
     res = "the first event was never pending when the second was recorded: the check could "
           "not fail";
-  /* A handle is not reused while its stream's work is pending. */
-  for (int k = 0; k < 4 && res == NULL; k++) {
-    TRY(d->StreamCreate(&gone, CU_STREAM_NON_BLOCKING));
-    for (int i = 0; i < 4; i++)
-      TRY(d->MemsetD32Async(big, (unsigned)i, SLOW_WORDS, gone));
-    TRY(d->EventRecord(e1, gone));
-    TRY(d->StreamDestroy(gone));
-    for (int i = 0; i < ORDER_NEW_STREAMS; i++) {
-      TRY(d->StreamCreate(&fresh[i], CU_STREAM_NON_BLOCKING));
-      if (fresh[i] == gone && d->EventQuery(e1) == CUDA_ERROR_NOT_READY)
-        reused_pending++;
-    }
-    TRY(d->EventSynchronize(e1));
-    for (int i = 0; i < ORDER_NEW_STREAMS; i++) {
-      (void)d->StreamDestroy(fresh[i]);
-      fresh[i] = NULL;
-    }
-  }
-  if (res == NULL && reused_pending > 0) {
-    snprintf(why, n,
-             "a destroyed stream's handle was given to a new stream %d time(s) while its work "
-             "was pending",
-             reused_pending);
-    res = why;
-  }
 done:
-  for (int i = 0; i < ORDER_NEW_STREAMS; i++)
-    if (fresh[i] != NULL)
-      (void)d->StreamDestroy(fresh[i]);
   if (s != NULL) {
     (void)d->StreamSynchronize(s);
     (void)d->StreamDestroy(s);
@@ -764,6 +735,76 @@ done:
     (void)d->EventDestroy(e1);
   if (e2 != NULL)
     (void)d->EventDestroy(e2);
+  if (big != 0) {
+    (void)d->CtxSynchronize();
+    (void)d->MemFree(big);
+  }
+  return res;
+}
+
+/* ---- R33 HANDLE-REUSE --------------------------------------------------- */
+/* A stream handle is not a stream's identity: a stream destroyed with work
+ * pending may give its handle to a new stream while that work still runs
+ * (how often is printed). So the reclaimer, which groups a batch's events
+ * by handle, asks each earlier event of a handle before its deleter runs:
+ * what it relies on is that cuEventQuery of an event whose work is pending
+ * says CUDA_ERROR_NOT_READY, and of a complete one CUDA_SUCCESS, whatever
+ * stream now has the handle. Checked with the old stream's event while new
+ * streams are created (one of them perhaps with its handle). */
+static const char *handle_reuse_rule(const dlsync__driver *d, CUdeviceptr buf, char *why,
+                                     size_t n) {
+  const char *res = NULL;
+  CUstream gone = NULL, fresh[ORDER_NEW_STREAMS] = {0};
+  CUevent e1 = NULL;
+  CUdeviceptr big = 0;
+  int reused_pending = 0, pending_seen = 0, made = 0;
+  (void)buf;
+  TRY(d->MemAlloc(&big, (size_t)SLOW_WORDS * 4));
+  TRY(d->EventCreate(&e1, CU_EVENT_DISABLE_TIMING));
+  for (int k = 0; k < 4 && res == NULL; k++) {
+    CUresult q;
+    TRY(d->StreamCreate(&gone, CU_STREAM_NON_BLOCKING));
+    for (int i = 0; i < 4; i++)
+      TRY(d->MemsetD32Async(big, (unsigned)i, SLOW_WORDS, gone));
+    TRY(d->EventRecord(e1, gone));
+    TRY(d->StreamDestroy(gone));
+    for (int i = 0; i < ORDER_NEW_STREAMS; i++) {
+      TRY(d->StreamCreate(&fresh[i], CU_STREAM_NON_BLOCKING));
+      made++;
+      q = d->EventQuery(e1);
+      pending_seen += q == CUDA_ERROR_NOT_READY;
+      if (q != CUDA_SUCCESS && q != CUDA_ERROR_NOT_READY) {
+        res = said(why, n, d, "cuEventQuery of a destroyed stream's pending event", q,
+                   "CUDA_ERROR_NOT_READY or CUDA_SUCCESS");
+        break;
+      }
+      if (fresh[i] == gone && q == CUDA_ERROR_NOT_READY)
+        reused_pending++;
+    }
+    if (res == NULL) {
+      TRY(d->EventSynchronize(e1));
+      q = d->EventQuery(e1);
+      if (q != CUDA_SUCCESS)
+        res = said(why, n, d, "cuEventQuery of a complete event", q, "CUDA_SUCCESS");
+    }
+    for (int i = 0; i < ORDER_NEW_STREAMS; i++) {
+      (void)d->StreamDestroy(fresh[i]);
+      fresh[i] = NULL;
+    }
+  }
+  if (res == NULL && pending_seen == 0)
+    res = "the destroyed stream's event was never pending: the check could not fail";
+  if (res == NULL)
+    snprintf(why, n,
+             "a destroyed stream's handle named a new stream while its work ran: %d of %d "
+             "new streams",
+             reused_pending, made);
+done:
+  for (int i = 0; i < ORDER_NEW_STREAMS; i++)
+    if (fresh[i] != NULL)
+      (void)d->StreamDestroy(fresh[i]);
+  if (e1 != NULL)
+    (void)d->EventDestroy(e1);
   if (big != 0) {
     (void)d->CtxSynchronize();
     (void)d->MemFree(big);
@@ -795,10 +836,11 @@ const driver_rule gpu_probe_rules[] = {
      "one user object retained by two graphs: destroyed once, after the last; a retain costs "
      "less than a new object",
      user_object_shared_rule},
-    {"R32 STREAM-ORDER",
-     "events of one stream complete in record order; a destroyed stream's handle is not reused "
-     "while its work is pending",
-     stream_order_rule},
+    {"R32 STREAM-ORDER", "events of one stream complete in record order", stream_order_rule},
+    {"R33 HANDLE-REUSE",
+     "a pending event's query says NOT_READY, a complete one's SUCCESS, whatever stream has its "
+     "handle now",
+     handle_reuse_rule},
 };
 
 const size_t gpu_probe_rule_count = sizeof gpu_probe_rules / sizeof gpu_probe_rules[0];
