@@ -9,7 +9,9 @@
  *   instr_rows LIBDLSYNC ROW N [--log]
  *
  * ROW: eager, eager-stable, in-capture, in-capture-stable, two-captures,
- * eager-to-capture, eager-to-built, two-built, capture-to-built, built-to-capture.
+ * eager-to-capture, eager-to-built, two-built, capture-to-built, built-to-capture,
+ * release (dlsync_release on an eager stream, a no-op deleter; the releases
+ * flushed after each batch).
  * --log prints the driver calls
  * of the last operation. The thread makes two eager exchanges first, as the
  * bench's thread has (its scratch event and memo are warm). */
@@ -31,6 +33,8 @@ typedef struct api {
                          uint32_t);
   dlsync_status (*end)(dlsync_exchange *);
   dlsync_status (*order)(dlsync_context *, dlsync_lane *, dlsync_lane *);
+  dlsync_status (*release)(dlsync_context *, dlsync_lane *, dlsync_deleter, void *);
+  dlsync_status (*flush)(dlsync_context *);
   const char *(*last_error)(void);
 } api;
 
@@ -60,6 +64,7 @@ typedef enum row {
   ROW_TWO_BUILT,
   ROW_CAPTURE_TO_BUILT,
   ROW_BUILT_TO_CAPTURE,
+  ROW_RELEASE,
   ROW_COUNT
 } row;
 
@@ -72,7 +77,12 @@ static const char *const row_names[ROW_COUNT] = {"eager",
                                                  "eager-to-built",
                                                  "two-built",
                                                  "capture-to-built",
-                                                 "built-to-capture"};
+                                                 "built-to-capture",
+                                                 "release"};
+
+static void noop_deleter(void *arg) {
+  (void)arg;
+}
 
 static void *need(void *lib, const char *name) {
   void *p = dlsym(lib, name);
@@ -141,6 +151,8 @@ int main(int argc, char **argv) {
   a.begin = need(lib, "dlsync_exchange_begin_flags");
   a.end = need(lib, "dlsync_exchange_end");
   a.order = need(lib, "dlsync_order");
+  a.release = need(lib, "dlsync_release");
+  a.flush = need(lib, "dlsync_release_flush");
   a.last_error = need(lib, "dlsync_last_error");
   gpa = need(cu, "cuGetProcAddress_v2");
   stream_create = need(cu, "instr_stream_create");
@@ -221,6 +233,9 @@ int main(int argc, char **argv) {
       case ROW_EAGER_TO_CAPTURE:
         st = a.order(ctx, &lp, &lc);
         break;
+      case ROW_RELEASE:
+        st = a.release(ctx, &lp, noop_deleter, NULL);
+        break;
       default: {
         dlsync_exchange *ex;
         uint32_t flags = r == ROW_EAGER_STABLE || r == ROW_IN_CAPTURE_STABLE
@@ -247,6 +262,8 @@ int main(int argc, char **argv) {
       check(d.end_capture(c, &g) == CUDA_SUCCESS && d.graph_destroy(g) == CUDA_SUCCESS, "end");
     if (r == ROW_TWO_CAPTURES || r == ROW_CAPTURE_TO_BUILT)
       check(d.end_capture(p, &g) == CUDA_SUCCESS && d.graph_destroy(g) == CUDA_SUCCESS, "end");
+    if (r == ROW_RELEASE)
+      check(a.flush(ctx) == DLSYNC_SUCCESS, "flush");
     if (g1 != NULL)
       d.graph_destroy(g1);
     if (g2 != NULL)
