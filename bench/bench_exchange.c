@@ -18,6 +18,7 @@
 
 #include "../tests/gpu/gpu_common.h"
 #include "order/table.h"
+#include "bench_util.h"
 
 #define OPS 5000
 #define BATCHES 9
@@ -34,26 +35,6 @@ static double split_total_ns;
 static CUstream P, C;
 static CUevent e1, e2;
 static CUdeviceptr scale_buf; /* 8 bytes: the scale runs' own nodes write here */
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return v[n / 2];
-}
-
-#define CHECK(cond, what)                                                      \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      printf("FAIL: %s (line %d): %s\n", what, __LINE__, dlsync_last_error()); \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
-
-typedef void (*op_fn)(void);
 
 static double time_op(op_fn fn) {
   double t[BATCHES];
@@ -1172,10 +1153,10 @@ static void run_scale(void) {
     gc[k] = c4s[k] / m2;
     gr[k] = r4s[k] / mr2;
   }
-  qsort(ge, SCALE_LONG_RUNS, sizeof ge[0], cmp_double); /* [0] and [L]: the range */
-  qsort(gf, SCALE_LONG_RUNS, sizeof gf[0], cmp_double);
-  qsort(gc, SCALE_LONG_RUNS, sizeof gc[0], cmp_double);
-  qsort(gr, SCALE_LONG_RUNS, sizeof gr[0], cmp_double);
+  qsort(ge, SCALE_LONG_RUNS, sizeof ge[0], bench_cmp_double); /* [0] and [L]: the range */
+  qsort(gf, SCALE_LONG_RUNS, sizeof gf[0], bench_cmp_double);
+  qsort(gc, SCALE_LONG_RUNS, sizeof gc[0], bench_cmp_double);
+  qsort(gr, SCALE_LONG_RUNS, sizeof gr[0], bench_cmp_double);
   enum { L = SCALE_LONG_RUNS - 1 };
   printf("\nscale (host ns per exchange, the long runs' median of %d; target: within 1.2 x of the "
          "small run, and no node in a captured graph beyond the caller's own)\n",

@@ -29,6 +29,7 @@
 
 #include "../tests/gpu/gpu_common.h"
 #include "interop/dlpack_abi.h"
+#include "bench_util.h"
 
 #define MAX_ROUNDS 15
 #define BATCHES 9
@@ -53,26 +54,6 @@ static unsigned (*fake_count)(const char *symbol);
 static unsigned count_of(const char *symbol) {
   return fake_count != NULL ? fake_count(symbol) : 0;
 }
-
-static int cmp_double(const void *a, const void *b) {
-  double x = *(const double *)a, y = *(const double *)b;
-  return (x > y) - (x < y);
-}
-
-static double median(double *v, int n) {
-  qsort(v, (size_t)n, sizeof *v, cmp_double);
-  return v[n / 2];
-}
-
-#define CHECK(cond, what)                                                      \
-  do {                                                                         \
-    if (!(cond)) {                                                             \
-      printf("FAIL: %s (line %d): %s\n", what, __LINE__, dlsync_last_error()); \
-      exit(1);                                                                 \
-    }                                                                          \
-  } while (0)
-
-typedef void (*op_fn)(void);
 
 /* One batch of OPS calls, host ns per call. */
 static double time_batch(op_fn fn) {
