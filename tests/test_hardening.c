@@ -371,6 +371,18 @@ static void test_a_batch_synchronises_the_newest_event_of_each_stream(void **sta
   assert_int_equal(stats_of(ctx).pending_eager, 0);
 }
 
+/* n releases on l queued behind the reclaimer held in a deleter (one batch
+ * once batch_gate_open is set); the cuEventSynchronize count before them. */
+static unsigned held_batch(dlsync_lane *l, int n) {
+  unsigned before;
+  atomic_store(&deleted, 0);
+  hold_reclaimer(l);
+  before = fake_call_count("cuEventSynchronize");
+  for (int i = 0; i < n; i++)
+    assert_int_equal(dlsync_release(ctx, l, count_deleter, NULL), DLSYNC_SUCCESS);
+  return before;
+}
+
 /* A stream handle can name a new stream while the old one's work runs
  * (design.md R33): an earlier event of a slot that is not complete when
  * asked (cuEventQuery: CUDA_ERROR_NOT_READY) is synchronised on its own
@@ -380,11 +392,7 @@ static void test_an_earlier_event_not_complete_is_synchronised_on_its_own(void *
   dlsync_release_stats s;
   unsigned before;
   (void)state;
-  atomic_store(&deleted, 0);
-  hold_reclaimer(&lc);
-  before = fake_call_count("cuEventSynchronize");
-  for (int i = 0; i < 4; i++)
-    assert_int_equal(dlsync_release(ctx, &lc, count_deleter, NULL), DLSYNC_SUCCESS);
+  before = held_batch(&lc, 4);
   fake_fail_nth("cuEventQuery", 2, CUDA_ERROR_NOT_READY);
   atomic_store(&batch_gate_open, 1);
   assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
@@ -403,11 +411,7 @@ static void test_a_failed_sync_in_a_batch_runs_each_deleter_once(void **state) {
   dlsync_release_stats s;
   unsigned before;
   (void)state;
-  atomic_store(&deleted, 0);
-  hold_reclaimer(&lc);
-  before = fake_call_count("cuEventSynchronize");
-  for (int i = 0; i < 4; i++)
-    assert_int_equal(dlsync_release(ctx, &lc, count_deleter, NULL), DLSYNC_SUCCESS);
+  before = held_batch(&lc, 4);
   fake_fail_nth("cuEventSynchronize", 1, CUDA_ERROR_LAUNCH_FAILED);
   atomic_store(&batch_gate_open, 1);
   assert_int_equal(dlsync_release_flush(ctx), DLSYNC_ERROR_DRIVER);
