@@ -18,8 +18,10 @@ import ctypes
 import json
 import os
 import re
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import ecosystem_cases as ec  # noqa: E402
 
 CALLS = 50
 FLAGS = {
@@ -100,16 +102,8 @@ def main() -> int:
         env = dict(os.environ)
         env["XLA_FLAGS"] = (env.get("XLA_FLAGS", "") + " " + FLAGS[setting]).strip()
         env.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
-        proc = subprocess.run([sys.executable, __file__, "--child", lib, setting, ordering],
-                              env=env, capture_output=True, text=True, timeout=600)
-        res = None
-        for line in proc.stdout.splitlines():
-            if line.startswith("RESULT "):
-                res = json.loads(line[7:])
-        if res is None:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-3:]
-            res = {"calls": 0, "wrong": 0, "captured": 0,
-                   "error": f"process exited {proc.returncode}: {' | '.join(tail)[:300]}"}
+        res, _ = ec.run(__file__, [lib, setting, ordering], flag="--child", env=env, timeout=600,
+                        empty={"calls": 0, "wrong": 0, "captured": 0})
         failed = res["error"] is not None or res["wrong"] > 0
         if expect == "refused":
             bad = res.get("bad") or []

@@ -20,17 +20,17 @@ released after the launch, the graph owns x until it is destroyed.
 A run is wrong unless out == 2 x and the -1 tensor is intact. Exit 1 unless
 every release-after case is right and every control wrong.
 """
-import json
 import os
 import shutil
-import subprocess
 import sys
 
 HERE = os.path.dirname(os.path.abspath(__file__))
+sys.path.insert(0, os.path.dirname(HERE))
+import ecosystem_cases as ec  # noqa: E402
+
 RUNS = int(os.environ.get("LAUNCHER_RUNS", "20"))
 N = int(os.environ.get("LAUNCHER_N", str(1 << 24)))
 SPIN = 20_000_000  # about 10 ms
-CASE_TIMEOUT = 120  # seconds for one case's process (4x under memcheck)
 
 
 def case(lib: str, setting: str, release: str) -> dict:
@@ -86,47 +86,17 @@ def case(lib: str, setting: str, release: str) -> dict:
 
 
 def _child(lib, setting, release, wrap=None, env=None):
-    cmd = [sys.executable, __file__, "--case", lib, setting, release]
-    try:
-        proc = subprocess.run((wrap or []) + cmd, capture_output=True, text=True,
-                              timeout=CASE_TIMEOUT * (4 if wrap else 1), env=env)
-    except subprocess.TimeoutExpired as e:
-        proc = subprocess.CompletedProcess(e.cmd, "timeout", stdout="", stderr="no result in time")
-    res = None
-    for line in proc.stdout.splitlines():
-        if line.startswith("RESULT "):
-            res = json.loads(line[7:])
-    if res is None:
-        tail = (proc.stderr or proc.stdout).strip().splitlines()[-2:]
-        res = {"runs": 0, "wrong": 0, "error": f"exit {proc.returncode}: {' | '.join(tail)[:240]}"}
-    return res, proc
+    """One case in a process of its own (4 times the time under memcheck)."""
+    return ec.run(__file__, [lib, setting, release], wrap=wrap, env=env,
+                  timeout=ec.CASE_TIMEOUT * (4 if wrap else 1))
 
 
 SETTINGS = ("eager", "graph:global", "graph:thread_local", "graph:relaxed")
 
 
-_UNRELATED = ("ImportError", "ModuleNotFoundError", "AttributeError", "NameError", "SyntaxError",
-              "exit ")
-
-
-def _control_failed(res) -> bool:
-    """A control's failure for its reason: wrong results, or an error of the
-    capture or the import it breaks; not a crash or a broken test."""
-    if res["error"] is None:
-        return res["wrong"] > 0
-    return not res["error"].startswith(_UNRELATED)
-
-
 def main() -> int:
     if len(sys.argv) == 5 and sys.argv[1] == "--case":
-        try:
-            res = case(sys.argv[2], sys.argv[3], sys.argv[4])
-            res["error"] = None
-        except Exception as e:  # noqa: BLE001
-            msg = str(e).strip().splitlines()[0][:240] if str(e).strip() else ""
-            res = {"runs": 0, "wrong": 0, "error": f"{type(e).__name__}: {msg}"}
-        print("RESULT " + json.dumps(res), flush=True)
-        return 0
+        return ec.child(case, *sys.argv[2:5])
     if len(sys.argv) == 3 and sys.argv[1] == "--memcheck":
         cs = shutil.which("compute-sanitizer") or os.path.join(
             os.environ.get("CUDA_HOME", "/usr/local/cuda"), "bin", "compute-sanitizer")
@@ -166,9 +136,7 @@ def main() -> int:
                 ok = not failed and res["runs"] == RUNS
                 verdict = "ok" if ok else "FAILED"
             else:
-                ok = _control_failed(res)
-                verdict = ("control failed as expected" if ok else
-                           "CONTROL FAILED FOR ANOTHER REASON" if res["error"] else "CONTROL DID NOT FAIL")
+                ok, verdict = ec.control_failed(res), ec.control_verdict(res)
             ok_all = ok_all and ok
             print(f"{'launcher':9} {setting:19} {release:7} {res['runs']:>4} {res['wrong']:>5}  "
                   f"{verdict}", flush=True)

@@ -12,15 +12,15 @@ A case runs 20 times (eager calls or graph replays) with a slow producer
 out == 2 x everywhere. Exit 1 unless every dlsync case is right with no
 error and every control of torch / CuPy is wrong or broken.
 """
-import json
 import os
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import ecosystem_cases as ec  # noqa: E402
 
 RUNS = 20
 N = 1 << 24
 SPIN = 20_000_000  # about 10 ms
-CASE_TIMEOUT = 120  # seconds for one case's process
 
 
 def case(producer: str, setting: str, mode: str) -> dict:
@@ -117,34 +117,9 @@ def case(producer: str, setting: str, mode: str) -> dict:
     return {"runs": RUNS, "wrong": wrong}
 
 
-def _framework_missing(error) -> bool:
-    """A case needs a framework this machine lacks: a skip, not a failure
-    (any other missing module is a failure)."""
-    return bool(error) and any(f"No module named '{m}'" in error for m in ("torch", "cupy", "jax"))
-
-
-_UNRELATED = ("ImportError", "ModuleNotFoundError", "AttributeError", "NameError", "SyntaxError",
-              "exit ")
-
-
-def _control_failed(res) -> bool:
-    """A control's failure for its reason: wrong results, or an error of the
-    capture or the import it breaks; not a crash or a broken test."""
-    if res["error"] is None:
-        return res["wrong"] > 0
-    return not res["error"].startswith(_UNRELATED)
-
-
 def main() -> int:
     if len(sys.argv) == 5 and sys.argv[1] == "--case":
-        try:
-            res = case(sys.argv[2], sys.argv[3], sys.argv[4])
-            res["error"] = None
-        except Exception as e:  # noqa: BLE001
-            msg = str(e).strip().splitlines()[0][:240] if str(e).strip() else ""
-            res = {"runs": 0, "wrong": 0, "error": f"{type(e).__name__}: {msg}"}
-        print("RESULT " + json.dumps(res), flush=True)
-        return 0
+        return ec.child(case, *sys.argv[2:5])
     cases = []
     for producer in ("torch", "cupy"):
         for setting in ("eager", "graph:global", "graph:thread_local", "graph:relaxed"):
@@ -158,22 +133,8 @@ def main() -> int:
     for producer, setting in cases:
         for mode in ("dlsync", "plain"):
             env = dict(os.environ, XLA_PYTHON_CLIENT_PREALLOCATE="false")
-            try:
-                proc = subprocess.run([sys.executable, __file__, "--case", producer, setting, mode],
-                                      env=env, capture_output=True, text=True, timeout=CASE_TIMEOUT)
-            except subprocess.TimeoutExpired:
-                proc = None
-            res = None
-            for line in proc.stdout.splitlines() if proc else ():
-                if line.startswith("RESULT "):
-                    res = json.loads(line[7:])
-            if proc is None:
-                res = {"runs": 0, "wrong": 0, "error": f"exit timeout: no result in {CASE_TIMEOUT} s"}
-            elif res is None:
-                tail = (proc.stderr or proc.stdout).strip().splitlines()[-2:]
-                res = {"runs": 0, "wrong": 0,
-                       "error": f"exit {proc.returncode}: {' | '.join(tail)[:240]}"}
-            if _framework_missing(res["error"]):
+            res, _ = ec.run(__file__, [producer, setting, mode], env=env)
+            if ec.framework_missing(res["error"]):
                 verdict, ok = "skipped (" + res["error"] + ")", True
             elif producer == "raising":
                 ok = mode == "plain" or "the producer failed" in (res["error"] or "")
@@ -185,13 +146,11 @@ def main() -> int:
             elif producer == "jax":
                 ok, verdict = True, "(information: JAX's own export may wait)"
             else:
-                ok = _control_failed(res)
-                verdict = ("control failed as expected" if ok else
-                           "CONTROL FAILED FOR ANOTHER REASON" if res["error"] else "CONTROL DID NOT FAIL")
+                ok, verdict = ec.control_failed(res), ec.control_verdict(res)
             ok_all = ok_all and ok
             print(f"{'nanobind_ext':14} {producer:8} {setting:19} {mode:7} {res['runs']:>4} "
                   f"{res['wrong']:>5}  {verdict}", flush=True)
-            if res["error"] and not _framework_missing(res["error"]):
+            if res["error"] and not ec.framework_missing(res["error"]):
                 print(f"    error: {res['error']}", flush=True)
     return 0 if ok_all else 1
 

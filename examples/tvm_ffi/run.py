@@ -12,10 +12,11 @@ A case runs 20 times (eager calls or graph replays) with a slow producer
 y == 2 x everywhere. Exit 1 unless every dlsync case is right with no error
 and every control is wrong or broken.
 """
-import json
 import os
-import subprocess
 import sys
+
+sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+import ecosystem_cases as ec  # noqa: E402
 
 RUNS = 20
 N = 1 << 24
@@ -104,38 +105,12 @@ def wrap_case(lib: str, how: str) -> dict:
     return {"runs": RUNS, "wrong": wrong}
 
 
-def _framework_missing(error) -> bool:
-    """A case needs a framework this machine lacks: a skip, not a failure
-    (any other missing module is a failure)."""
-    return bool(error) and any(f"No module named '{m}'" in error for m in ("torch", "cupy", "jax"))
-
-
-_UNRELATED = ("ImportError", "ModuleNotFoundError", "AttributeError", "NameError", "SyntaxError",
-              "exit ")
-
-
-def _control_failed(res) -> bool:
-    """A control's failure for its reason: wrong results, or an error of the
-    capture or the import it breaks; not a crash or a broken test."""
-    if res["error"] is None:
-        return res["wrong"] > 0
-    return not res["error"].startswith(_UNRELATED)
-
-
 def main() -> int:
     if len(sys.argv) == 5 and sys.argv[1] == "--case":
         lib, kind, arg = sys.argv[2], sys.argv[3], sys.argv[4]
-        try:
-            if kind == "wrap":
-                res = wrap_case(lib, arg)
-            else:
-                res = module_case(lib, kind, int(arg))
-            res["error"] = None
-        except Exception as e:  # noqa: BLE001
-            msg = str(e).strip().splitlines()[0][:240] if str(e).strip() else ""
-            res = {"runs": 0, "wrong": 0, "error": f"{type(e).__name__}: {msg}"}
-        print("RESULT " + json.dumps(res), flush=True)
-        return 0
+        if kind == "wrap":
+            return ec.child(wrap_case, lib, arg)
+        return ec.child(module_case, lib, kind, int(arg))
     if len(sys.argv) != 2:
         print(__doc__)
         return 2
@@ -149,25 +124,15 @@ def main() -> int:
     cases.append(("wrap", "wrap", "wrap_found", "wrap(t)", "info"))
     rows, ok_all = [], True
     for what, kind, arg, label, expect in cases:
-        proc = subprocess.run([sys.executable, __file__, "--case", lib, kind, arg],
-                              capture_output=True, text=True, timeout=300)
-        res = None
-        for line in proc.stdout.splitlines():
-            if line.startswith("RESULT "):
-                res = json.loads(line[7:])
-        if res is None:
-            tail = (proc.stderr or proc.stdout).strip().splitlines()[-2:]
-            res = {"runs": 0, "wrong": 0, "error": f"exit {proc.returncode}: {' | '.join(tail)[:240]}"}
+        res, _ = ec.run(__file__, [lib, kind, arg], timeout=300)
         failed = res["error"] is not None or res["wrong"] > 0
-        if _framework_missing(res["error"]):
+        if ec.framework_missing(res["error"]):
             ok, verdict = True, "skipped (" + res["error"] + ")"
         elif expect == "right":
             ok = not failed and res["runs"] == RUNS
             verdict = "ok" if ok else "FAILED"
         elif expect == "fails":
-            ok = _control_failed(res)
-            verdict = ("control failed as expected" if ok else
-                       "CONTROL FAILED FOR ANOTHER REASON" if res["error"] else "CONTROL DID NOT FAIL")
+            ok, verdict = ec.control_failed(res), ec.control_verdict(res)
         else:
             ok, verdict = True, "(information: TVM FFI tensors expose no stream)"
         ok_all = ok_all and ok
@@ -176,7 +141,7 @@ def main() -> int:
     for what, setting, label, res, verdict in rows:
         print(f"{'tvm_ffi':8} {what:7} {setting:19} {label:22} {res['runs']:>4} {res['wrong']:>5}  "
               f"{verdict}")
-        if res["error"] and not _framework_missing(res["error"]):
+        if res["error"] and not ec.framework_missing(res["error"]):
             print(f"    error: {res['error']}")
     return 0 if ok_all else 1
 
