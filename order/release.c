@@ -851,6 +851,30 @@ static inline bool context_mismatch(CUresult r) {
   return r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_INVALID_CONTEXT;
 }
 
+/* A release of ctx's book on device, every field set: eager (an event the
+ * reclaimer waits for, its pool, stream and thread set by the caller; armed)
+ * or owned by a graph (armed once the graph holds it). NULL: no memory. */
+static DLSYNC__INLINE release_item *item_new(dlsync_context *ctx, dlsync_deleter fn, void *arg,
+                                             int device, bool from_graph) {
+  release_item *it = dlsync__malloc(sizeof *it);
+  if (DLSYNC__UNLIKELY(it == NULL))
+    return NULL;
+  it->next = NULL;
+  it->book = ctx->releases;
+  it->drv = ctx->drv;
+  it->pool = NULL;
+  it->event = NULL;
+  it->stream = NULL;
+  it->thread = pthread_self();
+  it->fn = fn;
+  it->arg = arg;
+  it->device = device;
+  it->slot = -1;
+  it->result = CUDA_SUCCESS;
+  it->from_graph = from_graph;
+  atomic_init(&it->armed, !from_graph);
+  return it;
+}
 /* An eager stream that is not a special handle: the releasing thread's
  * fast path. One capture status query (made by the caller), the pool from
  * the per-thread memo (checked by the record itself: a stream handle reused
@@ -883,24 +907,15 @@ static dlsync_status release_eager(dlsync_context *ctx, const dlsync__lane_now *
     goto cleanup;
   }
   DLSYNC_TRY(reclaimer_for(&r, d, dlsync__pool_device(pool)));
-  it = dlsync__malloc(sizeof *it);
+  it = item_new(ctx, deleter, arg, dlsync__pool_device(pool), false);
   if (DLSYNC__UNLIKELY(it == NULL)) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_release: out of memory");
     goto cleanup;
   }
-  it->book = ctx->releases;
-  it->drv = d;
   it->pool = pool;
   it->event = ev;
   it->stream = l->stream;
   it->thread = pthread_self();
-  it->fn = deleter;
-  it->arg = arg;
-  it->device = dlsync__pool_device(pool);
-  it->slot = -1;
-  it->result = CUDA_SUCCESS;
-  it->from_graph = false;
-  atomic_init(&it->armed, true);
   dlsync__pool_ref(pool);
   book_add_eager(it->book);
   enqueue(r, it);
@@ -934,20 +949,11 @@ static DLSYNC__NOINLINE dlsync_status release_general(dlsync_context *ctx, dlsyn
   if (l->kind == DLSYNC_LANE_EAGER && !dlsync__is_special_stream(l->stream))
     return release_eager(ctx, l, deleter, arg);
   DLSYNC_TRY(reclaimer_for(&r, d, dlsync__pool_device(pool)));
-  it = dlsync__calloc(1, sizeof *it);
+  it = item_new(ctx, deleter, arg, dlsync__pool_device(pool), l->kind != DLSYNC_LANE_EAGER);
   if (it == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_release: out of memory");
     goto cleanup;
   }
-  it->book = ctx->releases;
-  it->drv = d;
-  it->fn = deleter;
-  it->arg = arg;
-  it->device = dlsync__pool_device(pool);
-  it->slot = -1;
-  it->result = CUDA_SUCCESS;
-  it->from_graph = l->kind != DLSYNC_LANE_EAGER;
-  atomic_init(&it->armed, false);
   if (it->from_graph)
     book_add_graph(it->book);
   else
