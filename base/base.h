@@ -158,9 +158,10 @@ static inline void dlsync__spin_unlock(atomic_int *l) {
  * event/event.h, which checks that it fits); graph/ the holds of the
  * thread's last captures and its batches of events for built graphs in
  * `graph` (graph/graph.h checks it); order/ keeps one
- * free exchange handle in `spare`. */
+ * free exchange handle in `spare` and its release rings in `rings`. */
 #define DLSYNC__THREAD_EVENT_BYTES 400
 #define DLSYNC__THREAD_GRAPH_BYTES 1504
+#define DLSYNC__THREAD_RINGS 4
 
 #if defined(__GNUC__)
 /* A type that may view another object's bytes (the slots below). */
@@ -174,6 +175,9 @@ typedef struct dlsync__thread {
    * reads too (no alignment beyond 8 is asked of thread-local storage: a
    * library loaded by dlopen gets its block from the loader's allocator). */
   void *spare; /* order/: one free exchange record */
+  /* order/: its release rings (order/release.c), one per device below
+   * DLSYNC__THREAD_RINGS; NULL until it releases on that device */
+  void *rings[DLSYNC__THREAD_RINGS];
   /* order/: the capture an end after a begin that found both streams in one
    * capture checks the consumer against (set by that end) */
   uint64_t end_capture_id;

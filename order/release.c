@@ -44,14 +44,17 @@ struct dlsync__release_book {
   char first_message[256];
 };
 
+struct release_ring;
+
 typedef struct release_item {
   struct release_item *next;
   dlsync__release_book *book;
   const dlsync__driver *drv;
-  dlsync__pool *pool; /* eager: the event's pool (a reference is held) */
-  CUevent event;      /* eager: recorded after the work */
-  CUstream stream;    /* eager: where it was recorded */
-  pthread_t thread;   /* eager: the thread that recorded it */
+  dlsync__pool *pool;           /* eager: the event's pool (a reference is held) */
+  CUevent event;                /* eager: recorded after the work */
+  CUstream stream;              /* eager: where it was recorded */
+  unsigned long long stream_id; /* eager: its cuStreamGetId, 0 when unknown */
+  pthread_t thread;             /* eager: the thread that recorded it */
   dlsync_deleter fn;
   void *arg;
   int device;
@@ -59,6 +62,12 @@ typedef struct release_item {
   CUresult result; /* a reclaimer's batch: its event's synchronisation */
   bool from_graph;
   atomic_bool armed; /* graph: handed over; until then the destructor only frees */
+  /* A ring's slot (below): its ring and position; the book and pool whose
+   * ring references end once it is done. The item is the reclaimer's. */
+  struct release_ring *ring;
+  unsigned ring_pos;
+  dlsync__release_book *drop_book;
+  dlsync__pool *drop_pool;
 } release_item;
 
 /* ---- books ---- */
@@ -73,6 +82,10 @@ static void book_unref_n(dlsync__release_book *b, unsigned n) {
 
 static void book_unref(dlsync__release_book *b) {
   book_unref_n(b, 1);
+}
+
+static inline void book_ref(dlsync__release_book *b) {
+  atomic_fetch_add_explicit(&b->refs, 1, memory_order_relaxed);
 }
 
 dlsync_status dlsync__release_book_new(dlsync__release_book **out) {
@@ -135,6 +148,7 @@ static void book_note_failure_locked(dlsync__release_book *b, int result, const 
 typedef struct book_tally {
   dlsync__release_book *book;
   unsigned eager, graph;
+  unsigned ring; /* eager releases of rings: not in pending_eager, no reference each */
   unsigned sync_failures;
   int first_result; /* of the first failed synchronisation in the tally */
   char first_message[200];
@@ -147,7 +161,7 @@ static void tally_commit(book_tally *t) {
   pthread_mutex_lock(&b->lock);
   atomic_fetch_sub_explicit(&b->pending_eager, t->eager, memory_order_relaxed);
   b->pending_graph -= t->graph;
-  b->done += (size_t)t->eager + t->graph;
+  b->done += (size_t)t->eager + t->graph + t->ring;
   if (t->sync_failures > 0) {
     b->sync_failures += t->sync_failures;
     book_note_failure_locked(b, t->first_result, t->first_message);
@@ -164,10 +178,12 @@ static void tally_add(book_tally *t, const release_item *it) {
   if (t->book != it->book) {
     tally_commit(t);
     t->book = it->book;
-    t->eager = t->graph = t->sync_failures = 0;
+    t->eager = t->graph = t->ring = t->sync_failures = 0;
   }
   if (it->from_graph)
     t->graph++;
+  else if (it->ring != NULL)
+    t->ring++;
   else
     t->eager++;
   if (it->result != CUDA_SUCCESS && t->sync_failures++ == 0) {
@@ -181,6 +197,18 @@ static void tally_add(book_tally *t, const release_item *it) {
 
 static _Thread_local bool on_reclaimer;
 
+static size_t rings_pending(const dlsync__release_book *b);
+
+/* The book's eager releases not run yet: those of the shared queue (counted
+ * as they are made) and those in the releasing threads' rings (counted by
+ * looking: a ring's release costs its book nothing as it is made). Called
+ * with b->lock, which a reclaimer takes to tell the book of releases done
+ * only after their ring slots are free again, so a waiter on b->cond misses
+ * no decrease. */
+static size_t book_pending_eager(const dlsync__release_book *b) {
+  return atomic_load_explicit(&b->pending_eager, memory_order_relaxed) + rings_pending(b);
+}
+
 /* Waits until every eager release has run or is blocked (its reclaimer
  * cannot enter RELAXED mode), then returns the first failure since the last
  * flush (and forgets it). */
@@ -190,7 +218,7 @@ static dlsync_status book_flush(dlsync__release_book *b) {
   char message[sizeof b->first_message];
   size_t blocked;
   pthread_mutex_lock(&b->lock);
-  while (atomic_load_explicit(&b->pending_eager, memory_order_relaxed) > b->blocked)
+  while (book_pending_eager(b) > b->blocked)
     pthread_cond_wait(&b->cond, &b->lock);
   st = b->first_failure;
   result = b->first_result;
@@ -227,12 +255,12 @@ dlsync_status dlsync__release_book_close(dlsync__release_book *b, dlsync__releas
       bool own = running != NULL && running->book == b;
       const book_tally *t =
           running_tally != NULL && running_tally->book == b ? running_tally : NULL;
-      l.queued = atomic_load_explicit(&b->pending_eager, memory_order_relaxed) -
-                 (own && !running->from_graph ? 1 : 0) - (t != NULL ? t->eager : 0);
+      l.queued = book_pending_eager(b) - (own && !running->from_graph ? 1 : 0) -
+                 (t != NULL ? t->eager : 0);
       l.graph_owned =
           b->pending_graph - (own && running->from_graph ? 1 : 0) - (t != NULL ? t->graph : 0);
     } else {
-      while (atomic_load_explicit(&b->pending_eager, memory_order_relaxed) > b->blocked)
+      while (book_pending_eager(b) > b->blocked)
         pthread_cond_wait(&b->cond, &b->lock);
       l.blocked = b->blocked;
       l.graph_owned = b->pending_graph;
@@ -276,10 +304,64 @@ typedef struct reclaimer {
   pthread_t thread;
   const dlsync__driver *drv; /* NULL: the janitor */
   int device;
-  size_t keep;          /* the thread's: events given back so far (its pools keep them) */
-  atomic_bool stopping; /* the unload asked it to return once its queue is empty */
-  bool started;         /* under lock: past its start (see reclaimer_start) */
+  size_t keep;                /* the thread's: events given back so far (its pools keep them) */
+  atomic_bool stopping;       /* the unload asked it to return once its queue is empty */
+  bool started;               /* under lock: past its start (see reclaimer_start) */
+  struct release_ring *rings; /* under lock: the releasing threads' rings (below) */
+  release_item *spare;        /* the thread's: items of ring slots, reused */
 } reclaimer;
+
+/* ---- rings: one releasing thread's releases to one reclaimer ----
+ *
+ * The shared queue costs a releasing thread an allocation (freed by the
+ * reclaimer: on glibc about 300 ns of arena traffic on an H200's host), a
+ * pool reference, two book counts and a compare-and-swap, each on memory
+ * the reclaimer writes too. So a thread that releases on a device's streams
+ * gets a ring of its own for that device: a single-producer single-consumer
+ * queue of RING_SLOTS slots. The thread fills the slot at `head` and
+ * publishes it with one store; the reclaimer copies the slots up to `head`
+ * into its own items, runs them in its batch, and frees each slot (`tail`)
+ * once its deleter has run. Nothing per release is shared but the slot and
+ * `head`: the ring holds one reference on the book and one on the pool of
+ * the run of releases it is in, and a slot that begins a new run carries the
+ * old run's references for the reclaimer to drop once the slot is done
+ * (every earlier slot of the ring is done by then). The book's count of
+ * pending releases leaves ring releases out; flush, close and the stats
+ * count them in the rings (book_pending_eager). A full ring, a device past
+ * DLSYNC__THREAD_RINGS or a ring that could not be made: the shared queue.
+ * When its thread exits the ring is marked; the reclaimer frees it once it
+ * is empty. */
+#define RING_SLOTS 4096u /* a power of two */
+
+typedef struct ring_slot {
+  _Atomic(dlsync__release_book *) book; /* read by other threads counting a book's */
+  const dlsync__driver *drv;
+  dlsync__pool *pool;
+  CUevent event;
+  CUstream stream;
+  unsigned long long stream_id;
+  dlsync_deleter fn;
+  void *arg;
+  dlsync__release_book *drop_book; /* references that end with this slot */
+  dlsync__pool *drop_pool;
+} ring_slot;
+
+typedef struct release_ring {
+  /* The releasing thread's. */
+  atomic_uint head;           /* slots [tail, head) are queued */
+  unsigned tail_seen;         /* tail as it last read it */
+  dlsync__release_book *book; /* the current run's book (a reference) */
+  dlsync__pool *pool;         /* the current run's pool (a reference) */
+  char apart[64];             /* the reclaimer's fields on another cache line */
+  /* The reclaimer's (tail is read by the releasing thread and counters). */
+  atomic_uint tail;
+  struct release_ring *next; /* in the reclaimer's list, under its lock */
+  reclaimer *owner;
+  pthread_t thread;
+  int device;
+  atomic_bool orphaned; /* its thread has exited */
+  ring_slot slots[RING_SLOTS];
+} release_ring;
 
 static pthread_mutex_t reclaimers_lock = PTHREAD_MUTEX_INITIALIZER;
 static reclaimer **reclaimers;
@@ -375,6 +457,7 @@ static bool enter_relaxed_batch(reclaimer *rc, release_item *batch) {
 static void return_events(release_item *batch, size_t *keep) {
   CUevent evs[64];
   size_t n = 0, total = 0;
+  unsigned refs = 0; /* the items' pool references (a ring's slot holds none) */
   dlsync__pool *pool = NULL;
   for (release_item *it = batch; it != NULL; it = it->next)
     total += it->event != NULL;
@@ -384,8 +467,9 @@ static void return_events(release_item *batch, size_t *keep) {
     bool flush = it == NULL || (it->event != NULL && (it->pool != pool || n == 64));
     if (flush && n > 0) {
       dlsync__pool_put_many(pool, evs, n, total);
-      dlsync__pool_unref_n(pool, (unsigned)n);
+      dlsync__pool_unref_n(pool, refs);
       n = 0;
+      refs = 0;
     }
     if (it == NULL)
       break;
@@ -393,13 +477,17 @@ static void return_events(release_item *batch, size_t *keep) {
       continue;
     pool = it->pool;
     evs[n++] = it->event;
+    refs += it->ring == NULL;
     it->event = NULL;
   }
 }
 
 /* The deleters of the batch, in queue order, each book told once per run of
- * its releases. `run` false: dropped (the library is unloaded), counted done. */
-static void run_deleters(release_item *batch, bool run) {
+ * its releases. `run` false: dropped (the library is unloaded), counted done.
+ * A ring's slot is freed as soon as its deleter has run, before its book is
+ * told (book_pending_eager); the references a slot carries end after that,
+ * and its item goes back to the reclaimer's spares. */
+static void run_deleters(reclaimer *rc, release_item *batch, bool run) {
   book_tally t;
   t.book = NULL;
   running_tally = &t;
@@ -410,8 +498,22 @@ static void run_deleters(release_item *batch, bool run) {
       it->fn(it->arg);
       running = NULL;
     }
+    if (it->ring == NULL) {
+      tally_add(&t, it);
+      dlsync__free(it);
+      continue;
+    }
+    atomic_store_explicit(&it->ring->tail, it->ring_pos + 1, memory_order_release);
     tally_add(&t, it);
-    dlsync__free(it);
+    if (it->drop_book != NULL || it->drop_pool != NULL) {
+      tally_commit(&t); /* it may be of the book whose reference ends */
+      if (it->drop_book != NULL)
+        book_unref(it->drop_book);
+      if (it->drop_pool != NULL)
+        dlsync__pool_unref(it->drop_pool);
+    }
+    it->next = rc->spare;
+    rc->spare = it;
   }
   running_tally = NULL;
   tally_commit(&t);
@@ -441,13 +543,15 @@ static void run_stopping(reclaimer *rc, release_item *batch) {
       it->result = r;
     }
     return_events(it, &rc->keep);
-    run_deleters(it, run);
+    run_deleters(rc, it, run);
   }
 }
 
 /* One stream's newest event in a batch, of those one thread recorded. */
 typedef struct stream_slot {
+  const struct release_ring *ring; /* a ring's releases are never grouped with the queue's */
   CUstream stream;
+  unsigned long long stream_id; /* 0: unknown, the slot is a handle */
   const dlsync__driver *drv;
   pthread_t thread;
   release_item *newest;
@@ -455,25 +559,30 @@ typedef struct stream_slot {
 
 #define BATCH_STREAMS 32
 
+static bool slot_is(const stream_slot *s, const release_item *it) {
+  return s->stream_id == it->stream_id && s->stream == it->stream && s->ring == it->ring &&
+         s->drv == it->drv && pthread_equal(s->thread, it->thread);
+}
+
 /* A batch of releases, oldest first. Events recorded on one stream complete
  * in the order they were recorded (docs/design.md R32), so of each stream's
  * events the newest is synchronised first: once it is complete, so are the
- * earlier ones. Newest by the queue's order, which is the order of the
- * records only among one thread's releases (two threads releasing on one
- * stream push in either order), so a slot is a stream handle and a
- * recording thread. A handle is not a stream's identity, though: the
- * driver gives a destroyed stream's handle to a new stream while the old
- * one's work is still running (R33, seen on the H200), so two releases of
- * one handle may be of two streams. Each earlier event of a slot is
- * therefore asked (cuEventQuery, which does not wait) before its deleter
- * runs, and synchronised on its own when it is not complete yet: the
- * grouping saves waits, never a check. The special handles (the legacy and
- * per-thread streams, which name a stream per context or per thread) and
- * the streams past BATCH_STREAMS are synchronised one event at a time. When
- * the newest event's synchronisation fails, each earlier one of its stream
- * is synchronised on its own, so that each release reports its own result.
- * Then the events go back to their pools and the deleters run, in queue
- * order. */
+ * earlier ones, and they cost no driver call. Newest by the queue's order,
+ * which is the order of the records only among one thread's releases (two
+ * threads releasing on one stream push in either order), so a slot is a
+ * stream and a recording thread. A stream is its id (cuStreamGetId, taken
+ * when the release was made), not its handle: the driver gives a destroyed
+ * stream's handle to a new stream while the old one's work still runs
+ * (R33), and the id tells the two apart. Where the id is unknown (a driver
+ * without cuStreamGetId) the slot is a handle, and each earlier event of it
+ * is asked (cuEventQuery, which does not wait) before its deleter runs and
+ * synchronised on its own when it is not complete yet. The special handles
+ * (the legacy and per-thread streams, which name a stream per context or per
+ * thread) and the streams past BATCH_STREAMS are synchronised one event at a
+ * time. When the newest event's synchronisation fails, each earlier one of
+ * its stream is synchronised on its own, so that each release reports its
+ * own result. Then the events go back to their pools and the deleters run,
+ * in queue order. */
 static void run_batch(reclaimer *rc, release_item *batch) {
   stream_slot slots[BATCH_STREAMS];
   unsigned nslots = 0;
@@ -485,7 +594,7 @@ static void run_batch(reclaimer *rc, release_item *batch) {
     for (release_item *it = batch; it != NULL; it = it->next)
       it->result = CUDA_SUCCESS;
     return_events(batch, &rc->keep);
-    run_deleters(batch, false);
+    run_deleters(rc, batch, false);
     return;
   }
   for (release_item *it = batch; it != NULL; it = it->next) {
@@ -494,13 +603,14 @@ static void run_batch(reclaimer *rc, release_item *batch) {
     it->slot = -1;
     if (it->event == NULL || dlsync__is_special_stream(it->stream))
       continue;
-    while (i < nslots && !(slots[i].stream == it->stream && slots[i].drv == it->drv &&
-                           pthread_equal(slots[i].thread, it->thread)))
+    while (i < nslots && !slot_is(&slots[i], it))
       i++;
     if (i == nslots) {
       if (nslots == BATCH_STREAMS)
         continue;
+      slots[nslots].ring = it->ring;
       slots[nslots].stream = it->stream;
+      slots[nslots].stream_id = it->stream_id;
       slots[nslots].drv = it->drv;
       slots[nslots].thread = it->thread;
       nslots++;
@@ -511,19 +621,23 @@ static void run_batch(reclaimer *rc, release_item *batch) {
   for (unsigned i = 0; i < nslots; i++)
     slots[i].newest->result = slots[i].drv->EventSynchronize(slots[i].newest->event);
   for (release_item *it = batch; it != NULL; it = it->next) {
-    if (it->event == NULL || (it->slot >= 0 && slots[it->slot].newest == it))
+    const stream_slot *s = it->slot >= 0 ? &slots[it->slot] : NULL;
+    if (it->event == NULL || (s != NULL && s->newest == it))
       continue;
-    if (it->slot >= 0 && slots[it->slot].newest->result == CUDA_SUCCESS &&
-        it->drv->EventQuery != NULL) {
-      /* Complete already, unless its handle named another stream (R33). */
-      it->result = it->drv->EventQuery(it->event);
-      if (it->result != CUDA_ERROR_NOT_READY)
-        continue;
+    if (s != NULL && s->newest->result == CUDA_SUCCESS) {
+      if (s->stream_id != 0)
+        continue; /* the newest of its stream is complete, so is it (R32) */
+      if (it->drv->EventQuery != NULL) {
+        /* Complete already, unless its handle named another stream (R33). */
+        it->result = it->drv->EventQuery(it->event);
+        if (it->result != CUDA_ERROR_NOT_READY)
+          continue;
+      }
     }
     it->result = it->drv->EventSynchronize(it->event);
   }
   return_events(batch, &rc->keep);
-  run_deleters(batch, true);
+  run_deleters(rc, batch, true);
 }
 
 /* The janitor's work: no book, no event. */
@@ -548,6 +662,110 @@ static release_item *take_all(reclaimer *r) {
   return fifo;
 }
 
+/* The thread-exit hook that marks a thread's rings (rings_thread_exit). */
+static pthread_once_t ring_once = PTHREAD_ONCE_INIT;
+static pthread_key_t ring_key;
+static atomic_bool ring_key_ok;
+
+/* A ring's memory and the references of its current run. */
+static void ring_free(release_ring *g) {
+  if (g->book != NULL)
+    book_unref(g->book);
+  if (g->pool != NULL)
+    dlsync__pool_unref(g->pool);
+  dlsync__free(g);
+}
+
+/* A reclaimer's item for a ring's slot: one of its spares, or a new one
+ * (NULL: no memory; the slot waits for the next batch). */
+static release_item *spare_item(reclaimer *r) {
+  release_item *it = r->spare;
+  if (it != NULL) {
+    r->spare = it->next;
+    return it;
+  }
+  return dlsync__malloc(sizeof *it);
+}
+
+/* Appends the queued slots of r's rings to the batch, as r's own items, in
+ * each ring's order; frees the rings whose thread has exited once they are
+ * empty. Returns the batch. */
+static release_item *collect_rings(reclaimer *r, release_item *batch) {
+  release_item **link = &batch;
+  while (*link != NULL)
+    link = &(*link)->next;
+  pthread_mutex_lock(&r->lock);
+  for (release_ring **pg = &r->rings; *pg != NULL;) {
+    release_ring *g = *pg;
+    unsigned pos = atomic_load_explicit(&g->tail, memory_order_relaxed);
+    unsigned head = atomic_load_explicit(&g->head, memory_order_acquire);
+    if (pos == head && atomic_load_explicit(&g->orphaned, memory_order_acquire) &&
+        atomic_load_explicit(&g->head, memory_order_acquire) == pos) {
+      *pg = g->next; /* its thread's last release was published before the mark */
+      ring_free(g);
+      continue;
+    }
+    for (; pos != head; pos++) {
+      const ring_slot *sl = &g->slots[pos % RING_SLOTS];
+      release_item *it = spare_item(r);
+      if (it == NULL)
+        break;
+      it->next = NULL;
+      it->book = atomic_load_explicit(&sl->book, memory_order_relaxed);
+      it->drv = sl->drv;
+      it->pool = sl->pool;
+      it->event = sl->event;
+      it->stream = sl->stream;
+      it->stream_id = sl->stream_id;
+      it->thread = g->thread;
+      it->fn = sl->fn;
+      it->arg = sl->arg;
+      it->device = g->device;
+      it->slot = -1;
+      it->result = CUDA_SUCCESS;
+      it->from_graph = false;
+      atomic_init(&it->armed, true);
+      it->ring = g;
+      it->ring_pos = pos;
+      it->drop_book = sl->drop_book;
+      it->drop_pool = sl->drop_pool;
+      *link = it;
+      link = &it->next;
+    }
+    pg = &g->next;
+  }
+  pthread_mutex_unlock(&r->lock);
+  return batch;
+}
+
+/* Whether a ring of r has a slot queued. Called with r->lock. */
+static bool rings_queued_locked(const reclaimer *r) {
+  for (const release_ring *g = r->rings; g != NULL; g = g->next)
+    if (atomic_load(&g->head) != atomic_load_explicit(&g->tail, memory_order_relaxed))
+      return true;
+  return false;
+}
+
+static size_t rings_pending(const dlsync__release_book *b) {
+  size_t n = 0;
+  pthread_mutex_lock(&reclaimers_lock);
+  for (int i = 0; i < nreclaimers; i++) {
+    reclaimer *r = reclaimers[i];
+    if (r == NULL)
+      continue;
+    pthread_mutex_lock(&r->lock);
+    for (const release_ring *g = r->rings; g != NULL; g = g->next) {
+      unsigned pos = atomic_load_explicit(&g->tail, memory_order_acquire);
+      unsigned head = atomic_load_explicit(&g->head, memory_order_acquire);
+      for (; pos != head; pos++)
+        n += atomic_load_explicit(&g->slots[pos % RING_SLOTS].book, memory_order_relaxed) == b;
+    }
+    pthread_mutex_unlock(&r->lock);
+  }
+  pthread_mutex_unlock(&reclaimers_lock);
+  return n;
+}
+
 /* Nothing queued: a nap (the releasing threads do not signal a napping
  * thread), and after NAPS of them a sleep that a push ends. */
 static void idle(reclaimer *r, unsigned *naps) {
@@ -558,8 +776,10 @@ static void idle(reclaimer *r, unsigned *naps) {
   }
   pthread_mutex_lock(&r->lock);
   atomic_store(&r->sleeping, true);
-  /* seq_cst on both sides: either a push sees `sleeping` or this sees it. */
-  if (atomic_load(&r->pushed) == NULL && !atomic_load(&r->stopping))
+  /* seq_cst on both sides: either a push sees `sleeping` or this sees it
+   * (a ring's push: its head store, a fence, then `sleeping`). */
+  atomic_thread_fence(memory_order_seq_cst);
+  if (atomic_load(&r->pushed) == NULL && !rings_queued_locked(r) && !atomic_load(&r->stopping))
     pthread_cond_wait(&r->cond, &r->lock);
   atomic_store(&r->sleeping, false);
   pthread_mutex_unlock(&r->lock);
@@ -581,10 +801,14 @@ static void *reclaimer_main(void *p) {
   pthread_mutex_unlock(&r->lock);
   for (;;) {
     release_item *batch = take_all(r);
+    if (r->drv != NULL)
+      batch = collect_rings(r, batch);
     if (batch == NULL) {
       if (atomic_load(&r->stopping)) {
         /* Pushed before the stop was asked for: seen now. */
         batch = take_all(r);
+        if (r->drv != NULL)
+          batch = collect_rings(r, batch);
         if (batch == NULL)
           break;
       } else {
@@ -602,6 +826,16 @@ static void *reclaimer_main(void *p) {
 }
 
 static void reclaimer_free(reclaimer *r) {
+  while (r->rings != NULL) {
+    release_ring *g = r->rings;
+    r->rings = g->next;
+    ring_free(g);
+  }
+  while (r->spare != NULL) {
+    release_item *it = r->spare;
+    r->spare = it->next;
+    dlsync__free(it);
+  }
   pthread_cond_destroy(&r->cond);
   pthread_mutex_destroy(&r->lock);
   dlsync__free(r);
@@ -723,6 +957,10 @@ __attribute__((destructor)) static void reclaimers_unload(void) {
   int n;
   if (DLSYNC__IN_FORKED_CHILD())
     return;
+  /* No thread-exit hook may touch a ring once the threads are joined (and
+   * their rings freed). */
+  if (atomic_exchange(&ring_key_ok, false))
+    pthread_key_delete(ring_key);
   pthread_mutex_lock(&reclaimers_lock);
   unloaded = true;
   all = reclaimers;
@@ -744,6 +982,12 @@ __attribute__((destructor)) static void reclaimers_unload(void) {
 }
 #endif
 
+static DLSYNC__NOINLINE void wake(reclaimer *r) {
+  pthread_mutex_lock(&r->lock);
+  pthread_cond_signal(&r->cond);
+  pthread_mutex_unlock(&r->lock);
+}
+
 /* No CUDA call and no lock but when the thread sleeps: also used from
  * user-object destructors (driver threads) and the releasing fast path. */
 static inline void enqueue(reclaimer *r, release_item *it) {
@@ -752,11 +996,115 @@ static inline void enqueue(reclaimer *r, release_item *it) {
     it->next = head;
   while (!atomic_compare_exchange_weak_explicit(&r->pushed, &head, it, memory_order_seq_cst,
                                                 memory_order_relaxed));
-  if (DLSYNC__UNLIKELY(atomic_load(&r->sleeping))) {
-    pthread_mutex_lock(&r->lock);
-    pthread_cond_signal(&r->cond);
-    pthread_mutex_unlock(&r->lock);
+  if (DLSYNC__UNLIKELY(atomic_load(&r->sleeping)))
+    wake(r);
+}
+
+/* ---- the releasing thread's rings ---- */
+
+/* Its thread exits: each of its rings is marked, for its reclaimer to free
+ * once empty (woken, so that a sleeping one does not keep it). */
+static void rings_thread_exit(void *p) {
+  dlsync__thread *t = p;
+  for (int i = 0; i < DLSYNC__THREAD_RINGS; i++) {
+    release_ring *g = t->rings[i];
+    t->rings[i] = NULL;
+    if (g == NULL)
+      continue;
+    atomic_store_explicit(&g->orphaned, true, memory_order_release);
+    atomic_thread_fence(memory_order_seq_cst);
+    if (atomic_load_explicit(&g->owner->sleeping, memory_order_relaxed))
+      wake(g->owner);
   }
+}
+
+static void ring_key_init(void) {
+  atomic_store(&ring_key_ok, pthread_key_create(&ring_key, rings_thread_exit) == 0);
+}
+
+/* The calling thread's ring for r, made and registered; NULL when it cannot
+ * be (no memory, no thread-exit hook, a device past DLSYNC__THREAD_RINGS). */
+static DLSYNC__NOINLINE release_ring *ring_new(dlsync__thread *t, reclaimer *r) {
+  release_ring *g, *old;
+  pthread_once(&ring_once, ring_key_init);
+  if (!atomic_load(&ring_key_ok) || r->device < 0 || r->device >= DLSYNC__THREAD_RINGS)
+    return NULL;
+  g = dlsync__calloc(1, sizeof *g);
+  if (g == NULL)
+    return NULL;
+  if (pthread_setspecific(ring_key, t) != 0) {
+    dlsync__free(g);
+    return NULL;
+  }
+  atomic_init(&g->head, 0);
+  atomic_init(&g->tail, 0);
+  atomic_init(&g->orphaned, false);
+  for (unsigned i = 0; i < RING_SLOTS; i++)
+    atomic_init(&g->slots[i].book, NULL);
+  g->owner = r;
+  g->thread = pthread_self();
+  g->device = r->device;
+  old = t->rings[r->device];
+  if (old != NULL) /* of an earlier reclaimer of the device: left to it */
+    atomic_store_explicit(&old->orphaned, true, memory_order_release);
+  pthread_mutex_lock(&r->lock);
+  g->next = r->rings;
+  r->rings = g;
+  pthread_mutex_unlock(&r->lock);
+  t->rings[r->device] = g;
+  return g;
+}
+
+/* An eager release into the calling thread's ring for r (its event
+ * recorded): no allocation, no atomic read-modify-write, one store that
+ * publishes the slot and a fence before the look at `sleeping`. False when
+ * the thread has no ring there and cannot make one, or when it is full: the
+ * caller then queues the release on the shared queue. */
+static DLSYNC__INLINE bool ring_push(reclaimer *r, dlsync_context *ctx, dlsync__pool *pool,
+                                     CUevent ev, CUstream stream, unsigned long long sid,
+                                     dlsync_deleter fn, void *arg) {
+  dlsync__thread *t;
+  release_ring *g;
+  ring_slot *sl;
+  unsigned head;
+  if (DLSYNC__UNLIKELY(r->device < 0 || r->device >= DLSYNC__THREAD_RINGS))
+    return false;
+  t = dlsync__thread_get();
+  g = t->rings[r->device];
+  if (DLSYNC__UNLIKELY(g == NULL || g->owner != r) && (g = ring_new(t, r)) == NULL)
+    return false;
+  head = atomic_load_explicit(&g->head, memory_order_relaxed);
+  if (DLSYNC__UNLIKELY(head - g->tail_seen >= RING_SLOTS)) {
+    g->tail_seen = atomic_load_explicit(&g->tail, memory_order_acquire);
+    if (head - g->tail_seen >= RING_SLOTS)
+      return false;
+  }
+  sl = &g->slots[head % RING_SLOTS];
+  sl->drop_book = NULL;
+  sl->drop_pool = NULL;
+  if (DLSYNC__UNLIKELY(g->book != ctx->releases)) {
+    book_ref(ctx->releases);
+    sl->drop_book = g->book;
+    g->book = ctx->releases;
+  }
+  if (DLSYNC__UNLIKELY(g->pool != pool)) {
+    dlsync__pool_ref(pool);
+    sl->drop_pool = g->pool;
+    g->pool = pool;
+  }
+  atomic_store_explicit(&sl->book, ctx->releases, memory_order_relaxed);
+  sl->drv = ctx->drv;
+  sl->pool = pool;
+  sl->event = ev;
+  sl->stream = stream;
+  sl->stream_id = sid;
+  sl->fn = fn;
+  sl->arg = arg;
+  atomic_store_explicit(&g->head, head + 1, memory_order_release);
+  atomic_thread_fence(memory_order_seq_cst); /* against idle(): see there */
+  if (DLSYNC__UNLIKELY(atomic_load_explicit(&r->sleeping, memory_order_relaxed)))
+    wake(r);
+  return true;
 }
 
 /* ---- the janitor ---- */
@@ -865,6 +1213,7 @@ static DLSYNC__INLINE release_item *item_new(dlsync_context *ctx, dlsync_deleter
   it->pool = NULL;
   it->event = NULL;
   it->stream = NULL;
+  it->stream_id = 0;
   it->thread = pthread_self();
   it->fn = fn;
   it->arg = arg;
@@ -873,8 +1222,31 @@ static DLSYNC__INLINE release_item *item_new(dlsync_context *ctx, dlsync_deleter
   it->result = CUDA_SUCCESS;
   it->from_graph = from_graph;
   atomic_init(&it->armed, !from_graph);
+  it->ring = NULL;
+  it->ring_pos = 0;
+  it->drop_book = NULL;
+  it->drop_pool = NULL;
   return it;
 }
+/* The identity of the stream a release's event is recorded on: a handle
+ * can name a new stream while the old one's work still runs (design.md
+ * R33), a stream id cannot. 0 (unknown) where the driver has no
+ * cuStreamGetId (before CUDA 12.0) or for a special handle: the reclaimer
+ * then asks the event itself. */
+static DLSYNC__INLINE dlsync_status stream_id_of(unsigned long long *id, const dlsync__driver *d,
+                                                 CUstream stream) {
+  CUresult r;
+  *id = 0;
+  if (d->StreamGetId == NULL || dlsync__is_special_stream(stream))
+    return DLSYNC_SUCCESS;
+  r = d->StreamGetId(stream, id);
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+    *id = 0;
+    return dlsync__fail_driver(d, r, "cuStreamGetId", "releasing on stream %p", (void *)stream);
+  }
+  return DLSYNC_SUCCESS;
+}
+
 /* An eager stream that is not a special handle: the releasing thread's
  * fast path. One capture status query (made by the caller), the pool from
  * the per-thread memo (checked by the record itself: a stream handle reused
@@ -890,7 +1262,9 @@ static dlsync_status release_eager(dlsync_context *ctx, const dlsync__lane_now *
   reclaimer *r = NULL;
   CUevent ev = NULL;
   CUresult cr;
+  unsigned long long sid;
   release_item *it;
+  DLSYNC_TRY(stream_id_of(&sid, d, l->stream));
   DLSYNC_TRY(dlsync__pool_for_stream(&pool, &from_memo, &ctx->pools, l->stream, "releasing"));
   DLSYNC_TRY(dlsync__pool_get(&ev, pool));
   cr = d->EventRecord(ev, l->stream);
@@ -907,6 +1281,8 @@ static dlsync_status release_eager(dlsync_context *ctx, const dlsync__lane_now *
     goto cleanup;
   }
   DLSYNC_TRY(reclaimer_for(&r, d, dlsync__pool_device(pool)));
+  if (DLSYNC__LIKELY(ring_push(r, ctx, pool, ev, l->stream, sid, deleter, arg)))
+    return DLSYNC_SUCCESS;
   it = item_new(ctx, deleter, arg, dlsync__pool_device(pool), false);
   if (DLSYNC__UNLIKELY(it == NULL)) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_release: out of memory");
@@ -915,7 +1291,7 @@ static dlsync_status release_eager(dlsync_context *ctx, const dlsync__lane_now *
   it->pool = pool;
   it->event = ev;
   it->stream = l->stream;
-  it->thread = pthread_self();
+  it->stream_id = sid;
   dlsync__pool_ref(pool);
   book_add_eager(it->book);
   enqueue(r, it);
@@ -960,11 +1336,11 @@ static DLSYNC__NOINLINE dlsync_status release_general(dlsync_context *ctx, dlsyn
     book_add_eager(it->book);
   booked = true;
   if (l->kind == DLSYNC_LANE_EAGER) {
+    DLSYNC_TRY(stream_id_of(&it->stream_id, d, l->stream));
     DLSYNC_TRY(dlsync__pool_get(&it->event, pool));
     DLSYNC_CU(d, EventRecord, (it->event, l->stream), "releasing on stream %p", (void *)l->stream);
     it->pool = pool;
     it->stream = l->stream;
-    it->thread = pthread_self();
     dlsync__pool_ref(pool);
     enqueue(r, it);
     it = NULL;
@@ -1045,7 +1421,7 @@ dlsync_status dlsync_release_get_stats(dlsync_release_stats *out, const dlsync_c
                         out->size, out->version);
   b = ctx->releases;
   pthread_mutex_lock(&b->lock);
-  out->pending_eager = atomic_load_explicit(&b->pending_eager, memory_order_relaxed);
+  out->pending_eager = book_pending_eager(b);
   out->pending_graph = b->pending_graph;
   out->done = b->done;
   if (out->size >= offsetof(dlsync_release_stats, blocked) + sizeof out->blocked) {
