@@ -90,8 +90,7 @@ static inline slot *ring_next(void) {
 }
 static inline void ring_publish(void) {
   unsigned h = atomic_load_explicit(&head, memory_order_relaxed);
-  atomic_store_explicit(&head, h + 1, memory_order_release);
-  atomic_thread_fence(memory_order_seq_cst);
+  atomic_store(&head, h + 1); /* seq_cst, as a ring's push */
 }
 
 static void op_rec(void) {

@@ -777,8 +777,7 @@ static void idle(reclaimer *r, unsigned *naps) {
   pthread_mutex_lock(&r->lock);
   atomic_store(&r->sleeping, true);
   /* seq_cst on both sides: either a push sees `sleeping` or this sees it
-   * (a ring's push: its head store, a fence, then `sleeping`). */
-  atomic_thread_fence(memory_order_seq_cst);
+   * (a ring's push: its head stored, then `sleeping` read, both seq_cst). */
   if (atomic_load(&r->pushed) == NULL && !rings_queued_locked(r) && !atomic_load(&r->stopping))
     pthread_cond_wait(&r->cond, &r->lock);
   atomic_store(&r->sleeping, false);
@@ -1011,9 +1010,8 @@ static void rings_thread_exit(void *p) {
     t->rings[i] = NULL;
     if (g == NULL)
       continue;
-    atomic_store_explicit(&g->orphaned, true, memory_order_release);
-    atomic_thread_fence(memory_order_seq_cst);
-    if (atomic_load_explicit(&g->owner->sleeping, memory_order_relaxed))
+    atomic_store(&g->orphaned, true);
+    if (atomic_load(&g->owner->sleeping))
       wake(g->owner);
   }
 }
@@ -1100,9 +1098,9 @@ static DLSYNC__INLINE bool ring_push(reclaimer *r, dlsync_context *ctx, dlsync__
   sl->stream_id = sid;
   sl->fn = fn;
   sl->arg = arg;
-  atomic_store_explicit(&g->head, head + 1, memory_order_release);
-  atomic_thread_fence(memory_order_seq_cst); /* against idle(): see there */
-  if (DLSYNC__UNLIKELY(atomic_load_explicit(&r->sleeping, memory_order_relaxed)))
+  /* seq_cst store and load, against idle(): see there. */
+  atomic_store(&g->head, head + 1);
+  if (DLSYNC__UNLIKELY(atomic_load(&r->sleeping)))
     wake(r);
   return true;
 }
