@@ -16,13 +16,13 @@
  *  - eager stream: a pooled event is recorded; a reclaimer thread (one per
  *    GPU, bound to CPUs local to it where hwloc can tell) waits for it and
  *    calls the deleter. The releasing thread never blocks: on a stream it
- *    has released on before, it makes one capture status query and one
- *    cuEventRecord, and takes no lock (a launch path may release after each
+ *    has released on before, it makes one capture status query, asks the
+ *    stream's id (a handle can name a new stream while an old one's work
+ *    runs) and records one event, then fills a slot of its own ring for
+ *    that GPU: no lock, no allocation (a launch path may release after each
  *    launch). The reclaimer takes what is queued as one batch and, as events
- *    of one stream complete in order, waits for the newest of each stream's
- *    first, then asks each earlier one (without waiting) before its deleter
- *    runs: a stream handle can name a new stream while an old one's work
- *    runs.
+ *    of one stream complete in order, waits only for the newest of each
+ *    stream's.
  *  - capturing stream or graph built by hand: the graph owns the object (a
  *    user object); the deleter runs once, after the graph and every
  *    executable made from it are destroyed and their launches have finished,
@@ -31,9 +31,12 @@
  * Deleters run on a reclaimer thread of dlsync's, never on a driver callback
  * thread, so they may call CUDA (cudaFree, cuMemFree). That thread runs in
  * RELAXED capture mode, so a deleter's allocation calls do not break another
- * thread's GLOBAL capture. Deleters of one GPU run one at a time, in the order
- * the releases were made (eager ones) or their graphs let go: a slow deleter,
- * or a release whose stream is still busy, delays those behind it. Do not
+ * thread's GLOBAL capture. Deleters of one GPU run one at a time: those of
+ * one thread's eager releases on ordinary streams in the order it made them
+ * while fewer than 4096 of them wait (past that the rest queue beside its
+ * ring and may run first), others in the order they were queued or their
+ * graphs let go. A slow deleter, or a release whose stream is still busy,
+ * delays those behind it. Do not
  * destroy the context from a deleter (it returns DLSYNC_ERROR_BUSY there
  * rather than wait for itself).
  *
