@@ -1007,12 +1007,14 @@ static void rings_thread_exit(void *p) {
   dlsync__thread *t = p;
   for (int i = 0; i < DLSYNC__THREAD_RINGS; i++) {
     release_ring *g = t->rings[i];
+    reclaimer *owner;
     t->rings[i] = NULL;
     if (g == NULL)
       continue;
+    owner = g->owner; /* read first: once marked, the ring may be freed at once */
     atomic_store(&g->orphaned, true);
-    if (atomic_load(&g->owner->sleeping))
-      wake(g->owner);
+    if (atomic_load(&owner->sleeping))
+      wake(owner);
   }
 }
 
