@@ -68,6 +68,9 @@ typedef struct release_item {
   unsigned ring_pos;
   dlsync__release_book *drop_book;
   dlsync__pool *drop_pool;
+  /* Of the shared queue: the ring of the thread that made it while its
+   * ring was full, told once its deleter has run (see the rings). */
+  struct release_ring *overflow_of;
 } release_item;
 
 /* ---- books ---- */
@@ -327,10 +330,14 @@ typedef struct reclaimer {
  * old run's references for the reclaimer to drop once the slot is done
  * (every earlier slot of the ring is done by then). The book's count of
  * pending releases leaves ring releases out; flush, close and the stats
- * count them in the rings (book_pending_eager). A full ring, a device past
+ * count them in the rings (book_pending_eager). A device past
  * DLSYNC__THREAD_RINGS or a ring that could not be made: the shared queue.
- * When its thread exits the ring is marked; the reclaimer frees it once it
- * is empty. */
+ * A full ring: the shared queue too, and the thread's releases go on there
+ * until those it sent there have run (`overflowed`, `overflow_done`); as a
+ * batch runs the rings' releases before the shared queue's, one thread's
+ * deleters run in the order it released. When its thread exits the ring is
+ * marked; the reclaimer frees it once it is empty and its releases in the
+ * shared queue have run. */
 #define RING_SLOTS 4096u /* a power of two */
 
 typedef struct ring_slot {
@@ -352,9 +359,12 @@ typedef struct release_ring {
   unsigned tail_seen;         /* tail as it last read it */
   dlsync__release_book *book; /* the current run's book (a reference) */
   dlsync__pool *pool;         /* the current run's pool (a reference) */
+  unsigned overflowed;        /* its releases sent to the shared queue so far */
+  unsigned overflow_seen;     /* overflow_done as it last read it */
   char apart[64];             /* the reclaimer's fields on another cache line */
   /* The reclaimer's (tail is read by the releasing thread and counters). */
   atomic_uint tail;
+  atomic_uint overflow_done; /* those of `overflowed` whose deleters have run */
   struct release_ring *next; /* in the reclaimer's list, under its lock */
   reclaimer *owner;
   pthread_t thread;
@@ -499,6 +509,11 @@ static void run_deleters(reclaimer *rc, release_item *batch, bool run) {
       running = NULL;
     }
     if (it->ring == NULL) {
+      if (it->overflow_of != NULL)
+        atomic_store_explicit(
+            &it->overflow_of->overflow_done,
+            atomic_load_explicit(&it->overflow_of->overflow_done, memory_order_relaxed) + 1,
+            memory_order_release);
       tally_add(&t, it);
       dlsync__free(it);
       continue;
@@ -687,21 +702,22 @@ static release_item *spare_item(reclaimer *r) {
   return dlsync__malloc(sizeof *it);
 }
 
-/* Appends the queued slots of r's rings to the batch, as r's own items, in
- * each ring's order; frees the rings whose thread has exited once they are
- * empty. Returns the batch. */
+/* The queued slots of r's rings, as r's own items in each ring's order,
+ * ahead of `batch` (the shared queue's: a thread's releases there are newer
+ * than those in its ring); frees the rings whose thread has exited once
+ * they are empty and their releases in the shared queue have run. */
 static release_item *collect_rings(reclaimer *r, release_item *batch) {
-  release_item **link = &batch;
-  while (*link != NULL)
-    link = &(*link)->next;
+  release_item *first = NULL, **link = &first;
   pthread_mutex_lock(&r->lock);
   for (release_ring **pg = &r->rings; *pg != NULL;) {
     release_ring *g = *pg;
     unsigned pos = atomic_load_explicit(&g->tail, memory_order_relaxed);
     unsigned head = atomic_load_explicit(&g->head, memory_order_acquire);
     if (pos == head && atomic_load_explicit(&g->orphaned, memory_order_acquire) &&
-        atomic_load_explicit(&g->head, memory_order_acquire) == pos) {
-      *pg = g->next; /* its thread's last release was published before the mark */
+        atomic_load_explicit(&g->head, memory_order_acquire) == pos &&
+        atomic_load_explicit(&g->overflow_done, memory_order_relaxed) == g->overflowed) {
+      /* Its thread's last release was made before the mark. */
+      *pg = g->next;
       ring_free(g);
       continue;
     }
@@ -729,13 +745,15 @@ static release_item *collect_rings(reclaimer *r, release_item *batch) {
       it->ring_pos = pos;
       it->drop_book = sl->drop_book;
       it->drop_pool = sl->drop_pool;
+      it->overflow_of = NULL;
       *link = it;
       link = &it->next;
     }
     pg = &g->next;
   }
   pthread_mutex_unlock(&r->lock);
-  return batch;
+  *link = batch;
+  return first;
 }
 
 /* Whether a ring of r has a slot queued. Called with r->lock. */
@@ -1025,7 +1043,7 @@ static void ring_key_init(void) {
 /* The calling thread's ring for r, made and registered; NULL when it cannot
  * be (no memory, no thread-exit hook, a device past DLSYNC__THREAD_RINGS). */
 static DLSYNC__NOINLINE release_ring *ring_new(dlsync__thread *t, reclaimer *r) {
-  release_ring *g, *old;
+  release_ring *g;
   pthread_once(&ring_once, ring_key_init);
   if (!atomic_load(&ring_key_ok) || r->device < 0 || r->device >= DLSYNC__THREAD_RINGS)
     return NULL;
@@ -1038,15 +1056,13 @@ static DLSYNC__NOINLINE release_ring *ring_new(dlsync__thread *t, reclaimer *r) 
   }
   atomic_init(&g->head, 0);
   atomic_init(&g->tail, 0);
+  atomic_init(&g->overflow_done, 0);
   atomic_init(&g->orphaned, false);
   for (unsigned i = 0; i < RING_SLOTS; i++)
     atomic_init(&g->slots[i].book, NULL);
   g->owner = r;
   g->thread = pthread_self();
   g->device = r->device;
-  old = t->rings[r->device];
-  if (old != NULL) /* of an earlier reclaimer of the device: left to it */
-    atomic_store_explicit(&old->orphaned, true, memory_order_release);
   pthread_mutex_lock(&r->lock);
   g->next = r->rings;
   r->rings = g;
@@ -1055,28 +1071,36 @@ static DLSYNC__NOINLINE release_ring *ring_new(dlsync__thread *t, reclaimer *r) 
   return g;
 }
 
-/* An eager release into the calling thread's ring for r (its event
- * recorded): no allocation, no atomic read-modify-write, one store that
- * publishes the slot and a fence before the look at `sleeping`. False when
- * the thread has no ring there and cannot make one, or when it is full: the
- * caller then queues the release on the shared queue. */
-static DLSYNC__INLINE bool ring_push(reclaimer *r, dlsync_context *ctx, dlsync__pool *pool,
-                                     CUevent ev, CUstream stream, unsigned long long sid,
-                                     dlsync_deleter fn, void *arg) {
+/* The calling thread's ring for r, NULL when it has none there and cannot
+ * make one. (A device has one reclaimer for the library's life, so a ring
+ * of another reclaimer is never found.) */
+static DLSYNC__INLINE release_ring *ring_of(reclaimer *r) {
   dlsync__thread *t;
   release_ring *g;
-  ring_slot *sl;
-  unsigned head;
   if (DLSYNC__UNLIKELY(r->device < 0 || r->device >= DLSYNC__THREAD_RINGS))
-    return false;
+    return NULL;
   t = dlsync__thread_get();
   g = t->rings[r->device];
-  if (DLSYNC__UNLIKELY(g == NULL || g->owner != r) && (g = ring_new(t, r)) == NULL)
-    return false;
-  head = atomic_load_explicit(&g->head, memory_order_relaxed);
+  return DLSYNC__LIKELY(g != NULL) ? g : ring_new(t, r);
+}
+
+/* An eager release (its event recorded) into ring g of r: no allocation, no
+ * atomic read-modify-write, one store that publishes the slot and a look at
+ * `sleeping`. False when g is full or releases the thread sent to the
+ * shared queue have not run yet: the caller queues it there too. */
+static DLSYNC__INLINE bool ring_push(reclaimer *r, release_ring *g, dlsync_context *ctx,
+                                     dlsync__pool *pool, CUevent ev, CUstream stream,
+                                     unsigned long long sid, dlsync_deleter fn, void *arg) {
+  ring_slot *sl;
+  unsigned head = atomic_load_explicit(&g->head, memory_order_relaxed);
   if (DLSYNC__UNLIKELY(head - g->tail_seen >= RING_SLOTS)) {
     g->tail_seen = atomic_load_explicit(&g->tail, memory_order_acquire);
     if (head - g->tail_seen >= RING_SLOTS)
+      return false;
+  }
+  if (DLSYNC__UNLIKELY(g->overflowed != g->overflow_seen)) {
+    g->overflow_seen = atomic_load_explicit(&g->overflow_done, memory_order_acquire);
+    if (g->overflowed != g->overflow_seen)
       return false;
   }
   sl = &g->slots[head % RING_SLOTS];
@@ -1226,6 +1250,7 @@ static DLSYNC__INLINE release_item *item_new(dlsync_context *ctx, dlsync_deleter
   it->ring_pos = 0;
   it->drop_book = NULL;
   it->drop_pool = NULL;
+  it->overflow_of = NULL;
   return it;
 }
 /* The identity of the stream a release's event is recorded on: a handle
@@ -1247,23 +1272,55 @@ static DLSYNC__INLINE dlsync_status stream_id_of(unsigned long long *id, const d
   return DLSYNC_SUCCESS;
 }
 
+/* Queues an eager release whose event `ev` (of `pool`) is recorded on
+ * `stream`: into the calling thread's ring for the pool's GPU, or the shared
+ * queue (an allocation, a pool reference, two book counts and a
+ * compare-and-swap) where the thread has no ring or it cannot take it. */
+static DLSYNC__INLINE dlsync_status queue_eager(dlsync_context *ctx, dlsync__pool *pool, CUevent ev,
+                                                CUstream stream, unsigned long long sid,
+                                                dlsync_deleter deleter, void *arg) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  reclaimer *r = NULL;
+  release_ring *g;
+  release_item *it;
+  DLSYNC_TRY(reclaimer_for(&r, ctx->drv, dlsync__pool_device(pool)));
+  g = ring_of(r);
+  if (DLSYNC__LIKELY(g != NULL) &&
+      DLSYNC__LIKELY(ring_push(r, g, ctx, pool, ev, stream, sid, deleter, arg)))
+    return DLSYNC_SUCCESS;
+  it = item_new(ctx, deleter, arg, dlsync__pool_device(pool), false);
+  if (DLSYNC__UNLIKELY(it == NULL))
+    return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_release: out of memory");
+  it->pool = pool;
+  it->event = ev;
+  it->stream = stream;
+  it->stream_id = sid;
+  if (g != NULL) {
+    it->overflow_of = g;
+    g->overflowed++;
+  }
+  dlsync__pool_ref(pool);
+  book_add_eager(it->book);
+  enqueue(r, it);
+cleanup:
+  return st;
+}
+
 /* An eager stream that is not a special handle: the releasing thread's
- * fast path. One capture status query (made by the caller), the pool from
- * the per-thread memo (checked by the record itself: a stream handle reused
- * in another context fails it, and the pool is then asked of the driver),
- * a pooled event recorded, the book counted with atomic adds and the
- * release pushed onto the reclaimer's stack: no lock, no system call. */
+ * fast path. One capture status query (made by the caller), the stream's
+ * id, the pool from the per-thread memo (checked by the record itself: a
+ * stream handle reused in another context fails it, and the pool is then
+ * asked of the driver), a pooled event recorded and the release put in the
+ * thread's ring: no lock, no allocation, no system call. */
 static dlsync_status release_eager(dlsync_context *ctx, const dlsync__lane_now *l,
                                    dlsync_deleter deleter, void *arg) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ctx->drv;
   dlsync__pool *pool = NULL;
   bool from_memo = false;
-  reclaimer *r = NULL;
   CUevent ev = NULL;
   CUresult cr;
   unsigned long long sid;
-  release_item *it;
   DLSYNC_TRY(stream_id_of(&sid, d, l->stream));
   DLSYNC_TRY(dlsync__pool_for_stream(&pool, &from_memo, &ctx->pools, l->stream, "releasing"));
   DLSYNC_TRY(dlsync__pool_get(&ev, pool));
@@ -1280,21 +1337,7 @@ static dlsync_status release_eager(dlsync_context *ctx, const dlsync__lane_now *
     st = dlsync__fail_driver(d, cr, "cuEventRecord", "releasing on stream %p", (void *)l->stream);
     goto cleanup;
   }
-  DLSYNC_TRY(reclaimer_for(&r, d, dlsync__pool_device(pool)));
-  if (DLSYNC__LIKELY(ring_push(r, ctx, pool, ev, l->stream, sid, deleter, arg)))
-    return DLSYNC_SUCCESS;
-  it = item_new(ctx, deleter, arg, dlsync__pool_device(pool), false);
-  if (DLSYNC__UNLIKELY(it == NULL)) {
-    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_release: out of memory");
-    goto cleanup;
-  }
-  it->pool = pool;
-  it->event = ev;
-  it->stream = l->stream;
-  it->stream_id = sid;
-  dlsync__pool_ref(pool);
-  book_add_eager(it->book);
-  enqueue(r, it);
+  DLSYNC_TRY(queue_eager(ctx, pool, ev, l->stream, sid, deleter, arg));
   return DLSYNC_SUCCESS;
 cleanup:
   /* The event was recorded (or not) and is given back: a pooled event
@@ -1304,8 +1347,9 @@ cleanup:
   return st;
 }
 
-/* Every other lane: a special stream handle (legacy, per-thread), a
- * capturing stream, a graph built by hand. */
+/* Every other lane: a special stream handle (legacy, per-thread: eager, as
+ * above but with the pool of the current context), a capturing stream, a
+ * graph built by hand (owned by the graph). */
 static DLSYNC__NOINLINE dlsync_status release_general(dlsync_context *ctx, dlsync_lane *lane,
                                                       dlsync__lane_now *l, dlsync_deleter deleter,
                                                       void *arg) {
@@ -1315,7 +1359,8 @@ static DLSYNC__NOINLINE dlsync_status release_general(dlsync_context *ctx, dlsyn
   dlsync__pool *pool = NULL;
   reclaimer *r = NULL;
   release_item *it = NULL;
-  bool booked = false;
+  CUevent ev = NULL;
+  bool taken = false;
   /* For a graph lane, the current context's device says which GPU's
    * reclaimer runs it. */
   opened.read = false;
@@ -1324,47 +1369,35 @@ static DLSYNC__NOINLINE dlsync_status release_general(dlsync_context *ctx, dlsyn
   pool = opened.pool;
   if (l->kind == DLSYNC_LANE_EAGER && !dlsync__is_special_stream(l->stream))
     return release_eager(ctx, l, deleter, arg);
+  if (l->kind == DLSYNC_LANE_EAGER) {
+    unsigned long long sid;
+    DLSYNC_TRY(stream_id_of(&sid, d, l->stream));
+    DLSYNC_TRY(dlsync__pool_get(&ev, pool));
+    DLSYNC_CU(d, EventRecord, (ev, l->stream), "releasing on stream %p", (void *)l->stream);
+    DLSYNC_TRY(queue_eager(ctx, pool, ev, l->stream, sid, deleter, arg));
+    return DLSYNC_SUCCESS;
+  }
   DLSYNC_TRY(reclaimer_for(&r, d, dlsync__pool_device(pool)));
-  it = item_new(ctx, deleter, arg, dlsync__pool_device(pool), l->kind != DLSYNC_LANE_EAGER);
+  it = item_new(ctx, deleter, arg, dlsync__pool_device(pool), true);
   if (it == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_release: out of memory");
     goto cleanup;
   }
-  if (it->from_graph)
-    book_add_graph(it->book);
-  else
-    book_add_eager(it->book);
-  booked = true;
-  if (l->kind == DLSYNC_LANE_EAGER) {
-    DLSYNC_TRY(stream_id_of(&it->stream_id, d, l->stream));
-    DLSYNC_TRY(dlsync__pool_get(&it->event, pool));
-    DLSYNC_CU(d, EventRecord, (it->event, l->stream), "releasing on stream %p", (void *)l->stream);
-    it->pool = pool;
-    it->stream = l->stream;
-    dlsync__pool_ref(pool);
-    enqueue(r, it);
+  book_add_graph(it->book);
+  st = dlsync__graph_hold(ctx->drv, &l->graph, 1, release_from_graph, it, &taken);
+  if (taken) {
+    /* From here the destructor owns the item (and its book entry). On
+     * failure no graph holds it and the destructor has run or will run
+     * unarmed: we must not touch it. */
+    if (st == DLSYNC_SUCCESS)
+      atomic_store(&it->armed, true);
     it = NULL;
-  } else {
-    bool taken = false;
-    st = dlsync__graph_hold(ctx->drv, &l->graph, 1, release_from_graph, it, &taken);
-    if (taken) {
-      /* From here the destructor owns the item (and its book entry). On
-       * failure no graph holds it and the destructor has run or will run
-       * unarmed: we must not touch it. */
-      booked = false;
-      if (st == DLSYNC_SUCCESS)
-        atomic_store(&it->armed, true);
-      it = NULL;
-    }
-    if (st != DLSYNC_SUCCESS)
-      goto cleanup;
   }
 cleanup:
+  if (ev != NULL)
+    dlsync__pool_put(pool, ev);
   if (it != NULL) {
-    if (it->event != NULL && it->pool == NULL)
-      dlsync__pool_put(pool, it->event);
-    if (booked)
-      book_cancel(it->book, it->from_graph);
+    book_cancel(it->book, true);
     dlsync__free(it);
   }
   return st;

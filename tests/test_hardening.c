@@ -391,24 +391,113 @@ static void test_a_release_into_the_threads_ring_allocates_nothing(void **state)
   assert_int_equal(stats_of(ctx).pending_eager, 0);
 }
 
+/* The order deleters ran in: each writes its argument (a sequence number)
+ * at the next place. */
+#define MORE_THAN_A_RING 5000
+static uintptr_t ran_order[MORE_THAN_A_RING + 16];
+static atomic_uint ran_n;
+static void order_deleter(void *arg) {
+  unsigned i = atomic_fetch_add(&ran_n, 1);
+  if (i < sizeof ran_order / sizeof ran_order[0])
+    ran_order[i] = (uintptr_t)arg;
+}
+
+static void assert_ran_in_order(unsigned n) {
+  assert_int_equal(atomic_load(&ran_n), n);
+  for (unsigned i = 0; i < n; i++)
+    assert_int_equal(ran_order[i], i);
+}
+
 /* More releases than a ring holds (RING_SLOTS, 4096, in order/release.c)
  * while the reclaimer is held: the rest go to the shared queue (which
- * allocates), every one succeeds and each deleter runs once. */
-#define MORE_THAN_A_RING 5000
-static void test_a_full_ring_overflows_into_the_shared_queue(void **state) {
+ * allocates), every one succeeds, and the deleters run once each, in the
+ * order the thread released; so do releases made while those in the
+ * shared queue wait. */
+static void test_a_full_ring_overflows_into_the_shared_queue_in_order(void **state) {
   dlsync_lane lc = dlsync_lane_stream(C);
   (void)state;
-  atomic_store(&deleted, 0);
+  atomic_store(&ran_n, 0);
   hold_reclaimer(&lc);
   dlsync__alloc_count_start();
-  for (int i = 0; i < MORE_THAN_A_RING; i++)
-    assert_int_equal(dlsync_release(ctx, &lc, count_deleter, NULL), DLSYNC_SUCCESS);
+  for (uintptr_t i = 0; i < MORE_THAN_A_RING; i++)
+    assert_int_equal(dlsync_release(ctx, &lc, order_deleter, (void *)i), DLSYNC_SUCCESS);
   assert_true(dlsync__alloc_live_bytes() > 0); /* the shared queue's items */
   assert_int_equal(stats_of(ctx).pending_eager, MORE_THAN_A_RING + 1);
   atomic_store(&batch_gate_open, 1);
+  for (uintptr_t i = MORE_THAN_A_RING; i < MORE_THAN_A_RING + 16; i++)
+    assert_int_equal(dlsync_release(ctx, &lc, order_deleter, (void *)i), DLSYNC_SUCCESS);
   assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
-  assert_int_equal(atomic_load(&deleted), MORE_THAN_A_RING);
+  assert_ran_in_order(MORE_THAN_A_RING + 16);
   assert_int_equal(stats_of(ctx).pending_eager, 0);
+}
+
+/* Releases on the legacy stream go through the thread's ring too: one
+ * thread's deleters run in its order across special and ordinary streams. */
+static void test_legacy_and_ordinary_stream_releases_run_in_order(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C), legacy = dlsync_lane_stream(DLSYNC_STREAM_LEGACY);
+  (void)state;
+  atomic_store(&ran_n, 0);
+  hold_reclaimer(&lc);
+  CUcontext cu = NULL, popped = NULL;
+  assert_int_equal(D->StreamGetCtx(C, &cu), CUDA_SUCCESS);
+  assert_int_equal(D->CtxPushCurrent(cu), CUDA_SUCCESS); /* the legacy stream's context */
+  for (uintptr_t i = 0; i < 6; i++)
+    assert_int_equal(dlsync_release(ctx, i % 2 ? &legacy : &lc, order_deleter, (void *)i),
+                     DLSYNC_SUCCESS);
+  atomic_store(&batch_gate_open, 1);
+  assert_int_equal(D->CtxPopCurrent(&popped), CUDA_SUCCESS);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_ran_in_order(6);
+}
+
+/* A thread whose ring cannot be made (no memory) releases through the
+ * shared queue. (The failure is armed for any thread's allocation; the
+ * reclaimer, idle after a flush, makes none meanwhile.) */
+static void *release_one_without_a_ring(void *arg) {
+  dlsync_lane *l = arg;
+  dlsync_status st;
+  dlsync__alloc_fail_nth(1); /* the ring: this thread's first allocation of dlsync's */
+  st = dlsync_release(ctx, l, count_deleter, NULL);
+  dlsync__alloc_fail_nth(0);
+  return (void *)(uintptr_t)st;
+}
+
+static void test_a_ring_that_cannot_be_made_leaves_the_shared_queue(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C);
+  pthread_t th;
+  void *rc = (void *)1;
+  (void)state;
+  atomic_store(&deleted, 0);
+  /* The context's pool made (by this thread), so that the other thread's
+   * first allocation is its ring. */
+  assert_int_equal(dlsync_release(ctx, &lc, count_deleter, NULL), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS); /* the reclaimer idle */
+  assert_int_equal(pthread_create(&th, NULL, release_one_without_a_ring, &lc), 0);
+  assert_int_equal(pthread_join(th, &rc), 0);
+  assert_int_equal((dlsync_status)(uintptr_t)rc, DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&deleted), 2);
+}
+
+/* cuStreamGetId failing: a status naming it, nothing queued, the event back
+ * in its pool. */
+static void test_a_failed_stream_id_queues_nothing(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C);
+  dlsync__pool_stats before, after;
+  (void)state;
+  atomic_store(&deleted, 0);
+  assert_int_equal(dlsync_release(ctx, &lc, count_deleter, NULL), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  dlsync__pool_stats_get(&before, &ctx->pools);
+  fake_fail_nth("cuStreamGetId", 1, CUDA_ERROR_INVALID_HANDLE);
+  assert_int_equal(dlsync_release(ctx, &lc, count_deleter, NULL), DLSYNC_ERROR_DRIVER);
+  assert_message_has("cuStreamGetId");
+  assert_int_equal(stats_of(ctx).pending_eager, 0);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&deleted), 1);
+  dlsync__pool_stats_get(&after, &ctx->pools);
+  assert_int_equal(after.free_events, before.free_events);
+  assert_int_equal(after.created - after.destroyed, before.created - before.destroyed);
 }
 
 static void *release_ten_and_exit(void *arg) {
@@ -1894,8 +1983,14 @@ int main(void) {
                                       fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(test_a_release_into_the_threads_ring_allocates_nothing,
                                       fixture_setup, fixture_teardown),
-      cmocka_unit_test_setup_teardown(test_a_full_ring_overflows_into_the_shared_queue,
+      cmocka_unit_test_setup_teardown(test_a_full_ring_overflows_into_the_shared_queue_in_order,
                                       fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_legacy_and_ordinary_stream_releases_run_in_order,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_a_ring_that_cannot_be_made_leaves_the_shared_queue,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(test_a_failed_stream_id_queues_nothing, fixture_setup,
+                                      fixture_teardown),
       cmocka_unit_test_setup_teardown(test_a_threads_ring_runs_after_the_thread_exits,
                                       fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(test_a_reused_handle_is_another_stream_in_a_batch,

@@ -32,11 +32,9 @@
  * thread, so they may call CUDA (cudaFree, cuMemFree). That thread runs in
  * RELAXED capture mode, so a deleter's allocation calls do not break another
  * thread's GLOBAL capture. Deleters of one GPU run one at a time: those of
- * one thread's eager releases on ordinary streams in the order it made them
- * while fewer than 4096 of them wait (past that the rest queue beside its
- * ring and may run first), others in the order they were queued or their
- * graphs let go. A slow deleter, or a release whose stream is still busy,
- * delays those behind it. Do not
+ * one thread's eager releases in the order it made them, those owned by
+ * graphs in the order the graphs let go. A slow deleter, or a release whose
+ * stream is still busy, delays those behind it. Do not
  * destroy the context from a deleter (it returns DLSYNC_ERROR_BUSY there
  * rather than wait for itself).
  *
