@@ -211,6 +211,19 @@ static inline dlsync__event_thread *dlsync__event_thread_of(dlsync__thread *t) {
  * scratch event of m->pool yet. */
 CUevent dlsync__thread_scratch_fill(dlsync__thread *t, dlsync__stream_memo *m);
 
+/* The pool the thread's memo knows for `stream` (no driver call, no lock;
+ * not checked with the driver: see dlsync__pool_for_stream), NULL when it
+ * does not know it. */
+static inline dlsync__pool *dlsync__thread_memo_pool(dlsync__thread *t, const dlsync__pools *ps,
+                                                     CUstream stream) {
+  const dlsync__event_thread *h = dlsync__event_thread_of(t);
+  for (unsigned i = 0; i < DLSYNC__MEMO_SLOTS; i++)
+    if (h->memo_key[i] == stream && h->memo[i].owner == ps &&
+        h->memo[i].generation == ps->generation)
+      return h->memo[i].pool;
+  return NULL;
+}
+
 /* The thread's scratch event for `stream`, with no driver call and no lock;
  * NULL when the memo or the scratch slots do not know it yet (then take the
  * full path, which fills both). *pool: the stream's pool as the memo knows

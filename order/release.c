@@ -1071,15 +1071,13 @@ static DLSYNC__NOINLINE release_ring *ring_new(dlsync__thread *t, reclaimer *r) 
   return g;
 }
 
-/* The calling thread's ring for r, NULL when it has none there and cannot
+/* The calling thread's (t's) ring for r, NULL when it has none there and cannot
  * make one. (A device has one reclaimer for the library's life, so a ring
  * of another reclaimer is never found.) */
-static DLSYNC__INLINE release_ring *ring_of(reclaimer *r) {
-  dlsync__thread *t;
+static DLSYNC__INLINE release_ring *ring_of(reclaimer *r, dlsync__thread *t) {
   release_ring *g;
   if (DLSYNC__UNLIKELY(r->device < 0 || r->device >= DLSYNC__THREAD_RINGS))
     return NULL;
-  t = dlsync__thread_get();
   g = t->rings[r->device];
   return DLSYNC__LIKELY(g != NULL) ? g : ring_new(t, r);
 }
@@ -1273,18 +1271,19 @@ static DLSYNC__INLINE dlsync_status stream_id_of(unsigned long long *id, const d
 }
 
 /* Queues an eager release whose event `ev` (of `pool`) is recorded on
- * `stream`: into the calling thread's ring for the pool's GPU, or the shared
+ * `stream`: into the calling thread's (t's) ring for the pool's GPU, or the shared
  * queue (an allocation, a pool reference, two book counts and a
  * compare-and-swap) where the thread has no ring or it cannot take it. */
-static DLSYNC__INLINE dlsync_status queue_eager(dlsync_context *ctx, dlsync__pool *pool, CUevent ev,
-                                                CUstream stream, unsigned long long sid,
-                                                dlsync_deleter deleter, void *arg) {
+static DLSYNC__INLINE dlsync_status queue_eager(dlsync__thread *t, dlsync_context *ctx,
+                                                dlsync__pool *pool, CUevent ev, CUstream stream,
+                                                unsigned long long sid, dlsync_deleter deleter,
+                                                void *arg) {
   dlsync_status st = DLSYNC_SUCCESS;
   reclaimer *r = NULL;
   release_ring *g;
   release_item *it;
   DLSYNC_TRY(reclaimer_for(&r, ctx->drv, dlsync__pool_device(pool)));
-  g = ring_of(r);
+  g = ring_of(r, t);
   if (DLSYNC__LIKELY(g != NULL) &&
       DLSYNC__LIKELY(ring_push(r, g, ctx, pool, ev, stream, sid, deleter, arg)))
     return DLSYNC_SUCCESS;
@@ -1316,13 +1315,15 @@ static dlsync_status release_eager(dlsync_context *ctx, const dlsync__lane_now *
                                    dlsync_deleter deleter, void *arg) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ctx->drv;
-  dlsync__pool *pool = NULL;
-  bool from_memo = false;
+  dlsync__thread *t = dlsync__thread_get();
+  dlsync__pool *pool = dlsync__thread_memo_pool(t, &ctx->pools, l->stream);
+  bool from_memo = pool != NULL;
   CUevent ev = NULL;
   CUresult cr;
   unsigned long long sid;
   DLSYNC_TRY(stream_id_of(&sid, d, l->stream));
-  DLSYNC_TRY(dlsync__pool_for_stream(&pool, &from_memo, &ctx->pools, l->stream, "releasing"));
+  if (DLSYNC__UNLIKELY(pool == NULL))
+    DLSYNC_TRY(dlsync__pool_for_stream(&pool, &from_memo, &ctx->pools, l->stream, "releasing"));
   DLSYNC_TRY(dlsync__pool_get(&ev, pool));
   cr = d->EventRecord(ev, l->stream);
   if (DLSYNC__UNLIKELY(cr != CUDA_SUCCESS) && from_memo && context_mismatch(cr)) {
@@ -1337,7 +1338,7 @@ static dlsync_status release_eager(dlsync_context *ctx, const dlsync__lane_now *
     st = dlsync__fail_driver(d, cr, "cuEventRecord", "releasing on stream %p", (void *)l->stream);
     goto cleanup;
   }
-  DLSYNC_TRY(queue_eager(ctx, pool, ev, l->stream, sid, deleter, arg));
+  DLSYNC_TRY(queue_eager(t, ctx, pool, ev, l->stream, sid, deleter, arg));
   return DLSYNC_SUCCESS;
 cleanup:
   /* The event was recorded (or not) and is given back: a pooled event
@@ -1374,7 +1375,7 @@ static DLSYNC__NOINLINE dlsync_status release_general(dlsync_context *ctx, dlsyn
     DLSYNC_TRY(stream_id_of(&sid, d, l->stream));
     DLSYNC_TRY(dlsync__pool_get(&ev, pool));
     DLSYNC_CU(d, EventRecord, (ev, l->stream), "releasing on stream %p", (void *)l->stream);
-    DLSYNC_TRY(queue_eager(ctx, pool, ev, l->stream, sid, deleter, arg));
+    DLSYNC_TRY(queue_eager(dlsync__thread_get(), ctx, pool, ev, l->stream, sid, deleter, arg));
     return DLSYNC_SUCCESS;
   }
   DLSYNC_TRY(reclaimer_for(&r, d, dlsync__pool_device(pool)));
