@@ -148,6 +148,8 @@ static void book_note_failure_locked(dlsync__release_book *b, int result, const 
 
 /* What a reclaimer's batch has done for one book and not told it yet: the
  * releases whose deleters ran (or were dropped), told in one go. */
+#define TALLY_RINGS 8
+
 typedef struct book_tally {
   dlsync__release_book *book;
   unsigned eager, graph;
@@ -155,8 +157,20 @@ typedef struct book_tally {
   unsigned sync_failures;
   int first_result; /* of the first failed synchronisation in the tally */
   char first_message[200];
+  /* The ring slots of the tally's releases, freed as the book is told (a
+   * ring's pending releases are counted in its slots): each ring's new tail. */
+  struct {
+    struct release_ring *ring;
+    unsigned tail;
+  } tails[TALLY_RINGS];
+  unsigned ntails;
 } book_tally;
 
+static void ring_free_slots(struct release_ring *g, unsigned tail);
+
+/* Tells the book: under its lock the counts change and the ring slots are
+ * freed together, so that a waiter (flush, close) that finds no release
+ * pending also finds each one counted done and its failure noted. */
 static void tally_commit(book_tally *t) {
   dlsync__release_book *b = t->book;
   if (b == NULL)
@@ -169,6 +183,9 @@ static void tally_commit(book_tally *t) {
     b->sync_failures += t->sync_failures;
     book_note_failure_locked(b, t->first_result, t->first_message);
   }
+  for (unsigned i = 0; i < t->ntails; i++)
+    ring_free_slots(t->tails[i].ring, t->tails[i].tail);
+  t->ntails = 0;
   pthread_cond_broadcast(&b->cond);
   pthread_mutex_unlock(&b->lock);
   book_unref_n(b, t->eager + t->graph);
@@ -178,17 +195,33 @@ static void tally_commit(book_tally *t) {
 /* Counts a release done in the tally (committing the tally first when it
  * is another book's). */
 static void tally_add(book_tally *t, const release_item *it) {
+  unsigned i = 0;
+  if (it->ring != NULL && t->book == it->book) {
+    while (i < t->ntails && t->tails[i].ring != it->ring)
+      i++;
+    if (i == TALLY_RINGS)
+      tally_commit(t); /* no room for another ring's slots: told now */
+  }
   if (t->book != it->book) {
     tally_commit(t);
     t->book = it->book;
     t->eager = t->graph = t->ring = t->sync_failures = 0;
+    t->ntails = 0;
   }
-  if (it->from_graph)
+  if (it->from_graph) {
     t->graph++;
-  else if (it->ring != NULL)
+  } else if (it->ring != NULL) {
     t->ring++;
-  else
+    for (i = 0; i < t->ntails && t->tails[i].ring != it->ring; i++)
+      ;
+    if (i == t->ntails) {
+      t->tails[i].ring = it->ring;
+      t->ntails++;
+    }
+    t->tails[i].tail = it->ring_pos + 1;
+  } else {
     t->eager++;
+  }
   if (it->result != CUDA_SUCCESS && t->sync_failures++ == 0) {
     t->first_result = (int)it->result;
     snprintf(t->first_message, sizeof t->first_message,
@@ -259,7 +292,7 @@ dlsync_status dlsync__release_book_close(dlsync__release_book *b, dlsync__releas
       const book_tally *t =
           running_tally != NULL && running_tally->book == b ? running_tally : NULL;
       l.queued = book_pending_eager(b) - (own && !running->from_graph ? 1 : 0) -
-                 (t != NULL ? t->eager : 0);
+                 (t != NULL ? t->eager + t->ring : 0);
       l.graph_owned =
           b->pending_graph - (own && running->from_graph ? 1 : 0) - (t != NULL ? t->graph : 0);
     } else {
@@ -372,6 +405,10 @@ typedef struct release_ring {
   atomic_bool orphaned; /* its thread has exited */
   ring_slot slots[RING_SLOTS];
 } release_ring;
+
+static void ring_free_slots(release_ring *g, unsigned tail) {
+  atomic_store_explicit(&g->tail, tail, memory_order_release);
+}
 
 static pthread_mutex_t reclaimers_lock = PTHREAD_MUTEX_INITIALIZER;
 static reclaimer **reclaimers;
@@ -494,12 +531,13 @@ static void return_events(release_item *batch, size_t *keep) {
 
 /* The deleters of the batch, in queue order, each book told once per run of
  * its releases. `run` false: dropped (the library is unloaded), counted done.
- * A ring's slot is freed as soon as its deleter has run, before its book is
- * told (book_pending_eager); the references a slot carries end after that,
- * and its item goes back to the reclaimer's spares. */
+ * A ring's slot is freed as its book is told (tally_commit); the references
+ * a slot carries end after that, and its item goes back to the reclaimer's
+ * spares. */
 static void run_deleters(reclaimer *rc, release_item *batch, bool run) {
   book_tally t;
   t.book = NULL;
+  t.ntails = 0;
   running_tally = &t;
   for (release_item *it = batch, *next; it != NULL; it = next) {
     next = it->next;
@@ -518,7 +556,6 @@ static void run_deleters(reclaimer *rc, release_item *batch, bool run) {
       dlsync__free(it);
       continue;
     }
-    atomic_store_explicit(&it->ring->tail, it->ring_pos + 1, memory_order_release);
     tally_add(&t, it);
     if (it->drop_book != NULL || it->drop_pool != NULL) {
       tally_commit(&t); /* it may be of the book whose reference ends */
