@@ -149,6 +149,7 @@ static void book_note_failure_locked(dlsync__release_book *b, int result, const 
 /* What a reclaimer's batch has done for one book and not told it yet: the
  * releases whose deleters ran (or were dropped), told in one go. */
 #define TALLY_RINGS 8
+#define TALLY_RING_RUN 256
 
 typedef struct book_tally {
   dlsync__release_book *book;
@@ -164,6 +165,7 @@ typedef struct book_tally {
     unsigned tail;
   } tails[TALLY_RINGS];
   unsigned ntails;
+  unsigned ring_since; /* ring releases since the tally last freed slots */
 } book_tally;
 
 static void ring_free_slots(struct release_ring *g, unsigned tail);
@@ -186,6 +188,7 @@ static void tally_commit(book_tally *t) {
   for (unsigned i = 0; i < t->ntails; i++)
     ring_free_slots(t->tails[i].ring, t->tails[i].tail);
   t->ntails = 0;
+  t->ring_since = 0;
   pthread_cond_broadcast(&b->cond);
   pthread_mutex_unlock(&b->lock);
   book_unref_n(b, t->eager + t->graph);
@@ -207,11 +210,13 @@ static void tally_add(book_tally *t, const release_item *it) {
     t->book = it->book;
     t->eager = t->graph = t->ring = t->sync_failures = 0;
     t->ntails = 0;
+    t->ring_since = 0;
   }
   if (it->from_graph) {
     t->graph++;
   } else if (it->ring != NULL) {
     t->ring++;
+    t->ring_since++;
     for (i = 0; i < t->ntails && t->tails[i].ring != it->ring; i++)
       ;
     if (i == t->ntails) {
@@ -373,18 +378,28 @@ typedef struct reclaimer {
  * shared queue have run. */
 #define RING_SLOTS 4096u /* a power of two */
 
+/* One cache line (the ring is aligned to 64 bytes): a push writes one
+ * line, the reclaimer reads one. */
 typedef struct ring_slot {
   _Atomic(dlsync__release_book *) book; /* read by other threads counting a book's */
   const dlsync__driver *drv;
-  dlsync__pool *pool;
+  /* The event's pool; tagged with RUN_STARTS when the slot begins a new run
+   * of the ring, whose ending references are in the ring's `drops`. */
+  uintptr_t pool;
   CUevent event;
   CUstream stream;
   unsigned long long stream_id;
   dlsync_deleter fn;
   void *arg;
-  dlsync__release_book *drop_book; /* references that end with this slot */
-  dlsync__pool *drop_pool;
 } ring_slot;
+
+#define RUN_STARTS ((uintptr_t)1)
+
+/* The references that end once a slot beginning a run is done. */
+typedef struct ring_drop {
+  dlsync__release_book *book;
+  dlsync__pool *pool;
+} ring_drop;
 
 typedef struct release_ring {
   /* The releasing thread's. */
@@ -403,8 +418,13 @@ typedef struct release_ring {
   pthread_t thread;
   int device;
   atomic_bool orphaned; /* its thread has exited */
-  ring_slot slots[RING_SLOTS];
+  void *memory;         /* what was allocated (the ring is aligned inside it) */
+  _Alignas(64) ring_slot slots[RING_SLOTS];
+  ring_drop drops[RING_SLOTS]; /* of the slots tagged RUN_STARTS */
 } release_ring;
+
+_Static_assert(sizeof(ring_slot) == 64, "a ring slot is one cache line");
+_Static_assert(offsetof(release_ring, slots) % 64 == 0, "a ring's slots start a cache line");
 
 static void ring_free_slots(release_ring *g, unsigned tail) {
   atomic_store_explicit(&g->tail, tail, memory_order_release);
@@ -538,6 +558,7 @@ static void run_deleters(reclaimer *rc, release_item *batch, bool run) {
   book_tally t;
   t.book = NULL;
   t.ntails = 0;
+  t.ring_since = 0;
   running_tally = &t;
   for (release_item *it = batch, *next; it != NULL; it = next) {
     next = it->next;
@@ -557,6 +578,8 @@ static void run_deleters(reclaimer *rc, release_item *batch, bool run) {
       continue;
     }
     tally_add(&t, it);
+    if (t.ring_since == TALLY_RING_RUN)
+      tally_commit(&t); /* its ring's slots back before a long batch ends */
     if (it->drop_book != NULL || it->drop_pool != NULL) {
       tally_commit(&t); /* it may be of the book whose reference ends */
       if (it->drop_book != NULL)
@@ -725,7 +748,7 @@ static void ring_free(release_ring *g) {
     book_unref(g->book);
   if (g->pool != NULL)
     dlsync__pool_unref(g->pool);
-  dlsync__free(g);
+  dlsync__free(g->memory);
 }
 
 /* A reclaimer's item for a ring's slot: one of its spares, or a new one
@@ -766,7 +789,7 @@ static release_item *collect_rings(reclaimer *r, release_item *batch) {
       it->next = NULL;
       it->book = atomic_load_explicit(&sl->book, memory_order_relaxed);
       it->drv = sl->drv;
-      it->pool = sl->pool;
+      it->pool = (dlsync__pool *)(sl->pool & ~RUN_STARTS);
       it->event = sl->event;
       it->stream = sl->stream;
       it->stream_id = sl->stream_id;
@@ -780,8 +803,8 @@ static release_item *collect_rings(reclaimer *r, release_item *batch) {
       atomic_init(&it->armed, true);
       it->ring = g;
       it->ring_pos = pos;
-      it->drop_book = sl->drop_book;
-      it->drop_pool = sl->drop_pool;
+      it->drop_book = (sl->pool & RUN_STARTS) ? g->drops[pos % RING_SLOTS].book : NULL;
+      it->drop_pool = (sl->pool & RUN_STARTS) ? g->drops[pos % RING_SLOTS].pool : NULL;
       it->overflow_of = NULL;
       *link = it;
       link = &it->next;
@@ -1084,11 +1107,15 @@ static DLSYNC__NOINLINE release_ring *ring_new(dlsync__thread *t, reclaimer *r) 
   pthread_once(&ring_once, ring_key_init);
   if (!atomic_load(&ring_key_ok) || r->device < 0 || r->device >= DLSYNC__THREAD_RINGS)
     return NULL;
-  g = dlsync__calloc(1, sizeof *g);
-  if (g == NULL)
-    return NULL;
+  {
+    unsigned char *raw = dlsync__calloc(1, sizeof *g + 64);
+    if (raw == NULL)
+      return NULL;
+    g = (release_ring *)(void *)(raw + (64 - (uintptr_t)raw % 64) % 64);
+    g->memory = raw;
+  }
   if (pthread_setspecific(ring_key, t) != 0) {
-    dlsync__free(g);
+    dlsync__free(g->memory);
     return NULL;
   }
   atomic_init(&g->head, 0);
@@ -1139,21 +1166,25 @@ static DLSYNC__INLINE bool ring_push(reclaimer *r, release_ring *g, dlsync_conte
       return false;
   }
   sl = &g->slots[head % RING_SLOTS];
-  sl->drop_book = NULL;
-  sl->drop_pool = NULL;
-  if (DLSYNC__UNLIKELY(g->book != ctx->releases)) {
-    book_ref(ctx->releases);
-    sl->drop_book = g->book;
-    g->book = ctx->releases;
-  }
-  if (DLSYNC__UNLIKELY(g->pool != pool)) {
-    dlsync__pool_ref(pool);
-    sl->drop_pool = g->pool;
-    g->pool = pool;
+  sl->pool = (uintptr_t)pool;
+  if (DLSYNC__UNLIKELY(g->book != ctx->releases || g->pool != pool)) {
+    ring_drop *dr = &g->drops[head % RING_SLOTS];
+    dr->book = NULL;
+    dr->pool = NULL;
+    if (g->book != ctx->releases) {
+      book_ref(ctx->releases);
+      dr->book = g->book;
+      g->book = ctx->releases;
+    }
+    if (g->pool != pool) {
+      dlsync__pool_ref(pool);
+      dr->pool = g->pool;
+      g->pool = pool;
+    }
+    sl->pool |= RUN_STARTS;
   }
   atomic_store_explicit(&sl->book, ctx->releases, memory_order_relaxed);
   sl->drv = ctx->drv;
-  sl->pool = pool;
   sl->event = ev;
   sl->stream = stream;
   sl->stream_id = sid;
