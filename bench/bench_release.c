@@ -5,7 +5,8 @@
  * one run; then 8 threads releasing as fast as they can, each on its own
  * stream (and then all on one stream), for DLSYNC_BENCH_RELEASE_SECONDS
  * (default 60; the shared-stream run a quarter of it, at least 2 s;
- * DLSYNC_BENCH_RELEASE_THREADS=N or "cpus" for another thread count): the releases per
+ * DLSYNC_BENCH_RELEASE_THREADS=N or "cpus" for another thread count;
+ * DLSYNC_BENCH_RELEASE_PACE_NS=T: at most one release per T ns a thread): the releases per
  * second, the reclaimer's throughput, the backlog (pending_eager, sampled
  * every 10 ms) and the RSS growth, and at the end that every deleter ran
  * exactly once.
@@ -148,6 +149,10 @@ typedef struct worker {
 
 static worker W[MAX_THREADS];
 static int THREADS = MAX_THREADS; /* DLSYNC_BENCH_RELEASE_THREADS */
+/* DLSYNC_BENCH_RELEASE_PACE_NS: the least time between two releases of one
+ * thread (0, the default: as fast as it can). The ctest on the fake driver
+ * sets it, as the fake's calls cost a tenth of the driver's. */
+static double PACE_NS;
 static atomic_bool go, stop;
 
 /* arg: the worker's id in the top 8 bits, the sequence number below. */
@@ -169,9 +174,13 @@ static void *worker_main(void *p) {
   while (!atomic_load(&go))
     ;
   uint64_t n = 0;
+  double next = gpu_now_ns();
   while (!atomic_load_explicit(&stop, memory_order_relaxed)) {
     for (int i = 0; i < 64; i++, n++) {
       uint64_t a = ((uint64_t)w->id << 56) | n;
+      while (PACE_NS > 0 && gpu_now_ns() < next)
+        ;
+      next += PACE_NS;
       CHECK(dlsync_release(E.ctx, &w->lane, counting_deleter, (void *)(uintptr_t)a) ==
                 DLSYNC_SUCCESS,
             "dlsync_release (thread)");
@@ -357,8 +366,9 @@ int main(void) {
   int rc = gpu_env_init(&E), failed = 0;
   const char *env = getenv("DLSYNC_BENCH_RELEASE_SECONDS");
   const char *nt = getenv("DLSYNC_BENCH_RELEASE_THREADS");
+  const char *pace = getenv("DLSYNC_BENCH_RELEASE_PACE_NS");
   double seconds = env != NULL && atof(env) > 0 ? atof(env) : 60;
-  char label[64];
+  char label[96];
   /* "cpus": one releasing thread per CPU but one (the reclaimer's), 1 to 8:
    * for the ctest on small machines, where 8 threads would share two CPUs
    * with the reclaimer. */
@@ -368,6 +378,7 @@ int main(void) {
   } else if (nt != NULL && atoi(nt) >= 1 && atoi(nt) <= MAX_THREADS) {
     THREADS = atoi(nt);
   }
+  PACE_NS = pace != NULL && atof(pace) > 0 ? atof(pace) : 0;
   if (rc != 0)
     return rc;
   D = E.d;
@@ -395,9 +406,11 @@ int main(void) {
   per_call("dlsync_release vs one cuEventRecord", op_release);
   per_call("dlsync_dlpack_release vs one cuEventRecord", op_dlpack_release);
 
-  snprintf(label, sizeof label, "%d thread%s, a stream each", THREADS, THREADS == 1 ? "" : "s");
+  snprintf(label, sizeof label, "%d thread%s, a stream each%s", THREADS, THREADS == 1 ? "" : "s",
+           PACE_NS > 0 ? ", paced" : "");
   failed += run_threads(label, false, seconds);
-  snprintf(label, sizeof label, "%d thread%s, one shared stream", THREADS, THREADS == 1 ? "" : "s");
+  snprintf(label, sizeof label, "%d thread%s, one shared stream%s", THREADS,
+           THREADS == 1 ? "" : "s", PACE_NS > 0 ? ", paced" : "");
   failed += run_threads(label, true, seconds / 4 < 2 ? 2 : seconds / 4);
 
   D->EventDestroy(ev);

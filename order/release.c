@@ -68,9 +68,6 @@ typedef struct release_item {
   unsigned ring_pos;
   dlsync__release_book *drop_book;
   dlsync__pool *drop_pool;
-  /* Of the shared queue: the ring of the thread that made it while its
-   * ring was full, told once its deleter has run (see the rings). */
-  struct release_ring *overflow_of;
 } release_item;
 
 /* ---- books ---- */
@@ -370,12 +367,12 @@ typedef struct reclaimer {
  * pending releases leaves ring releases out; flush, close and the stats
  * count them in the rings (book_pending_eager). A device past
  * DLSYNC__THREAD_RINGS or a ring that could not be made: the shared queue.
- * A full ring: the shared queue too, and the thread's releases go on there
- * until those it sent there have run (`overflowed`, `overflow_done`); as a
- * batch runs the rings' releases before the shared queue's, one thread's
- * deleters run in the order it released. When its thread exits the ring is
- * marked; the reclaimer frees it once it is empty and its releases in the
- * shared queue have run. */
+ * A full ring: an item of the shared queue's kind (an allocation) pushed on
+ * the ring's own overflow stack, marked with the ring position it follows;
+ * the reclaimer merges a ring's slots and its overflow by that mark, so one
+ * thread's deleters run in the order it released, and the thread goes back
+ * to its slots as soon as one is free. When its thread exits the ring is
+ * marked; the reclaimer frees it once it is empty. */
 #define RING_SLOTS 4096u /* a power of two */
 
 /* One cache line (the ring is aligned to 64 bytes): a push writes one
@@ -407,12 +404,13 @@ typedef struct release_ring {
   unsigned tail_seen;         /* tail as it last read it */
   dlsync__release_book *book; /* the current run's book (a reference) */
   dlsync__pool *pool;         /* the current run's pool (a reference) */
-  unsigned overflowed;        /* its releases sent to the shared queue so far */
-  unsigned overflow_seen;     /* overflow_done as it last read it */
   char apart[64];             /* the reclaimer's fields on another cache line */
   /* The reclaimer's (tail is read by the releasing thread and counters). */
   atomic_uint tail;
-  atomic_uint overflow_done; /* those of `overflowed` whose deleters have run */
+  /* Releases made while the ring was full, newest first; `ring_pos` of
+   * each: the head then (it follows the slots before that). */
+  _Atomic(release_item *) overflow;
+  release_item *held;        /* the reclaimer's: overflow taken, oldest first, not run yet */
   struct release_ring *next; /* in the reclaimer's list, under its lock */
   reclaimer *owner;
   pthread_t thread;
@@ -568,11 +566,6 @@ static void run_deleters(reclaimer *rc, release_item *batch, bool run) {
       running = NULL;
     }
     if (it->ring == NULL) {
-      if (it->overflow_of != NULL)
-        atomic_store_explicit(
-            &it->overflow_of->overflow_done,
-            atomic_load_explicit(&it->overflow_of->overflow_done, memory_order_relaxed) + 1,
-            memory_order_release);
       tally_add(&t, it);
       dlsync__free(it);
       continue;
@@ -744,6 +737,16 @@ static atomic_bool ring_key_ok;
 
 /* A ring's memory and the references of its current run. */
 static void ring_free(release_ring *g) {
+  /* Left only when the library is unloaded: dropped, as the shared queue's. */
+  release_item *left = atomic_exchange(&g->overflow, NULL);
+  while (left != NULL || g->held != NULL) {
+    release_item *it = left != NULL ? left : g->held;
+    if (left != NULL)
+      left = it->next;
+    else
+      g->held = it->next;
+    dlsync__free(it);
+  }
   if (g->book != NULL)
     book_unref(g->book);
   if (g->pool != NULL)
@@ -762,50 +765,83 @@ static release_item *spare_item(reclaimer *r) {
   return dlsync__malloc(sizeof *it);
 }
 
-/* The queued slots of r's rings, as r's own items in each ring's order,
- * ahead of `batch` (the shared queue's: a thread's releases there are newer
- * than those in its ring); frees the rings whose thread has exited once
- * they are empty and their releases in the shared queue have run. */
+/* An item of the reclaimer's for slot `pos` of ring g. NULL: no memory. */
+static release_item *slot_item(reclaimer *r, release_ring *g, unsigned pos) {
+  const ring_slot *sl = &g->slots[pos % RING_SLOTS];
+  release_item *it = spare_item(r);
+  if (it == NULL)
+    return NULL;
+  it->next = NULL;
+  it->book = atomic_load_explicit(&sl->book, memory_order_relaxed);
+  it->drv = sl->drv;
+  it->pool = (dlsync__pool *)(sl->pool & ~RUN_STARTS);
+  it->event = sl->event;
+  it->stream = sl->stream;
+  it->stream_id = sl->stream_id;
+  it->thread = g->thread;
+  it->fn = sl->fn;
+  it->arg = sl->arg;
+  it->device = g->device;
+  it->slot = -1;
+  it->result = CUDA_SUCCESS;
+  it->from_graph = false;
+  atomic_init(&it->armed, true);
+  it->ring = g;
+  it->ring_pos = pos;
+  it->drop_book = (sl->pool & RUN_STARTS) ? g->drops[pos % RING_SLOTS].book : NULL;
+  it->drop_pool = (sl->pool & RUN_STARTS) ? g->drops[pos % RING_SLOTS].pool : NULL;
+  return it;
+}
+
+/* g's overflow, taken onto its held list (oldest first). */
+static void take_overflow(release_ring *g) {
+  release_item *it = atomic_exchange_explicit(&g->overflow, NULL, memory_order_acquire);
+  release_item *fifo = NULL, **end = &g->held;
+  while (*end != NULL)
+    end = &(*end)->next;
+  while (it != NULL) {
+    release_item *next = it->next;
+    it->next = fifo;
+    fifo = it;
+    it = next;
+  }
+  *end = fifo;
+}
+
+/* The queued releases of r's rings, in each ring's order (its slots, as r's
+ * own items, merged with its overflow by their marks), ahead of `batch` (the
+ * shared queue's); frees the rings whose thread has exited once they are
+ * empty. The overflow is taken before the head is read, so each release
+ * taken follows only slots up to that head; one that follows a slot not
+ * collected (no memory for its item) is held for a later batch. */
 static release_item *collect_rings(reclaimer *r, release_item *batch) {
   release_item *first = NULL, **link = &first;
   pthread_mutex_lock(&r->lock);
   for (release_ring **pg = &r->rings; *pg != NULL;) {
     release_ring *g = *pg;
-    unsigned pos = atomic_load_explicit(&g->tail, memory_order_relaxed);
-    unsigned head = atomic_load_explicit(&g->head, memory_order_acquire);
-    if (pos == head && atomic_load_explicit(&g->orphaned, memory_order_acquire) &&
+    unsigned pos = atomic_load_explicit(&g->tail, memory_order_relaxed), head;
+    take_overflow(g);
+    head = atomic_load_explicit(&g->head, memory_order_acquire);
+    if (pos == head && g->held == NULL &&
+        atomic_load_explicit(&g->orphaned, memory_order_acquire) &&
         atomic_load_explicit(&g->head, memory_order_acquire) == pos &&
-        atomic_load_explicit(&g->overflow_done, memory_order_relaxed) == g->overflowed) {
+        atomic_load_explicit(&g->overflow, memory_order_acquire) == NULL) {
       /* Its thread's last release was made before the mark. */
       *pg = g->next;
       ring_free(g);
       continue;
     }
-    for (; pos != head; pos++) {
-      const ring_slot *sl = &g->slots[pos % RING_SLOTS];
-      release_item *it = spare_item(r);
-      if (it == NULL)
+    for (;;) {
+      release_item *it;
+      if (g->held != NULL && pos - g->held->ring_pos < 0x80000000u) { /* mark <= pos */
+        it = g->held; /* made while the ring was full at this position */
+        g->held = it->next;
+      } else if (pos != head && (it = slot_item(r, g, pos)) != NULL) {
+        pos++;
+      } else {
         break;
+      }
       it->next = NULL;
-      it->book = atomic_load_explicit(&sl->book, memory_order_relaxed);
-      it->drv = sl->drv;
-      it->pool = (dlsync__pool *)(sl->pool & ~RUN_STARTS);
-      it->event = sl->event;
-      it->stream = sl->stream;
-      it->stream_id = sl->stream_id;
-      it->thread = g->thread;
-      it->fn = sl->fn;
-      it->arg = sl->arg;
-      it->device = g->device;
-      it->slot = -1;
-      it->result = CUDA_SUCCESS;
-      it->from_graph = false;
-      atomic_init(&it->armed, true);
-      it->ring = g;
-      it->ring_pos = pos;
-      it->drop_book = (sl->pool & RUN_STARTS) ? g->drops[pos % RING_SLOTS].book : NULL;
-      it->drop_pool = (sl->pool & RUN_STARTS) ? g->drops[pos % RING_SLOTS].pool : NULL;
-      it->overflow_of = NULL;
       *link = it;
       link = &it->next;
     }
@@ -819,7 +855,8 @@ static release_item *collect_rings(reclaimer *r, release_item *batch) {
 /* Whether a ring of r has a slot queued. Called with r->lock. */
 static bool rings_queued_locked(const reclaimer *r) {
   for (const release_ring *g = r->rings; g != NULL; g = g->next)
-    if (atomic_load(&g->head) != atomic_load_explicit(&g->tail, memory_order_relaxed))
+    if (atomic_load(&g->head) != atomic_load_explicit(&g->tail, memory_order_relaxed) ||
+        atomic_load(&g->overflow) != NULL || g->held != NULL)
       return true;
   return false;
 }
@@ -1120,7 +1157,7 @@ static DLSYNC__NOINLINE release_ring *ring_new(dlsync__thread *t, reclaimer *r) 
   }
   atomic_init(&g->head, 0);
   atomic_init(&g->tail, 0);
-  atomic_init(&g->overflow_done, 0);
+  atomic_init(&g->overflow, NULL);
   atomic_init(&g->orphaned, false);
   for (unsigned i = 0; i < RING_SLOTS; i++)
     atomic_init(&g->slots[i].book, NULL);
@@ -1148,8 +1185,7 @@ static DLSYNC__INLINE release_ring *ring_of(reclaimer *r, dlsync__thread *t) {
 
 /* An eager release (its event recorded) into ring g of r: no allocation, no
  * atomic read-modify-write, one store that publishes the slot and a look at
- * `sleeping`. False when g is full or releases the thread sent to the
- * shared queue have not run yet: the caller queues it there too. */
+ * `sleeping`. False when g is full: the caller puts it on g's overflow. */
 static DLSYNC__INLINE bool ring_push(reclaimer *r, release_ring *g, dlsync_context *ctx,
                                      dlsync__pool *pool, CUevent ev, CUstream stream,
                                      unsigned long long sid, dlsync_deleter fn, void *arg) {
@@ -1158,11 +1194,6 @@ static DLSYNC__INLINE bool ring_push(reclaimer *r, release_ring *g, dlsync_conte
   if (DLSYNC__UNLIKELY(head - g->tail_seen >= RING_SLOTS)) {
     g->tail_seen = atomic_load_explicit(&g->tail, memory_order_acquire);
     if (head - g->tail_seen >= RING_SLOTS)
-      return false;
-  }
-  if (DLSYNC__UNLIKELY(g->overflowed != g->overflow_seen)) {
-    g->overflow_seen = atomic_load_explicit(&g->overflow_done, memory_order_acquire);
-    if (g->overflowed != g->overflow_seen)
       return false;
   }
   sl = &g->slots[head % RING_SLOTS];
@@ -1316,7 +1347,6 @@ static DLSYNC__INLINE release_item *item_new(dlsync_context *ctx, dlsync_deleter
   it->ring_pos = 0;
   it->drop_book = NULL;
   it->drop_pool = NULL;
-  it->overflow_of = NULL;
   return it;
 }
 /* The identity of the stream a release's event is recorded on: a handle
@@ -1339,9 +1369,10 @@ static DLSYNC__INLINE dlsync_status stream_id_of(unsigned long long *id, const d
 }
 
 /* Queues an eager release whose event `ev` (of `pool`) is recorded on
- * `stream`: into the calling thread's (t's) ring for the pool's GPU, or the shared
- * queue (an allocation, a pool reference, two book counts and a
- * compare-and-swap) where the thread has no ring or it cannot take it. */
+ * `stream`: into the calling thread's (t's) ring for the pool's GPU; an item
+ * (an allocation, a pool reference, two book counts and a compare-and-swap)
+ * on the ring's overflow when it is full, or on the shared queue where the
+ * thread has no ring. */
 static DLSYNC__INLINE dlsync_status queue_eager(dlsync__thread *t, dlsync_context *ctx,
                                                 dlsync__pool *pool, CUevent ev, CUstream stream,
                                                 unsigned long long sid, dlsync_deleter deleter,
@@ -1362,13 +1393,20 @@ static DLSYNC__INLINE dlsync_status queue_eager(dlsync__thread *t, dlsync_contex
   it->event = ev;
   it->stream = stream;
   it->stream_id = sid;
-  if (g != NULL) {
-    it->overflow_of = g;
-    g->overflowed++;
-  }
   dlsync__pool_ref(pool);
   book_add_eager(it->book);
-  enqueue(r, it);
+  if (g == NULL) {
+    enqueue(r, it);
+    return DLSYNC_SUCCESS;
+  }
+  /* The ring is full: onto its overflow, after the slots published so far. */
+  it->ring_pos = atomic_load_explicit(&g->head, memory_order_relaxed);
+  it->next = atomic_load_explicit(&g->overflow, memory_order_relaxed);
+  while (!atomic_compare_exchange_weak_explicit(&g->overflow, &it->next, it, memory_order_seq_cst,
+                                                memory_order_relaxed))
+    ;
+  if (DLSYNC__UNLIKELY(atomic_load(&r->sleeping)))
+    wake(r);
 cleanup:
   return st;
 }
