@@ -147,6 +147,9 @@ bool dlsync__defer(void (*fn)(void *), void *arg);
 /* The event layer's orphan waker (dlsync__orphans_set_waker): a collection
  * queued on the janitor. */
 void dlsync__release_orphans_wake(void);
+/* Eager releases that found their thread's ring full (went to its overflow,
+ * an allocation each) since the library was loaded: for the benches. */
+extern atomic_size_t dlsync__release_overflowed;
 
 /* Test hook: forgets what the calling thread's last calls found
  * (dlsync__thread's end_capture and then_capture), so that a test's exact

@@ -428,6 +428,8 @@ static void ring_free_slots(release_ring *g, unsigned tail) {
   atomic_store_explicit(&g->tail, tail, memory_order_release);
 }
 
+atomic_size_t dlsync__release_overflowed;
+
 static pthread_mutex_t reclaimers_lock = PTHREAD_MUTEX_INITIALIZER;
 static reclaimer **reclaimers;
 static int nreclaimers;
@@ -1400,6 +1402,7 @@ static DLSYNC__INLINE dlsync_status queue_eager(dlsync__thread *t, dlsync_contex
     return DLSYNC_SUCCESS;
   }
   /* The ring is full: onto its overflow, after the slots published so far. */
+  atomic_fetch_add_explicit(&dlsync__release_overflowed, 1, memory_order_relaxed);
   it->ring_pos = atomic_load_explicit(&g->head, memory_order_relaxed);
   it->next = atomic_load_explicit(&g->overflow, memory_order_relaxed);
   while (!atomic_compare_exchange_weak_explicit(&g->overflow, &it->next, it, memory_order_seq_cst,
