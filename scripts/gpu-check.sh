@@ -10,6 +10,7 @@
 #   SANITIZER=1 bash scripts/gpu-check.sh  # also: the GPU suite under
 #                                          # compute-sanitizer memcheck and synccheck
 #   BENCH_ONLY=1 bash scripts/gpu-check.sh # the build and the bench only
+#   ECO_ONLY=1 bash scripts/gpu-check.sh   # the build and the ecosystem examples only
 #   NO_BENCH=1 bash scripts/gpu-check.sh   # everything but the two benches
 #   NO_WHEEL=1 bash scripts/gpu-check.sh   # not the wheel from .whl-dlsync/
 #   ECO_CASES="nanobind_ext tvm_ffi" ...   # only these ecosystem examples
@@ -76,6 +77,66 @@ bench_runs() {
     "$build"/bench/bench_release >"$out/bench-release.txt" 2>&1 || release_rc=$?
 }
 
+# ---- ecosystems: examples/jax_ffi, nanobind_ext, tvm_ffi, launcher ----
+# nanobind and apache-tvm-ffi come from .whl/ (pip download there elsewhere; this
+# machine has no registry), installed with pip --no-index into /tmp/dlsync-eco-site;
+# each example is skipped, with the reason, when its package is not importable.
+# (ECO_ONLY=1: the build and this block alone.)
+ecosystems() {
+  eco_rc=skipped
+  if [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
+    stamp "ecosystems"
+    eco_rc=0
+    eco=/tmp/dlsync-eco-site
+    eco_txt="$out/ecosystems.txt"
+    rm -rf "$eco" && mkdir -p "$eco" && : >"$eco_txt"
+    for pkg in nanobind apache-tvm-ffi; do
+      python3 -m pip install -q --no-index --find-links "$root/.whl" --target "$eco" "$pkg" \
+        >>"$out/eco-pip.txt" 2>&1 || echo "$pkg: not installed from .whl/ (see eco-pip.txt)" >>"$eco_txt"
+    done
+    eco_env=(env PYTHONPATH="$eco:$root/python${PYTHONPATH:+:$PYTHONPATH}"
+      DLSYNC_LIBRARY="$build/libdlsync.so" XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1)
+    eco_case() { # name module build-command... -- run-command...
+      local name=$1 module=$2 rc=0
+      shift 2
+      local buildcmd=() runcmd=()
+      while [ "$1" != "--" ]; do buildcmd+=("$1"); shift; done
+      shift
+      runcmd=("$@")
+      if [ -n "${ECO_CASES:-}" ] && ! [[ " $ECO_CASES " == *" $name "* ]]; then
+        echo "$name: not run (ECO_CASES=$ECO_CASES)" >>"$eco_txt"; return 0
+      fi
+      if ! "${eco_env[@]}" python3 -c "import $module" >/dev/null 2>&1; then
+        echo "$name: skipped ($module not importable)" >>"$eco_txt"; return 0
+      fi
+      if ! "${eco_env[@]}" "${buildcmd[@]}" >"$out/$name-build.log" 2>&1; then
+        echo "$name: BUILD FAILED ($name-build.log)" >>"$eco_txt"; tail -n 15 "$out/$name-build.log" >>"$eco_txt"
+        eco_rc=1; return 0
+      fi
+      # A case that hangs is stopped (rc 124) and fails the block, not the run.
+      timeout "${ECO_TIMEOUT:-180}" "${eco_env[@]}" "${runcmd[@]}" >"$out/$name.txt" 2>&1 || rc=$?
+      echo "$name (rc $rc):" >>"$eco_txt"; cat "$out/$name.txt" >>"$eco_txt"
+      [ "$rc" = 0 ] || eco_rc=1
+    }
+    eco_case jax_ffi jax.ffi bash "$root/examples/jax_ffi/build.sh" "$build" -- \
+      python3 "$root/examples/jax_ffi/run.py" "$build/libdlsync_jax_ffi.so"
+    eco_case nanobind_ext nanobind bash "$root/examples/nanobind_ext/build.sh" "$build" -- \
+      env PYTHONPATH="$build/nanobind_ext:$eco:$root/python" python3 "$root/examples/nanobind_ext/run.py"
+    eco_case tvm_ffi tvm_ffi bash "$root/examples/tvm_ffi/build.sh" "$build" -- \
+      python3 "$root/examples/tvm_ffi/run.py" "$build/libdlsync_tvm_ffi.so"
+    eco_case launcher torch bash "$root/examples/launcher/build.sh" "$build" -- \
+      python3 "$root/examples/launcher/run.py" "$build/libdlsync_launcher_kernel.so"
+    eco_case launcher_memcheck torch true -- \
+      python3 "$root/examples/launcher/run.py" --memcheck "$build/libdlsync_launcher_kernel.so"
+  fi
+  if [ "$eco_rc" != skipped ]; then
+    echo "== ecosystems: XLA FFI, nanobind, TVM FFI, the releasing launcher (rc $eco_rc)"
+    cat "$eco_txt"
+    [ "$eco_rc" = 0 ] || status=1
+  fi
+}
+# ---- end ecosystems ----
+
 print_bench() {
   echo "== bench (rc $bench_rc)"
   grep -v '^FAIL' "$out/bench.txt"
@@ -103,6 +164,11 @@ if [ $? -ne 0 ]; then
   echo "BUILD FAILED"; tail -n 60 "$out/build.log"; tail -n 20 "$build.configure.log"; exit 1
 fi
 echo "== readelf: $(readelf -d "$build"/libdlsync.so | grep -c 'NEEDED.*libcuda') libcuda, $(readelf -d "$build"/libdlsync.so | grep -c 'NEEDED.*hwloc') libhwloc NEEDED entries"
+
+if [ -n "${ECO_ONLY:-}" ]; then # the ecosystem examples alone
+  ecosystems
+  exit $status
+fi
 
 if [ -n "${BENCH_ONLY:-}" ]; then # the bench alone (BENCH_RUNS times)
   stamp "bench"
@@ -293,62 +359,7 @@ if [ "$pybench_rc" != skipped ]; then
   cat "$out/pybench.txt"
   [ "$pybench_rc" = 0 ] || status=1
 fi
-# ---- ecosystems: examples/jax_ffi, nanobind_ext, tvm_ffi, launcher ----
-# nanobind and apache-tvm-ffi come from .whl/ (pip download there elsewhere; this
-# machine has no registry), installed with pip --no-index into /tmp/dlsync-eco-site;
-# each example is skipped, with the reason, when its package is not importable.
-eco_rc=skipped
-if [ -z "${SUITE_ONLY:-}" ] && [ -z "${NO_PYTHON:-}" ]; then
-  stamp "ecosystems"
-  eco_rc=0
-  eco=/tmp/dlsync-eco-site
-  eco_txt="$out/ecosystems.txt"
-  rm -rf "$eco" && mkdir -p "$eco" && : >"$eco_txt"
-  for pkg in nanobind apache-tvm-ffi; do
-    python3 -m pip install -q --no-index --find-links "$root/.whl" --target "$eco" "$pkg" \
-      >>"$out/eco-pip.txt" 2>&1 || echo "$pkg: not installed from .whl/ (see eco-pip.txt)" >>"$eco_txt"
-  done
-  eco_env=(env PYTHONPATH="$eco:$root/python${PYTHONPATH:+:$PYTHONPATH}"
-    DLSYNC_LIBRARY="$build/libdlsync.so" XLA_PYTHON_CLIENT_PREALLOCATE=false PYTHONUNBUFFERED=1)
-  eco_case() { # name module build-command... -- run-command...
-    local name=$1 module=$2 rc=0
-    shift 2
-    local buildcmd=() runcmd=()
-    while [ "$1" != "--" ]; do buildcmd+=("$1"); shift; done
-    shift
-    runcmd=("$@")
-    if [ -n "${ECO_CASES:-}" ] && ! [[ " $ECO_CASES " == *" $name "* ]]; then
-      echo "$name: not run (ECO_CASES=$ECO_CASES)" >>"$eco_txt"; return 0
-    fi
-    if ! "${eco_env[@]}" python3 -c "import $module" >/dev/null 2>&1; then
-      echo "$name: skipped ($module not importable)" >>"$eco_txt"; return 0
-    fi
-    if ! "${eco_env[@]}" "${buildcmd[@]}" >"$out/$name-build.log" 2>&1; then
-      echo "$name: BUILD FAILED ($name-build.log)" >>"$eco_txt"; tail -n 15 "$out/$name-build.log" >>"$eco_txt"
-      eco_rc=1; return 0
-    fi
-    # A case that hangs is stopped (rc 124) and fails the block, not the run.
-    timeout "${ECO_TIMEOUT:-180}" "${eco_env[@]}" "${runcmd[@]}" >"$out/$name.txt" 2>&1 || rc=$?
-    echo "$name (rc $rc):" >>"$eco_txt"; cat "$out/$name.txt" >>"$eco_txt"
-    [ "$rc" = 0 ] || eco_rc=1
-  }
-  eco_case jax_ffi jax.ffi bash "$root/examples/jax_ffi/build.sh" "$build" -- \
-    python3 "$root/examples/jax_ffi/run.py" "$build/libdlsync_jax_ffi.so"
-  eco_case nanobind_ext nanobind bash "$root/examples/nanobind_ext/build.sh" "$build" -- \
-    env PYTHONPATH="$build/nanobind_ext:$eco:$root/python" python3 "$root/examples/nanobind_ext/run.py"
-  eco_case tvm_ffi tvm_ffi bash "$root/examples/tvm_ffi/build.sh" "$build" -- \
-    python3 "$root/examples/tvm_ffi/run.py" "$build/libdlsync_tvm_ffi.so"
-  eco_case launcher torch bash "$root/examples/launcher/build.sh" "$build" -- \
-    python3 "$root/examples/launcher/run.py" "$build/libdlsync_launcher_kernel.so"
-  eco_case launcher_memcheck torch true -- \
-    python3 "$root/examples/launcher/run.py" --memcheck "$build/libdlsync_launcher_kernel.so"
-fi
-if [ "$eco_rc" != skipped ]; then
-  echo "== ecosystems: XLA FFI, nanobind, TVM FFI, the releasing launcher (rc $eco_rc)"
-  cat "$eco_txt"
-  [ "$eco_rc" = 0 ] || status=1
-fi
-# ---- end ecosystems ----
+ecosystems
 stamp end
 echo "== times"; cat "$out/times.txt"
 exit $status
