@@ -59,17 +59,25 @@ static double tb(op_fn fn) {
   return median(t, 9);
 }
 
+/* The ring's head and tail for the background thread; false (after a nap)
+ * when it is empty. */
+static bool ring_taken(unsigned *h, unsigned *t) {
+  *h = atomic_load_explicit(&head, memory_order_acquire);
+  *t = atomic_load_explicit(&tail, memory_order_relaxed);
+  if (*h != *t)
+    return true;
+  usleep(50);
+  return false;
+}
+
 static void *bg(void *a) {
   (void)a;
   CHECK(D->CtxPushCurrent(E.cuctx) == CUDA_SUCCESS, "push");
   CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
   while (!atomic_load(&stopq)) {
-    unsigned h = atomic_load_explicit(&head, memory_order_acquire);
-    unsigned t = atomic_load_explicit(&tail, memory_order_relaxed);
-    if (h == t) {
-      usleep(50);
+    unsigned h, t;
+    if (!ring_taken(&h, &t))
       continue;
-    }
     (void)D->ThreadExchangeStreamCaptureMode(&m);
     slot *newest = &ring[(h - 1) & (ring_n - 1)];
     (void)D->EventSynchronize(newest->event);
@@ -202,12 +210,9 @@ static void op_slot_flag(void) {
 static void *bg_flags(void *a) {
   (void)a;
   while (!atomic_load(&stopq)) {
-    unsigned h = atomic_load_explicit(&head, memory_order_acquire);
-    unsigned t = atomic_load_explicit(&tail, memory_order_relaxed);
-    if (h == t) {
-      usleep(50);
+    unsigned h, t;
+    if (!ring_taken(&h, &t))
       continue;
-    }
     unsigned done = t;
     while (done != h && flags[(done & (ring_n - 1)) * 16] == done + 1)
       done++;
@@ -219,8 +224,22 @@ static void *bg_flags(void *a) {
   }
   return NULL;
 }
-static void with_flags(const char *name, op_fn fn) {
+/* Runs `thread` beside the ring's producer: fn warmed up, then timed, then
+ * one record timed; the ring drained and the thread stopped. */
+static void time_beside(void *(*thread)(void *), op_fn fn, double *a, double *b) {
   pthread_t t;
+  atomic_store(&stopq, false);
+  CHECK(pthread_create(&t, NULL, thread, NULL) == 0, "thr");
+  for (int i = 0; i < 2000; i++)
+    fn();
+  *a = tb(fn);
+  *b = tb(op_rec);
+  drain();
+  atomic_store(&stopq, true);
+  pthread_join(t, NULL);
+}
+
+static void with_flags(const char *name, op_fn fn) {
   double a, b;
   ring_n = RING;
   atomic_store(&head, 0);
@@ -228,15 +247,7 @@ static void with_flags(const char *name, op_fn fn) {
   tail_cache = 0;
   for (unsigned i = 0; i < RING; i++)
     flags[i * 16] = 0;
-  atomic_store(&stopq, false);
-  CHECK(pthread_create(&t, NULL, bg_flags, NULL) == 0, "thr");
-  for (int i = 0; i < 2000; i++)
-    fn();
-  a = tb(fn);
-  b = tb(op_rec);
-  drain();
-  atomic_store(&stopq, true);
-  pthread_join(t, NULL);
+  time_beside(bg_flags, fn, &a, &b);
   printf("%-60s %7.1f ns  %5.2f x record (%.1f)\n", name, a, a / b, b);
 }
 
@@ -291,7 +302,6 @@ static void op_release(void) {
 }
 
 static void with_bg(int m, unsigned n, const char *name, op_fn fn) {
-  pthread_t t;
   double a, b;
   mode = m;
   ring_n = n;
@@ -306,14 +316,7 @@ static void with_bg(int m, unsigned n, const char *name, op_fn fn) {
     }
     pool_n = RING;
   }
-  CHECK(pthread_create(&t, NULL, bg, NULL) == 0, "thr");
-  for (int i = 0; i < 2000; i++)
-    fn();
-  a = tb(fn);
-  b = tb(op_rec);
-  drain();
-  atomic_store(&stopq, true);
-  pthread_join(t, NULL);
+  time_beside(bg, fn, &a, &b);
   if (m == 4) {
     /* the slots name events of the pool: give each slot one back */
     for (unsigned i = 0; i < RING; i++)
