@@ -18,9 +18,10 @@
  *
  * The driver is libcuda.so.1 as the loader finds it: pointed at the fake
  * driver (tests/fake/fake_libcuda.c, LD_LIBRARY_PATH) it runs without a GPU
- * (ctest bench_release_fake). On the fake, the RSS line is printed but not
- * judged (the fake keeps every operation it is given), and the per-call
- * ratios are the fake's, not CUDA's. Exits 0 when every check passed, 1
+ * (ctest release_threads_exactly_once). On the fake only the exactly-once
+ * check is judged: the per-call ratios, the keep-up lines and the RSS line
+ * are printed, marked "not judged" (they time how a shared CPU is divided,
+ * and the fake keeps every operation it is given). Exits 0 when every check passed, 1
  * when a target was MISSED, 2 when a deleter did not run exactly once, 77
  * where no driver is found. */
 #include <dlfcn.h>
@@ -46,6 +47,14 @@ static CUstream P;
 static CUevent ev;
 static dlsync_lane lane_p;
 static bool on_fake;
+
+/* A keep-up verdict: judged on a GPU; on the fake driver printed as what it
+ * would have been, marked as not judged (a timing on a shared CPU). */
+static const char *verdict(bool ok) {
+  if (on_fake)
+    return ok ? "ok (not judged on the fake driver)" : "missed (not judged on the fake driver)";
+  return ok ? "ok" : "MISSED";
+}
 static int exactly_once_failed;
 
 /* On the fake driver: its call counter (fake_libcuda.c), for the events
@@ -143,7 +152,10 @@ static void per_call(const char *name, op_fn fn, bool judged) {
   overflowed = atomic_load(&dlsync__release_overflowed) - overflowed;
   if (judged)
     printf("%-44s %10.1f %10.1f %8.2f %s [%.2f-%.2f]\n", name, n_ns, n_rec, m,
-           m <= 1.20 ? "<= 1.20 ok" : "<= 1.20 MISSED", lo, hi);
+           on_fake     ? "<= 1.20 (not judged on the fake driver)"
+           : m <= 1.20 ? "<= 1.20 ok"
+                       : "<= 1.20 MISSED",
+           lo, hi);
   else
     printf("%-44s %10.1f %10.1f %8.2f [%.2f-%.2f] (reference)\n", name, n_ns, n_rec, m, lo, hi);
   printf("%-44s %10.1f %10.1f %8.1f [%.1f-%.1f] (reference)\n", "  vs an empty function call", n_ns,
@@ -323,20 +335,21 @@ static int run_threads(const char *name, bool shared, double seconds) {
     bool flat = (double)peak_last <= 1.5 * first || (double)peak_last <= bound;
     bool keeps = done_rate >= 0.95 * made_rate;
     printf("\n%s: %.1f s (measured from %.1f s in)\n", name, t_end, t_warm);
+    /* On the fake driver the keep-up figures are printed, never judged:
+     * they measure how the CPUs are shared (a busy CI runner), not dlsync;
+     * the exactly-once check below is judged everywhere. */
     printf("  releases/s %.0f, reclaimer deleters/s %.0f (%.3f of the releases; target >= 0.95: "
            "%s)\n",
-           made_rate, done_rate, done_rate / made_rate, keeps ? "ok" : "MISSED");
+           made_rate, done_rate, done_rate / made_rate, verdict(keeps));
     printf("  backlog not growing: peak of the last %.1f s %zu <= 1.5 x the first %.1f s's %zu "
            "(or <= the bound below): %s\n",
-           window, peak_last, window, peak_first, flat ? "ok" : "MISSED");
+           window, peak_last, window, peak_first, verdict(flat));
     /* On the fake every call of every thread takes one lock and an event's
      * destroy scans every handle: the bound is CUDA's, not the fake's. */
     printf("  peak backlog %zu; target: <= %.0f (10 ms of releases, >= 4096): %s\n", peak, bound,
-           on_fake   ? (bounded ? "ok (not judged on the fake driver)"
-                                : "MISSED (not judged on the fake driver)")
-           : bounded ? "ok"
-                     : "MISSED");
-    failed += !keeps + !flat + (!on_fake && !bounded);
+           verdict(bounded));
+    if (!on_fake)
+      failed += !keeps + !flat + !bounded;
     double growth = rss_end - rss_warm;
     if (on_fake) {
       printf("  RSS growth %.1f MiB (%.1f to %.1f); target: <= 16 MiB: not judged on the fake "
@@ -437,7 +450,12 @@ int main(void) {
   D->EventDestroy(ev);
   D->StreamDestroy(P);
   CHECK(dlsync_context_destroy(E.ctx) == DLSYNC_SUCCESS, "destroy");
-  printf("\nbench_release: %s\n", failed == 0 ? "keep-up and exactly-once checks ok"
-                                              : "some keep-up or exactly-once check MISSED");
+  if (on_fake)
+    printf("\nbench_release: %s\n", failed == 0 ? "exactly-once checks ok (keep-up not judged on "
+                                                  "the fake driver)"
+                                                : "an exactly-once check MISSED");
+  else
+    printf("\nbench_release: %s\n", failed == 0 ? "keep-up and exactly-once checks ok"
+                                                : "some keep-up or exactly-once check MISSED");
   return exactly_once_failed > 0 ? 2 : failed == 0 ? 0 : 1;
 }

@@ -76,15 +76,32 @@ stage() {
   stage_now=$1
   echo "== $1"
 }
+# failed_what: the tests that failed in the stage that stopped the run (set
+# by run_ctest), named on the very last line.
+failed_what=""
 verdict() {
   local rc=$?
   if [ "$rc" = 0 ]; then
     [ -z "$stage_now" ] || stages_passed=$((stages_passed + 1))
     echo "verdict: $stages_passed passed, 0 failed"
   else
-    echo "dev.sh test: failed in '$stage_now' (exit $rc)" >&2
     echo "verdict: $stages_passed passed, 1 failed"
+    echo "dev.sh test: failed in '$stage_now' (exit $rc)${failed_what:+: $failed_what}" >&2
   fi
+}
+
+# run_ctest BUILD-DIR ctest-args...: ctest with its output shown; on a
+# failure the failing tests' names go to failed_what.
+run_ctest() {
+  local dir=$1 log
+  shift
+  log="$dir.ctest.log"
+  if ctest --test-dir "$dir" --output-on-failure "$@" 2>&1 | tee "$log"; then
+    return 0
+  fi
+  failed_what="failing tests: $(sed -n '/The following tests FAILED/,$p' "$log" |
+    sed -n 's/^[[:space:]]*[0-9]* - \([^ ]*\).*/\1/p' | tr '\n' ' ' | sed 's/ $//')"
+  return 1
 }
 
 build() { # build DIR cmake-args...
@@ -111,18 +128,17 @@ test)
   fi
   stage "Release, warnings as errors"
   build "$root/build/release" -DCMAKE_BUILD_TYPE=Release -DDLSYNC_WERROR=ON
-  ctest --test-dir "$root/build/release" --output-on-failure
+  run_ctest "$root/build/release"
   stage "module graph (no cycle, no edge going up)"
   bash "$root/scripts/modgraph.sh" "$root/build/release"
   stage "Debug with AddressSanitizer and UndefinedBehaviorSanitizer"
   build "$root/build/asan" -DCMAKE_BUILD_TYPE=Debug -DDLSYNC_WERROR=ON -DDLSYNC_SANITIZE=ON \
     -DDLSYNC_BUILD_BENCH=OFF
-  ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} ctest --test-dir "$root/build/asan" --output-on-failure
+  ASAN_OPTIONS=${ASAN_OPTIONS:-detect_leaks=1} run_ctest "$root/build/asan"
   stage "ThreadSanitizer (every C test; the Python ones load the library into an uninstrumented python)"
   build "$root/build/tsan" -DCMAKE_BUILD_TYPE=Debug -DDLSYNC_WERROR=ON -DDLSYNC_TSAN=ON \
     -DDLSYNC_BUILD_BENCH=OFF -DDLSYNC_BUILD_TOOLS=OFF -DDLSYNC_BUILD_GPU_TESTS=OFF
-  TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1} ctest --test-dir "$root/build/tsan" --output-on-failure \
-    -E '^python_'
+  TSAN_OPTIONS=${TSAN_OPTIONS:-halt_on_error=1} run_ctest "$root/build/tsan" -E '^python_'
   stage "Install check: CMake package, pkg-config, FetchContent, wheel in a fresh venv"
   bash "$root/scripts/install-check.sh" "$root/build/install-check"
   stage "libFuzzer (fuzz/fuzz_dlsync, ${DLSYNC_FUZZ_SECONDS:-60} s, ASan+UBSan)"
