@@ -1045,6 +1045,15 @@ def test_marked_body(x):
 def test_fixture(capture_check):
     capture_check(lambda x: x, None)
 
+def test_fixture_body_needs_the_gpu_first(capture_check):
+    raise RuntimeError("Torch not compiled with CUDA enabled")
+
+def test_fixture_misspelt_mode(capture_check):
+    capture_check(lambda x: x, None, modes=("global", "relaxd"))
+
+def test_fixture_misspelt_option(capture_check):
+    capture_check(lambda x: x, None, replay=2)
+
 @pytest.mark.capture_modes(replay=2)
 def test_misspelt_option(x):
     return x
@@ -1073,9 +1082,15 @@ class Plugin(unittest.TestCase):
                  "-rsE", "-q", path],
                 cwd=tmp, env=_env(), capture_output=True, text=True)
             out = run.stdout + run.stderr
-            self.assertIn("1 passed, 2 skipped, 2 errors", out, out)
+            self.assertIn("2 failed, 1 passed, 3 skipped, 2 errors", out, out)
             reason = "dlsync capture check: " + dt.gpu_unavailable_reason()
-            self.assertEqual(out.count(reason), 2, out)
+            self.assertEqual(out.count(reason), 3, out)
+            self.assertIn("(the test raised RuntimeError before calling capture_check)", out)
+            # The fixture's options are checked before the skip, as the marker's are.
+            self.assertIn("ValueError: capture_check: capture mode 'relaxd': expected one of "
+                          "global, thread_local, relaxed", out, out)
+            self.assertIn("TypeError: capture_check: got an unexpected keyword argument "
+                          "'replay'", out, out)
             self.assertIn("unknown capture_modes option(s) replay", out, out)
             # A misspelt mode is an error too, not a skip, without a GPU.
             self.assertIn("test_misspelt_mode: capture_modes: unknown capture mode(s) 'globl'; "
@@ -1091,6 +1106,64 @@ class Plugin(unittest.TestCase):
         line = next(x for x in run.stdout.splitlines() if "capture_modes(" in x)
         for option in pytest_plugin._OPTIONS:
             self.assertIn(f"{option}=", line)
+
+
+def _pyproject_entry_points(group):
+    """``name = value`` lines of pyproject.toml's [project.entry-points.<group>]."""
+    header = f"[project.entry-points.{group}]"
+    lines, inside = [], False
+    with open(os.path.join(PYTHON_DIR, "..", "pyproject.toml")) as f:
+        for line in f:
+            line = line.strip()
+            if line.startswith("["):
+                inside = line == header
+            elif inside and "=" in line and not line.startswith("#"):
+                name, value = (x.strip().strip('"') for x in line.split("=", 1))
+                lines.append(f"{name} = {value}")
+    return lines
+
+
+@unittest.skipUnless(_has_pytest(), "pytest is not installed")
+class PluginEntryPoint(unittest.TestCase):
+    """The plugin as an installed dlsync declares it (pyproject.toml's pytest11
+    entry point, in a dist-info on the path), with each way docs/testing.md
+    gives to load it or keep it out."""
+
+    def run_pytest(self, *args):
+        with tempfile.TemporaryDirectory() as tmp:
+            info = os.path.join(tmp, "dlsync_entry_point-0.dist-info")
+            os.makedirs(info)
+            with open(os.path.join(info, "METADATA"), "w") as f:
+                f.write("Metadata-Version: 2.1\nName: dlsync-entry-point\nVersion: 0\n")
+            points = _pyproject_entry_points("pytest11")
+            self.assertTrue(points, "pyproject.toml declares the pytest11 entry point")
+            with open(os.path.join(info, "entry_points.txt"), "w") as f:
+                f.write("[pytest11]\n" + "\n".join(points) + "\n")
+            with open(os.path.join(tmp, "test_one.py"), "w") as f:
+                f.write("def test_one(capture_check):\n    pass\n")
+            env = _env()
+            env["PYTHONPATH"] = tmp + os.pathsep + env["PYTHONPATH"]
+            env.pop("PYTEST_DISABLE_PLUGIN_AUTOLOAD", None)
+            run = subprocess.run([sys.executable, "-m", "pytest", "-p", "no:cacheprovider", "-q",
+                                  *args, "test_one.py"], cwd=tmp, env=env, capture_output=True,
+                                 text=True, timeout=120)
+            return run.returncode, run.stdout + run.stderr
+
+    def test_the_documented_dash_p_with_the_entry_point_installed(self):
+        code, out = self.run_pytest("-p", "dlsync.testing.pytest_plugin")
+        self.assertNotIn("already registered", out)
+        self.assertEqual(code, 0, out)
+        self.assertIn("1 passed", out, out)
+
+    def test_the_entry_point_alone(self):
+        code, out = self.run_pytest()
+        self.assertEqual(code, 0, out)
+        self.assertIn("1 passed", out, out)
+
+    def test_dash_p_no_keeps_it_out(self):
+        code, out = self.run_pytest("-p", "no:dlsync.testing.pytest_plugin")
+        self.assertNotEqual(code, 0, out)
+        self.assertIn("fixture 'capture_check' not found", out, out)
 
 
 PLUGIN_FAKE_CASES = '''

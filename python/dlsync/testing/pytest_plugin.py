@@ -1,9 +1,11 @@
 # SPDX-License-Identifier: Apache-2.0
 """pytest plugin: capture conformance in a kernel library's tests.
 
-Installed with dlsync (entry point ``pytest11: dlsync =
-dlsync.testing.pytest_plugin``); before installation, ``pytest -p
-dlsync.testing.pytest_plugin``. It adds:
+Installed with dlsync, its entry point (``pytest11``, named as the module:
+``dlsync.testing.pytest_plugin``) loads it in every pytest run; ``pytest -p
+dlsync.testing.pytest_plugin`` loads it from a source tree, and is harmless
+where it is installed (the entry point is then the same plugin, loaded
+once); ``-p no:dlsync.testing.pytest_plugin`` keeps it out. It adds:
 
 - the fixture ``capture_check``: ``capture_check(fn, *inputs, **options)``
   runs :func:`dlsync.testing.check_capture` (options as it takes them,
@@ -22,7 +24,10 @@ dlsync.testing.pytest_plugin``. It adds:
   prints its report here. After a case that left state the harness could
   not restore, every later check runs so, and the summary says why.
 
-Without PyTorch or a GPU such tests are skipped with the reason. Loading the
+Without PyTorch or a GPU such tests are skipped with the reason; the
+options a ``capture_check`` call is given are checked first (a misspelt mode
+or option fails the test there too), and a body that fails before it calls
+``capture_check`` (building CUDA inputs) is skipped. Loading the
 plugin imports neither PyTorch nor any other framework.
 """
 
@@ -33,7 +38,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Any, Dict, List, Tuple
+from typing import Any, Callable, Dict, Iterator, List, Tuple
 
 import pytest
 
@@ -45,6 +50,8 @@ _REPORTS = pytest.StashKey[List[Tuple[str, Any]]]()  # (nodeid, CaptureReport) o
 _RECORDS = pytest.StashKey[List[Dict[str, Any]]]()  # JSON rows, this process's and children's
 _CHILDREN = pytest.StashKey[List[Tuple[str, bool, str]]]()  # (nodeid, passed, report text)
 _UNCLEAN = pytest.StashKey[List[str]]()  # why later checks run in a child process
+_NO_GPU = pytest.StashKey[str]()  # a capture_check test run without a GPU: why
+_MISUSED = pytest.StashKey[bool]()  # its capture_check call was given bad options
 
 
 def pytest_addoption(parser: Any) -> None:
@@ -166,26 +173,67 @@ def pytest_runtest_setup(item: pytest.Item) -> None:
             pytest.skip(f"dlsync capture check: {reason}")
 
 
+def _check_options(fn: Any, inputs: Tuple[Any, ...], options: Dict[str, Any]) -> None:
+    """What check_capture checks of its arguments before it needs a GPU: an
+    option it does not take is TypeError, a mode, replay count, neighbour
+    or tolerance it does not know is ValueError."""
+    import inspect
+
+    from dlsync.testing import _check_args, check_capture
+
+    bound = inspect.signature(check_capture).bind(fn, *inputs, **options)
+    bound.apply_defaults()
+    a = bound.arguments
+    _check_args(a["modes"], a["replays"], a["neighbour"], a["rtol"], a["atol"],
+                a["slow_producer_ms"])
+
+
 @pytest.fixture
-def capture_check(request: pytest.FixtureRequest):
+def capture_check(request: pytest.FixtureRequest) -> Callable[..., Any]:
     """``capture_check(fn, *inputs, **options)``: dlsync.testing.check_capture
-    with the defaults of the test's capture_modes marker; skips the test
-    without a GPU."""
-    reason = _skip_reason()
-    if reason:
-        pytest.skip(f"dlsync capture check: {reason}")
+    with the defaults of the test's capture_modes marker. Without a GPU the
+    call checks its options (an error names a bad one) and skips the test."""
     defaults = _options(request.node)
     defaults.pop("isolate", None)  # the plugin isolates the whole test
+    reason = _skip_reason()
+    if reason:
+        request.node.stash[_NO_GPU] = reason
 
     def check(fn: Any, *inputs: Any, **options: Any) -> Any:
-        return _run(request.config, request.node.nodeid, fn, inputs, {**defaults, **options})
+        merged = {**defaults, **options}
+        if reason:
+            try:
+                _check_options(fn, inputs, merged)
+            except (TypeError, ValueError) as e:
+                request.node.stash[_MISUSED] = True
+                raise type(e)(f"capture_check: {e}") from None
+            pytest.skip(f"dlsync capture check: {reason}")
+        return _run(request.config, request.node.nodeid, fn, inputs, merged)
 
     return check
 
 
+@pytest.hookimpl(hookwrapper=True)
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
+    """Without a GPU, a capture_check test whose body failed before its
+    capture_check call (most build CUDA inputs first) is skipped with the
+    reason, as if the fixture had skipped it; bad options stay a failure."""
+    outcome = yield
+    report = outcome.get_result()
+    reason = item.stash.get(_NO_GPU, "")
+    if (reason and call.when == "call" and report.failed
+            and not item.stash.get(_MISUSED, False) and call.excinfo is not None):
+        report.outcome = "skipped"
+        report.longrepr = (str(item.path), (item.location[1] or 0) + 1,
+                           f"Skipped: dlsync capture check: {reason} (the test raised "
+                           f"{call.excinfo.typename} before calling capture_check)")
+
+
 def _plugin_args(config: pytest.Config) -> List[str]:
-    """-p for the child unless the entry point loads the plugin there too."""
-    return [] if config.pluginmanager.has_plugin("dlsync") else ["-p", __name__]
+    """-p for the child: loading the plugin by its module name is the entry
+    point's plugin too (one name), so it is given whether or not dlsync is
+    installed there."""
+    return ["-p", __name__]
 
 
 def _run_in_child(item: pytest.Item, why: str) -> None:
