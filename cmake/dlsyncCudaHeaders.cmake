@@ -85,8 +85,9 @@ function(dlsync_find_cuda_headers)
   message(FATAL_ERROR
     "dlsync needs cuda.h (declarations only: libcuda is loaded at run time) and found none: "
     "${toolkit_note}, and the Python '${py}' has no nvidia-cuda-runtime wheel. Either\n"
-    "  pip install nvidia-cuda-runtime   (its nvidia/cu13/include has cuda.h), then build with\n"
-    "  pip install --no-build-isolation .   (pip's isolated build does not see it)\n"
+    "  pip install scikit-build-core nvidia-cuda-runtime   (the build backend, and cuda.h in\n"
+    "    nvidia/cu13/include), then build with\n"
+    "  pip install --no-build-isolation .   (pip's isolated build does not see the wheel)\n"
     "  or DLSYNC_CUDA_INCLUDE=<site-packages>/nvidia/cu13/include pip install .\n"
     "or install the CUDA toolkit (its headers are enough), or set CUDA_HOME, or pass "
     "-DDLSYNC_CUDA_INCLUDE=<folder with cuda.h>.")

@@ -155,7 +155,7 @@ if nocuda "$work/buildvenv/bin/python" -m pip wheel --no-build-isolation --no-de
   -w "$work/wheel" >"$work/nocuda.log" 2>&1; then
   echo "the wheel built with no cuda.h anywhere (toolkit hidden, no nvidia-cuda-runtime)" >&2; exit 1
 fi
-grep -q "pip install nvidia-cuda-runtime" "$work/nocuda.log" ||
+grep -q "pip install scikit-build-core nvidia-cuda-runtime" "$work/nocuda.log" ||
   { echo "no cuda.h: the build failed without naming nvidia-cuda-runtime:" >&2; tail -n 30 "$work/nocuda.log" >&2; exit 1; }
 cat "$work/nocuda.log" >>"$log"
 rm -rf "$src/build/wheel"

@@ -1,6 +1,12 @@
 # SPDX-License-Identifier: Apache-2.0
 """python -m dlsync [dlsync-info's options]: what dlsync-info prints.
 
+``python -m dlsync --include-dir``, ``--cmake-dir``, ``--pkgconfig-dir``
+print where to build against this package (dlsync.get_include(),
+get_cmake_dir(), get_pkgconfig_dir()), one line each, in the order given;
+exit status 1 where the package has none (a source tree has no CMake
+package nor pkg-config file until installed).
+
 Runs the dlsync-info program that came with this library (the wheel's
 ``dlsync/bin/dlsync-info``, or ``tools/dlsync-info`` beside the libdlsync a
 build folder holds) with the same arguments, ``--selftest`` included. Where
@@ -16,7 +22,7 @@ import subprocess
 import sys
 from typing import List, Optional, Sequence
 
-from . import _backend
+from . import _backend, _paths
 
 
 def info_program() -> Optional[str]:
@@ -86,8 +92,35 @@ def summary() -> List[str]:
     return lines
 
 
+_PATH_FLAGS = {
+    "--include-dir": _paths.get_include,
+    "--cmake-dir": _paths.get_cmake_dir,
+    "--pkgconfig-dir": _paths.get_pkgconfig_dir,
+}
+
+
+def print_paths(flags: Sequence[str]) -> int:
+    """The folders ``flags`` (keys of _PATH_FLAGS) name, one a line."""
+    lines = []
+    for flag in flags:
+        try:
+            lines.append(_PATH_FLAGS[flag]())
+        except FileNotFoundError as e:
+            sys.stderr.write(f"python -m dlsync {flag}: {e}\n")
+            return 1
+    print("\n".join(lines))
+    return 0
+
+
 def main(argv: Optional[Sequence[str]] = None) -> int:
     args = list(sys.argv[1:] if argv is None else argv)
+    if any(a in _PATH_FLAGS for a in args):
+        others = [a for a in args if a not in _PATH_FLAGS]
+        if others:
+            sys.stderr.write(f"python -m dlsync: {', '.join(_PATH_FLAGS)} go alone, not with "
+                             f"{' '.join(others)}\n")
+            return 2
+        return print_paths(args)
     program = info_program()
     if program is not None:
         sys.stdout.flush()

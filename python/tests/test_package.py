@@ -166,6 +166,85 @@ class PythonDashM(unittest.TestCase):
         self.assertIn("need the dlsync-info program", err.getvalue())
 
 
+class PathFlags(unittest.TestCase):
+    """python -m dlsync --include-dir / --cmake-dir / --pkgconfig-dir."""
+
+    def test_each_flag_prints_its_folder_or_says_why_not(self):
+        run = PythonDashM.run_module
+        for flag, fn in (("--include-dir", dlsync.get_include),
+                         ("--cmake-dir", dlsync.get_cmake_dir),
+                         ("--pkgconfig-dir", dlsync.get_pkgconfig_dir)):
+            with self.subTest(flag=flag):
+                done = run(self, flag)
+                try:
+                    want = fn()
+                except FileNotFoundError as e:
+                    self.assertEqual(done.returncode, 1, done.stdout + done.stderr)
+                    self.assertEqual(done.stdout, "")
+                    self.assertEqual(done.stderr, f"python -m dlsync {flag}: {e}\n")
+                else:
+                    self.assertEqual(done.returncode, 0, done.stderr)
+                    self.assertEqual(done.stdout, want + "\n")
+
+    def test_the_include_dir_holds_the_header(self):
+        done = PythonDashM.run_module(self, "--include-dir")
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertTrue(os.path.isfile(os.path.join(done.stdout.strip(), "dlsync", "dlsync.h")))
+
+    def test_several_flags_one_line_each_in_order(self):
+        from unittest import mock
+
+        from dlsync import __main__ as m
+
+        with mock.patch.dict(m._PATH_FLAGS, {"--cmake-dir": lambda: "/c",
+                                             "--pkgconfig-dir": lambda: "/p",
+                                             "--include-dir": lambda: "/i"}):
+            import contextlib
+            import io
+
+            out = io.StringIO()
+            with contextlib.redirect_stdout(out):
+                self.assertEqual(m.main(["--pkgconfig-dir", "--include-dir", "--cmake-dir"]), 0)
+        self.assertEqual(out.getvalue(), "/p\n/i\n/c\n")
+
+    def test_a_flag_with_other_options_is_refused(self):
+        done = PythonDashM.run_module(self, "--include-dir", "--json")
+        self.assertEqual(done.returncode, 2)
+        self.assertIn("go alone, not with --json", done.stderr)
+
+
+class NoToolkitHint(unittest.TestCase):
+    """The message the configure step stops with where no cuda.h is found
+    (cmake/dlsyncCudaHeaders.cmake), run in CMake's script mode."""
+
+    def test_it_names_every_package_the_build_without_isolation_needs(self):
+        import shutil
+        import subprocess
+        import tempfile
+
+        cmake = shutil.which("cmake")
+        if cmake is None:
+            self.skipTest("no cmake")
+        root = os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", "..")
+        module = os.path.join(root, "cmake", "dlsyncCudaHeaders.cmake")
+        with tempfile.TemporaryDirectory() as tmp:
+            script = os.path.join(tmp, "hint.cmake")
+            with open(script, "w") as f:
+                f.write(f'set(Python_EXECUTABLE "{tmp}/no-python")\n'
+                        f'include("{module}")\ndlsync_find_cuda_headers()\n')
+            env = {k: v for k, v in os.environ.items()
+                   if k not in ("DLSYNC_CUDA_INCLUDE", "CUDA_HOME", "CUDA_PATH")}
+            env["DLSYNC_IGNORE_CUDA_TOOLKIT"] = "1"
+            done = subprocess.run([cmake, "-P", script], env=env, capture_output=True,
+                                  text=True, timeout=60)
+        self.assertNotEqual(done.returncode, 0)
+        text = " ".join(done.stderr.split())
+        self.assertIn("found none", text)
+        # --no-build-isolation builds with what is installed: the build backend too.
+        before, _, _ = text.partition("pip install --no-build-isolation .")
+        self.assertIn("pip install scikit-build-core nvidia-cuda-runtime", before, text)
+
+
 class PublicNames(unittest.TestCase):
     def test_every_name_of_the_api_is_there(self):
         for name in ("Error", "version", "exchange", "wrap", "scope", "Fence", "stream_handle",
