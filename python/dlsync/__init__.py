@@ -27,6 +27,8 @@ what dlsync-info prints. This file only re-exports.
 
 from __future__ import annotations
 
+from typing import Any, Callable, Optional
+
 from . import _backend
 from ._ctypes_impl import LEGACY, PER_THREAD
 from ._errors import CONDITIONAL_BODY, Error
@@ -37,6 +39,11 @@ from ._graphs import capture_graph, conditional_body, is_conditional_body, launc
 from ._paths import get_cmake_dir, get_include, get_pkgconfig_dir
 from ._scope import _Wrapped, scope, wrap  # noqa: F401
 from . import _producers  # noqa: F401
+from . import _exchange as _exchange_module
+
+# The compiled and the ctypes Exchange hand list and tensor producers to
+# Python: the exchange they call is installed here.
+_backend.active.set_python_exchange(_exchange_module.exchange_python)
 
 __all__ = [
     "Error",
@@ -50,6 +57,7 @@ __all__ = [
     "is_conditional_body",
     "capture_graph",
     "CONDITIONAL_BODY",
+    "CAPTURE_STABLE",
     "stream_handle",
     "capture_state",
     "LEGACY",
@@ -57,15 +65,18 @@ __all__ = [
     "get_include",
     "get_cmake_dir",
     "get_pkgconfig_dir",
+    "library_path",
+    "__version__",
 ]
 
-stream_handle = _backend.active.stream_handle
-capture_state = _backend.active.capture_state
-version = _backend.active.version
-library_path = _backend.active.library_path
+# The backend's own calls (no Python frame of dlsync's between).
+stream_handle: Callable[[Any], int] = _backend.active.stream_handle
+capture_state: Callable[[Any], str] = _backend.active.capture_state
+version: Callable[[], str] = _backend.active.version
+library_path: Callable[[], str] = _backend.active.library_path
 
 _lib = _backend.lib
-_native = getattr(_backend.active, "module", None)
+_native: Optional[Any] = getattr(_backend.active, "module", None)
 _native_error = _backend.why
 
 
@@ -75,7 +86,8 @@ def _native_active() -> bool:
     return _native is not None
 
 
+__version__: str
 try:  # written by CMake from include/dlsync/version.h when the wheel is built
-    from ._version import __version__
+    from ._version import __version__  # type: ignore[import-not-found, no-redef, unused-ignore]
 except ImportError:  # a source tree: the same header, through the library built from it
     __version__ = version()

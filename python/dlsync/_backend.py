@@ -4,28 +4,10 @@ ABI) where it imports and initialises and ``DLSYNC_NO_NATIVE`` is not set,
 the ctypes code (dlsync._ctypes_impl) otherwise. ``active`` is the one in use
 and ``why`` says why ctypes is (None on the compiled one).
 
-Both have this interface, which the rest of the package calls (and nothing
-else of either):
-
-``name``                                  "native" or "ctypes"
-``stream_handle(stream)``                 the CUstream handle (checked int)
-``capture_state(stream)``                 "eager" or "capturing"
-``capture_graph(stream)``                 the graph its capture builds, or None
-``dlpack_stream(value, producer)``        dlsync_dlpack_stream: a handle or None
-``begin(producer, consumer, flags)``      dlsync_exchange_begin_flags: a handle
-``begin_many(producers, consumer, flags)`` dlsync_exchange_begin_many: a handle
-``end(handle)``                           dlsync_exchange_end
-``env_stream(api, type, id, cls)``        the producer's DLPack exchange API stream
-``Exchange(producer, consumer, capture_stable=False)``  dlsync.exchange's object
-``fence_signal/fence_wait/fence_release`` the fences (ctypes on both)
-``graph_launch(graph, exec, stream)``     dlsync_graph_launch (int handles or None)
-``body_add/body_remove/body_declared(g)`` the conditional bodies (conditional.h)
-``version()``, ``library_path()``, ``lib`` the loaded library
-``python_begin``                          set by dlsync._exchange: the exchange
-                                          of list and tensor producers
-
-Same values, same exception types and messages on both, misuse included
-(python/tests/test_backends.py)."""
+Both conform to :class:`dlsync._interface.Backend` (a ``typing.Protocol``
+the type checker holds them to): the rest of the package calls that and
+nothing else of either. Same values, same exception types and messages on
+both, misuse included (python/tests/test_backends.py)."""
 
 from __future__ import annotations
 
@@ -33,13 +15,14 @@ import ctypes
 import importlib
 import os
 import sys
-from typing import Any, Optional, Tuple
+from typing import Any, Callable, Optional, Tuple
 
 from . import _loader
 from ._ctypes_impl import CtypesBackend
 from ._errors import Error
+from ._interface import Backend, Ender, ExchangeContext, PythonExchange
 
-NATIVE_ABI = 3  # the _init contract of _native.c (DLSYNC_PY_ABI)
+NATIVE_ABI = 4  # the _init contract of _native.c (DLSYNC_PY_ABI)
 
 
 def optional_getattr_address() -> Optional[int]:
@@ -54,18 +37,37 @@ def optional_getattr_address() -> Optional[int]:
         return None
 
 
-class NativeBackend(CtypesBackend):
-    """dlsync._native's calls over the library the ctypes part loaded (one
-    library, one default context, one last error); the fences and the
-    library's version stay ctypes calls."""
+class NativeBackend:
+    """dlsync._native's calls over the library a CtypesBackend loaded (one
+    library, one default context, one last error); the fences, the library's
+    version and path and the status words stay that CtypesBackend's calls.
+
+    The compiled calls are the module's own functions, held as attributes
+    (no Python frame between a caller and the C code); their types are the
+    Backend protocol's."""
 
     name = "native"
+    stream_handle: Callable[[Any], int]
+    capture_state: Callable[[Any], str]
+    capture_graph: Callable[[Any], Optional[int]]
+    dlpack_stream: Callable[[int, Any], Optional[int]]
+    begin: Callable[..., int]
+    begin_many: Callable[..., int]
+    end: Callable[[int], None]
+    env_stream: Callable[[int, int, int, type], int]
+    Exchange: Callable[..., ExchangeContext]
+    graph_launch: Callable[[Optional[int], Optional[int], Any], None]
+    body_add: Callable[[int], None]
+    body_remove: Callable[[int], None]
+    body_declared: Callable[[int], bool]
 
     def __init__(self, lib: ctypes.CDLL, native: Any):
-        super().__init__(lib)
         abi = getattr(native, "ABI", None)
         if abi != NATIVE_ABI:
             raise ImportError(f"it is of ABI {abi}, this dlsync needs {NATIVE_ABI} (a stale build?)")
+        self._ctypes = CtypesBackend(lib)
+        self.lib = lib
+        self._python_exchange: Optional[PythonExchange] = None
         symbols = {n: ctypes.cast(getattr(lib, n), ctypes.c_void_p).value for n in native.SYMBOLS}
         native._init(symbols, Error, self._python_begin, optional_getattr_address())
         self.module = native
@@ -83,8 +85,33 @@ class NativeBackend(CtypesBackend):
         self.body_remove = native.body_remove
         self.body_declared = native.body_declared
 
-    def _python_begin(self, producer: Any, consumer: Any, flags: int):
-        return self.python_begin(producer, consumer, flags)
+    def set_python_exchange(self, fn: PythonExchange) -> None:
+        self._python_exchange = fn
+
+    def _python_begin(self, producer: Any, consumer: Any, flags: int) -> Ender:
+        """What the compiled Exchange calls for lists and tensors."""
+        if self._python_exchange is None:
+            raise RuntimeError("dlsync: no Python exchange was installed (dlsync/__init__.py "
+                               "installs dlsync._exchange.exchange_python)")
+        return self._python_exchange(producer, consumer, flags)
+
+    def version(self) -> str:
+        return self._ctypes.version()
+
+    def library_path(self) -> str:
+        return self._ctypes.library_path()
+
+    def error(self, status: int, prefix: str = "") -> Error:
+        return self._ctypes.error(status, prefix)
+
+    def fence_signal(self, stream: Any, out: Optional[ctypes.c_void_p] = None) -> int:
+        return self._ctypes.fence_signal(stream, out)
+
+    def fence_wait(self, fence: int, stream: Any) -> None:
+        self._ctypes.fence_wait(fence, stream)
+
+    def fence_release(self, fence: int) -> None:
+        self._ctypes.fence_release(fence)
 
 
 def load_native(lib: ctypes.CDLL, package: str) -> Tuple[Optional[NativeBackend], Optional[str]]:
@@ -102,7 +129,7 @@ def load_native(lib: ctypes.CDLL, package: str) -> Tuple[Optional[NativeBackend]
         return None, f"dlsync._native could not be initialised: {type(e).__name__}: {e}"
 
 
-def choose(lib: ctypes.CDLL, package: str):
+def choose(lib: ctypes.CDLL, package: str) -> Tuple[Backend, Optional[str]]:
     """(backend, why): the compiled one where it can be, else ctypes."""
     native, why = load_native(lib, package)
     if native is not None:
@@ -112,4 +139,6 @@ def choose(lib: ctypes.CDLL, package: str):
 
 _package = __name__.rpartition(".")[0]
 lib = _loader.load(sys.modules[_package].__path__)
+active: Backend
+why: Optional[str]
 active, why = choose(lib, _package)

@@ -9,10 +9,11 @@ from __future__ import annotations
 
 import ctypes
 import threading
-from typing import Any, Callable, Optional, Sequence
+from typing import Any, Callable, Dict, Literal, Optional, Sequence, Tuple
 
 from . import _errors
 from ._errors import Error
+from ._interface import Ender, ExchangeContext, PythonExchange
 
 LEGACY = 1
 PER_THREAD = 2
@@ -95,9 +96,13 @@ def stream_handle(stream: Any) -> int:
     proto = getattr(stream, "__cuda_stream__", None)
     if proto is not None:
         value = proto() if callable(proto) else proto
+        what = f"{type(stream).__name__}.__cuda_stream__()"
         if isinstance(value, tuple):
-            value = value[1] if len(value) == 2 else None
-        return checked_handle(value, f"{type(stream).__name__}.__cuda_stream__()")
+            if len(value) != 2:
+                raise TypeError(f"{what} must return (version, handle), not a {len(value)}-tuple "
+                                f"{value!r}")
+            value = value[1]
+        return checked_handle(value, what)
     for attr in ("cuda_stream", "ptr", "handle"):
         value = getattr(stream, attr, None)
         if value is not None:
@@ -116,7 +121,7 @@ def needs_python(producer: Any) -> bool:
     return hasattr(producer, "__dlpack__")
 
 
-def exchange_args(args: tuple, kwargs: dict):
+def exchange_args(args: Tuple[Any, ...], kwargs: Dict[str, Any]) -> Tuple[Any, Any, Any]:
     """(producer, consumer, capture_stable) of Exchange(...), with the
     TypeError _native.c raises for the same call."""
     names = ("producer", "consumer", "capture_stable")
@@ -147,7 +152,7 @@ class CtypesBackend:
 
     def __init__(self, lib: ctypes.CDLL):
         self.lib = lib
-        self.python_begin: Optional[Callable] = None  # set by dlsync._exchange
+        self._python_exchange: Optional[PythonExchange] = None  # set_python_exchange
         fn = self._fn
         self._status_name = fn("dlsync_status_name", ctypes.c_char_p, ctypes.c_int)
         self._last_error = fn("dlsync_last_error", ctypes.c_char_p)
@@ -176,10 +181,20 @@ class CtypesBackend:
         self._env_api = api
         self._ctx_lock = threading.Lock()
         self._ctx: Optional[int] = None
-        self.stream_handle = stream_handle
-        self.Exchange = self._exchange_type()
+        self.stream_handle: Callable[[Any], int] = stream_handle
+        self.Exchange: Callable[..., ExchangeContext] = self._exchange_type()
 
-    def _fn(self, name: str, restype, *argtypes):
+    def set_python_exchange(self, fn: PythonExchange) -> None:
+        """The exchange of list and tensor producers (dlsync._exchange's)."""
+        self._python_exchange = fn
+
+    def _python_begin(self, producer: Any, consumer: Any, flags: int) -> Ender:
+        if self._python_exchange is None:
+            raise RuntimeError("dlsync: no Python exchange was installed (dlsync/__init__.py "
+                               "installs dlsync._exchange.exchange_python)")
+        return self._python_exchange(producer, consumer, flags)
+
+    def _fn(self, name: str, restype: Any, *argtypes: Any) -> Any:
         f = getattr(self.lib, name)
         f.restype = restype
         f.argtypes = list(argtypes)
@@ -188,7 +203,7 @@ class CtypesBackend:
     # ---- the library ----
 
     def version(self) -> str:
-        return self._version_string().decode()
+        return str(self._version_string().decode())
 
     def library_path(self) -> str:
         return str(self.lib._name)
@@ -207,7 +222,7 @@ class CtypesBackend:
             if self._ctx is None:
                 out = _vp()
                 self._check(self._context_default(ctypes.byref(out)))
-                self._ctx = out.value
+                self._ctx = int(out.value or 0)
             return self._ctx
 
     @staticmethod
@@ -229,7 +244,7 @@ class CtypesBackend:
         lane = self._lane(stream_handle(stream))
         st = _LaneState()
         self._check(self._lane_query(ctypes.byref(st), self.context(), ctypes.byref(lane)))
-        return st.graph if st.kind == _LANE_CAPTURING else None
+        return int(st.graph or 0) if st.kind == _LANE_CAPTURING else None
 
     def dlpack_stream(self, value: int, producer: Any) -> Optional[int]:
         """dlsync_dlpack_stream: the consumer's stream handle for a DLPack
@@ -247,29 +262,34 @@ class CtypesBackend:
         self._check(status)
         if not ordered.value:
             return None
-        return out.stream or 0
+        return int(out.stream or 0)
 
-    def begin(self, producer: Any, consumer: Any, flags: int = 0) -> int:
-        """dlsync_exchange_begin_flags on two streams: the exchange's handle."""
+    def begin(self, producer: Any, consumer: Any, flags: int = 0,
+              out: Optional[ctypes.c_void_p] = None) -> int:
+        """dlsync_exchange_begin_flags on two streams: the exchange's handle,
+        written by the library into ``out`` when given (dlsync._interface)."""
         p, c = self._lane(stream_handle(producer)), self._lane(stream_handle(consumer))
-        out = _vp()
+        if out is None:
+            out = _vp()
         self._check(self._begin(ctypes.byref(out), self.context(), ctypes.byref(p),
                                 ctypes.byref(c), flags))
-        return out.value
+        return int(out.value or 0)
 
-    def begin_many(self, producers: Sequence[Any], consumer: Any, flags: int = 0) -> int:
+    def begin_many(self, producers: Sequence[Any], consumer: Any, flags: int = 0,
+                   out: Optional[ctypes.c_void_p] = None) -> int:
         """dlsync_exchange_begin_many: the consumer after each producer
-        stream, one handle."""
+        stream, one handle (written into ``out`` when given)."""
         if not isinstance(producers, (list, tuple)):
             raise TypeError(_errors.MANY_TAKES_A_LIST)
         lanes = (_Lane * max(len(producers), 1))()
         for i, p in enumerate(producers):
             lanes[i] = self._lane(stream_handle(p))
         c = self._lane(stream_handle(consumer))
-        out = _vp()
+        if out is None:
+            out = _vp()
         self._check(self._begin_many(ctypes.byref(out), self.context(), lanes, len(producers),
                                      ctypes.byref(c), flags))
-        return out.value
+        return int(out.value or 0)
 
     def end(self, handle: int) -> None:
         """dlsync_exchange_end."""
@@ -284,13 +304,15 @@ class CtypesBackend:
         status = self._env_api(ctypes.byref(out), api, device_type, device_id)
         if status != _errors.SUCCESS:
             raise self.error(status, f"{cls.__name__}.__dlpack_c_exchange_api__: ")
-        return out.value if out.value is not None else LEGACY
+        return int(out.value) if out.value is not None else LEGACY
 
-    def fence_signal(self, stream: Any) -> int:
+    def fence_signal(self, stream: Any, out: Optional[ctypes.c_void_p] = None) -> int:
+        """dlsync_fence_signal: the fence (written into ``out`` when given)."""
         lane = self._lane(stream_handle(stream))
-        out = _vp()
+        if out is None:
+            out = _vp()
         self._check(self._fence_signal(ctypes.byref(out), self.context(), ctypes.byref(lane)))
-        return out.value
+        return int(out.value or 0)
 
     def fence_wait(self, fence: int, stream: Any) -> None:
         lane = self._lane(stream_handle(stream))
@@ -324,7 +346,7 @@ class CtypesBackend:
         g = checked_graph_handle(graph, "the body", _errors.GRAPH_KIND, False)
         return bool(self._body_declared(self.context(), g))
 
-    def _exchange_type(self):
+    def _exchange_type(self) -> Callable[..., ExchangeContext]:
         backend = self
 
         class Exchange:
@@ -337,7 +359,10 @@ class CtypesBackend:
 
             def __init__(self, *args: Any, **kwargs: Any):
                 self._state = _IDLE
-                self._python = self._handle = None
+                self._python: Optional[Ender] = None
+                # The handle, written by the library itself (begin's out), so
+                # that an exception raised as begin returns leaves it here.
+                self._handle = _vp()
                 self._producer, self._consumer, self._stable = exchange_args(args, kwargs)
 
             def __enter__(self) -> None:
@@ -348,34 +373,39 @@ class CtypesBackend:
                 self._state = _BUSY
                 try:
                     if python:
-                        self._python = backend.python_begin(self._producer, self._consumer,
-                                                            flags)
+                        self._python = backend._python_begin(self._producer, self._consumer,
+                                                             flags)
                     else:
-                        self._handle = backend.begin(self._producer, self._consumer, flags)
+                        backend.begin(self._producer, self._consumer, flags, self._handle)
                 except BaseException:
                     self._state = _IDLE
+                    if self._handle.value:  # begun, and an exception came as it returned
+                        try:
+                            self._finish()
+                        except BaseException:  # noqa: BLE001 - the begin's is the one raised
+                            pass
                     raise
                 self._state = _ACTIVE
 
             def _finish(self) -> None:
                 self._state = _BUSY
-                python, handle = self._python, self._handle
-                self._python = self._handle = None
+                python, handle = self._python, self._handle.value
+                self._python, self._handle.value = None, None
                 try:
                     if python is not None:
                         python.end()
-                    elif handle is not None:
+                    elif handle:
                         backend.end(handle)
                 finally:
                     self._state = _IDLE
 
-            def __exit__(self, *exc: Any) -> bool:
+            def __exit__(self, *exc: Any) -> Literal[False]:
                 if self._state != _ACTIVE:
                     raise RuntimeError(_errors.EXIT_WITHOUT_ENTER)
                 self._finish()
                 return False
 
-            def __del__(self):
+            def __del__(self) -> None:
                 # Entered and never exited: ended as it goes (as _native.c's
                 # dealloc does); an error then is reported as unraisable.
                 if getattr(self, "_state", _IDLE) == _ACTIVE:

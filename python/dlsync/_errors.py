@@ -35,7 +35,7 @@ GRAPH_KIND = "CUgraph"
 EXEC_KIND = "CUgraphExec"
 
 
-def not_a_handle(what: str, kind: str, value) -> str:
+def not_a_handle(what: str, kind: str, value: object) -> str:
     return f"{what} must be an int {kind} handle, not {type(value).__name__} {value!r}"
 
 

@@ -9,13 +9,15 @@ them, every one whatever an earlier end raised."""
 
 from __future__ import annotations
 
+import ctypes
 import itertools
-from typing import Any, List, NamedTuple, Optional, Sequence
+from typing import Any, List, NamedTuple, Optional, Sequence, Tuple
 
 from . import _producers
 from ._backend import active as _b
 from ._ctypes_impl import CAPTURE_STABLE, MANY_MAX
 from ._errors import INVALID_ARGUMENT, Error
+from ._interface import Ender, ExchangeContext
 
 # Ticks order wraps and exchanges: an exchange begun after a wrap was made
 # covers that wrap's producer work too (see dlsync._scope).
@@ -51,25 +53,40 @@ class _Exchange:
     def __init__(self, producer: Any, consumer: Any, flags: int = 0,
                  into: Optional[List[Any]] = None):
         """Begins the exchange. ``into`` (a scope's list) gets it before the
-        library is called, so that an exception raised once the begin has
-        returned (KeyboardInterrupt) leaves it where the scope ends it."""
+        library is called, and the library writes the handle into it (begin's
+        ``out``), so that an exception raised as the begin returns
+        (KeyboardInterrupt) leaves it where the scope ends it; without
+        ``into`` such an exchange is ended before the exception goes on."""
         p, c = _b.stream_handle(producer), _b.stream_handle(consumer)
         self.began = next(ticks)
-        self._handle = None
+        self._handle = ctypes.c_void_p()
         self._streams = (p, c)
         if into is not None:
             into.append(self)
-        self._handle = _b.begin(p, c, flags)
+        try:
+            _b.begin(p, c, flags, self._handle)
+        except BaseException:
+            if into is None:
+                _end_quietly(self)
+            raise
 
     @property
-    def _lanes(self):
+    def _lanes(self) -> Tuple[_StreamLane, _StreamLane]:
         """The (producer, consumer) lanes, read as ``_lanes[i].stream``."""
         return (_StreamLane(self._streams[0]), _StreamLane(self._streams[1]))
 
     def end(self) -> None:
-        handle, self._handle = self._handle, None
-        if handle is not None:
+        handle, self._handle.value = self._handle.value, None
+        if handle:
             _b.end(handle)
+
+
+def _end_quietly(ex: Any) -> None:
+    """Ends ``ex`` while another exception is on its way (that one is raised)."""
+    try:
+        ex.end()
+    except BaseException:  # noqa: BLE001 - the exception being handled is the one to raise
+        pass
 
 
 class _Many:
@@ -82,20 +99,21 @@ class _Many:
     __slots__ = ("_handles",)
 
     def __init__(self, producers: Sequence[int], consumer: int, flags: int = 0):
-        self._handles: List[int] = []
+        # Each handle is written by the library into its slot, listed before
+        # the call: an exception raised as a begin returns leaves it here.
+        self._handles: List[ctypes.c_void_p] = []
         streams = _producers.distinct(producers)
         try:
             for i in range(0, len(streams), MANY_MAX):
                 chunk = streams[i:i + MANY_MAX]
+                out = ctypes.c_void_p()
+                self._handles.append(out)
                 if len(chunk) == 1:
-                    self._handles.append(_b.begin(chunk[0], consumer, flags))
+                    _b.begin(chunk[0], consumer, flags, out)
                 else:
-                    self._handles.append(_b.begin_many(chunk, consumer, flags))
+                    _b.begin_many(chunk, consumer, flags, out)
         except BaseException:
-            try:
-                self.end()
-            except BaseException:  # noqa: BLE001 - the begin's error is the one to raise
-                pass
+            _end_quietly(self)
             raise
 
     def __len__(self) -> int:
@@ -103,7 +121,7 @@ class _Many:
 
     def end(self) -> None:
         handles, self._handles = self._handles, []
-        end_all([_Handle(h) for h in handles])
+        end_all([_Handle(h.value) for h in handles if h.value])
 
 
 class _Handle:
@@ -132,20 +150,21 @@ def _producer_handle(producer: Any) -> int:
     return found.stream
 
 
-def exchange_python(producer: Any, consumer: Any, flags: int):
+def exchange_python(producer: Any, consumer: Any, flags: int) -> Ender:
     """The exchanges of dlsync.exchange made in Python: for a list or tuple of
     producers and for tensors (both backends' Exchange hand those here). An
     object with ``end()``."""
     if isinstance(producer, (list, tuple)):
+        if not producer:
+            raise ValueError(
+                f"dlsync.exchange: the producers are an empty {type(producer).__name__}: nothing "
+                "to order the consumer after (enter no exchange for no producer)")
         handles = [_producer_handle(p) for p in producer]
         return _Many(handles, _b.stream_handle(consumer), flags)
     return _Exchange(_producer_handle(producer), consumer, flags)
 
 
-_b.python_begin = exchange_python
-
-
-def exchange(producer: Any, consumer: Any, capture_stable: bool = False):
+def exchange(producer: Any, consumer: Any, capture_stable: bool = False) -> ExchangeContext:
     """Orders ``consumer`` after ``producer`` on entry, and the producer's
     later work after the consumer's work inside the block on exit. Under
     stream capture an eager consumer joins the producer's capture and is

@@ -15,6 +15,7 @@ import threading
 from typing import Any, Dict, Iterator, Optional, Tuple
 
 from ._backend import active as _b
+from ._errors import GRAPH_KIND, not_a_handle
 
 # ---- the handles a graph object gives ----
 
@@ -171,7 +172,10 @@ def body_handle(body: Any) -> int:
     if isinstance(body, int):
         return body
     if type(body).__name__ in _GRAPH_TYPES:
-        return _as_int(body)
+        handle = _as_int(body)
+        if handle is None:  # what body_add would say of it
+            raise TypeError(not_a_handle("the body", GRAPH_KIND, handle))
+        return handle
     if _cuda_core_builder(body):
         # A conditional body's builder gives its graph before its capture
         # begins; a primary builder gives none until its building ended (and

@@ -41,7 +41,7 @@
 #include "dlsync/status.h"
 
 /* The contract between _init and dlsync/_backend.py (NATIVE_ABI), which checks it. */
-#define DLSYNC_PY_ABI 3
+#define DLSYNC_PY_ABI 4
 
 /* ---- the library's functions, by address ---- */
 
@@ -149,7 +149,8 @@ static PyObject *dlsync_py_s_empty;
 static PyObject *dlsync_py_s_capturing;
 static PyObject *dlsync_py_s_eager;
 static PyObject *dlsync_py_s_abandoned;
-static PyObject *dlsync_py_legacy; /* the int 1 */
+static PyObject *dlsync_py_s_value; /* "value" (ctypes.c_void_p's) */
+static PyObject *dlsync_py_legacy;  /* the int 1 */
 
 #define DLSYNC_PY_POINTER_BITS ((int)(sizeof(void *) * 8))
 
@@ -276,6 +277,17 @@ static void dlsync_py_out_of_range(PyObject *value, const dlsync_py_origin *orig
   Py_XDECREF(text);
 }
 
+/* __cuda_stream__() gave a tuple that is not (version, handle). */
+static void dlsync_py_not_a_pair(PyObject *value, const dlsync_py_origin *origin) {
+  PyObject *what = dlsync_py_what(origin);
+  PyObject *repr = what != NULL ? PyObject_Repr(value) : NULL;
+  if (repr != NULL)
+    PyErr_Format(PyExc_TypeError, "%U must return (version, handle), not a %zd-tuple %U", what,
+                 PyTuple_Size(value), repr);
+  Py_XDECREF(what);
+  Py_XDECREF(repr);
+}
+
 /* A stream handle as the library takes it: an int (not a bool: ctypes would
  * have truncated floats and bools) with 0 <= value < 2**64. Returns a new
  * reference to value and its value in *out; TypeError or ValueError naming
@@ -331,16 +343,22 @@ static PyObject *dlsync_py_handle(PyObject *stream, uintptr_t *out) {
         return NULL;
       value = called;
     }
+    origin.owner = stream;
+    origin.suffix = ".__cuda_stream__()";
     if (PyTuple_Check(value)) {
-      PyObject *item = PyTuple_Size(value) == 2 ? PyTuple_GetItem(value, 1) : Py_None;
+      PyObject *item;
+      if (PyTuple_Size(value) != 2) {
+        dlsync_py_not_a_pair(value, &origin);
+        Py_DECREF(value);
+        return NULL;
+      }
+      item = PyTuple_GetItem(value, 1);
       Py_XINCREF(item);
       Py_DECREF(value);
       if (item == NULL)
         return NULL;
       value = item;
     }
-    origin.owner = stream;
-    origin.suffix = ".__cuda_stream__()";
     handle = dlsync_py_checked(value, &origin, out);
     Py_DECREF(value);
     return handle;
@@ -602,18 +620,25 @@ static int dlsync_py_exchange_clear(PyObject *op) {
 
 /* An exchange entered and never exited is ended when it goes, as the
  * generator of a contextlib.contextmanager runs its finally; an error then
- * is reported as unraisable. */
-static void dlsync_py_exchange_dealloc(PyObject *op) {
+ * is reported as unraisable. The collector calls this (tp_finalize, PEP 442)
+ * before it clears an exchange caught in a reference cycle, while its
+ * Python exchange (lists, tensors) is still there to be ended; dealloc
+ * calls it for an exchange that goes the plain way. */
+static void dlsync_py_exchange_finalize(PyObject *op) {
   dlsync_py_exchange *self = (dlsync_py_exchange *)op;
+  PyObject *et, *ev, *tb;
+  if (self->state != DLSYNC_PY_ACTIVE)
+    return;
+  PyErr_Fetch(&et, &ev, &tb);
+  if (dlsync_py_exchange_finish(self) < 0)
+    PyErr_WriteUnraisable(dlsync_py_s_abandoned);
+  PyErr_Restore(et, ev, tb);
+}
+
+static void dlsync_py_exchange_dealloc(PyObject *op) {
   PyTypeObject *type = Py_TYPE(op);
   PyObject_GC_UnTrack(op);
-  if (self->state == DLSYNC_PY_ACTIVE) {
-    PyObject *et, *ev, *tb;
-    PyErr_Fetch(&et, &ev, &tb);
-    if (dlsync_py_exchange_finish(self) < 0)
-      PyErr_WriteUnraisable(dlsync_py_s_abandoned);
-    PyErr_Restore(et, ev, tb);
-  }
+  dlsync_py_exchange_finalize(op);
   dlsync_py_exchange_clear(op);
   PyObject_GC_Del(op);
   Py_DECREF(type);
@@ -635,6 +660,7 @@ static PyType_Slot dlsync_py_exchange_slots[] = {
     {Py_tp_dealloc, NULL},
     {Py_tp_traverse, NULL},
     {Py_tp_clear, NULL},
+    {Py_tp_finalize, NULL},
     {Py_tp_methods, dlsync_py_exchange_methods},
     {Py_tp_doc, (void *)"Exchange(producer, consumer, capture_stable=False)\n--\n\n"
                         "The context manager of dlsync.exchange: __enter__ orders the consumer "
@@ -656,6 +682,8 @@ static void dlsync_py_fill_slots(void) {
   dlsync_py_exchange_slots[2].pfunc =
       dlsync_py_slot_fn((void (*)(void))dlsync_py_exchange_traverse);
   dlsync_py_exchange_slots[3].pfunc = dlsync_py_slot_fn((void (*)(void))dlsync_py_exchange_clear);
+  dlsync_py_exchange_slots[4].pfunc =
+      dlsync_py_slot_fn((void (*)(void))dlsync_py_exchange_finalize);
 }
 
 static PyType_Spec dlsync_py_exchange_spec = {
@@ -674,25 +702,43 @@ static PyObject *dlsync_py_stream_handle(PyObject *module, PyObject *stream) {
   return dlsync_py_handle(stream, &handle);
 }
 
+/* A begun exchange's handle: written into out (a ctypes.c_void_p, or None)
+ * before control returns to Python, so that an exception raised as the call
+ * returns (KeyboardInterrupt) leaves it where the caller ends it; returned
+ * as an int. If out cannot take it, the exchange is ended and NULL returned. */
+static PyObject *dlsync_py_begun(dlsync_exchange *exchange, PyObject *out) {
+  PyObject *handle = PyLong_FromVoidPtr(exchange);
+  if (handle != NULL && out != Py_None && PyObject_SetAttr(out, dlsync_py_s_value, handle) < 0)
+    Py_CLEAR(handle);
+  if (handle == NULL) {
+    PyObject *et, *ev, *tb;
+    PyErr_Fetch(&et, &ev, &tb);
+    if (dlsync_py_end_handle(exchange) < 0)
+      PyErr_Clear();
+    PyErr_Restore(et, ev, tb);
+  }
+  return handle;
+}
+
 static PyObject *dlsync_py_begin(PyObject *module, PyObject *args) {
-  PyObject *producer, *consumer;
+  PyObject *producer, *consumer, *out = Py_None;
   unsigned int flags = 0;
   uintptr_t p, c;
   dlsync_exchange *exchange = NULL;
   (void)module;
-  if (!PyArg_ParseTuple(args, "OO|I:begin", &producer, &consumer, &flags))
+  if (!PyArg_ParseTuple(args, "OO|IO:begin", &producer, &consumer, &flags, &out))
     return NULL;
   if (dlsync_py_check_ready() < 0 || dlsync_py_handle_value(producer, &p) < 0 ||
       dlsync_py_handle_value(consumer, &c) < 0 ||
       dlsync_py_begin_handles(&exchange, p, c, (uint32_t)flags) < 0)
     return NULL;
-  return PyLong_FromVoidPtr(exchange);
+  return dlsync_py_begun(exchange, out);
 }
 
 /* begin_many(producers, consumer, flags=0): dlsync_exchange_begin_many on a
  * list or tuple of streams; one handle for end(). */
 static PyObject *dlsync_py_begin_many(PyObject *module, PyObject *args) {
-  PyObject *producers, *consumer;
+  PyObject *producers, *consumer, *out = Py_None;
   unsigned int flags = 0;
   uintptr_t c;
   dlsync_lane stack_lanes[16], *lanes = stack_lanes, lc;
@@ -702,7 +748,7 @@ static PyObject *dlsync_py_begin_many(PyObject *module, PyObject *args) {
   dlsync_status status;
   Py_ssize_t n, i;
   (void)module;
-  if (!PyArg_ParseTuple(args, "OO|I:begin_many", &producers, &consumer, &flags) ||
+  if (!PyArg_ParseTuple(args, "OO|IO:begin_many", &producers, &consumer, &flags, &out) ||
       dlsync_py_check_ready() < 0)
     return NULL;
   if (!PyList_Check(producers) && !PyTuple_Check(producers)) {
@@ -740,7 +786,7 @@ static PyObject *dlsync_py_begin_many(PyObject *module, PyObject *args) {
     PyMem_Free(lanes);
   if (status != DLSYNC_SUCCESS)
     return dlsync_py_fail(status);
-  return PyLong_FromVoidPtr(exchange);
+  return dlsync_py_begun(exchange, out);
 fail:
   if (lanes != stack_lanes)
     PyMem_Free(lanes);
@@ -1051,12 +1097,13 @@ static PyMethodDef dlsync_py_functions[] = {
     {"capture_graph", dlsync_py_capture_graph, METH_O,
      "capture_graph(stream)\n--\n\nThe graph the stream's capture builds, or None when eager."},
     {"begin", dlsync_py_begin, METH_VARARGS,
-     "begin(producer, consumer, flags=0)\n--\n\n"
-     "dlsync_exchange_begin_flags on two streams; the exchange's handle (an int) for end()."},
+     "begin(producer, consumer, flags=0, out=None)\n--\n\n"
+     "dlsync_exchange_begin_flags on two streams; the exchange's handle (an int) for end(), "
+     "written into out (a ctypes.c_void_p) first when given."},
     {"begin_many", dlsync_py_begin_many, METH_VARARGS,
-     "begin_many(producers, consumer, flags=0)\n--\n\n"
+     "begin_many(producers, consumer, flags=0, out=None)\n--\n\n"
      "dlsync_exchange_begin_many on a list or tuple of producer streams and a consumer stream; "
-     "one handle (an int) for end()."},
+     "one handle (an int) for end(), written into out (a ctypes.c_void_p) first when given."},
     {"end", dlsync_py_end, METH_O, "end(handle)\n--\n\ndlsync_exchange_end."},
     {"dlpack_stream", dlsync_py_dlpack_stream, METH_VARARGS,
      "dlpack_stream(value, producer)\n--\n\n"
@@ -1112,6 +1159,7 @@ PyMODINIT_FUNC PyInit__native(void) {
   if (dlsync_py_intern(&dlsync_py_s_cuda_stream_protocol, "__cuda_stream__") < 0 ||
       dlsync_py_intern(&dlsync_py_s_dlpack, "__dlpack__") < 0 ||
       dlsync_py_intern(&dlsync_py_s_end, "end") < 0 ||
+      dlsync_py_intern(&dlsync_py_s_value, "value") < 0 ||
       dlsync_py_intern(&dlsync_py_s_empty, "") < 0 ||
       dlsync_py_intern(&dlsync_py_s_capturing, "capturing") < 0 ||
       dlsync_py_intern(&dlsync_py_s_eager, "eager") < 0 ||

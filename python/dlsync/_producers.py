@@ -28,7 +28,7 @@ from __future__ import annotations
 import ctypes
 import sys
 import threading
-from typing import Any, Dict, List, NamedTuple, Optional, Sequence
+from typing import Any, Dict, List, NamedTuple, Optional, Sequence, Tuple
 
 from ._backend import active as _b
 
@@ -62,9 +62,9 @@ class Found(NamedTuple):
 
 _api_lock = threading.Lock()
 # type -> (capsule, pointer to its DLPackExchangeAPI) or None (the type has none)
-_api_cache: Dict[type, Optional[tuple]] = {}
-_capsule_is_valid = None
-_capsule_pointer = None
+_api_cache: Dict[type, Optional[Tuple[Any, int]]] = {}
+_capsule_is_valid: Any = None  # ctypes functions, bound on first use
+_capsule_pointer: Any = None
 
 
 def _bind() -> None:
@@ -133,11 +133,11 @@ def find(obj: Any, device_type: int, device_id: int, explicit: Any = None) -> Fo
     if stream_obj is not None:
         return Found(stream_handle(stream_obj), CUDA_STREAM, True)
     if module == "torch":
-        import torch
+        import torch  # type: ignore[import-not-found, unused-ignore]
 
         return Found(torch.cuda.current_stream(device_id).cuda_stream or _LEGACY, TORCH, True)
     if module == "cupy":
-        import cupy
+        import cupy  # type: ignore[import-not-found, unused-ignore]
 
         with cupy.cuda.Device(device_id):
             return Found(cupy.cuda.get_current_stream().ptr or _LEGACY, CUPY, True)

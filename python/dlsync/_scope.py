@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import contextlib
 import threading
-from typing import Any, Iterator, List
+from typing import Any, Dict, Iterator, List, Optional, cast
 
 from . import _exchange, _producers
 from ._backend import active as _b
@@ -69,12 +69,12 @@ def _dlpack_value(stream: Any) -> int:
     return stream
 
 
-def _export_no_sync(obj: Any, device_id: int, kwargs: dict):
+def _export_no_sync(obj: Any, device_id: int, kwargs: Dict[str, Any]) -> Any:
     """``obj.__dlpack__(stream=-1)`` with the producer's device current:
     PyTorch refuses to export a tensor of another device than the current
     one, and consumers (JAX) may have changed it."""
     if type(obj).__module__.partition(".")[0] == "torch":
-        import torch
+        import torch  # type: ignore[import-not-found, unused-ignore]
 
         if torch.cuda.current_device() != device_id:
             with torch.cuda.device(device_id):
@@ -91,12 +91,13 @@ class _Wrapped:
         self._producer = producer
         self._born = next(_exchange.ticks)
 
-    def __dlpack_device__(self):
+    def __dlpack_device__(self) -> Any:
         return self._obj.__dlpack_device__()
 
-    def __dlpack__(self, *, stream: Any = None, max_version=None, dl_device=None, copy=None):
+    def __dlpack__(self, *, stream: Any = None, max_version: Any = None, dl_device: Any = None,
+                   copy: Any = None) -> Any:
         device_type, device_id = self._obj.__dlpack_device__()
-        kwargs = {}
+        kwargs: Dict[str, Any] = {}
         if max_version is not None:
             kwargs["max_version"] = max_version
         if dl_device is not None:
@@ -123,7 +124,7 @@ class _Wrapped:
             return self._obj.__dlpack__(**kwargs)
         if not found.no_sync_export:
             return self._export_to(consumer, found.stream, kwargs)
-        producer = found.stream
+        producer = cast(int, found.stream)  # a stream the producer exposes: never None
         stack = _scopes()
         if not stack and _b.capture_state(producer) == "capturing":
             raise Error(
@@ -137,7 +138,7 @@ class _Wrapped:
         # without it (the answer above, no driver call). Outside a scope the
         # producer was just found eager, which the rule accepts: not asked again.
         if value == LEGACY and stack:
-            consumer = _b.dlpack_stream(value, producer)
+            consumer = cast(int, _b.dlpack_stream(value, producer))  # 1 is never "no order"
         if stack and self._covered(stack[-1], producer, consumer):
             pass  # an exchange begun after this wrap was made already orders its work
         elif stack:
@@ -167,7 +168,7 @@ class _Wrapped:
                 raise Error(CAPTURE_ORDER,
                             _producers.no_stream_in_capture_message(type(self._obj), s, what))
 
-    def _export_to(self, consumer: int, producer: Optional[int], kwargs: dict):
+    def _export_to(self, consumer: int, producer: Optional[int], kwargs: Dict[str, Any]) -> Any:
         """A producer that exposes no stream (JAX): its own __dlpack__ is
         handed the consumer's stream, never -1. Refused, before the producer
         is touched, while the consumer (or an imported framework's current
@@ -194,5 +195,12 @@ def wrap(obj: Any, producer: Any = None) -> _Wrapped:
     ``__dlpack__``; while a capture is on, that is refused with
     :class:`Error` (DLSYNC_ERROR_CAPTURE_ORDER) before the producer is
     touched. Inside a :func:`scope`, wraps made before the first of them is
-    exported share one exchange per (producer, consumer) stream pair."""
+    exported share one exchange per (producer, consumer) stream pair.
+
+    ``obj`` must be a DLPack producer (``__dlpack__`` and
+    ``__dlpack_device__``): TypeError otherwise."""
+    missing = [m for m in ("__dlpack__", "__dlpack_device__") if not hasattr(obj, m)]
+    if missing:
+        raise TypeError(f"dlsync.wrap: {type(obj).__name__} {obj!r:.80} is not a DLPack producer "
+                        f"(it has no {' and no '.join(missing)})")
     return _Wrapped(obj, producer)

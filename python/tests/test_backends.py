@@ -10,6 +10,7 @@ is no compiler or no Python headers). With the fake driver
 (DLSYNC_TEST_FAKE_LIBCUDA, fake_cuda.py) the misuses that need real
 exchanges run too (a handle ended twice, an exchange on a stream the driver
 does not know). Plain unittest."""
+import contextlib
 import json
 import os
 import re
@@ -58,17 +59,38 @@ class _NoStream:
         return "capsule"
 
 
-def _entered(producer=(), consumer=0x20):
-    """An exchange entered without a driver call: an empty list of producers."""
-    ex = dlsync.exchange(list(producer), consumer)
-    ex.__enter__()
+class _Ends:
+    def end(self):
+        pass
+
+
+@contextlib.contextmanager
+def _no_driver():
+    """Exchanges of a list entered and exited without a driver call: the
+    backend's Python exchange (lists, tensors) replaced by one that begins
+    nothing, on both backends."""
+    from dlsync import _exchange
+
+    _backend.active.set_python_exchange(lambda producer, consumer, flags: _Ends())
+    try:
+        yield
+    finally:
+        _backend.active.set_python_exchange(_exchange.exchange_python)
+
+
+def _entered(consumer=0x20):
+    """An exchange entered without a driver call."""
+    ex = dlsync.exchange([0x10], consumer)
+    with _no_driver():
+        ex.__enter__()
     return ex
 
 
 def _reenter():
     ex = _entered()
     try:
-        ex.__enter__()
+        with _no_driver():
+            ex.__enter__()
     finally:
         ex.__exit__(None, None, None)
 
@@ -80,17 +102,19 @@ def _exit_twice():
 
 
 def _with_inside_with():
-    ex = dlsync.exchange([], 0x20)
-    with ex:
+    ex = dlsync.exchange([0x10], 0x20)
+    with _no_driver():
         with ex:
-            pass
+            with ex:
+                pass
 
 
 def _enter_exit_enter_exit():
-    ex = dlsync.exchange([], 0x20)
-    for _ in range(2):
-        with ex:
-            pass
+    ex = dlsync.exchange([0x10], 0x20)
+    with _no_driver():
+        for _ in range(2):
+            with ex:
+                pass
     return "entered twice in turn"
 
 
@@ -136,7 +160,12 @@ MISUSES = [
     ("producer an object", _enter(object(), 0x20)),
     ("consumer a str", _enter(0x10, "s")),
     ("consumer's __cuda_stream__ a triple", _enter(0x10, _Proto((1, 2, 3)))),
-    ("capture_stable's truth raises", _enter([], 0x20, capture_stable=_Truth())),
+    ("capture_stable's truth raises", _enter([0x10], 0x20, capture_stable=_Truth())),
+    ("an empty list of producers", _enter([], 0x20)),
+    ("an empty tuple of producers", _enter((), 0x20)),
+    ("wrap of an int", lambda: dlsync.wrap(5).__dlpack__(stream=6)),
+    ("wrap of a str", lambda: dlsync.wrap("s")),
+    ("producer's __cuda_stream__ a 1-tuple", _enter(_Proto((1,)), 0x20)),
     ("a list with a float", _enter([0x10, 1.5], 0x20)),
     ("a list, consumer a str", _enter([0x10], "s")),
     ("a tensor that exposes no stream", _enter(_NoStream(), 0x20)),
@@ -228,7 +257,56 @@ def _fake_misuses(fake):
         finally:
             fake.end_capture_graph(s)
 
+    class _Tensor:
+        """A CUDA DLPack producer on a stream; ``keep`` makes the cycle."""
+
+        def __init__(self, stream):
+            self.stream, self.keep = stream, None
+
+        def __cuda_stream__(self):
+            return (0, self.stream)
+
+        def __dlpack_device__(self):
+            return (2, 0)
+
+        def __dlpack__(self, stream=None, **kw):
+            return "capsule"
+
+    def entered_in_a_cycle():
+        """An entered exchange of a list, and of a tensor, left in a reference
+        cycle: the collector must end each (the consumer joined back) before
+        it clears them. The captures' results."""
+        import gc
+
+        results = []
+        for kind in ("list", "tensor"):
+            producer, consumer = fake.stream(), fake.stream()
+            fake.begin_capture(producer)
+            if kind == "list":
+                prod = [producer]
+            else:
+                prod = _Tensor(producer)
+            gc.collect()  # the producer to the oldest generation, the exchange made after it
+            ex = dlsync.exchange(prod, consumer)
+            ex.__enter__()
+            fake.work(consumer)
+            if kind == "list":
+                prod.append(ex)
+            else:
+                prod.keep = ex
+            # freeze lists the youngest generation first and unfreeze keeps that
+            # order: the collector then clears the exchange before the producer,
+            # the order in which an exchange without a finalizer loses its
+            # Python exchange before it is ended.
+            gc.freeze()
+            gc.unfreeze()
+            del ex, prod
+            gc.collect()
+            results.append(fake.end_capture(producer))
+        return results
+
     return [
+        ("an entered exchange in a reference cycle, collected", entered_in_a_cycle),
         ("a handle ended twice", end_twice),
         ("a begin_many handle ended twice", many_ended_twice),
         ("an exchange on a stream the driver does not know", _enter(0x10, s2)),
@@ -254,6 +332,7 @@ MUST_RAISE = {name: None for name, _ in MISUSES}
 MUST_RAISE["entered again once exited (allowed)"] = "ok"
 MUST_RAISE["body_declared of a graph never declared (allowed)"] = "ok"
 MUST_RAISE["capture_graph of an eager stream (allowed)"] = "ok"
+MUST_RAISE["an entered exchange in a reference cycle, collected"] = "ok"
 
 
 def _outcome(fn):
@@ -338,6 +417,19 @@ class SameMisuseOnBothBackends(unittest.TestCase):
         self.assertEqual(by_name["entered while entered"][2:],
                          ["RuntimeError", "dlsync.exchange: already entered (an exchange is "
                           "entered once at a time)"])
+        self.assertEqual(by_name["consumer's __cuda_stream__ a triple"][2:],
+                         ["TypeError", "_Proto.__cuda_stream__() must return (version, handle), "
+                          "not a 3-tuple (1, 2, 3)"])
+        self.assertEqual(by_name["wrap of an int"][2:],
+                         ["TypeError", "dlsync.wrap: int 5 is not a DLPack producer (it has no "
+                          "__dlpack__ and no __dlpack_device__)"])
+        self.assertEqual(by_name["an empty tuple of producers"][2:],
+                         ["ValueError", "dlsync.exchange: the producers are an empty tuple: "
+                          "nothing to order the consumer after (enter no exchange for no "
+                          "producer)"])
+        if ctypes_["fake"]:  # each capture ended cleanly: the collector ended the exchange
+            self.assertEqual(by_name["an entered exchange in a reference cycle, collected"][1:],
+                             ["ok", "[0, 0]"])
         for name in ("__exit__ without __enter__", "__exit__ twice"):
             self.assertEqual(by_name[name][2:], ["RuntimeError", "dlsync.exchange: __exit__ "
                                                  "without a matching __enter__"])

@@ -70,12 +70,12 @@ class _Recorder:
         self.end_fails = set()  # nth end: the library's call fails (the fake driver)
         real_begin, real_end = _backend.active.begin, _backend.active.end
 
-        def begin(p, c, flags=0):
+        def begin(p, c, flags=0, out=None):
             n = len(self.begun) + 1
             if n in self.begin_raises:
                 self.begun.append(None)
                 raise self.begin_raises[n]
-            h = real_begin(p, c, flags)
+            h = real_begin(p, c, flags, out)
             self.begun.append(h)
             return h
 
@@ -274,9 +274,9 @@ class ExchangeWalk(unittest.TestCase):
         calls = []
         real = _backend.active.begin_many
 
-        def begin_many(ps, c, flags=0):
+        def begin_many(ps, c, flags=0, out=None):
             calls.append(len(ps))
-            return real(ps, c, flags)
+            return real(ps, c, flags, out)
 
         waits = FAKE.calls("cuStreamWaitEvent")
         with mock.patch.object(_backend.active, "begin_many", begin_many):

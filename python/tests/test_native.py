@@ -274,15 +274,17 @@ class _Log:
         self.open = {}
         self._ids = iter(range(0x1000, 1 << 30))
 
-    def begin(self, producer, consumer, flags=0):
-        return self.begin_many([producer], consumer, flags)
+    def begin(self, producer, consumer, flags=0, out=None):
+        return self.begin_many([producer], consumer, flags, out)
 
-    def begin_many(self, producers, consumer, flags=0):
+    def begin_many(self, producers, consumer, flags=0, out=None):
         ps = tuple(dlsync.stream_handle(p) for p in producers)
         c = dlsync.stream_handle(consumer)
         handle = next(self._ids)
         self.open[handle] = (ps, c)
         self.calls.append(("begin", ps, c, flags))
+        if out is not None:
+            out.value = handle
         return handle
 
     def end(self, handle):
@@ -394,7 +396,7 @@ class SameAsCtypes(unittest.TestCase):
 
     def setUp(self):
         self.ct = _ctypes_impl.CtypesBackend(_backend.lib)
-        self.ct.python_begin = _exchange.exchange_python
+        self.ct.set_python_exchange(_exchange.exchange_python)
 
     def test_stream_handle(self):
         for value in STREAM_VALUES:

@@ -245,6 +245,71 @@ class NoToolkitHint(unittest.TestCase):
         self.assertIn("pip install scikit-build-core nvidia-cuda-runtime", before, text)
 
 
+TYPED_USE = """
+from typing import List, Optional
+
+import dlsync
+from dlsync import __version__, library_path
+
+
+def use(a: object, b: object, body: int) -> None:
+    text: str = __version__ + library_path() + dlsync.version() + dlsync.capture_state(a)
+    handle: int = dlsync.stream_handle(a)
+    with dlsync.exchange(a, b, capture_stable=True):
+        pass
+    producers: List[object] = [a, b]
+    with dlsync.exchange(producers, b):
+        pass
+    with dlsync.scope():
+        wrapped = dlsync.wrap(a, producer=b)
+    fence = dlsync.Fence(a)
+    fence.wait(b)
+    fence.close()
+    graph: Optional[int] = dlsync.capture_graph(a)
+    dlsync.launch(graph, b)
+    declared: bool = dlsync.is_conditional_body(body)
+    with dlsync.conditional_body(body) as g:
+        inside: int = g
+    where: str = dlsync.get_include() + dlsync.get_cmake_dir() + dlsync.get_pkgconfig_dir()
+    flags: int = dlsync.LEGACY | dlsync.PER_THREAD | dlsync.CAPTURE_STABLE
+    try:
+        pass
+    except dlsync.Error as e:
+        status: str = e.status + e.message
+"""
+
+
+def _has_mypy():
+    try:
+        import mypy  # noqa: F401
+        return True
+    except ImportError:
+        return False
+
+
+@unittest.skipUnless(_has_mypy(), "mypy is not installed here (pip install mypy runs this check)")
+class TypeChecked(unittest.TestCase):
+    """The public API as a type checker sees it: mypy --strict on a use of
+    every public name, with no expression of type Any (--disallow-any-expr)."""
+
+    def test_the_public_api_is_typed_and_exported(self):
+        import subprocess
+        import tempfile
+
+        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(dlsync.__file__)))
+        with tempfile.TemporaryDirectory() as tmp:
+            path = os.path.join(tmp, "use_dlsync.py")
+            with open(path, "w") as f:
+                f.write(TYPED_USE)
+            env = dict(os.environ, MYPYPATH=pkg_parent)
+            done = subprocess.run(
+                [sys.executable, "-m", "mypy", "--strict", "--disallow-any-expr",
+                 "--follow-imports=silent", "--no-incremental", "--cache-dir", os.devnull,
+                 "--warn-unused-ignores", path],
+                cwd=tmp, env=env, capture_output=True, text=True, timeout=300)
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+
+
 class PublicNames(unittest.TestCase):
     def test_every_name_of_the_api_is_there(self):
         for name in ("Error", "version", "exchange", "wrap", "scope", "Fence", "stream_handle",
@@ -253,6 +318,8 @@ class PublicNames(unittest.TestCase):
             self.assertTrue(hasattr(dlsync, name), name)
         for name in dlsync.__all__:
             self.assertTrue(hasattr(dlsync, name), name)
+        for name in ("library_path", "__version__"):
+            self.assertIn(name, dlsync.__all__)
         self.assertEqual((dlsync.LEGACY, dlsync.PER_THREAD, dlsync.CAPTURE_STABLE), (1, 2, 1))
         self.assertTrue(issubclass(dlsync.Error, RuntimeError))
 

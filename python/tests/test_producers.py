@@ -111,17 +111,21 @@ class _Log:
         self.open[handle] = (producers, consumer)
         return handle
 
-    def begin(self, producer, consumer, flags=0):
+    def begin(self, producer, consumer, flags=0, out=None):
         p, c = dlsync.stream_handle(producer), dlsync.stream_handle(consumer)
         handle = self._begun((p,), c)
         self.calls.append(("begin", p, c, flags))
+        if out is not None:
+            out.value = handle
         return handle
 
-    def begin_many(self, producers, consumer, flags=0):
+    def begin_many(self, producers, consumer, flags=0, out=None):
         ps = tuple(dlsync.stream_handle(p) for p in producers)
         c = dlsync.stream_handle(consumer)
         handle = self._begun(ps, c)
         self.calls.append(("begin_many", ps, c, flags))
+        if out is not None:
+            out.value = handle
         return handle
 
     def end(self, handle):
@@ -353,11 +357,16 @@ class ManyProducers(_Faked):
             self.assertEqual(self.log.calls, [("begin_many", (0x51, 0xA3, 0x52), 0xC0, 1)])
         self.assertEqual(self.log.calls[1:], [("end", (0x51, 0xA3, 0x52), 0xC0)])
 
-    def test_one_distinct_stream_is_one_plain_begin_and_an_empty_list_none(self):
+    def test_one_distinct_stream_is_one_plain_begin_and_an_empty_list_refused(self):
         with dlsync.exchange([0x51, 0x51], 0xC0):
             pass
-        with dlsync.exchange([], 0xC0):
-            pass
+        for empty in ([], ()):
+            with self.subTest(empty=empty):
+                with self.assertRaises(ValueError) as info:
+                    with dlsync.exchange(empty, 0xC0):
+                        self.fail("the block of an exchange of no producers ran")
+                self.assertIn(f"the producers are an empty {type(empty).__name__}: nothing to "
+                              "order the consumer after", str(info.exception))
         self.assertEqual(self.log.calls, [("begin", 0x51, 0xC0, 0), ("end", 0x51, 0xC0)])
 
     def test_more_than_the_library_takes_at_once_are_begun_in_chunks(self):
