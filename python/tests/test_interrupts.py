@@ -326,6 +326,183 @@ class ExchangeWalk(unittest.TestCase):
                 self.assertEqual(len(rec.ended), N)
 
 
+class _AsItReturns:
+    """A KeyboardInterrupt raised as one call of the backend into the library
+    returns, before any Python code of dlsync runs after it: where a signal
+    handler's exception would surface. ``call`` is begin, begin_many (the
+    compiled module's function, through a profile hook on its return, on the
+    compiled backend; the ctypes function object otherwise) or fence_signal
+    (ctypes on both)."""
+
+    def __init__(self, test, call):
+        self.fired = 0
+        b = _backend.active
+        native = getattr(b, "module", None)
+        if native is not None and call in ("begin", "begin_many"):
+            target = getattr(native, call)
+
+            def profile(frame, event, arg):
+                if event == "c_return" and arg is target and not self.fired:
+                    self.fired += 1
+                    sys.setprofile(None)
+                    raise KeyboardInterrupt(f"as {call} returned")
+
+            sys.setprofile(profile)
+            test.addCleanup(sys.setprofile, None)
+            return
+        ct = getattr(b, "_ctypes", b)
+        name = "_" + call
+        real = getattr(ct, name)
+
+        def interrupted(*args):
+            status = real(*args)
+            if not self.fired:
+                self.fired += 1
+                raise KeyboardInterrupt(f"as {call} returned")
+            return status
+
+        p = mock.patch.object(ct, name, interrupted)
+        p.start()
+        test.addCleanup(p.stop)
+
+
+@needs_fake
+class InterruptedAsBeginReturns(unittest.TestCase):
+    """The handle a begin returns is where its exchange is ended, whatever
+    exception comes as the begin returns: the consumer joined back (the
+    capture ends cleanly), the fence released."""
+
+    def capturing(self):
+        producer, consumer = FAKE.stream(), FAKE.stream()
+        FAKE.begin_capture(producer)
+        return producer, consumer
+
+    def assert_interrupted(self, hook, fn, consumer):
+        """fn raises the interrupt, and the exchange it began is ended once
+        (the backend's end called with its handle)."""
+        ended = []
+        real = _backend.active.end
+
+        def end(handle):
+            ended.append(handle)
+            return real(handle)
+
+        with mock.patch.object(_backend.active, "end", end):
+            with self.assertRaises(KeyboardInterrupt):
+                fn()
+        self.assertEqual(hook.fired, 1, "the interrupt came")
+        self.assertEqual(len(ended), 1, "the exchange begun was ended once")
+        self.assertTrue(ended[0])
+
+    def test_a_scope_and_wrap(self):
+        producer, consumer = self.capturing()
+        hook = _AsItReturns(self, "begin")
+
+        def run():
+            with dlsync.scope():
+                dlsync.wrap(_Producer(producer)).__dlpack__(stream=consumer)
+                FAKE.work(consumer)
+
+        self.assert_interrupted(hook, run, consumer)
+        self.assertEqual(FAKE.end_capture(producer), fake_cuda.CUDA_SUCCESS)
+
+    def test_a_list_exchange(self):
+        producer, consumer = self.capturing()
+        hook = _AsItReturns(self, "begin")
+
+        def run():
+            with dlsync.exchange([producer, producer], consumer):
+                FAKE.work(consumer)
+
+        self.assert_interrupted(hook, run, consumer)
+        self.assertEqual(FAKE.end_capture(producer), fake_cuda.CUDA_SUCCESS)
+
+    def test_a_list_exchange_of_several_streams(self):
+        producer, consumer = self.capturing()
+        other = FAKE.stream()
+        FAKE.begin_capture(other)
+        hook = _AsItReturns(self, "begin_many")
+
+        def run():
+            with dlsync.exchange([producer, other], consumer):
+                FAKE.work(consumer)
+
+        self.assert_interrupted(hook, run, consumer)
+        # Joined back: neither capture is left with the consumer's work unjoined.
+        self.assertNotEqual(FAKE.end_capture(producer),
+                            fake_cuda.CUDA_ERROR_STREAM_CAPTURE_UNJOINED)
+        self.assertNotEqual(FAKE.end_capture(other), fake_cuda.CUDA_ERROR_STREAM_CAPTURE_UNJOINED)
+
+    def test_a_tensor_exchange(self):
+        producer, consumer = self.capturing()
+        hook = _AsItReturns(self, "begin")
+
+        def run():
+            with dlsync.exchange(_Producer(producer), consumer):
+                FAKE.work(consumer)
+
+        self.assert_interrupted(hook, run, consumer)
+        self.assertEqual(FAKE.end_capture(producer), fake_cuda.CUDA_SUCCESS)
+
+    def test_a_stream_exchange_of_the_ctypes_backend(self):
+        # The compiled Exchange keeps the handle in C, with no Python between
+        # the library's return and its store: the ctypes one is walked (on
+        # the compiled backend, the ctypes backend it holds for the fences).
+        ct = getattr(_backend.active, "_ctypes", _backend.active)
+        producer, consumer = self.capturing()
+        fired, ended = [], []
+        real_begin, real_end = ct._begin, ct.end
+
+        def begin(*args):
+            real_begin(*args)
+            fired.append(1)
+            raise KeyboardInterrupt("as begin returned")
+
+        def end(handle):
+            ended.append(handle)
+            return real_end(handle)
+
+        with mock.patch.object(ct, "_begin", begin), mock.patch.object(ct, "end", end):
+            with self.assertRaises(KeyboardInterrupt):
+                with ct.Exchange(producer, consumer):
+                    FAKE.work(consumer)
+        self.assertEqual(len(fired), 1)
+        self.assertEqual(len(ended), 1, "the exchange begun was ended once")
+        self.assertEqual(FAKE.end_capture(producer), fake_cuda.CUDA_SUCCESS)
+
+    def test_a_fence(self):
+        import gc
+
+        ct = getattr(_backend.active, "_ctypes", _backend.active)
+        signalled, released = [], []
+        real_signal, real_release = ct._fence_signal, ct._fence_release
+
+        def signal(out, ctx, lane):
+            status = real_signal(out, ctx, lane)
+            signalled.append(out._obj.value)
+            return status
+
+        def release(fence):
+            released.append(fence)
+            return real_release(fence)
+
+        for name, fn in (("_fence_signal", signal), ("_fence_release", release)):
+            p = mock.patch.object(ct, name, fn)
+            p.start()
+            self.addCleanup(p.stop)
+        hook = _AsItReturns(self, "fence_signal")
+        stream = FAKE.stream()
+        try:
+            dlsync.Fence(stream)
+        except KeyboardInterrupt:
+            pass
+        gc.collect()
+        self.assertEqual(hook.fired, 1)
+        self.assertEqual(len(signalled), 1)
+        self.assertTrue(signalled[0])
+        self.assertEqual(released, signalled, "the fence signalled was released")
+
+
 @needs_fake
 class SummaryOnTheFake(unittest.TestCase):
     def test_python_dash_m_summary_names_the_driver_and_each_gpu(self):
