@@ -131,10 +131,15 @@ def load_native(lib: ctypes.CDLL, package: str) -> Tuple[Optional[NativeBackend]
 
 def choose(lib: ctypes.CDLL, package: str) -> Tuple[Backend, Optional[str]]:
     """(backend, why): the compiled one where it can be, else ctypes."""
+    try:
+        ct = CtypesBackend(lib)
+    except AttributeError as e:  # a libdlsync of another version
+        raise ImportError(f"dlsync: the library {lib._name} lacks a function this package "
+                          f"calls ({e}): a libdlsync of another version?") from None
     native, why = load_native(lib, package)
     if native is not None:
         return native, None
-    return CtypesBackend(lib), why
+    return ct, why
 
 
 _package = __name__.rpartition(".")[0]

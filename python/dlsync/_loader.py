@@ -5,15 +5,18 @@ The order: ``DLSYNC_LIBRARY`` (a path) when set, and then only it, so that an
 override never silently falls back; otherwise a ``libdlsync.so`` in any entry
 of the package's ``__path__`` (an installed wheel has it beside
 ``__init__.py``; an editable install puts the built files in another entry);
-otherwise, run from a source tree, the repository's build folders; last, the
-loader's path (``ctypes.util.find_library``)."""
+otherwise, run from a source tree, the repository's build folders
+(``build/release``, ``build``, ``build/asan``), passing over sanitizer builds,
+which an uninstrumented interpreter cannot load; last, the loader's path
+(``ctypes.util.find_library``). ``dlsync.library_path()`` says which was
+loaded; ``skipped`` lists the sanitizer builds passed over."""
 
 from __future__ import annotations
 
 import ctypes
 import ctypes.util
 import os
-from typing import Iterable, List, Optional
+from typing import Iterable, List, Optional, Tuple
 
 _NAME = "libdlsync.so"
 
@@ -28,8 +31,40 @@ def source_root(package_dirs: Iterable[str]) -> Optional[str]:
     return None
 
 
+_SANITIZER_OPTIONS = ("DLSYNC_SANITIZE:BOOL=ON", "DLSYNC_TSAN:BOOL=ON")
+_SANITIZER_RUNTIMES = (b"libasan.so", b"libtsan.so", b"libubsan.so", b"libhwasan.so")
+
+# The build folders of a source tree that were passed over: (path, why).
+skipped: List[Tuple[str, str]] = []
+
+
+def sanitizer_build(path: str) -> Optional[str]:
+    """Why the library at ``path`` is a sanitizer build, which an
+    uninstrumented interpreter cannot load (the sanitizer's runtime kills
+    the process), or None: its build folder's CMakeCache.txt turned a
+    sanitizer on, or the file names a sanitizer runtime it needs."""
+    try:
+        with open(os.path.join(os.path.dirname(path), "CMakeCache.txt")) as f:
+            for line in f:
+                if line.strip() in _SANITIZER_OPTIONS:
+                    return f"a sanitizer build ({line.strip()} in its CMakeCache.txt)"
+    except OSError:
+        pass
+    try:
+        with open(path, "rb") as f:
+            data = f.read()
+    except OSError:
+        return None
+    for runtime in _SANITIZER_RUNTIMES:
+        if runtime in data:
+            return f"a sanitizer build (it needs {runtime.decode()})"
+    return None
+
+
 def candidates(package_dirs: Iterable[str]) -> List[str]:
-    """Where libdlsync is looked for, in order (see the module docstring)."""
+    """Where libdlsync is looked for, in order (see the module docstring).
+    A source tree's build folders holding a sanitizer build are passed over
+    (listed in ``skipped``)."""
     env = os.environ.get("DLSYNC_LIBRARY")
     if env:
         return [env]
@@ -38,7 +73,14 @@ def candidates(package_dirs: Iterable[str]) -> List[str]:
     root = source_root(dirs)
     if root is not None:
         for build in ("build/release", "build", "build/asan"):
-            names.append(os.path.join(root, build, _NAME))
+            path = os.path.join(root, build, _NAME)
+            if not os.path.isfile(path):
+                continue
+            why = sanitizer_build(path)
+            if why is None:
+                names.append(path)
+            elif (path, why) not in skipped:
+                skipped.append((path, why))
     found = ctypes.util.find_library("dlsync")
     if found:
         names.append(found)
@@ -46,16 +88,25 @@ def candidates(package_dirs: Iterable[str]) -> List[str]:
 
 
 def load(package_dirs: Iterable[str]) -> ctypes.CDLL:
-    """The first candidate that loads; ImportError naming each one tried."""
+    """The first candidate that loads and is libdlsync; ImportError naming
+    each one tried (and each sanitizer build passed over) otherwise."""
     tried = []
     for name in candidates(package_dirs):
         try:
-            return ctypes.CDLL(name)
+            lib = ctypes.CDLL(name)
         except OSError as e:
             tried.append(f"{name}: {e}")
+            continue
+        if not hasattr(lib, "dlsync_version_string"):
+            tried.append(f"{name}: loaded, but it is not libdlsync (no dlsync_version_string)")
+            continue
+        return lib
+    tried += [f"{path}: skipped, {why}" for path, why in skipped]
     hint = (
-        "DLSYNC_LIBRARY is set and could not be loaded"
+        "DLSYNC_LIBRARY is set and could not be loaded as libdlsync"
         if os.environ.get("DLSYNC_LIBRARY")
-        else f"{_NAME} not found; reinstall the package or set DLSYNC_LIBRARY to its path"
+        else f"{_NAME} not found; reinstall the package, build a release build "
+             "(cmake -S . -B build/release -DCMAKE_BUILD_TYPE=Release) in a source tree, or set "
+             "DLSYNC_LIBRARY to its path"
     )
     raise ImportError(hint + ". Tried:\n  " + "\n  ".join(tried))

@@ -166,6 +166,98 @@ class PythonDashM(unittest.TestCase):
         self.assertIn("need the dlsync-info program", err.getvalue())
 
 
+class Loader(unittest.TestCase):
+    """Which libdlsync `import dlsync` loads, in a child interpreter."""
+
+    def run_import(self, env_extra, pythonpath, drop=("DLSYNC_LIBRARY",)):
+        import subprocess
+
+        env = {k: v for k, v in os.environ.items() if k not in drop}
+        env.update(env_extra, PYTHONDONTWRITEBYTECODE="1", PYTHONPATH=pythonpath,
+                   DLSYNC_NO_NATIVE="1")
+        return subprocess.run(
+            [sys.executable, "-c", "import dlsync; print(dlsync.library_path())"], env=env,
+            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, timeout=120)
+
+    def source_tree(self, tmp, builds):
+        """A source tree in tmp: python/dlsync, include/dlsync/version.h and
+        build folders ({folder: CMakeCache.txt text}) holding this libdlsync."""
+        import shutil
+
+        pkg = os.path.dirname(os.path.abspath(dlsync.__file__))
+        shutil.copytree(pkg, os.path.join(tmp, "python", "dlsync"),
+                        ignore=shutil.ignore_patterns("__pycache__", "*.so", "lib", "include",
+                                                      "bin"))
+        os.makedirs(os.path.join(tmp, "include", "dlsync"))
+        open(os.path.join(tmp, "include", "dlsync", "version.h"), "w").close()
+        for folder, cache in builds.items():
+            os.makedirs(os.path.join(tmp, folder))
+            shutil.copy(dlsync.library_path(), os.path.join(tmp, folder, "libdlsync.so"))
+            with open(os.path.join(tmp, folder, "CMakeCache.txt"), "w") as f:
+                f.write(cache)
+        return os.path.join(tmp, "python")
+
+    def test_a_tree_with_only_a_sanitizer_build_is_an_import_error_naming_it(self):
+        import ctypes.util
+        import tempfile
+
+        if ctypes.util.find_library("dlsync"):
+            self.skipTest("a libdlsync on the loader's path would be found after the tree")
+        with tempfile.TemporaryDirectory() as tmp:
+            path = self.source_tree(tmp, {os.path.join("build", "asan"):
+                                          "CMAKE_BUILD_TYPE:STRING=Debug\n"
+                                          "DLSYNC_SANITIZE:BOOL=ON\n"})
+            done = self.run_import({}, path)
+        self.assertNotEqual(done.returncode, 0, done.stdout)
+        self.assertIn("ImportError", done.stderr)
+        self.assertIn(os.path.join("build", "asan", "libdlsync.so") + ": skipped, a sanitizer "
+                      "build (DLSYNC_SANITIZE:BOOL=ON in its CMakeCache.txt)", done.stderr)
+
+    def test_the_release_build_is_taken_over_a_sanitizer_build(self):
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            path = self.source_tree(tmp, {"build": "DLSYNC_TSAN:BOOL=ON\n",
+                                          os.path.join("build", "asan"): "DLSYNC_SANITIZE:BOOL=ON\n",
+                                          os.path.join("build", "release"):
+                                          "DLSYNC_SANITIZE:BOOL=OFF\n"})
+            done = self.run_import({}, path)
+        self.assertEqual(done.returncode, 0, done.stderr)
+        self.assertTrue(done.stdout.strip().endswith(
+            os.path.join("build", "release", "libdlsync.so")), done.stdout)
+
+    def test_a_library_that_names_a_sanitizer_runtime_is_passed_over(self):
+        from dlsync import _loader
+        import tempfile
+
+        with tempfile.TemporaryDirectory() as tmp:
+            lib = os.path.join(tmp, "libdlsync.so")
+            with open(lib, "wb") as f:
+                f.write(b"\x7fELF...libtsan.so.2\0...")
+            self.assertEqual(_loader.sanitizer_build(lib),
+                             "a sanitizer build (it needs libtsan.so)")
+            with open(lib, "wb") as f:
+                f.write(b"\x7fELF...libc.so.6\0...")
+            self.assertIsNone(_loader.sanitizer_build(lib))
+
+    def test_dlsync_library_naming_another_library_is_an_import_error(self):
+        other = os.environ.get("DLSYNC_TEST_FAKE_LIBCUDA")
+        if not other:
+            import ctypes.util
+
+            other = ctypes.util.find_library("m")
+        if not other:
+            self.skipTest("no other shared library at hand")
+        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(dlsync.__file__)))
+        done = self.run_import({"DLSYNC_LIBRARY": other}, pkg_parent, drop=())
+        self.assertNotEqual(done.returncode, 0, done.stdout)
+        self.assertNotIn("AttributeError", done.stderr)
+        self.assertIn("ImportError: DLSYNC_LIBRARY is set and could not be loaded as libdlsync",
+                      done.stderr)
+        self.assertIn(f"{other}: loaded, but it is not libdlsync (no dlsync_version_string)",
+                      done.stderr)
+
+
 class PathFlags(unittest.TestCase):
     """python -m dlsync --include-dir / --cmake-dir / --pkgconfig-dir."""
 
