@@ -1166,6 +1166,89 @@ class PluginEntryPoint(unittest.TestCase):
         self.assertIn("fixture 'capture_check' not found", out, out)
 
 
+class _Recorder:
+    """A stand-in module: every attribute path called is logged."""
+
+    def __init__(self, log, name, answers=None):
+        self._log, self._name, self._answers = log, name, answers or {}
+
+    def __getattr__(self, attr):
+        return _Recorder(self._log, f"{self._name}.{attr}", self._answers)
+
+    def __call__(self, *args):
+        self._log.append(self._name)
+        if self._name in self._answers:
+            return self._answers[self._name]
+        return self  # what a call returns is recorded under the same name
+
+
+@unittest.skipUnless(_has_pytest(), "pytest is not installed (the GPU suite's conftest needs it)")
+class GpuSuiteMemory(unittest.TestCase):
+    """python/tests/gpu/conftest.py: what one pytest process of the GPU suite
+    gives back between tests, without a GPU (stand-in frameworks)."""
+
+    def conftest(self):
+        import importlib.util
+
+        path = os.path.join(HERE, "gpu", "conftest.py")
+        spec = importlib.util.spec_from_file_location("dlsync_gpu_conftest", path)
+        module = importlib.util.module_from_spec(spec)
+        spec.loader.exec_module(module)
+        return module
+
+    def test_jax_is_told_not_to_preallocate_before_it_can_be_imported(self):
+        code = ("import importlib.util, os, sys\n"
+                f"spec = importlib.util.spec_from_file_location('c', {os.path.join(HERE, 'gpu', 'conftest.py')!r})\n"
+                "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
+                "print(os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE'), 'jax' in sys.modules)")
+        env = _env()
+        env.pop("XLA_PYTHON_CLIENT_PREALLOCATE", None)
+        out = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True)
+        self.assertEqual(out.stdout.strip(), "false False", out.stderr)
+
+    def test_nothing_is_imported_to_be_freed(self):
+        c = self.conftest()
+        before = {m for m in ("torch", "cupy", "jax") if m in sys.modules}
+        self.assertEqual(c.free_gpu_caches({}), [])
+        self.assertEqual(c.jax_arrays({}), set())
+        self.assertEqual({m for m in ("torch", "cupy", "jax") if m in sys.modules}, before)
+
+    def test_each_imported_framework_gives_back_its_cache(self):
+        c = self.conftest()
+        log = []
+
+        class Array:
+            def __init__(self, name):
+                self.name = name
+
+            def delete(self):
+                log.append(f"delete {self.name}")
+
+        old, new = Array("old"), Array("new")
+        torch = _Recorder(log, "torch", {"torch.cuda.is_available": True,
+                                         "torch.cuda.is_initialized": True})
+        cupy = _Recorder(log, "cupy")
+        jax = _Recorder(log, "jax", {"jax.live_arrays": [old, new]})
+        freed = c.free_gpu_caches({"torch": torch, "cupy": cupy, "jax": jax}, keep={id(old)})
+        self.assertEqual(freed, ["torch", "cupy", "jax"])
+        calls = [x for x in log if not x.startswith(("torch.cuda.is_", "jax.live"))]
+        self.assertEqual(calls, [
+            "torch.cuda.synchronize", "torch.cuda.empty_cache",
+            "cupy.cuda.runtime.deviceSynchronize",
+            "cupy.get_default_memory_pool", "cupy.get_default_memory_pool.free_all_blocks",
+            "cupy.get_default_pinned_memory_pool",
+            "cupy.get_default_pinned_memory_pool.free_all_blocks",
+            "delete new", "jax.clear_caches"])
+
+    def test_an_uninitialised_torch_is_left_alone(self):
+        c = self.conftest()
+        log = []
+        torch = _Recorder(log, "torch", {"torch.cuda.is_available": True,
+                                         "torch.cuda.is_initialized": False})
+        self.assertEqual(c.free_gpu_caches({"torch": torch}), [])
+        self.assertNotIn("torch.cuda.empty_cache", log)
+
+
 PLUGIN_FAKE_CASES = '''
 import threading
 import pytest

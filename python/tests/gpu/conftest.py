@@ -1,7 +1,86 @@
 # SPDX-License-Identifier: Apache-2.0
 """Collects each case's outcome (with dlsync, and the control without it),
-asserts it, and prints the table at the end of the session."""
+asserts it, and prints the table at the end of the session.
+
+One pytest process runs every case, so what one case takes on the GPU must
+not stay for the next (on an 80 GB H100 the suite ran out of memory after a
+point): JAX allocates on demand (no preallocation of 75% of the GPU, set
+here before jax can be imported), and after each test the frameworks that
+were imported give back what they cache (free_gpu_caches). The largest
+buffers are 512 MiB (N = 1 << 27 floats in test_frameworks.py and
+test_reach.py; 8192 x 8192 float matrices, 256 MiB each, in test_reach's JAX
+producer); a case holds a few of them at once."""
+import gc
+import os
+import sys
+import warnings
+
 import pytest
+
+# Before any test module imports jax: its client would otherwise reserve 75%
+# of the GPU's memory at its first use and keep it for the whole session.
+os.environ.setdefault("XLA_PYTHON_CLIENT_PREALLOCATE", "false")
+
+
+def jax_arrays(modules=None):
+    """The ids of JAX's live arrays (none where jax was not imported)."""
+    jax = (sys.modules if modules is None else modules).get("jax")
+    return set() if jax is None else {id(a) for a in jax.live_arrays()}
+
+
+def free_gpu_caches(modules=None, keep=frozenset()):
+    """Gives back the GPU memory the frameworks that this process imported
+    hold in their caches: PyTorch's caching allocator (after a device
+    synchronisation, so that nothing queued still uses a block), CuPy's
+    default memory pools, and JAX's live arrays made since ``keep`` (their
+    ids) was taken: deleted, a test's arrays being dead once it returned. A
+    framework that was not imported is not imported (``modules``:
+    sys.modules, or a stand-in for a test). Returns the names of those it
+    freed."""
+    modules = sys.modules if modules is None else modules
+    freed = []
+    gc.collect()  # the last test's tensors and arrays, held in cycles
+    for name, free in (("torch", _free_torch), ("cupy", _free_cupy), ("jax", _free_jax)):
+        module = modules.get(name)
+        if module is None:
+            continue
+        try:
+            if free(module, keep):
+                freed.append(name)
+        except Exception as e:  # noqa: BLE001 - a test left the device unusable: say so
+            warnings.warn(f"freeing {name}'s GPU memory after the test failed: "
+                          f"{type(e).__name__}: {e}")
+    return freed
+
+
+def _free_torch(torch, keep):
+    if not (torch.cuda.is_available() and torch.cuda.is_initialized()):
+        return False
+    torch.cuda.synchronize()
+    torch.cuda.empty_cache()
+    return True
+
+
+def _free_cupy(cupy, keep):
+    cupy.cuda.runtime.deviceSynchronize()
+    cupy.get_default_memory_pool().free_all_blocks()
+    cupy.get_default_pinned_memory_pool().free_all_blocks()
+    return True
+
+
+def _free_jax(jax, keep):
+    for array in jax.live_arrays():
+        if id(array) not in keep:
+            array.delete()
+    jax.clear_caches()
+    return True
+
+
+@pytest.fixture(autouse=True)
+def _free_gpu_memory_after_each_test():
+    keep = jax_arrays()
+    yield
+    free_gpu_caches(keep=keep)
 
 _rows = []
 
