@@ -25,7 +25,7 @@ def _pack_inputs(inputs: Tuple[Any, ...]) -> list:
     out = []
     for a in inputs:
         if getattr(a, "is_cuda", False) and hasattr(a, "cpu"):
-            from . import _device_index
+            from ._harness import _device_index
 
             out.append((_CUDA, a.detach().cpu(), _device_index(a.device)))
         else:

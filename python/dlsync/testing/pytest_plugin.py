@@ -179,7 +179,8 @@ def _check_options(fn: Any, inputs: Tuple[Any, ...], options: Dict[str, Any]) ->
     or tolerance it does not know is ValueError."""
     import inspect
 
-    from dlsync.testing import _check_args, check_capture
+    from dlsync.testing import check_capture
+    from dlsync.testing._options import _check_args
 
     bound = inspect.signature(check_capture).bind(fn, *inputs, **options)
     bound.apply_defaults()
