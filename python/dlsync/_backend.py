@@ -64,7 +64,8 @@ class NativeBackend:
     def __init__(self, lib: ctypes.CDLL, native: Any):
         abi = getattr(native, "ABI", None)
         if abi != NATIVE_ABI:
-            raise ImportError(f"it is of ABI {abi}, this dlsync needs {NATIVE_ABI} (a stale build?)")
+            raise ImportError(f"it is of ABI {abi}, this dlsync needs {NATIVE_ABI} "
+                              "(a stale build?)")
         self._ctypes = CtypesBackend(lib)
         self.lib = lib
         self._python_exchange: Optional[PythonExchange] = None

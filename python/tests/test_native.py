@@ -135,6 +135,13 @@ class ActivePath(unittest.TestCase):
         pkg = os.path.dirname(os.path.abspath(dlsync.__file__))
         self.assertEqual(os.path.dirname(os.path.abspath(dlsync._native.__file__)), pkg)
 
+    def test_both_backends_have_every_member_of_the_interface(self):
+        from dlsync import _interface
+
+        self.assertIsInstance(_backend.active, _interface.Backend)
+        self.assertIsInstance(_ctypes_impl.CtypesBackend(_backend.lib), _interface.Backend)
+        self.assertIsInstance(dlsync.exchange(0x10, 0x20), _interface.ExchangeContext)
+
     def test_the_public_names_are_those_of_the_active_path(self):
         b = _backend.active
         self.assertIs(dlsync.stream_handle, b.stream_handle)
@@ -205,8 +212,8 @@ class BothPaths(unittest.TestCase):
         with self.assertRaises(TypeError) as info:
             dlsync.stream_handle(_Proto((1, 2, 3)))
         self.assertEqual(str(info.exception),
-                         "_Proto.__cuda_stream__() must be an int stream handle "
-                         "(CUstream / cudaStream_t), not NoneType None")
+                         "_Proto.__cuda_stream__() must return (version, handle), not a 3-tuple "
+                         "(1, 2, 3)")
         with self.assertRaises(ValueError) as info:
             dlsync.stream_handle(_Attrs(ptr=2**64))
         self.assertTrue(str(info.exception).startswith(

@@ -384,6 +384,16 @@ class TypeChecked(unittest.TestCase):
     """The public API as a type checker sees it: mypy --strict on a use of
     every public name, with no expression of type Any (--disallow-any-expr)."""
 
+    def test_the_package_passes_mypy_strict(self):
+        import subprocess
+
+        pkg_parent = os.path.dirname(os.path.dirname(os.path.abspath(dlsync.__file__)))
+        done = subprocess.run(
+            [sys.executable, "-m", "mypy", "--strict", "--no-incremental", "--cache-dir",
+             os.devnull, "-p", "dlsync"],
+            cwd=pkg_parent, capture_output=True, text=True, timeout=600)
+        self.assertEqual(done.returncode, 0, done.stdout + done.stderr)
+
     def test_the_public_api_is_typed_and_exported(self):
         import subprocess
         import tempfile

@@ -59,6 +59,8 @@ from .report import (
     user_frame,
 )
 
+_Fn = Callable[..., Any]  # the op, its reference, new_inputs
+
 __all__ = [
     "check_capture",
     "MODES",
@@ -75,10 +77,10 @@ __all__ = [
 ]
 
 
-def check_capture(fn: Callable, *inputs: Any, modes: Sequence[str] = MODES, replays: int = 3,
+def check_capture(fn: _Fn, *inputs: Any, modes: Sequence[str] = MODES, replays: int = 3,
                   compile: bool = False, neighbour: Any = None, rtol: Optional[float] = None,
                   atol: Optional[float] = None, slow_producer_ms: float = 10.0,
-                  reference: Optional[Callable] = None, new_inputs: Optional[Callable] = None,
+                  reference: Optional[_Fn] = None, new_inputs: Optional[_Fn] = None,
                   seed: int = 0, name: Optional[str] = None, eager: bool = True,
                   raise_on_failure: bool = True, isolate: bool = False) -> CaptureReport:
     """Checks that ``fn(*inputs)`` gives the eager result when PyTorch
@@ -123,12 +125,12 @@ def check_capture(fn: Callable, *inputs: Any, modes: Sequence[str] = MODES, repl
     if isolate:
         from ._child import run_isolated
 
-        report = run_isolated(fn, inputs, options)
+        report: CaptureReport = run_isolated(fn, inputs, options)
         return report.raise_if_failed() if raise_on_failure else report
     reason = gpu_unavailable_reason()
     if reason:
         raise RuntimeError(f"dlsync.testing.check_capture cannot run: {reason}")
-    import torch
+    import torch  # type: ignore[import-not-found, unused-ignore]
 
     report = _check(torch, fn, inputs, options, _restore.Driver())
     return report.raise_if_failed() if raise_on_failure else report

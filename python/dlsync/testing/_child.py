@@ -16,12 +16,12 @@ import pickle
 import sys
 import tempfile
 import traceback
-from typing import Any, Dict, Tuple
+from typing import Any, Dict, List, Tuple
 
 _CUDA = "__dlsync_testing_cuda_tensor__"
 
 
-def _pack_inputs(inputs: Tuple[Any, ...]) -> list:
+def _pack_inputs(inputs: Tuple[Any, ...]) -> List[Any]:
     out = []
     for a in inputs:
         if getattr(a, "is_cuda", False) and hasattr(a, "cpu"):
@@ -33,7 +33,7 @@ def _pack_inputs(inputs: Tuple[Any, ...]) -> list:
     return out
 
 
-def _unpack_inputs(packed: list) -> Tuple[Any, ...]:
+def _unpack_inputs(packed: List[Any]) -> Tuple[Any, ...]:
     out = []
     for a in packed:
         if isinstance(a, tuple) and len(a) == 3 and a[0] == _CUDA:

@@ -13,9 +13,12 @@ from ._neighbour import _Neighbour
 from ._options import _WAIT_S, _flatten, _messages, _mismatch_summary, _require_outputs, _where
 from .report import CaptureReport, CaseResult, WrongOutput
 
+_Fn = Callable[..., Any]  # the op, its reference, new_inputs
+
+
 class _Harness:
-    def __init__(self, torch: Any, fn: Callable, inputs: Tuple[Any, ...], *, reference: Callable,
-                 new_inputs: Optional[Callable], rtol: Any, atol: Any, slow_producer_ms: float,
+    def __init__(self, torch: Any, fn: _Fn, inputs: Tuple[Any, ...], *, reference: _Fn,
+                 new_inputs: Optional[_Fn], rtol: Any, atol: Any, slow_producer_ms: float,
                  seed: int):
         self.torch, self.fn, self.args = torch, fn, list(inputs)
         self.static = [i for i, a in enumerate(self.args)
@@ -251,7 +254,7 @@ def _settle(torch: Any) -> None:
 
 def _cudagraph_skips(torch: Any) -> int:
     try:
-        from torch._dynamo.utils import counters
+        from torch._dynamo.utils import counters  # type: ignore[import-not-found, unused-ignore]
 
         return int(counters["inductor"]["cudagraph_skips"])
     except Exception:  # noqa: BLE001 - an older or newer PyTorch: no count
@@ -286,7 +289,7 @@ def _device_index(device: Any) -> int:
     return int(index)
 
 
-def _check(torch: Any, fn: Callable, inputs: Tuple[Any, ...], options: Dict[str, Any],
+def _check(torch: Any, fn: _Fn, inputs: Tuple[Any, ...], options: Dict[str, Any],
            driver: Any) -> CaptureReport:
     """check_capture in this process, every case followed by a restore."""
     mode_list, neighbours = options["modes"], options["neighbour"]

@@ -108,7 +108,7 @@ def gpu_unavailable_reason() -> str:
     """Why check_capture cannot run here ("" when it can): PyTorch missing,
     or no CUDA GPU."""
     try:
-        import torch
+        import torch  # type: ignore[import-not-found, unused-ignore]
     except ImportError as e:
         return f"PyTorch is not installed ({e})"
     try:

@@ -221,9 +221,9 @@ class Watch:
             self._saved = None
 
 
-def _private(torch: Any, *names: str) -> Optional[Callable]:
+def _private(torch: Any, *names: str) -> Optional[Callable[..., Any]]:
     for n in names:
-        f = getattr(torch._C, n, None)
+        f: Optional[Callable[..., Any]] = getattr(torch._C, n, None)
         if f is not None:
             return f
     return None

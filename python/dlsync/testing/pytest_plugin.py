@@ -38,7 +38,7 @@ import os
 import subprocess
 import sys
 import tempfile
-from typing import Any, Callable, Dict, Iterator, List, Tuple
+from typing import Any, Callable, Dict, Generator, List, Tuple
 
 import pytest
 
@@ -127,9 +127,9 @@ def _run(config: pytest.Config, nodeid: str, fn: Any, inputs: Tuple[Any, ...],
     try:
         report = check_capture(fn, *inputs, **options)
     except AssertionError as e:
-        report = getattr(e, "report", None)
-        if report is not None:
-            _keep(config, nodeid, report)
+        failed = getattr(e, "report", None)
+        if failed is not None:
+            _keep(config, nodeid, failed)
         raise
     _keep(config, nodeid, report)
     return report
@@ -215,7 +215,7 @@ def capture_check(request: pytest.FixtureRequest) -> Callable[..., Any]:
 
 
 @pytest.hookimpl(hookwrapper=True)
-def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Iterator[None]:
+def pytest_runtest_makereport(item: pytest.Item, call: Any) -> Generator[None, Any, None]:
     """Without a GPU, a capture_check test whose body failed before its
     capture_check call (most build CUDA inputs first) is skipped with the
     reason, as if the fixture had skipped it; bad options stay a failure."""
@@ -284,10 +284,10 @@ def pytest_pyfunc_call(pyfuncitem: pytest.Function) -> Any:
         return True
     if pyfuncitem.get_closest_marker(MARKER) is None or "capture_check" in pyfuncitem.fixturenames:
         return None
-    import torch
+    import torch  # type: ignore[import-not-found, unused-ignore]
 
     names = list(pyfuncitem._fixtureinfo.argnames)
-    kwargs = {n: pyfuncitem.funcargs[n] for n in names}
+    kwargs: Dict[str, Any] = {n: pyfuncitem.funcargs[n] for n in names}
     tensors = [n for n in names if isinstance(kwargs[n], torch.Tensor) and kwargs[n].is_cuda]
     if not tensors:
         pytest.fail(f"{pyfuncitem.name} is marked {MARKER} but takes no CUDA tensor: its "

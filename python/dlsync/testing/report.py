@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import os
 from dataclasses import dataclass, field
-from typing import Iterable, List, Optional, Sequence, Tuple
+from typing import Any, Dict, Iterable, List, Optional, Sequence, Tuple
 
 __all__ = [
     "ERROR_TABLE",
@@ -354,7 +354,7 @@ _SKIP_PARTS = (
 )
 
 
-def user_frame(frames: Sequence[Tuple[str, int, str, Optional[str]]],
+def user_frame(frames: Sequence[Tuple[str, Optional[int], str, Optional[str]]],
                skip: Sequence[str] = _SKIP_PARTS) -> str:
     """``file:line in function: source`` of the innermost frame that is not
     in a framework, dlsync or this harness; "" when there is none.
@@ -440,7 +440,7 @@ class CaptureReport:
         # Cases with the same diagnosis (word for word) are named together.
         groups: List[Tuple[List[str], List[str]]] = []
         for c in failed:
-            text = c.diagnosis.lines()
+            text = c.diagnosis.lines() if c.diagnosis is not None else []
             for names, seen in groups:
                 if seen == text:
                     names.append(c.name)
@@ -459,7 +459,7 @@ class CaptureReport:
             lines.extend(f"  {x}" for x in left)
         return "\n".join(lines)
 
-    def records(self, test: str = "") -> List[dict]:
+    def records(self, test: str = "") -> List[Dict[str, Any]]:
         """One JSON-ready dict per case: test id, case, mode, neighbour,
         verdict, category, first error line, where, and what was restored
         or left."""
