@@ -217,10 +217,10 @@ class Loader(unittest.TestCase):
         import tempfile
 
         with tempfile.TemporaryDirectory() as tmp:
+            asan, release = os.path.join("build", "asan"), os.path.join("build", "release")
             path = self.source_tree(tmp, {"build": "DLSYNC_TSAN:BOOL=ON\n",
-                                          os.path.join("build", "asan"): "DLSYNC_SANITIZE:BOOL=ON\n",
-                                          os.path.join("build", "release"):
-                                          "DLSYNC_SANITIZE:BOOL=OFF\n"})
+                                          asan: "DLSYNC_SANITIZE:BOOL=ON\n",
+                                          release: "DLSYNC_SANITIZE:BOOL=OFF\n"})
             done = self.run_import({}, path)
         self.assertEqual(done.returncode, 0, done.stderr)
         self.assertTrue(done.stdout.strip().endswith(

@@ -1197,8 +1197,9 @@ class GpuSuiteMemory(unittest.TestCase):
         return module
 
     def test_jax_is_told_not_to_preallocate_before_it_can_be_imported(self):
+        conftest = os.path.join(HERE, "gpu", "conftest.py")
         code = ("import importlib.util, os, sys\n"
-                f"spec = importlib.util.spec_from_file_location('c', {os.path.join(HERE, 'gpu', 'conftest.py')!r})\n"
+                f"spec = importlib.util.spec_from_file_location('c', {conftest!r})\n"
                 "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
                 "print(os.environ.get('XLA_PYTHON_CLIENT_PREALLOCATE'), 'jax' in sys.modules)")
         env = _env()
