@@ -3,7 +3,7 @@
 
 It is the fallback where dlsync._native cannot be used, and the part the
 compiled backend shares (the fences, the library's version and path).
-``CtypesBackend(lib)`` has the interface of dlsync._backend.Backend."""
+``CtypesBackend(lib)`` conforms to dlsync._interface.Backend."""
 
 from __future__ import annotations
 
@@ -146,7 +146,7 @@ _IDLE, _BUSY, _ACTIVE = 0, 1, 2
 
 
 class CtypesBackend:
-    """Every call through ctypes (see dlsync._backend.Backend)."""
+    """Every call through ctypes (dlsync._interface.Backend)."""
 
     name = "ctypes"
 
