@@ -162,8 +162,14 @@ def exchange(producer: Any, consumer: Any, capture_stable: bool = False):
 
     A context manager (the backend's ``Exchange``: its ``__enter__`` begins,
     its ``__exit__`` ends), entered once at a time; entering it while it is
-    entered, or exiting it when it is not, is RuntimeError."""
-    return _b.Exchange(producer, consumer, capture_stable)
+    entered, or exiting it when it is not, is RuntimeError.
+
+    A producer that exposes only ``__cuda_array_interface__`` is ordered
+    after the stream its dict names (none: nothing to order); see
+    dlsync/_cai.py."""
+    from . import _cai
+
+    return _b.Exchange(_cai.for_exchange(producer), consumer, capture_stable)
 
 
 __all__ = ["exchange", "CAPTURE_STABLE"]

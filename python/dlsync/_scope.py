@@ -181,7 +181,7 @@ class _Wrapped:
         return self._obj.__dlpack__(stream=consumer, **kwargs)
 
 
-def wrap(obj: Any, producer: Any = None) -> _Wrapped:
+def wrap(obj: Any, producer: Any = None, consumer: Any = None, writable: bool = False) -> _Wrapped:
     """A DLPack producer for ``from_dlpack`` consumers that orders the
     producer's stream before the stream the consumer asks for,
     capture-aware, and asks the real producer for its capsule without a
@@ -194,5 +194,19 @@ def wrap(obj: Any, producer: Any = None) -> _Wrapped:
     ``__dlpack__``; while a capture is on, that is refused with
     :class:`Error` (DLSYNC_ERROR_CAPTURE_ORDER) before the producer is
     touched. Inside a :func:`scope`, wraps made before the first of them is
-    exported share one exchange per (producer, consumer) stream pair."""
+    exported share one exchange per (producer, consumer) stream pair.
+
+    With ``consumer=`` (a stream), or for an object that exposes only
+    ``__cuda_array_interface__``, the result also exposes
+    ``__cuda_array_interface__`` version 3 for that consumer stream, with
+    ``stream: None``: reading it orders the consumer after the producer
+    (``writable=True`` refuses a read-only array). See dlsync/_cai.py."""
+    if consumer is not None or writable or _cai_only(obj):
+        from . import _cai
+
+        return _cai.wrap(obj, producer, consumer, writable)
     return _Wrapped(obj, producer)
+
+
+def _cai_only(obj: Any) -> bool:
+    return hasattr(obj, "__cuda_array_interface__") and not hasattr(obj, "__dlpack__")
