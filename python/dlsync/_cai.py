@@ -168,27 +168,50 @@ def producer_stream(obj: Any) -> Optional[int]:
 # ---- in: dlsync.exchange ----
 
 
+_KEEP = object()
+
+
+def _exchange_stream(p: Any) -> Any:
+    """What dlsync.exchange orders after for ``p``: a handle, None (nothing),
+    or _KEEP (not a CAI case: left to the DLPack path as it is)."""
+    if only_cai(p):
+        return producer_stream(p)
+    if has_cai(p) and hasattr(p, "__dlpack__") and not isinstance(p, int):
+        device_type, device_id = p.__dlpack_device__()
+        if int(device_type) == _KDLCUDA:
+            found = _producers.find(p, _KDLCUDA, int(device_id))
+            if found.stream is not None:
+                return found.stream
+            named = read(p).stream  # the DLPack rules found none: the CAI's, if it names one
+            if named is not None:
+                return named
+    return _KEEP
+
+
 def for_exchange(producer: Any) -> Any:
-    """``producer`` as dlsync.exchange takes it, with CAI-only producers
-    turned into their streams: one whose dict names none becomes an empty
-    list (an exchange with nothing to order after); in a list or tuple it is
-    left out. Everything else is returned as it is."""
+    """``producer`` as dlsync.exchange takes it, with CAI producers turned
+    into their streams: an object that exposes only the CAI is ordered after
+    the stream its dict names (one that names none becomes an empty list, an
+    exchange with nothing to order after; in a list or tuple it is left out);
+    one with ``__dlpack__`` too by the DLPack rules, else by the stream its
+    CAI names. Everything else is returned as it is."""
     if isinstance(producer, (list, tuple)):
-        if not any(only_cai(p) for p in producer):
+        if not any(has_cai(p) for p in producer):
             return producer
         out: List[Any] = []
         for p in producer:
-            if only_cai(p):
-                s = producer_stream(p)
-                if s is not None:
-                    out.append(s)
-            else:
+            s = _exchange_stream(p)
+            if s is _KEEP:
                 out.append(p)
+            elif s is not None:
+                out.append(s)
         return out
-    if only_cai(producer):
-        s = producer_stream(producer)
-        return [] if s is None else s
-    return producer
+    if not has_cai(producer):
+        return producer
+    s = _exchange_stream(producer)
+    if s is _KEEP:
+        return producer
+    return [] if s is None else s
 
 
 # ---- out: __cuda_array_interface__ for a named consumer stream ----

@@ -185,6 +185,22 @@ class BothProtocols(_Logged):
             pass
         self.assertEqual(self.log.calls, [("begin", 0x55, 0xC0, 0), ("end", 0x55, 0xC0)])
 
+    def test_exchange_falls_back_to_the_cai_stream_when_dlpack_finds_none(self):
+        named = _torch_like({"shape": (4,), "typestr": "<f4", "data": (PTR, False),
+                             "version": 3, "stream": 0x77}, module="somelib")
+        with dlsync.exchange([named(), 0x51], 0xC0):
+            pass
+        self.assertEqual(self.log.calls, [("begin_many", (0x77, 0x51), 0xC0, 0),
+                                          ("end", (0x77, 0x51), 0xC0)])
+        # A CAI that names no stream does not vouch for a DLPack producer that
+        # exposes none: exchange still says to hand it over through wrap.
+        silent = _torch_like({"shape": (4,), "typestr": "<f4", "data": (PTR, False),
+                              "version": 2}, module="somelib")
+        with self.assertRaises(dlsync.Error) as info:
+            with dlsync.exchange(silent(), 0xC0):
+                pass
+        self.assertIn("dlsync.wrap", info.exception.message)
+
     def test_a_dlpack_only_object_has_no_interface_to_export(self):
         w = dlsync.wrap(_producer_class(module="somelib")(), consumer=0xC0)
         with self.assertRaises(TypeError) as info:
