@@ -254,6 +254,14 @@ class CaiExport:
 
     @property
     def __cuda_array_interface__(self) -> dict:
+        # hasattr(x, "__cuda_array_interface__") (Numba's is_cuda_array) would
+        # read an AttributeError raised inside as "no interface": say it.
+        try:
+            return self._export()
+        except AttributeError as e:
+            raise TypeError(f"dlsync.wrap(..., consumer=...).{ATTR}: {e}") from e
+
+    def _export(self) -> dict:
         obj = self._obj
         if not has_cai(obj):
             raise TypeError(f"dlsync.wrap(..., consumer=...): {type(obj).__name__} exposes no "

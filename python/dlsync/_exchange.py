@@ -167,9 +167,11 @@ def exchange(producer: Any, consumer: Any, capture_stable: bool = False):
     A producer that exposes only ``__cuda_array_interface__`` is ordered
     after the stream its dict names (none: nothing to order); see
     dlsync/_cai.py."""
-    from . import _cai
+    if producer is not None and not isinstance(producer, int):
+        from . import _cai
 
-    return _b.Exchange(_cai.for_exchange(producer), consumer, capture_stable)
+        producer = _cai.for_exchange(producer)
+    return _b.Exchange(producer, consumer, capture_stable)
 
 
 __all__ = ["exchange", "CAPTURE_STABLE"]

@@ -181,7 +181,7 @@ class _Wrapped:
         return self._obj.__dlpack__(stream=consumer, **kwargs)
 
 
-def wrap(obj: Any, producer: Any = None, consumer: Any = None, writable: bool = False) -> _Wrapped:
+def wrap(obj: Any, producer: Any = None, consumer: Any = None, writable: bool = False) -> Any:
     """A DLPack producer for ``from_dlpack`` consumers that orders the
     producer's stream before the stream the consumer asks for,
     capture-aware, and asks the real producer for its capsule without a
@@ -200,7 +200,8 @@ def wrap(obj: Any, producer: Any = None, consumer: Any = None, writable: bool = 
     ``__cuda_array_interface__``, the result also exposes
     ``__cuda_array_interface__`` version 3 for that consumer stream, with
     ``stream: None``: reading it orders the consumer after the producer
-    (``writable=True`` refuses a read-only array). See dlsync/_cai.py."""
+    (``writable=True``, a promise that the consumer writes, makes that read
+    refuse a read-only array). See dlsync/_cai.py."""
     if consumer is not None or writable or _cai_only(obj):
         from . import _cai
 

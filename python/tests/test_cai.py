@@ -201,6 +201,18 @@ class BothProtocols(_Logged):
                 pass
         self.assertIn("dlsync.wrap", info.exception.message)
 
+    def test_an_attribute_error_inside_is_not_read_as_no_interface(self):
+        # Numba asks hasattr(x, "__cuda_array_interface__") first: an
+        # AttributeError raised while exporting would read as "not an array".
+        cls = _torch_like({"shape": (4,), "typestr": "<f4", "data": (PTR, False),
+                           "version": 3}, module="somelib")
+        del cls.__dlpack_device__
+        w = dlsync.wrap(cls(), consumer=0xC0)
+        with self.assertRaises(TypeError) as info:
+            hasattr(w, "__cuda_array_interface__")
+        self.assertIn("__dlpack_device__", str(info.exception))
+        self.assertEqual(self.log.calls, [])
+
     def test_a_dlpack_only_object_has_no_interface_to_export(self):
         w = dlsync.wrap(_producer_class(module="somelib")(), consumer=0xC0)
         with self.assertRaises(TypeError) as info:
