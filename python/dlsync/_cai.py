@@ -211,7 +211,9 @@ def for_exchange(producer: Any) -> Any:
     s = _exchange_stream(producer)
     if s is _KEEP:
         return producer
-    return [] if s is None else s
+    # A list either way: dlsync's Python exchange (one plain begin for one
+    # stream), on both backends, as for tensors.
+    return [] if s is None else [s]
 
 
 # ---- out: __cuda_array_interface__ for a named consumer stream ----

@@ -18,7 +18,10 @@ from unittest import mock
 import fake_cuda  # before dlsync asks for a context
 
 FAKE, WHY = fake_cuda.load()
-sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
+if os.environ.get("DLSYNC_TEST_PKG"):  # a copy with the compiled backend built into it
+    sys.path.insert(0, os.environ["DLSYNC_TEST_PKG"])
+else:
+    sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import dlsync  # noqa: E402
 from dlsync import _cai  # noqa: E402
 from test_producers import _Log, _producer_class  # noqa: E402
