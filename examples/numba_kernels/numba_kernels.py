@@ -36,6 +36,7 @@ if not hasattr(numpy, "row_stack"):  # numba-cuda 0.30.4 under numpy >= 2.5
     numpy.row_stack = numpy.vstack
 
 from numba import cuda  # noqa: E402
+from numba.cuda.cudadrv.driver import Stream as _NumbaStream  # noqa: E402
 
 import dlsync  # noqa: E402
 
@@ -57,13 +58,11 @@ def _add(x, y, out):
 
 
 def stream_handle(stream) -> int:
-    """The CUstream handle of a Numba stream (its ``__cuda_stream__`` where
-    it has one, else its handle), or of anything dlsync.stream_handle takes."""
-    if hasattr(stream, "__cuda_stream__") or not hasattr(stream, "handle"):
-        return dlsync.stream_handle(stream)
-    handle = stream.handle
-    handle = getattr(handle, "value", handle)  # ctypes c_void_p, or a cuda.bindings CUstream
-    return int(handle or 0)
+    """The CUstream handle of a Numba stream (``int(stream)``, unless it has
+    ``__cuda_stream__``), or of anything dlsync.stream_handle takes."""
+    if isinstance(stream, _NumbaStream) and not hasattr(stream, "__cuda_stream__"):
+        return int(stream)
+    return dlsync.stream_handle(stream)
 
 
 class Kernels:

@@ -23,7 +23,6 @@ if os.environ.get("DLSYNC_TEST_PKG"):  # a copy with the compiled backend built 
 else:
     sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), ".."))
 import dlsync  # noqa: E402
-from dlsync import _cai  # noqa: E402
 from test_producers import _Log, _producer_class  # noqa: E402
 
 PTR = 0x7F0000000000

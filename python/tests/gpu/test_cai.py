@@ -68,8 +68,7 @@ def _stall_limit():
 
 
 def _handle(numba_stream):
-    h = numba_stream.handle
-    return int(getattr(h, "value", h) or 0)
+    return int(numba_stream)  # a Numba stream's int is its CUstream handle
 
 
 def _note(e):
@@ -357,7 +356,7 @@ def _chain(mode, use):
                         cupy.add(c, 1, out=cres)
                     out.copy_(torch.from_dlpack(dlsync.wrap(cres, producer=cs)))
             else:  # the same library without dlsync: plain imports, its own stream
-                _affine[BLOCKS, THREADS, own](cuda.as_cuda_array(y), na, 3.0, 0.0)
+                numba_kernels._affine[BLOCKS, THREADS, own](cuda.as_cuda_array(y), na, 3.0, 0.0)
                 with cs:
                     cupy.add(cupy.asarray(na), 1, out=cres)
                 out.copy_(torch.from_dlpack(cres))
