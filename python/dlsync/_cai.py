@@ -17,8 +17,10 @@ CuPy) is found by the DLPack rules (dlsync/_producers.py) first: its
 ``__dlpack__`` takes ``stream=-1`` once dlsync has ordered the consumer, and
 PyTorch exports CAI version 2 without a ``stream`` key even while the tensor's
 producer runs on a side stream, so its CAI would say "nothing to order" where
-its current stream says otherwise. The CAI ``stream`` key is read only when
-the DLPack rules find no stream.
+its current stream says otherwise. Its CAI is read only to export it
+(:class:`WrappedCai`), and its ``stream`` key then only when the DLPack
+rules find no stream; dlsync.exchange never reads it (the attribute is often
+a property that may raise, as PyTorch's does for a tensor that requires grad).
 
 Out: :class:`CaiExport` (what ``dlsync.wrap(x, consumer=stream)`` returns)
 exposes ``__cuda_array_interface__`` version 3 for a consumer stream the
@@ -68,12 +70,18 @@ class Interface(NamedTuple):
 
 
 def has_cai(obj: Any) -> bool:
-    return hasattr(obj, ATTR)
+    """Whether ``obj`` has ``__cuda_array_interface__``, without reading it:
+    the attribute is often a property that may raise (PyTorch's, for a tensor
+    that requires grad), which hasattr would pass on."""
+    if hasattr(type(obj), ATTR):
+        return True
+    attrs = getattr(obj, "__dict__", None)
+    return isinstance(attrs, dict) and ATTR in attrs
 
 
 def only_cai(obj: Any) -> bool:
     """Whether ``obj`` exposes ``__cuda_array_interface__`` and not ``__dlpack__``."""
-    return has_cai(obj) and not hasattr(obj, "__dlpack__") and not isinstance(obj, int)
+    return not isinstance(obj, int) and not hasattr(obj, "__dlpack__") and has_cai(obj)
 
 
 def _ints(value: Any, key: str, what: str) -> tuple:
@@ -168,51 +176,28 @@ def producer_stream(obj: Any) -> Optional[int]:
 # ---- in: dlsync.exchange ----
 
 
-_KEEP = object()
-
-
-def _exchange_stream(p: Any) -> Any:
-    """What dlsync.exchange orders after for ``p``: a handle, None (nothing),
-    or _KEEP (not a CAI case: left to the DLPack path as it is)."""
-    if only_cai(p):
-        return producer_stream(p)
-    if has_cai(p) and hasattr(p, "__dlpack__") and not isinstance(p, int):
-        device_type, device_id = p.__dlpack_device__()
-        if int(device_type) == _KDLCUDA:
-            found = _producers.find(p, _KDLCUDA, int(device_id))
-            if found.stream is not None:
-                return found.stream
-            named = read(p).stream  # the DLPack rules found none: the CAI's, if it names one
-            if named is not None:
-                return named
-    return _KEEP
-
-
 def for_exchange(producer: Any) -> Any:
-    """``producer`` as dlsync.exchange takes it, with CAI producers turned
-    into their streams: an object that exposes only the CAI is ordered after
-    the stream its dict names (one that names none becomes an empty list, an
-    exchange with nothing to order after; in a list or tuple it is left out);
-    one with ``__dlpack__`` too by the DLPack rules, else by the stream its
-    CAI names. Everything else is returned as it is."""
+    """``producer`` as dlsync.exchange takes it, with producers that expose
+    only the CAI turned into the stream their dict names: as a one-stream
+    list (dlsync's Python exchange, on both backends, as for tensors), or an
+    empty list when it names none (an exchange with nothing to order after);
+    in a list or tuple such a producer is left out. Everything else, objects
+    with ``__dlpack__`` too included (the DLPack rules), is returned as it is."""
     if isinstance(producer, (list, tuple)):
-        if not any(has_cai(p) for p in producer):
+        if not any(only_cai(p) for p in producer):
             return producer
         out: List[Any] = []
         for p in producer:
-            s = _exchange_stream(p)
-            if s is _KEEP:
+            if not only_cai(p):
                 out.append(p)
-            elif s is not None:
+                continue
+            s = producer_stream(p)
+            if s is not None:
                 out.append(s)
         return out
-    if not has_cai(producer):
+    if not only_cai(producer):
         return producer
-    s = _exchange_stream(producer)
-    if s is _KEEP:
-        return producer
-    # A list either way: dlsync's Python exchange (one plain begin for one
-    # stream), on both backends, as for tensors.
+    s = producer_stream(producer)
     return [] if s is None else [s]
 
 

@@ -210,4 +210,5 @@ def wrap(obj: Any, producer: Any = None, consumer: Any = None, writable: bool = 
 
 
 def _cai_only(obj: Any) -> bool:
-    return hasattr(obj, "__cuda_array_interface__") and not hasattr(obj, "__dlpack__")
+    # __dlpack__ first: a tensor's __cuda_array_interface__ is a property that may raise.
+    return not hasattr(obj, "__dlpack__") and hasattr(obj, "__cuda_array_interface__")

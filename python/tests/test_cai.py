@@ -187,21 +187,37 @@ class BothProtocols(_Logged):
             pass
         self.assertEqual(self.log.calls, [("begin", 0x55, 0xC0, 0), ("end", 0x55, 0xC0)])
 
-    def test_exchange_falls_back_to_the_cai_stream_when_dlpack_finds_none(self):
-        named = _torch_like({"shape": (4,), "typestr": "<f4", "data": (PTR, False),
-                             "version": 3, "stream": 0x77}, module="somelib")
-        with dlsync.exchange([named(), 0x51], 0xC0):
+    def test_exchange_leaves_such_objects_to_the_dlpack_rules_alone(self):
+        # The CAI of an object with __dlpack__ is never read by exchange (a
+        # property that may raise or block): one that exposes no stream to the
+        # DLPack rules is still told to go through wrap.
+        reads = []
+        cls = _producer_class(module="somelib")
+        cls.__cuda_array_interface__ = property(
+            lambda self: reads.append(1) or {"shape": (4,), "typestr": "<f4",
+                                             "data": (PTR, False), "version": 3,
+                                             "stream": 0x77})
+        for producer in (cls(), [cls(), 0x51]):
+            with self.assertRaises(dlsync.Error) as info:
+                with dlsync.exchange(producer, 0xC0):
+                    pass
+            self.assertIn("dlsync.wrap", info.exception.message)
+        self.assertEqual(reads, [])
+        self.assertEqual(self.log.calls, [])
+
+    def test_a_cai_property_that_raises_is_not_touched_by_wrap_or_exchange(self):
+        # PyTorch raises from __cuda_array_interface__ for a tensor that
+        # requires grad; its DLPack path must not notice.
+        def raising(self):
+            raise RuntimeError("Can't get __cuda_array_interface__ on Variable that requires grad")
+
+        cls = _producer_class(cuda_stream=0x55)
+        cls.__cuda_array_interface__ = property(raising)
+        with dlsync.exchange(cls(), 0xC0):
             pass
-        self.assertEqual(self.log.calls, [("begin_many", (0x77, 0x51), 0xC0, 0),
-                                          ("end", (0x77, 0x51), 0xC0)])
-        # A CAI that names no stream does not vouch for a DLPack producer that
-        # exposes none: exchange still says to hand it over through wrap.
-        silent = _torch_like({"shape": (4,), "typestr": "<f4", "data": (PTR, False),
-                              "version": 2}, module="somelib")
-        with self.assertRaises(dlsync.Error) as info:
-            with dlsync.exchange(silent(), 0xC0):
-                pass
-        self.assertIn("dlsync.wrap", info.exception.message)
+        dlsync.wrap(cls()).__dlpack__(stream=0xC1)
+        self.assertEqual(self.log.calls, [("begin", 0x55, 0xC0, 0), ("end", 0x55, 0xC0),
+                                          ("begin", 0x55, 0xC1, 0), ("end", 0x55, 0xC1)])
 
     def test_an_attribute_error_inside_is_not_read_as_no_interface(self):
         # Numba asks hasattr(x, "__cuda_array_interface__") first: an
