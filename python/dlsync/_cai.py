@@ -33,7 +33,7 @@ the host on a stream, which inside a capture is
 ``CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED``.
 
 Every check here is made before anything is queued; nothing here calls the
-CUDA driver but the exchange itself.
+CUDA driver but the exchange and its capture query.
 """
 
 from __future__ import annotations
