@@ -181,7 +181,15 @@ def exchange(producer: Any, consumer: Any, capture_stable: bool = False) -> Exch
 
     A context manager (the backend's ``Exchange``: its ``__enter__`` begins,
     its ``__exit__`` ends), entered once at a time; entering it while it is
-    entered, or exiting it when it is not, is RuntimeError."""
+    entered, or exiting it when it is not, is RuntimeError.
+
+    A producer that exposes only ``__cuda_array_interface__`` is ordered
+    after the stream its dict names (none: nothing to order); see
+    dlsync/_cai.py."""
+    if producer is not None and not isinstance(producer, int):
+        from . import _cai
+
+        producer = _cai.for_exchange(producer)
     return _b.Exchange(producer, consumer, capture_stable)
 
 

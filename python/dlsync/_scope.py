@@ -182,7 +182,7 @@ class _Wrapped:
         return self._obj.__dlpack__(stream=consumer, **kwargs)
 
 
-def wrap(obj: Any, producer: Any = None) -> _Wrapped:
+def wrap(obj: Any, producer: Any = None, consumer: Any = None, writable: bool = False) -> Any:
     """A DLPack producer for ``from_dlpack`` consumers that orders the
     producer's stream before the stream the consumer asks for,
     capture-aware, and asks the real producer for its capsule without a
@@ -197,10 +197,26 @@ def wrap(obj: Any, producer: Any = None) -> _Wrapped:
     touched. Inside a :func:`scope`, wraps made before the first of them is
     exported share one exchange per (producer, consumer) stream pair.
 
-    ``obj`` must be a DLPack producer (``__dlpack__`` and
+    With ``consumer=`` (a stream), or for an object that exposes only
+    ``__cuda_array_interface__``, the result also exposes
+    ``__cuda_array_interface__`` version 3 for that consumer stream, with
+    ``stream: None``: reading it orders the consumer after the producer
+    (``writable=True``, a promise that the consumer writes, makes that read
+    refuse a read-only array). See dlsync/_cai.py.
+
+    Otherwise ``obj`` must be a DLPack producer (``__dlpack__`` and
     ``__dlpack_device__``): TypeError otherwise."""
+    if consumer is not None or writable or _cai_only(obj):
+        from . import _cai
+
+        return _cai.wrap(obj, producer, consumer, writable)
     missing = [m for m in ("__dlpack__", "__dlpack_device__") if not hasattr(obj, m)]
     if missing:
         raise TypeError(f"dlsync.wrap: {type(obj).__name__} {obj!r:.80} is not a DLPack producer "
-                        f"(it has no {' and no '.join(missing)})")
+                        f"(it has no {' and no '.join(missing)} and no __cuda_array_interface__)")
     return _Wrapped(obj, producer)
+
+
+def _cai_only(obj: Any) -> bool:
+    # __dlpack__ first: a tensor's __cuda_array_interface__ is a property that may raise.
+    return not hasattr(obj, "__dlpack__") and hasattr(obj, "__cuda_array_interface__")

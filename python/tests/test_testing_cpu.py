@@ -27,6 +27,11 @@ LEGACY = ("RuntimeError: CUDA error: operation would make the legacy stream depe
           "capturing blocking stream")
 ISOLATION = "RuntimeError: CUDA error: dependency created on uncaptured work in another stream"
 SAMPLES = {
+    "CAI stream sync": ["CudaAPIError: [CUresult.CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED] Call to "
+                        "cuStreamSynchronize results in CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+                        "[900] Call to cuStreamSynchronize results in "
+                        "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED",
+                        "set NUMBA_CUDA_ARRAY_INTERFACE_SYNC=0"],
     "sync during capture": [SYNC, "cudaErrorStreamCaptureUnsupported",
                             "CUDA error: operation not permitted on an event last recorded in a "
                             "capturing stream"],
@@ -112,6 +117,16 @@ class ErrorTable(unittest.TestCase):
         self.assertEqual(rp.classify_error([SYNC, INVALIDATED]).category, "sync during capture")
         self.assertEqual(rp.classify_error([INVALIDATED, ISOLATION]).category, "isolation")
         self.assertEqual(rp.classify_error([INVALIDATED]).category, "invalidated")
+
+    def test_a_cai_stream_sync_is_named_in_numbas_words_with_the_fix(self):
+        numba = SAMPLES["CAI stream sync"][0]
+        kind = rp.classify_error([INVALIDATED, numba])
+        self.assertEqual(kind.category, "CAI stream sync")
+        self.assertIn("NUMBA_CUDA_ARRAY_INTERFACE_SYNC", kind.meaning)
+        self.assertIn("operation not permitted when stream is capturing", kind.meaning)
+        self.assertIn("dlsync.wrap(x, consumer=stream)", kind.advice)
+        # CUDA's own words for a sync, without Numba's, stay the general row.
+        self.assertEqual(rp.classify_error([SYNC]).category, "sync during capture")
 
     def test_unknown_messages_match_no_row(self):
         self.assertIsNone(rp.classify_error(["RuntimeError: out of memory", ""]))

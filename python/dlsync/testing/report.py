@@ -45,6 +45,23 @@ _WRAP = "import through dlsync.wrap inside dlsync.scope()"
 # earlier error) only answers when nothing names that earlier error.
 ERROR_TABLE: Tuple[ErrorKind, ...] = (
     ErrorKind(
+        "CAI stream sync",
+        "CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED (cuStreamSynchronize)",
+        (
+            "custreamsynchronize results in cuda_error_stream_capture_unsupported",
+            "numba_cuda_array_interface_sync",
+        ),
+        "a __cuda_array_interface__ consumer (Numba's cuda.as_cuda_array, or a Numba kernel given "
+        "a foreign array) synchronised the host on the producer's CAI stream, as Numba does by "
+        "default (NUMBA_CUDA_ARRAY_INTERFACE_SYNC=1); cuStreamSynchronize on a capturing stream, "
+        "or on any stream while a GLOBAL capture runs, is refused (operation not permitted when "
+        "stream is capturing) and invalidates the capture",
+        "hand the consumer dlsync.wrap(x, consumer=stream) inside dlsync.scope(), with the stream "
+        "its kernel launches on: reading its __cuda_array_interface__ orders that stream after "
+        "the producer and exports stream None, so Numba does not synchronise. Turning "
+        "NUMBA_CUDA_ARRAY_INTERFACE_SYNC off alone leaves the read unordered",
+    ),
+    ErrorKind(
         "sync during capture",
         "cudaErrorStreamCaptureUnsupported",
         (
