@@ -176,6 +176,12 @@ def producer_stream(obj: Any) -> Optional[int]:
 # ---- in: dlsync.exchange ----
 
 
+class NothingToOrder(list):  # type: ignore[type-arg]
+    """The producers left when every one was a CAI producer whose dict names
+    no stream: an exchange with nothing to order after (unlike an empty list
+    the caller wrote, which dlsync.exchange refuses as a mistake)."""
+
+
 def for_exchange(producer: Any) -> Any:
     """``producer`` as dlsync.exchange takes it, with producers that expose
     only the CAI turned into the stream their dict names: as a one-stream
@@ -186,7 +192,7 @@ def for_exchange(producer: Any) -> Any:
     if isinstance(producer, (list, tuple)):
         if not any(only_cai(p) for p in producer):
             return producer
-        out: List[Any] = []
+        out: List[Any] = NothingToOrder()
         for p in producer:
             if not only_cai(p):
                 out.append(p)
@@ -194,11 +200,11 @@ def for_exchange(producer: Any) -> Any:
             s = producer_stream(p)
             if s is not None:
                 out.append(s)
-        return out
+        return out if not out else list(out)
     if not only_cai(producer):
         return producer
     s = producer_stream(producer)
-    return [] if s is None else [s]
+    return NothingToOrder() if s is None else [s]
 
 
 # ---- out: __cuda_array_interface__ for a named consumer stream ----

@@ -155,7 +155,9 @@ def exchange_python(producer: Any, consumer: Any, flags: int) -> Ender:
     producers and for tensors (both backends' Exchange hand those here). An
     object with ``end()``."""
     if isinstance(producer, (list, tuple)):
-        if not producer:
+        from . import _cai
+
+        if not producer and not isinstance(producer, _cai.NothingToOrder):
             raise ValueError(
                 f"dlsync.exchange: the producers are an empty {type(producer).__name__}: nothing "
                 "to order the consumer after (enter no exchange for no producer)")

@@ -422,7 +422,7 @@ class SameMisuseOnBothBackends(unittest.TestCase):
                           "not a 3-tuple (1, 2, 3)"])
         self.assertEqual(by_name["wrap of an int"][2:],
                          ["TypeError", "dlsync.wrap: int 5 is not a DLPack producer (it has no "
-                          "__dlpack__ and no __dlpack_device__)"])
+                          "__dlpack__ and no __dlpack_device__ and no __cuda_array_interface__)"])
         self.assertEqual(by_name["an empty tuple of producers"][2:],
                          ["ValueError", "dlsync.exchange: the producers are an empty tuple: "
                           "nothing to order the consumer after (enter no exchange for no "
