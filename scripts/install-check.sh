@@ -10,6 +10,8 @@
 #   3. examples/pkgconfig_consumer against it (shared and static);
 #   4. examples/cmake_consumer with dlsync as a FetchContent subproject, cmocka
 #      hidden: only the libraries are built, the parent's build type is left alone;
+#      cmake --install of the parent: the installed programs run (static, and
+#      shared with libdlsync.so.0.MINOR installed beside them, nothing else);
 #   5. pip wheel (cp39-abi3) built where no CUDA toolkit is seen
 #      (DLSYNC_IGNORE_CUDA_TOOLKIT=1, no nvcc, no CUDA_HOME): first without
 #      the nvidia-cuda-runtime wheel (the build must stop, naming it), then
@@ -141,6 +143,22 @@ fi
 if [ -e "$work/fetch/_deps/dlsync-build/tools" ] || [ -e "$work/fetch/_deps/dlsync-build/tests" ]; then
   echo "the subproject built its tools or tests" >&2; exit 1
 fi
+step "FetchContent consumer installed: the installed programs run from their prefix"
+# install(TARGETS app) in the parent: consumer_static needs no libdlsync;
+# consumer_shared finds libdlsync.so.0.MINOR, which the subproject installs
+# into the parent's lib/ (its runtime file only: no headers, no package).
+fprefix="$work/fetch-prefix"
+rm -rf "$fprefix"
+run cmake --install "$work/fetch" --prefix "$fprefix"
+for app in consumer_shared consumer_static; do
+  [ -x "$fprefix/bin/$app" ] || { echo "FetchContent consumer: $app not installed" >&2; exit 1; }
+  env -u LD_LIBRARY_PATH "$fprefix/bin/$app" >"$work/fetch-$app.txt" 2>&1 ||
+    { echo "FetchContent consumer: the installed $app does not run:" >&2; cat "$work/fetch-$app.txt" >&2; exit 1; }
+done
+[ -e "$fprefix/lib/$want_soname" ] || { echo "FetchContent consumer: $want_soname not installed" >&2; exit 1; }
+for f in include lib/cmake lib/pkgconfig lib/libdlsync.a lib/libdlsync.so bin/dlsync-info; do
+  [ ! -e "$fprefix/$f" ] || { echo "FetchContent consumer: the subproject installed $f (only the runtime file is wanted)" >&2; exit 1; }
+done
 
 step "the wheel where no CUDA toolkit is seen: the hint without nvidia-cuda-runtime, cuda.h from it with"
 # A venv that builds without isolation (so that it sees what is installed in
