@@ -11,7 +11,9 @@
 #   -DINFO=<dlsync-info> -DMODE=combos -DPYTHON=<python3>: options combine
 #     (getopt_long): --json --version prints one JSON object; --version
 #     --selftest runs both; --help --bogus, --json --selftest and a stray
-#     argument are usage errors (exit 2, usage on stderr).
+#     argument are usage errors (exit 2, usage on stderr); a value given to
+#     an option that takes none (--version=1, --json=x, --vers=1) is one too,
+#     and the message names that option as it was written.
 if(NOT INFO)
   message(FATAL_ERROR "pass -DINFO=<path of dlsync-info>")
 endif()
@@ -50,7 +52,7 @@ assert "libcuda" in d and "libhwloc" in d, d
   execute_process(COMMAND ${INFO} --version --selftest RESULT_VARIABLE rc OUTPUT_VARIABLE out
                   ERROR_VARIABLE err)
   set(both_ran 0)
-  if(out MATCHES "^dlsync library [0-9.]+ ")
+  if(out MATCHES "^dlsync library [0-9]+\\.[0-9]+\\.[0-9]+(\\.dev[0-9]+)? ")
     if(rc EQUAL 77 AND out MATCHES "nothing to test")
       set(both_ran 1)
     elseif(rc EQUAL 0 AND out MATCHES "selftest: PASS")
@@ -65,6 +67,14 @@ assert "libcuda" in d and "libhwloc" in d, d
                     ERROR_VARIABLE err)
     if(NOT rc EQUAL 2 OR NOT err MATCHES "usage: dlsync-info" OR NOT out STREQUAL "")
       message(FATAL_ERROR "dlsync-info ${args}: exit ${rc} (want 2)\nstdout: ${out}\nstderr: ${err}")
+    endif()
+  endforeach()
+  foreach(arg "--version=1" "--json=x" "--vers=1" "--help=")
+    execute_process(COMMAND ${INFO} ${arg} RESULT_VARIABLE rc OUTPUT_VARIABLE out
+                    ERROR_VARIABLE err)
+    string(FIND "${err}" "dlsync-info: option takes no value '${arg}'\n" at)
+    if(NOT rc EQUAL 2 OR at LESS 0 OR NOT out STREQUAL "")
+      message(FATAL_ERROR "dlsync-info ${arg}: exit ${rc} (want 2, naming ${arg})\nstdout: ${out}\nstderr: ${err}")
     endif()
   endforeach()
 elseif(MODE STREQUAL "usage")
@@ -82,8 +92,8 @@ elseif(MODE STREQUAL "version")
   execute_process(COMMAND ${INFO} --version RESULT_VARIABLE rc OUTPUT_VARIABLE out
                   ERROR_VARIABLE err)
   file(REAL_PATH "${LIB}" lib)
-  if(NOT rc EQUAL 0 OR NOT out MATCHES "dlsync library ([0-9.]+) \\(([0-9]+)\\), headers ([0-9.]+) \\(([0-9]+)\\)\n"
-     OR NOT CMAKE_MATCH_1 STREQUAL CMAKE_MATCH_3 OR NOT CMAKE_MATCH_2 STREQUAL CMAKE_MATCH_4)
+  if(NOT rc EQUAL 0 OR NOT out MATCHES "dlsync library ([0-9]+\\.[0-9]+\\.[0-9]+(\\.dev[0-9]+)?) \\(([0-9]+)\\), headers ([0-9.a-z]+) \\(([0-9]+)\\)\n"
+     OR NOT CMAKE_MATCH_1 STREQUAL CMAKE_MATCH_4 OR NOT CMAKE_MATCH_3 STREQUAL CMAKE_MATCH_5)
     message(FATAL_ERROR "--version: exit ${rc}, versions not found or differ\nstdout: ${out}\nstderr: ${err}")
   endif()
   string(FIND "${out}" "libdlsync: ${lib}\n" at)

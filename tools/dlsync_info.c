@@ -838,6 +838,14 @@ int main(int argc, char **argv) {
       help = 1;
       break;
     default:
+      /* A long option is named as written: getopt_long gives optopt the
+       * option's value (not a letter the user typed) when a known option
+       * was given a value it takes none of (--version=1), 0 when unknown. */
+      if (strncmp(argv[optind - 1], "--", 2) == 0)
+        return usage_error(optopt != 0 && strchr(argv[optind - 1], '=') != NULL
+                               ? "option takes no value"
+                               : "unknown option",
+                           argv[optind - 1]);
       if (optopt != 0 && optopt != '?')
         return usage_error("unknown option", (char[]){'-', (char)optopt, '\0'});
       return usage_error("unknown option", argv[optind - 1]);
