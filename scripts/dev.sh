@@ -175,7 +175,7 @@ test)
   PATH="$eco_venv/bin:$PATH" run_ctest "$root/build/release"
   # Each of the three ran: none of them may be a skip here.
   skipped=$(grep -E ' (test_xla_ffi|nanobind_cpu|test_tvm_ffi) [.]+[*]+Skipped' \
-    "$root/build/release.ctest.log" | sed 's/.* \([a-z_]*\) [.]*.*/\1/' | tr '\n' ' ' || true)
+    "$root/build/release.ctest.log" | sed 's/.*: \([a-z_]*\) .*/\1/' | tr '\n' ' ' || true)
   if [ -n "$skipped" ]; then
     failed_what="skipped although their packages were installed: $skipped"
     exit 1
