@@ -22,7 +22,8 @@
 #      installed package, on the compiled binding and on the ctypes fallback
 #      (test_native);
 #   5b. against the installed wheel: a C program through its dlsync.pc, the
-#      CMake consumer through the `cmake.prefix` entry point, its dlsync-info;
+#      CMake consumer through the `cmake.prefix` entry point, its dlsync-info
+#      (no libhwloc NEEDed; the topology shown where libhwloc.so.15 is);
 #   6. python/bench/bench_python.py without a GPU (its skip line) and
 #      python/tests/test_bench.py (its rows, the in-place build of _native);
 #   7. the tree configured, built and tested with CMake 3.21 (the floor; from
@@ -240,6 +241,14 @@ grep -q "^libdlsync: $(cd "$site/dlsync" && pwd -P)/libdlsync.so$" "$work/wheel-
   { echo "the wheel's dlsync-info does not use the wheel's libdlsync:" >&2; cat "$work/wheel-info.txt" >&2; exit 1; }
 if readelf -d "$site/dlsync/bin/dlsync-info" | grep NEEDED | grep -Eq 'hwloc|libcuda'; then
   echo "the wheel's dlsync-info NEEDs hwloc or libcuda" >&2; exit 1
+fi
+# It loads libhwloc at run time: where this machine has libhwloc.so.15 (the
+# build found hwloc's headers), its report shows the machine's topology.
+if pkg-config --exists 'hwloc >= 2.1' && ldconfig -p | grep -q 'libhwloc\.so\.15 '; then
+  "$site/dlsync/bin/dlsync-info" >"$work/wheel-report.txt" 2>&1 || true
+  grep -q '^machine: [0-9]* package' "$work/wheel-report.txt" ||
+    { echo "the wheel's dlsync-info shows no topology although libhwloc.so.15 is here:" >&2
+      cat "$work/wheel-report.txt" >&2; exit 1; }
 fi
 mkdir -p "$work/pytests"
 # test_native checks the compiled binding is the one in use (DLSYNC_EXPECT_NATIVE)

@@ -14,6 +14,9 @@
 #     argument are usage errors (exit 2, usage on stderr); a value given to
 #     an option that takes none (--version=1, --json=x, --vers=1) is one too,
 #     and the message names that option as it was written.
+#   -DINFO=<dlsync-info-hwloc-dl> -DLINKED=<dlsync-info> -DMODE=hwloc_dlopen:
+#     the variant that loads libhwloc at run time (the wheel's) NEEDs no
+#     libhwloc and prints the same machine line as the one linked with it.
 if(NOT INFO)
   message(FATAL_ERROR "pass -DINFO=<path of dlsync-info>")
 endif()
@@ -99,6 +102,21 @@ elseif(MODE STREQUAL "version")
   string(FIND "${out}" "libdlsync: ${lib}\n" at)
   if(at LESS 0 OR NOT out MATCHES "\nlibcuda: " OR NOT out MATCHES "\nlibhwloc: ")
     message(FATAL_ERROR "--version does not name ${lib}, libcuda and libhwloc:\n${out}")
+  endif()
+elseif(MODE STREQUAL "hwloc_dlopen")
+  execute_process(COMMAND readelf -d ${INFO} RESULT_VARIABLE rc OUTPUT_VARIABLE dyn)
+  if(NOT rc EQUAL 0 OR dyn MATCHES "NEEDED[^\n]*hwloc")
+    message(FATAL_ERROR "${INFO} NEEDs libhwloc (or readelf failed, exit ${rc}):\n${dyn}")
+  endif()
+  foreach(which INFO LINKED)
+    execute_process(COMMAND ${${which}} RESULT_VARIABLE rc OUTPUT_VARIABLE out ERROR_VARIABLE err)
+    if(NOT rc EQUAL 0 OR NOT out MATCHES "\n(machine: [0-9]+ packages?, [^\n]*)\n")
+      message(FATAL_ERROR "${${which}}: exit ${rc}, no machine line\n${out}\n${err}")
+    endif()
+    set(machine_${which} "${CMAKE_MATCH_1}")
+  endforeach()
+  if(NOT machine_INFO STREQUAL machine_LINKED)
+    message(FATAL_ERROR "hwloc loaded at run time: '${machine_INFO}', linked: '${machine_LINKED}'")
   endif()
 elseif(MODE STREQUAL "selftest")
   execute_process(COMMAND ${INFO} --selftest RESULT_VARIABLE rc OUTPUT_VARIABLE out
