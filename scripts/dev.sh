@@ -3,8 +3,10 @@
 # The two commands of the README.
 #
 #   bash scripts/dev.sh info   builds dlsync (Release) and runs dlsync-info
-#   bash scripts/dev.sh test   checks the docs' links (scripts/check-links.py),
-#                              then
+#   bash scripts/dev.sh test   checks the docs' links (scripts/check-links.py)
+#                              and that their tables of GPU results are those
+#                              docs/results/ gives (scripts/results-tables.py
+#                              --check), then
 #                              builds and runs the tests: Release (with the
 #                              optional nanobind, TVM FFI and XLA FFI headers
 #                              compiled against the real packages: nanobind
@@ -164,8 +166,9 @@ test)
     stage "clang-format"
     (cd "$root" && git ls-files '*.c' '*.h' '*.cpp' | xargs clang-format --dry-run --Werror)
   fi
-  stage "docs: relative links and their anchors"
+  stage "docs: relative links and their anchors; generated tables current"
   python3 "$root/scripts/check-links.py" "$root"
+  python3 "$root/scripts/results-tables.py" --check
   stage "packages for the optional headers (nanobind, apache-tvm-ffi, jaxlib's FFI headers; PyPI)"
   eco_setup
   stage "Release, warnings as errors; the optional headers against the real packages"
