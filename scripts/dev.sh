@@ -3,7 +3,17 @@
 # The two commands of the README.
 #
 #   bash scripts/dev.sh info   builds dlsync (Release) and runs dlsync-info
-#   bash scripts/dev.sh test   builds and runs the tests: Release, then
+#   bash scripts/dev.sh test   checks the docs' links (scripts/check-links.py)
+#                              and that their tables of GPU results are those
+#                              docs/results/ gives (scripts/results-tables.py
+#                              --check), then
+#                              builds and runs the tests: Release (with the
+#                              optional nanobind, TVM FFI and XLA FFI headers
+#                              compiled against the real packages: nanobind
+#                              and apache-tvm-ffi from PyPI into a venv under
+#                              build/, XLA's FFI headers out of the jaxlib
+#                              wheel; those three tests must run, not skip),
+#                              then
 #                              the module graph check (scripts/modgraph.sh),
 #                              Debug with ASan+UBSan, then ThreadSanitizer on
 #                              every C test; warnings are errors;
@@ -104,6 +114,36 @@ run_ctest() {
   return 1
 }
 
+# The packages behind the optional headers (include/dlsync/nanobind.h,
+# tvm_ffi.h, xla_ffi.h), from PyPI: nanobind and apache-tvm-ffi into
+# build/eco-venv (it sees the system's packages too, so the other Python
+# tests run with it as they do with python3); jaxlib's wheel is only
+# downloaded and its include/ (xla/ffi/api/*.h) taken out into
+# build/eco/include: its headers are all the test needs.
+eco_venv="$root/build/eco-venv"
+eco_include="$root/build/eco/include"
+eco_setup() {
+  [ -x "$eco_venv/bin/python3" ] || python3 -m venv --system-site-packages "$eco_venv"
+  "$eco_venv/bin/python3" -m pip install -q --disable-pip-version-check nanobind apache-tvm-ffi
+  if [ ! -f "$eco_include/xla/ffi/api/ffi.h" ]; then
+    rm -rf "$root/build/eco" && mkdir -p "$root/build/eco/wheel"
+    "$eco_venv/bin/python3" -m pip download -q --disable-pip-version-check --no-deps jaxlib \
+      -d "$root/build/eco/wheel"
+    "$eco_venv/bin/python3" - "$root/build/eco/wheel" "$root/build/eco" <<'PY'
+import glob, os, sys, zipfile
+(whl,) = glob.glob(os.path.join(sys.argv[1], "jaxlib-*.whl"))
+with zipfile.ZipFile(whl) as z:
+    for name in z.namelist():
+        if name.startswith("jaxlib/include/") and not name.endswith("/"):
+            out = os.path.join(sys.argv[2], name[len("jaxlib/"):])
+            os.makedirs(os.path.dirname(out), exist_ok=True)
+            with z.open(name) as src, open(out, "wb") as dst:
+                dst.write(src.read())
+PY
+  fi
+  [ -f "$eco_include/xla/ffi/api/ffi.h" ] || { echo "no xla/ffi/api/ffi.h in the jaxlib wheel" >&2; return 1; }
+}
+
 build() { # build DIR cmake-args...
   local dir=$1
   shift
@@ -126,9 +166,23 @@ test)
     stage "clang-format"
     (cd "$root" && git ls-files '*.c' '*.h' '*.cpp' | xargs clang-format --dry-run --Werror)
   fi
-  stage "Release, warnings as errors"
-  build "$root/build/release" -DCMAKE_BUILD_TYPE=Release -DDLSYNC_WERROR=ON
-  run_ctest "$root/build/release"
+  stage "docs: relative links and their anchors; generated tables current"
+  python3 "$root/scripts/check-links.py" "$root"
+  python3 "$root/scripts/results-tables.py" --check
+  stage "packages for the optional headers (nanobind, apache-tvm-ffi, jaxlib's FFI headers; PyPI)"
+  eco_setup
+  stage "Release, warnings as errors; the optional headers against the real packages"
+  PATH="$eco_venv/bin:$PATH" build "$root/build/release" -DCMAKE_BUILD_TYPE=Release \
+    -DDLSYNC_WERROR=ON -DPython3_EXECUTABLE="$eco_venv/bin/python3" \
+    -DDLSYNC_XLA_FFI_INCLUDE_DIR="$eco_include"
+  PATH="$eco_venv/bin:$PATH" run_ctest "$root/build/release"
+  # Each of the three ran: none of them may be a skip here.
+  skipped=$(grep -E ' (test_xla_ffi|nanobind_cpu|test_tvm_ffi) [.]+[*]+Skipped' \
+    "$root/build/release.ctest.log" | sed 's/.*: \([a-z_]*\) .*/\1/' | tr '\n' ' ' || true)
+  if [ -n "$skipped" ]; then
+    failed_what="skipped although their packages were installed: $skipped"
+    exit 1
+  fi
   stage "module graph (no cycle, no edge going up)"
   bash "$root/scripts/modgraph.sh" "$root/build/release"
   stage "Debug with AddressSanitizer and UndefinedBehaviorSanitizer"

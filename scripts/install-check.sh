@@ -10,6 +10,8 @@
 #   3. examples/pkgconfig_consumer against it (shared and static);
 #   4. examples/cmake_consumer with dlsync as a FetchContent subproject, cmocka
 #      hidden: only the libraries are built, the parent's build type is left alone;
+#      cmake --install of the parent: the installed programs run (static, and
+#      shared with libdlsync.so.0.MINOR installed beside them, nothing else);
 #   5. pip wheel (cp39-abi3) built where no CUDA toolkit is seen
 #      (DLSYNC_IGNORE_CUDA_TOOLKIT=1, no nvcc, no CUDA_HOME): first without
 #      the nvidia-cuda-runtime wheel (the build must stop, naming it), then
@@ -20,7 +22,8 @@
 #      installed package, on the compiled binding and on the ctypes fallback
 #      (test_native);
 #   5b. against the installed wheel: a C program through its dlsync.pc, the
-#      CMake consumer through the `cmake.prefix` entry point, its dlsync-info;
+#      CMake consumer through the `cmake.prefix` entry point, its dlsync-info
+#      (no libhwloc NEEDed; the topology shown where libhwloc.so.15 is);
 #   6. python/bench/bench_python.py without a GPU (its skip line) and
 #      python/tests/test_bench.py (its rows, the in-place build of _native);
 #   7. the tree configured, built and tested with CMake 3.21 (the floor; from
@@ -141,6 +144,22 @@ fi
 if [ -e "$work/fetch/_deps/dlsync-build/tools" ] || [ -e "$work/fetch/_deps/dlsync-build/tests" ]; then
   echo "the subproject built its tools or tests" >&2; exit 1
 fi
+step "FetchContent consumer installed: the installed programs run from their prefix"
+# install(TARGETS app) in the parent: consumer_static needs no libdlsync;
+# consumer_shared finds libdlsync.so.0.MINOR, which the subproject installs
+# into the parent's lib/ (its runtime file only: no headers, no package).
+fprefix="$work/fetch-prefix"
+rm -rf "$fprefix"
+run cmake --install "$work/fetch" --prefix "$fprefix"
+for app in consumer_shared consumer_static; do
+  [ -x "$fprefix/bin/$app" ] || { echo "FetchContent consumer: $app not installed" >&2; exit 1; }
+  env -u LD_LIBRARY_PATH "$fprefix/bin/$app" >"$work/fetch-$app.txt" 2>&1 ||
+    { echo "FetchContent consumer: the installed $app does not run:" >&2; cat "$work/fetch-$app.txt" >&2; exit 1; }
+done
+[ -e "$fprefix/lib/$want_soname" ] || { echo "FetchContent consumer: $want_soname not installed" >&2; exit 1; }
+for f in include lib/cmake lib/pkgconfig lib/libdlsync.a lib/libdlsync.so bin/dlsync-info; do
+  [ ! -e "$fprefix/$f" ] || { echo "FetchContent consumer: the subproject installed $f (only the runtime file is wanted)" >&2; exit 1; }
+done
 
 step "the wheel where no CUDA toolkit is seen: the hint without nvidia-cuda-runtime, cuda.h from it with"
 # A venv that builds without isolation (so that it sees what is installed in
@@ -222,6 +241,14 @@ grep -q "^libdlsync: $(cd "$site/dlsync" && pwd -P)/libdlsync.so$" "$work/wheel-
   { echo "the wheel's dlsync-info does not use the wheel's libdlsync:" >&2; cat "$work/wheel-info.txt" >&2; exit 1; }
 if readelf -d "$site/dlsync/bin/dlsync-info" | grep NEEDED | grep -Eq 'hwloc|libcuda'; then
   echo "the wheel's dlsync-info NEEDs hwloc or libcuda" >&2; exit 1
+fi
+# It loads libhwloc at run time: where this machine has libhwloc.so.15 (the
+# build found hwloc's headers), its report shows the machine's topology.
+if pkg-config --exists 'hwloc >= 2.1' && ldconfig -p | grep -q 'libhwloc\.so\.15 '; then
+  "$site/dlsync/bin/dlsync-info" >"$work/wheel-report.txt" 2>&1 || true
+  grep -q '^machine: [0-9]* package' "$work/wheel-report.txt" ||
+    { echo "the wheel's dlsync-info shows no topology although libhwloc.so.15 is here:" >&2
+      cat "$work/wheel-report.txt" >&2; exit 1; }
 fi
 mkdir -p "$work/pytests"
 # test_native checks the compiled binding is the one in use (DLSYNC_EXPECT_NATIVE)

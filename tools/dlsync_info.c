@@ -238,13 +238,16 @@ static int collect(report *r) {
   topo_topology *topo = NULL;
   dlsync_status st;
   char err[256];
+  int loaded;
 
   r->version = dlsync_version_string();
   r->version_number = dlsync_version();
 
-  if (topo_load(&topo, err, sizeof err) != 0 ||
-      topo_machine_get(&r->machine, topo, err, sizeof err) != 0) {
-    r->failed = topo_built_in; /* without hwloc: said, not a failure */
+  loaded = topo_load(&topo, err, sizeof err);
+  if (loaded != 0 || topo_machine_get(&r->machine, topo, err, sizeof err) != 0) {
+    /* Without hwloc (not built in, or no libhwloc to load): said, not a
+     * failure. */
+    r->failed = topo_built_in && loaded != -2;
     r->machine_error = dup_string(err);
     if (r->machine_error == NULL)
       goto cleanup;
@@ -838,6 +841,14 @@ int main(int argc, char **argv) {
       help = 1;
       break;
     default:
+      /* A long option is named as written: getopt_long gives optopt the
+       * option's value (not a letter the user typed) when a known option
+       * was given a value it takes none of (--version=1), 0 when unknown. */
+      if (strncmp(argv[optind - 1], "--", 2) == 0)
+        return usage_error(optopt != 0 && strchr(argv[optind - 1], '=') != NULL
+                               ? "option takes no value"
+                               : "unknown option",
+                           argv[optind - 1]);
       if (optopt != 0 && optopt != '?')
         return usage_error("unknown option", (char[]){'-', (char)optopt, '\0'});
       return usage_error("unknown option", argv[optind - 1]);

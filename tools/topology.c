@@ -8,6 +8,11 @@
 #include "topology.h"
 
 #include <errno.h>
+#ifdef TOPO_HWLOC_DLOPEN
+/* The wheel's dlsync-info: hwloc's functions are forwarders to
+ * libhwloc.so.15 loaded at run time; nothing of hwloc is linked. */
+#include "topology_dl.h"
+#endif
 #include <hwloc.h>
 #include <stdarg.h>
 #include <stdio.h>
@@ -79,6 +84,10 @@ int topo_load(topo_topology **out, char *err, size_t errlen) {
   if (out == NULL)
     return fail(err, errlen, "topo_load: out is NULL");
   *out = NULL;
+#ifdef TOPO_HWLOC_DLOPEN
+  if (topo_dl_open(err, errlen) != 0)
+    return -2;
+#endif
 
   /* The library loaded at run time must speak the ABI compiled against. */
   if ((hwloc_get_api_version() >> 16) != (HWLOC_API_VERSION >> 16)) {

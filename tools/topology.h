@@ -20,8 +20,9 @@
 
 typedef struct topo_topology topo_topology;
 
-/* 1 in topology.c (hwloc), 0 in topology_none.c (built without hwloc: every
- * function below fails saying so, and that is not a failure of the report). */
+/* 1 in topology.c (hwloc, linked or loaded at run time), 0 in
+ * topology_none.c (built without hwloc: every function below fails saying
+ * so, and that is not a failure of the report). */
 extern const int topo_built_in;
 
 /* One NUMA node. */
@@ -51,7 +52,10 @@ typedef struct topo_locality {
   int whole_machine;    /* 1 when the device hangs off the root: no locality known */
 } topo_locality;
 
-/* Loads the topology of this machine, PCI devices included. */
+/* Loads the topology of this machine, PCI devices included. Returns -2
+ * (with the message) where this dlsync-info loads libhwloc at run time
+ * (topology_dl.c, the wheel's) and none could be loaded: said, not a failure
+ * of the report. */
 int topo_load(topo_topology **out, char *err, size_t errlen);
 
 /* NULL is a no-op. */

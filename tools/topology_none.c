@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* dlsync-info without hwloc (the wheel's: it may need nothing but libc):
+/* dlsync-info built where hwloc's headers were not found:
  * topology.h's functions, each saying the topology is not built in. The
  * library itself still binds its threads with hwloc when libhwloc.so.15 is
  * there (driver/hwloc.c dlopens it). */
@@ -12,8 +12,8 @@ const int topo_built_in = 0;
 
 static int not_built(char *err, size_t errlen) {
   (void)snprintf(err, errlen,
-                 "this dlsync-info was built without hwloc (the wheel's): no "
-                 "topology; a build from source with libhwloc-dev shows it");
+                 "this dlsync-info was built without hwloc's headers: no "
+                 "topology; a build with libhwloc-dev (hwloc >= 2.1) shows it");
   return -1;
 }
 

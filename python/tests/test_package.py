@@ -16,7 +16,7 @@ import dlsync  # noqa: E402
 
 class PackageTest(unittest.TestCase):
     def test_version_is_the_library_version(self):
-        self.assertRegex(dlsync.__version__, r"^\d+\.\d+\.\d+$")
+        self.assertRegex(dlsync.__version__, r"^\d+\.\d+\.\d+(\.dev\d+)?$")
         self.assertEqual(dlsync.__version__, dlsync.version())
 
     def test_library_path_names_a_file(self):
