@@ -1051,9 +1051,9 @@ static void duplicate_deps_are_named(void **state) {
   destroy_graph(g);
 }
 
-/* Waits until the driver has `want` events alive, or TIMEOUT_MS. */
 /* ---- built batches after the last context ---- */
 
+/* Waits until the driver has `want` events alive, or TIMEOUT_MS. */
 static bool wait_live_events(unsigned want) {
   for (int i = 0; i < TIMEOUT_MS; i++) {
     if (fake_live_events() == want)
@@ -1148,11 +1148,11 @@ static void another_threads_built_batch_is_gone_after_the_last_context(void **st
   assert_int_equal(fake_live_events(), before);
 }
 
+/* ---- large frontiers: linear checks, the same messages ---- */
+
 /* The duplicate check of a graph lane's deps: n log n, not n^2. Timed at
  * 16,000 and 32,000 distinct nodes (the fake's own calls are linear):
  * doubling n must not near quadruple the time (bounds loose: 3x, plus 20 ms). */
-/* ---- large frontiers: linear checks, the same messages ---- */
-
 static double time_lane_check(size_t n) {
   CUgraphNode *deps = malloc(n * sizeof *deps);
   dlsync_lane lg;

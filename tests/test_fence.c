@@ -1165,9 +1165,9 @@ static void fence_used_after_its_last_release_is_invalid_argument(void **state) 
   assert_int_equal(fake_live_events(), 1); /* its event is back in the pool */
 }
 
-/* Waits until the driver has `want` events alive, or TIMEOUT_MS. */
 /* ---- an invalidated capture, and the last release ---- */
 
+/* Waits until the driver has `want` events alive, or TIMEOUT_MS. */
 static bool wait_live_events(unsigned want) {
   for (int i = 0; i < TIMEOUT_MS; i++) {
     if (fake_live_events() == want)

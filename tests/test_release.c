@@ -1035,11 +1035,11 @@ static void a_batch_synchronises_the_newest_event_of_each_stream(void **state) {
   assert_int_equal(stats_of(ctx).pending_eager, 0);
 }
 
+/* ---- the releasing threads' rings ---- */
+
 /* A thread that has released on a device before releases into its own ring
  * (order/release.c): no allocation of dlsync's, and the book counts the
  * queued releases all the same (the one holding the reclaimer too). */
-/* ---- the releasing threads' rings ---- */
-
 static void a_release_into_the_threads_ring_allocates_nothing(void **state) {
   dlsync_lane lc = dlsync_lane_stream(C);
   (void)state;
@@ -1191,10 +1191,10 @@ static void a_threads_ring_runs_after_the_thread_exits(void **state) {
   assert_int_equal(atomic_load(&deleted), 10);
 }
 
-/* n releases on l queued behind the reclaimer held in a deleter (one batch
- * once batch_gate_open is set); the cuEventSynchronize count before them. */
 /* ---- batches: the newest event of each stream ---- */
 
+/* n releases on l queued behind the reclaimer held in a deleter (one batch
+ * once batch_gate_open is set); the cuEventSynchronize count before them. */
 static unsigned held_batch(dlsync_lane *l, int n) {
   unsigned before;
   atomic_store(&deleted, 0);
