@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The CUDA driver table: libcuda.so.1 loaded with dlopen, each entry point
  * resolved once with cuGetProcAddress at the ABI version pinned in
- * include/driver/driver.h. This file is the only one that knows how
+ * driver/driver.h. This file is the only one that knows how
  * libcuda is found. */
 #include <dlfcn.h>
 #include <stdarg.h>
@@ -23,6 +23,7 @@ const dlsync__driver_entry_info dlsync__driver_entries[DLSYNC__DRIVER_ENTRY_COUN
 typedef struct loaded_driver {
   struct loaded_driver *next;
   char *path;
+  bool support; /* the SUPPORT entries resolved too (dlsync__driver_load_all) */
   dlsync__driver table;
 } loaded_driver;
 
@@ -38,7 +39,7 @@ static void *entry_value(const dlsync__driver *d, size_t i) {
   return *slot;
 }
 
-static dlsync_status load_one(dlsync__driver *t, const char *path) {
+static dlsync_status load_one(dlsync__driver *t, const char *path, bool support) {
   dlsync_status st = DLSYNC_SUCCESS;
   PFN_cuGetProcAddress_v12000 get_proc = NULL;
   void *lib = dlopen(path, RTLD_NOW | RTLD_LOCAL);
@@ -63,6 +64,8 @@ static dlsync_status load_one(dlsync__driver *t, const char *path) {
     const dlsync__driver_entry_info *e = &dlsync__driver_entries[i];
     void *fn = NULL;
     CUdriverProcAddressQueryResult found = CU_GET_PROC_ADDRESS_SYMBOL_NOT_FOUND;
+    if (e->need == DLSYNC__NEED_SUPPORT && !support)
+      continue; /* the library never calls it: left NULL */
     r = get_proc(e->symbol, &fn, e->version, CU_GET_PROC_ADDRESS_DEFAULT, &found);
     *entry_slot(t, i) = (r == CUDA_SUCCESS && found == CU_GET_PROC_ADDRESS_SUCCESS) ? fn : NULL;
   }
@@ -91,7 +94,7 @@ cleanup:
   return st;
 }
 
-dlsync_status dlsync__driver_load(const dlsync__driver **out, const char *path) {
+static dlsync_status load_cached(const dlsync__driver **out, const char *path, bool support) {
   dlsync_status st = DLSYNC_SUCCESS;
   loaded_driver *l = NULL;
   *out = NULL;
@@ -102,7 +105,7 @@ dlsync_status dlsync__driver_load(const dlsync__driver **out, const char *path) 
                         "driver_path is \"\": give a path to libcuda, or NULL for libcuda.so.1");
   pthread_mutex_lock(&load_lock);
   for (loaded_driver *it = loaded; it != NULL; it = it->next) {
-    if (strcmp(it->path, path) == 0) {
+    if (it->support == support && strcmp(it->path, path) == 0) {
       *out = &it->table;
       goto cleanup;
     }
@@ -112,7 +115,8 @@ dlsync_status dlsync__driver_load(const dlsync__driver **out, const char *path) 
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "loading the CUDA driver: out of memory");
     goto cleanup;
   }
-  st = load_one(&l->table, l->path);
+  l->support = support;
+  st = load_one(&l->table, l->path, support);
   if (st != DLSYNC_SUCCESS) {
     /* No driver is the one failure a user most likely did not expect: a
      * WARN line, once per process (every error is an INFO line anyway). */
@@ -143,17 +147,32 @@ cleanup:
   return st;
 }
 
+dlsync_status dlsync__driver_load(const dlsync__driver **out, const char *path) {
+  return load_cached(out, path, false);
+}
+
+dlsync_status dlsync__driver_load_all(const dlsync__driver **out, const char *path) {
+  return load_cached(out, path, true);
+}
+
+static dlsync_status too_old(const dlsync__driver *d, size_t i, const char *what) {
+  const dlsync__driver_entry_info *e = &dlsync__driver_entries[i];
+  return dlsync__fail(DLSYNC_ERROR_DRIVER_TOO_OLD,
+                      "%s needs %s (driver %d.%d or newer); the driver found (%s) is %d.%d", what,
+                      e->symbol, e->version / 1000, (e->version % 1000) / 10,
+                      d->origin != NULL ? d->origin : "?", d->version / 1000,
+                      (d->version % 1000) / 10);
+}
+
 dlsync_status dlsync__driver_require(const dlsync__driver *d, int need, const char *what) {
-  for (size_t i = 0; i < DLSYNC__DRIVER_ENTRY_COUNT; i++) {
-    const dlsync__driver_entry_info *e = &dlsync__driver_entries[i];
-    if (e->need == need && entry_value(d, i) == NULL)
-      return dlsync__fail(DLSYNC_ERROR_DRIVER_TOO_OLD,
-                          "%s needs %s (driver %d.%d or newer); the driver found (%s) is %d.%d",
-                          what, e->symbol, e->version / 1000, (e->version % 1000) / 10,
-                          d->origin != NULL ? d->origin : "?", d->version / 1000,
-                          (d->version % 1000) / 10);
-  }
+  for (size_t i = 0; i < DLSYNC__DRIVER_ENTRY_COUNT; i++)
+    if (dlsync__driver_entries[i].need == need && entry_value(d, i) == NULL)
+      return too_old(d, i, what);
   return DLSYNC_SUCCESS;
+}
+
+dlsync_status dlsync__driver_require_entry(const dlsync__driver *d, int index, const char *what) {
+  return entry_value(d, (size_t)index) == NULL ? too_old(d, (size_t)index, what) : DLSYNC_SUCCESS;
 }
 
 const char *dlsync__driver_error_name(const dlsync__driver *d, CUresult r) {

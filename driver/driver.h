@@ -24,14 +24,20 @@
 extern "C" {
 #endif
 
-/* What an entry is needed for. A context cannot be created without every
- * CORE entry: exactly the entries the library itself calls outside the
- * capture-aware paths (tests/test_context.c checks that a table with only
- * those makes a working context). CAPTURE entries are needed by the capture-aware paths (the
- * exchange fails with DLSYNC_ERROR_DRIVER_TOO_OLD naming the entry when one is
- * missing). OPTIONAL entries are features reported by capabilities. SUPPORT
- * entries are used only by tools, tests/gpu and bench (allocation, copies,
- * graph launch); the library itself never calls them. */
+/* What an entry is needed for (tests/test_context.c checks the first and the
+ * last: a table with only the CORE, CAPTURE and OPTIONAL entries makes a
+ * working context).
+ *   CORE      called by the library outside the capture-aware paths; a
+ *             context cannot be created without every one.
+ *   CAPTURE   called by the capture-aware paths; the exchange fails with
+ *             DLSYNC_ERROR_DRIVER_TOO_OLD naming the entry when one is missing.
+ *   OPTIONAL  called when present: a feature reported by capabilities or
+ *             refused without it (capture into a graph, dlsync_graph_launch),
+ *             or a cheaper path (the release path's cuStreamGetId and
+ *             cuEventQuery).
+ *   SUPPORT   never called by the library, which does not load them
+ *             (dlsync__driver_load leaves them NULL): the GPU tests, bench and
+ *             the fake's tests call them, through dlsync__driver_load_all. */
 enum {
   DLSYNC__NEED_CORE = 0,
   DLSYNC__NEED_CAPTURE = 1,
@@ -60,14 +66,14 @@ enum {
   X(CtxGetDevice, PFN_cuCtxGetDevice_v2000, 2000, DLSYNC__NEED_CORE)                            \
   X(CtxGetId, PFN_cuCtxGetId_v12000, 12000, DLSYNC__NEED_SUPPORT)                               \
   X(StreamGetCtx, PFN_cuStreamGetCtx_v9020, 9020, DLSYNC__NEED_CORE)                            \
-  X(StreamGetId, PFN_cuStreamGetId_v12000, 12000, DLSYNC__NEED_SUPPORT)                         \
+  X(StreamGetId, PFN_cuStreamGetId_v12000, 12000, DLSYNC__NEED_OPTIONAL)                        \
   X(StreamGetFlags, PFN_cuStreamGetFlags_v5050, 5050, DLSYNC__NEED_SUPPORT)                     \
   X(StreamWaitEvent, PFN_cuStreamWaitEvent_v3020, 3020, DLSYNC__NEED_CORE)                      \
   X(EventCreate, PFN_cuEventCreate_v2000, 2000, DLSYNC__NEED_CORE)                              \
   X(EventDestroy, PFN_cuEventDestroy_v4000, 4000, DLSYNC__NEED_CORE)                            \
   X(EventRecord, PFN_cuEventRecord_v2000, 2000, DLSYNC__NEED_CORE)                              \
   X(EventRecordWithFlags, PFN_cuEventRecordWithFlags_v11010, 11010, DLSYNC__NEED_CAPTURE)       \
-  X(EventQuery, PFN_cuEventQuery_v2000, 2000, DLSYNC__NEED_SUPPORT)                             \
+  X(EventQuery, PFN_cuEventQuery_v2000, 2000, DLSYNC__NEED_OPTIONAL)                            \
   X(EventSynchronize, PFN_cuEventSynchronize_v2000, 2000, DLSYNC__NEED_CORE)                    \
   X(LaunchHostFunc, PFN_cuLaunchHostFunc_v10000, 10000, DLSYNC__NEED_SUPPORT)                   \
   X(ThreadExchangeStreamCaptureMode, PFN_cuThreadExchangeStreamCaptureMode_v10010, 10010,       \
@@ -87,11 +93,11 @@ enum {
   X(StreamUpdateCaptureDependencies, PFN_cuStreamUpdateCaptureDependencies_v12030, 12030,       \
     DLSYNC__NEED_CAPTURE)                                                                       \
   X(GraphAddNode, PFN_cuGraphAddNode_v12030, 12030, DLSYNC__NEED_CAPTURE)                       \
-  X(GraphAddDependencies, PFN_cuGraphAddDependencies_v12030, 12030, DLSYNC__NEED_CAPTURE)       \
-  X(GraphGetEdges, PFN_cuGraphGetEdges_v12030, 12030, DLSYNC__NEED_CAPTURE)                     \
+  X(GraphAddDependencies, PFN_cuGraphAddDependencies_v12030, 12030, DLSYNC__NEED_SUPPORT)       \
+  X(GraphGetEdges, PFN_cuGraphGetEdges_v12030, 12030, DLSYNC__NEED_SUPPORT)                     \
   X(StreamBeginCaptureToGraph, PFN_cuStreamBeginCaptureToGraph_v12030, 12030,                   \
     DLSYNC__NEED_OPTIONAL)                                                                      \
-  X(StreamGetDevice, PFN_cuStreamGetDevice_v12080, 12080, DLSYNC__NEED_OPTIONAL)                \
+  X(StreamGetDevice, PFN_cuStreamGetDevice_v12080, 12080, DLSYNC__NEED_SUPPORT)                 \
   X(StreamCreate, PFN_cuStreamCreate_v2000, 2000, DLSYNC__NEED_SUPPORT)                         \
   X(StreamDestroy, PFN_cuStreamDestroy_v4000, 4000, DLSYNC__NEED_SUPPORT)                       \
   X(StreamBeginCapture, PFN_cuStreamBeginCapture_v10010, 10010, DLSYNC__NEED_SUPPORT)           \
@@ -152,12 +158,20 @@ extern const dlsync__driver_entry_info dlsync__driver_entries[DLSYNC__DRIVER_ENT
 /* Loads libcuda (path NULL: "libcuda.so.1") once per process and path, and
  * calls cuInit(0). On failure returns DLSYNC_ERROR_NO_DRIVER or
  * DLSYNC_ERROR_DRIVER and sets the thread's message. Thread-safe; the table
- * lives until the process ends. */
+ * lives until the process ends. The SUPPORT entries are left NULL. */
 dlsync_status dlsync__driver_load(const dlsync__driver **out, const char *path);
+
+/* dlsync__driver_load with the SUPPORT entries resolved too, for the GPU
+ * tests and the bench; the library never calls it. */
+dlsync_status dlsync__driver_load_all(const dlsync__driver **out, const char *path);
 
 /* Checks that every entry of a given need is present; on a missing one sets
  * DLSYNC_ERROR_DRIVER_TOO_OLD with the entry, its version and the driver's. */
 dlsync_status dlsync__driver_require(const dlsync__driver *d, int need, const char *what);
+
+/* The same for one entry (DLSYNC__DRIVER_INDEX_<name>): DLSYNC_SUCCESS when
+ * it is present, else DLSYNC_ERROR_DRIVER_TOO_OLD naming it. */
+dlsync_status dlsync__driver_require_entry(const dlsync__driver *d, int index, const char *what);
 
 /* Name of a CUresult ("CUDA_ERROR_INVALID_VALUE"), through the table when it
  * can, never NULL. */

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* libhwloc loaded at run time: see include/driver/hwloc.h.
+/* libhwloc loaded at run time: see driver/hwloc.h.
  *
  * Only hwloc's types come from <hwloc.h> (when the build found its headers);
  * every call goes through the table below, never through hwloc's inline

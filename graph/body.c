@@ -55,10 +55,6 @@ dlsync__body_where dlsync__bodies_find(const dlsync__bodies *b, CUgraph g) {
   return DLSYNC__BODY_NOT;
 }
 
-bool dlsync__bodies_has(const dlsync__bodies *b, CUgraph g) {
-  return dlsync__bodies_find(b, g) != DLSYNC__BODY_NOT;
-}
-
 /* The process-wide entry of (g, b): added (false when full) or cleared. */
 static bool global_add(const dlsync__bodies *b, uintptr_t g) {
   bool ok = false;

@@ -44,8 +44,6 @@ typedef enum dlsync__body_where {
   DLSYNC__BODY_ELSEWHERE
 } dlsync__body_where;
 dlsync__body_where dlsync__bodies_find(const dlsync__bodies *b, CUgraph g);
-/* Whether g is declared in b's context or in another (a scan; NULL: false). */
-bool dlsync__bodies_has(const dlsync__bodies *b, CUgraph g);
 /* Whether g is declared in b's context. */
 bool dlsync__bodies_has_here(const dlsync__bodies *b, CUgraph g);
 /* Declares g: false when the table (or the process-wide one) is full (g

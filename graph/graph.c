@@ -727,7 +727,8 @@ static DLSYNC__COLD dlsync_status event_nodes_in(const dlsync__driver *d, CUgrap
     if (t != CU_GRAPH_NODE_TYPE_GRAPH)
       continue;
     if (d->GraphChildGraphNodeGetGraph == NULL) {
-      st = dlsync__driver_require(d, DLSYNC__NEED_OPTIONAL, "dlsync_graph_launch");
+      st = dlsync__driver_require_entry(d, DLSYNC__DRIVER_INDEX_GraphChildGraphNodeGetGraph,
+                                        "dlsync_graph_launch");
       break;
     }
     r = d->GraphChildGraphNodeGetGraph(nodes[i], &child);
@@ -763,7 +764,8 @@ dlsync_status dlsync__graph_launch_at(const dlsync__driver *d, const dlsync__bod
                           "launch needs the graph's executable (cuGraphInstantiate)",
                           (void *)l.stream);
     if (d->GraphLaunch == NULL)
-      return dlsync__driver_require(d, DLSYNC__NEED_OPTIONAL, "dlsync_graph_launch");
+      return dlsync__driver_require_entry(d, DLSYNC__DRIVER_INDEX_GraphLaunch,
+                                          "dlsync_graph_launch");
     DLSYNC_CU(d, GraphLaunch, (exec, l.stream), "executable %p (of graph %p) on eager stream %p",
               (void *)exec, (void *)graph, (void *)l.stream);
     goto cleanup;
@@ -781,7 +783,8 @@ dlsync_status dlsync__graph_launch_at(const dlsync__driver *d, const dlsync__bod
                         l.kind == DLSYNC_LANE_CAPTURING ? "the graph its stream captures into"
                                                         : "a graph lane on it");
   if (d->GraphAddChildGraphNode == NULL)
-    return dlsync__driver_require(d, DLSYNC__NEED_OPTIONAL, "dlsync_graph_launch");
+    return dlsync__driver_require_entry(d, DLSYNC__DRIVER_INDEX_GraphAddChildGraphNode,
+                                        "dlsync_graph_launch");
   if (dlsync__bodies_any(bodies)) {
     dlsync__body_where where = dlsync__bodies_find(bodies, l.graph);
     int events = 0;

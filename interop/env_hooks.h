@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* dlsync private: test hooks of the env stream table (stream/env.c). Never
+/* dlsync private: test hooks of the env stream table (interop/env.c). Never
  * installed. */
 #ifndef DLSYNC_PRIVATE_ENV_HOOKS_H
 #define DLSYNC_PRIVATE_ENV_HOOKS_H

@@ -44,7 +44,8 @@ void dlsync__context_unref(dlsync_context *ctx);
 void dlsync__context_unref_elsewhere(dlsync_context *ctx);
 
 /* Ends, ordering nothing, the exchanges of ctx still begun (their handles
- * become invalid); returns how many. For dlsync_context_destroy. */
+ * become invalid); returns how many. For dlsync_context_destroy
+ * (order/handles.c). */
 size_t dlsync__exchanges_abandon(const dlsync_context *ctx);
 
 /* The one lane-open helper: opens checked lanes for a call (one lane for a
@@ -151,6 +152,8 @@ void dlsync__release_orphans_wake(void);
  * an allocation each) since the library was loaded: for the benches. */
 extern atomic_size_t dlsync__release_overflowed;
 
+/* ---- test hooks (order/exchange.c, order/context.c) ---- */
+
 /* Test hook: forgets what the calling thread's last calls found
  * (dlsync__thread's end_capture and then_capture), so that a test's exact
  * call counts do not depend on the test before it. */
@@ -162,6 +165,7 @@ dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
                                                  const dlsync_context_config *config,
                                                  const dlsync__driver *drv);
 
+/* The capability bits (dlsync_capability) a driver table offers. */
 uint32_t dlsync__capabilities_of(const dlsync__driver *d);
 
 #ifdef __cplusplus

@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* The decision table's names and words. The classifier itself, a pure
  * function from what the two lanes are now to the row, is inline in
- * include/order/table.h (it is on every call's path); it is tested
+ * order/table.h (it is on every call's path); it is tested
  * over every combination by tests/test_decision_table.c. */
 #include "order/table.h"
 

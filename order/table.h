@@ -5,8 +5,8 @@
  * dlsync__table_classify is a pure function from what the two lanes are now
  * to a row of the table in include/dlsync/exchange.h and docs/design.md:
  * no driver call, no state. Each row has one function that carries it out
- * (order/exchange.c for order, begin and end; order/fence.c for a fence
- * wait), and every decision is logged at TRACE with the row's name. Tests,
+ * (order/rows.h for order, begin and end; order/fence.c for a fence wait),
+ * and every decision is logged at TRACE with the row's name. Tests,
  * the GPU suite and the bench name rows by dlsync__row_name. */
 #ifndef DLSYNC_PRIVATE_TABLE_H
 #define DLSYNC_PRIVATE_TABLE_H

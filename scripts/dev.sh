@@ -166,6 +166,8 @@ test)
     stage "clang-format"
     (cd "$root" && git ls-files '*.c' '*.h' '*.cpp' | xargs clang-format --dry-run --Werror)
   fi
+  stage "public functions in the files their headers map to"
+  python3 "$root/scripts/check-entry-points.py" "$root"
   stage "docs: relative links and their anchors; generated tables current"
   python3 "$root/scripts/check-links.py" "$root"
   python3 "$root/scripts/results-tables.py" --check

@@ -987,6 +987,303 @@ static void a_batch_no_graph_took_comes_back_when_its_release_fails(void **state
   assert_int_equal(fake_live_user_objects(), 0);
 }
 
+#define TIMEOUT_MS 5000
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+/* ---- graph lanes given bad input ---- */
+
+static void graph_lane_null_deps_is_not_a_crash(void **state) {
+  CUgraph g = NULL;
+  dlsync_lane lp = dlsync_lane_stream(P);
+  dlsync_lane lg, ls;
+  dlsync_exchange *ex = NULL;
+  dlsync_fence *f = NULL;
+  (void)state;
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  lg = dlsync_lane_graph(g, NULL, 0, 4);
+  assert_int_equal(dlsync_order(ctx, &lp, &lg), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_message_has("deps is NULL");
+  lg = dlsync_lane_graph(g, NULL, 0, 4);
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lg), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_null(ex);
+  lg = dlsync_lane_graph(g, NULL, 0, 4);
+  assert_int_equal(dlsync_fence_signal(&f, ctx, &lg), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_null(f);
+  ls = dlsync_lane_stream(P);
+  assert_int_equal(dlsync_fence_signal(&f, ctx, &ls), DLSYNC_SUCCESS);
+  lg = dlsync_lane_graph(g, NULL, 0, 4);
+  assert_int_equal(dlsync_fence_wait(f, &lg), DLSYNC_ERROR_INVALID_ARGUMENT);
+  dlsync_fence_release(f);
+  assert_int_equal(fake_graph_count_nodes(g, -1), 0);
+  destroy_graph(g);
+}
+
+static void capacity_zero_graph_lane_gives_no_event_to_the_graph(void **state) {
+  CUgraph g = NULL;
+  dlsync_lane lp = dlsync_lane_stream(P), lg;
+  (void)state;
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  lg = dlsync_lane_graph(g, NULL, 0, 0);
+  assert_int_equal(dlsync_order(ctx, &lp, &lg), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_message_has("capacity 0");
+  assert_int_equal(fake_call_count("cuUserObjectCreate"), 0);
+  assert_int_equal(fake_live_user_objects(), 0);
+  destroy_graph(g);
+}
+
+static void duplicate_deps_are_named(void **state) {
+  CUgraph g = NULL;
+  CUgraphNode deps[2];
+  dlsync_lane lp = dlsync_lane_stream(P), lg;
+  (void)state;
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  deps[0] = deps[1] = fake_graph_add_work(g, NULL, 0, "work");
+  lg = dlsync_lane_graph(g, deps, 2, 2);
+  assert_int_equal(dlsync_order(ctx, &lp, &lg), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_message_has("twice");
+  destroy_graph(g);
+}
+
+/* ---- built batches after the last context ---- */
+
+/* Waits until the driver has `want` events alive, or TIMEOUT_MS. */
+static bool wait_live_events(unsigned want) {
+  for (int i = 0; i < TIMEOUT_MS; i++) {
+    if (fake_live_events() == want)
+      return true;
+    sleep_ms(1);
+  }
+  return fake_live_events() == want;
+}
+
+/* A built graph's batch of events, let go when its context is destroyed:
+ * gone once the driver runs the batch's destructor, with no other context
+ * made after. */
+static void warm_pool_in_capture(dlsync_context *c, int n) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  for (int i = 0; i < n; i++)
+    assert_int_equal(dlsync_order(c, &lp, &lc), DLSYNC_SUCCESS);
+  destroy_graph(end_capture_ok(C));
+}
+
+static void order_into_built(dlsync_context *c, CUgraph *g_out) {
+  CUgraph g = NULL;
+  CUgraphNode deps[2];
+  dlsync_lane lp = dlsync_lane_stream(P), lg;
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  deps[0] = fake_graph_add_work(g, NULL, 0, "work");
+  lg = dlsync_lane_graph(g, deps, 1, 2);
+  /* Batches of 1, 1, 2, 4 (the pool has events to fill them): three of
+   * the last left unused. */
+  warm_pool_in_capture(c, 40);
+  for (int i = 0; i < 5; i++)
+    assert_int_equal(dlsync_order(c, &lp, &lg), DLSYNC_SUCCESS);
+  pop_all_contexts();
+  *g_out = g;
+}
+
+static void built_batch_events_are_gone_after_the_last_context(void **state) {
+  dlsync_context *c2 = NULL;
+  CUgraph g;
+  unsigned before;
+  (void)state;
+  before = fake_live_events();
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, D), DLSYNC_SUCCESS);
+  order_into_built(c2, &g);
+  assert_true(fake_live_events() > before);
+  destroy_graph(g);
+  assert_int_equal(dlsync_context_destroy(c2), DLSYNC_SUCCESS);
+  fake_run_destructors(); /* the driver's thread lets the batch go */
+  if (!wait_live_events(before))
+    fail_msg("%u event(s) of a destroyed context still alive", fake_live_events() - before);
+}
+
+typedef struct built_thread {
+  dlsync_context *c;
+  atomic_int phase; /* 1: ordered; 2: may exit */
+} built_thread;
+
+static void *built_thread_main(void *p) {
+  built_thread *t = p;
+  CUgraph g;
+  order_into_built(t->c, &g);
+  destroy_graph(g);
+  atomic_store(&t->phase, 1);
+  for (int i = 0; i < TIMEOUT_MS && atomic_load(&t->phase) != 2; i++)
+    sleep_ms(1);
+  return NULL;
+}
+
+static void another_threads_built_batch_is_gone_after_the_last_context(void **state) {
+  built_thread t;
+  pthread_t th;
+  unsigned before;
+  (void)state;
+  before = fake_live_events();
+  memset(&t, 0, sizeof t);
+  assert_int_equal(dlsync__context_create_with_driver(&t.c, NULL, D), DLSYNC_SUCCESS);
+  assert_int_equal(pthread_create(&th, NULL, built_thread_main, &t), 0);
+  for (int i = 0; i < TIMEOUT_MS && atomic_load(&t.phase) != 1; i++)
+    sleep_ms(1);
+  assert_int_equal(atomic_load(&t.phase), 1);
+  assert_int_equal(dlsync_context_destroy(t.c), DLSYNC_SUCCESS);
+  /* The destroy closed the other thread's batch: gone while it still runs. */
+  fake_run_destructors();
+  if (!wait_live_events(before))
+    fail_msg("%u event(s) of a destroyed context still alive while the thread that ordered "
+             "into its built graph runs",
+             fake_live_events() - before);
+  atomic_store(&t.phase, 2);
+  assert_int_equal(pthread_join(th, NULL), 0);
+  fake_run_destructors();
+  assert_int_equal(fake_live_events(), before);
+}
+
+/* ---- large frontiers: linear checks, the same messages ---- */
+
+/* The duplicate check of a graph lane's deps: n log n, not n^2. Timed at
+ * 16,000 and 32,000 distinct nodes (the fake's own calls are linear):
+ * doubling n must not near quadruple the time (bounds loose: 3x, plus 20 ms). */
+static double time_lane_check(size_t n) {
+  CUgraphNode *deps = malloc(n * sizeof *deps);
+  dlsync_lane lg;
+  struct timespec a, b;
+  double best = 1e9;
+  assert_non_null(deps);
+  for (size_t i = 0; i < n; i++)
+    deps[i] = (CUgraphNode)(uintptr_t)(0x10000 + 64 * (n - i)); /* never dereferenced */
+  lg = dlsync_lane_graph((CUgraph)(uintptr_t)0x1000, deps, n, n);
+  for (int k = 0; k < 3; k++) {
+    clock_gettime(CLOCK_MONOTONIC, &a);
+    assert_int_equal(dlsync__lane_check(&lg, "timed"), DLSYNC_SUCCESS);
+    clock_gettime(CLOCK_MONOTONIC, &b);
+    if ((double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec) < best)
+      best = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+  }
+  free(deps);
+  return best;
+}
+
+static void large_frontier_duplicate_check_is_not_quadratic(void **state) {
+  double t16, t32;
+  (void)state;
+  t16 = time_lane_check(16000);
+  t32 = time_lane_check(32000);
+  if (t32 > 3.0 * t16 + 0.020)
+    fail_msg("the deps check took %.4f s at 16,000 nodes and %.4f s at 32,000", t16, t32);
+}
+
+/* The same through dlsync_order, on the fake: two graph lanes of one graph
+ * built by hand (SAME_BUILT), each a frontier of n/2 nodes, half of them
+ * shared; their union (n/2 + n/4 nodes) checked and merged. */
+static double time_same_built(size_t n) {
+  CUgraph g = NULL;
+  size_t half = n / 2;
+  CUgraphNode *nodes = malloc((half + half / 2) * sizeof *nodes);
+  CUgraphNode *da = malloc(n * sizeof *da), *db = malloc(n * sizeof *db);
+  dlsync_lane la, lb;
+  struct timespec a, b;
+  double t;
+  assert_non_null(nodes);
+  assert_non_null(da);
+  assert_non_null(db);
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  for (size_t i = 0; i < half + half / 2; i++)
+    nodes[i] = fake_graph_add_work(g, NULL, 0, "root");
+  for (size_t i = 0; i < half; i++) {
+    da[i] = nodes[i];            /* 0 .. half */
+    db[i] = nodes[half / 2 + i]; /* half/2 .. half + half/2: half of them shared */
+  }
+  la = dlsync_lane_graph(g, da, half, n);
+  lb = dlsync_lane_graph(g, db, half, n);
+  clock_gettime(CLOCK_MONOTONIC, &a);
+  assert_int_equal(dlsync_order(ctx, &la, &lb), DLSYNC_SUCCESS);
+  clock_gettime(CLOCK_MONOTONIC, &b);
+  t = (double)(b.tv_sec - a.tv_sec) + 1e-9 * (double)(b.tv_nsec - a.tv_nsec);
+  assert_int_equal(lb.ndeps, half + half / 2); /* the union, each node once */
+  pop_all_contexts();
+  destroy_graph(g);
+  free(nodes);
+  free(da);
+  free(db);
+  return t;
+}
+
+static void large_same_graph_union_is_not_quadratic(void **state) {
+  double t16, t32;
+  (void)state;
+  (void)time_same_built(2000); /* warm */
+  t16 = time_same_built(16000);
+  t32 = time_same_built(32000);
+  for (int k = 0; k < 2; k++) { /* the best of three: a busy machine's pauses */
+    double a = time_same_built(16000), b = time_same_built(32000);
+    t16 = a < t16 ? a : t16;
+    t32 = b < t32 ? b : t32;
+  }
+  if (t32 > 3.0 * t16 + 0.020)
+    fail_msg("an order of two 16,000-node frontiers of one graph took %.4f s, of two "
+             "32,000-node ones %.4f s",
+             t16, t32);
+}
+
+static void large_frontier_duplicate_is_named_like_a_small_one(void **state) {
+  size_t n = 5000;
+  CUgraphNode *deps = malloc(n * sizeof *deps);
+  dlsync_lane lg;
+  char want[96];
+  (void)state;
+  assert_non_null(deps);
+  for (size_t i = 0; i < n; i++)
+    deps[i] = (CUgraphNode)(uintptr_t)(0x10000 + 64 * i);
+  deps[4000] = deps[17]; /* the first repeat */
+  deps[4500] = deps[3];  /* a later one, of an earlier node */
+  lg = dlsync_lane_graph((CUgraph)(uintptr_t)0x1000, deps, n, n);
+  assert_int_equal(dlsync__lane_check(&lg, "big"), DLSYNC_ERROR_INVALID_ARGUMENT);
+  snprintf(want, sizeof want, "node %p twice (deps[17] and deps[4000])", (void *)deps[17]);
+  assert_message_has(want);
+  free(deps);
+}
+
+/* The check that names a foreign dependency needs memory (the graph's
+ * nodes): when it cannot have it, the failure says out of memory (found by
+ * the fuzzer: it was the driver's INVALID_VALUE, as if no check were made). */
+static void foreign_dependency_check_without_memory_says_so(void **state) {
+  bool reached = true;
+  (void)state;
+  for (unsigned n = 1; reached && n < 200; n++) {
+    CUgraph g, other;
+    CUgraphNode deps[2];
+    dlsync_lane lp = dlsync_lane_stream(P), lg;
+    dlsync_status st;
+    assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+    assert_int_equal(D->GraphCreate(&other, 0), CUDA_SUCCESS);
+    fake_graph_add_work(g, NULL, 0, "own");
+    deps[0] = fake_graph_add_work(other, NULL, 0, "foreign");
+    lg = dlsync_lane_graph(g, deps, 1, 2);
+    dlsync__alloc_fail_nth(n);
+    st = dlsync_order(ctx, &lp, &lg);
+    reached = !dlsync__alloc_fail_pending();
+    dlsync__alloc_fail_nth(0);
+    if (st != DLSYNC_ERROR_FOREIGN_DEPENDENCY &&
+        !(st == DLSYNC_ERROR_OUT_OF_MEMORY && strstr(dlsync_last_error(), "out of memory")))
+      fail_msg("allocation %u failed: %s: %s", n, dlsync_status_name(st), dlsync_last_error());
+    destroy_graph(g);
+    destroy_graph(other);
+    dlsync__orphans_collect();
+  }
+  assert_false(reached); /* every allocation of the call was failed once */
+}
+
 int main(void) {
 #define T(f) cmocka_unit_test_setup_teardown(f, fixture_setup, fixture_teardown)
   const struct CMUnitTest tests[] = {
@@ -1007,6 +1304,15 @@ int main(void) {
       T(retain_failing_in_the_second_graph_leaves_both_lanes),
       T(release_failing_at_a_batch_end_moves_it_into_the_graph),
       T(a_batch_no_graph_took_comes_back_when_its_release_fails),
+      T(graph_lane_null_deps_is_not_a_crash),
+      T(capacity_zero_graph_lane_gives_no_event_to_the_graph),
+      T(duplicate_deps_are_named),
+      T(built_batch_events_are_gone_after_the_last_context),
+      T(another_threads_built_batch_is_gone_after_the_last_context),
+      T(large_frontier_duplicate_check_is_not_quadratic),
+      T(foreign_dependency_check_without_memory_says_so),
+      T(large_same_graph_union_is_not_quadratic),
+      T(large_frontier_duplicate_is_named_like_a_small_one),
   };
 #undef T
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

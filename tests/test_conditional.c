@@ -702,7 +702,7 @@ static void body_of_another_context(void **state) {
 }
 
 /* Every driver call of the new paths failing in turn (the sweep of
- * tests/test_hardening.c): an eager launch, a launch into a declared body's
+ * tests/test_fault_sweeps.c): an eager launch, a launch into a declared body's
  * capture (its nodes read first). Each failure is the driver's, reported
  * with the call named; nothing queued on the stream, and no child node in
  * the body but when the last call (the dependency update) failed. */

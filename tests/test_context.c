@@ -90,7 +90,7 @@ static void old_driver_is_refused_naming_versions(void **state) {
 }
 
 /* The library requires only what it calls: a table without the entries
- * that only tools, tests and bench use (SUPPORT) still makes a context that
+ * that only the GPU tests, the bench and the fake's tests use (SUPPORT) still makes a context that
  * orders two streams. */
 static void only_the_entries_the_library_calls_are_required(void **state) {
   dlsync__driver t = *fake_driver();
@@ -105,7 +105,7 @@ static void only_the_entries_the_library_calls_are_required(void **state) {
       missing++;
     }
   }
-  assert_true(missing >= 11 + 20); /* the 11 never called, and the tools' own */
+  assert_true(missing >= 30); /* the GPU tests', the bench's and the fake's tests' */
   assert_int_equal(dlsync__context_create_with_driver(&ctx, NULL, &t), DLSYNC_SUCCESS);
   a = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
   b = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
@@ -269,6 +269,36 @@ static void default_context_without_driver_remembers_why(void **state) {
   }
 }
 
+static void assert_message_has(const char *what) {
+  if (strstr(dlsync_last_error(), what) == NULL)
+    fail_msg("the message lacks \"%s\": %s", what, dlsync_last_error());
+}
+
+static void require_of_two_capabilities_needs_both(void **state) {
+  dlsync_context *c2 = NULL;
+  (void)state;
+  fake_set_driver_version(12000); /* user objects, no capture into a user graph */
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, fake_driver()), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_context_require(c2, DLSYNC_CAP_USER_OBJECTS), DLSYNC_SUCCESS);
+  assert_int_equal(
+      dlsync_context_require(
+          c2, (dlsync_capability)(DLSYNC_CAP_USER_OBJECTS | DLSYNC_CAP_CAPTURE_TO_USER_GRAPH)),
+      DLSYNC_ERROR_DRIVER_TOO_OLD);
+  assert_message_has("cuStreamBeginCaptureToGraph");
+  assert_int_equal(dlsync_context_destroy(c2), DLSYNC_SUCCESS);
+  fake_set_driver_version(13000);
+}
+
+static void empty_driver_path_is_invalid_argument(void **state) {
+  dlsync_context_config cfg = DLSYNC_CONTEXT_CONFIG_INIT;
+  dlsync_context *c2 = NULL;
+  (void)state;
+  cfg.driver_path = "";
+  assert_int_equal(dlsync_context_create(&c2, &cfg), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_message_has("driver_path");
+  assert_null(c2);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(create_and_destroy, setup, teardown),
@@ -285,6 +315,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(devices_are_reported, setup, teardown),
       cmocka_unit_test_setup_teardown(default_context_without_driver_remembers_why, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(require_of_two_capabilities_needs_both, setup, teardown),
+      cmocka_unit_test_setup_teardown(empty_driver_path_is_invalid_argument, setup, teardown),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   fake_shutdown();

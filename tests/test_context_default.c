@@ -310,6 +310,35 @@ static void driver_refused_while_loading_is_remembered(void **state) {
   assert_failure_kept(&first);
 }
 
+/* The library loads only the entries it calls: a context's table has every
+ * SUPPORT entry NULL and every other one set (the fake has them all), and
+ * dlsync__driver_load_all, which the GPU tests and the bench use, has them
+ * all. */
+static void the_library_loads_only_what_it_calls(void **state) {
+  dlsync_context *ctx = NULL;
+  const dlsync__driver *all = NULL;
+  size_t support = 0;
+  (void)state;
+  assert_int_equal(dlsync_context_default(&ctx), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync__driver_load_all(&all, NULL), DLSYNC_SUCCESS);
+  assert_true(all != ctx->drv);
+  for (size_t i = 0; i < DLSYNC__DRIVER_ENTRY_COUNT; i++) {
+    const dlsync__driver_entry_info *e = &dlsync__driver_entries[i];
+    void *in_ctx = *(void *const *)((const char *)ctx->drv + e->offset);
+    void *in_all = *(void *const *)((const char *)all + e->offset);
+    if (e->need == DLSYNC__NEED_SUPPORT) {
+      support++;
+      if (in_ctx != NULL)
+        fail_msg("%s is a SUPPORT entry, yet the context's table has it", e->symbol);
+    } else if (in_ctx == NULL) {
+      fail_msg("%s is missing from the context's table", e->symbol);
+    }
+    if (in_all == NULL)
+      fail_msg("%s is missing from dlsync__driver_load_all's table", e->symbol);
+  }
+  assert_true(support > 0);
+}
+
 int main(int argc, char **argv) {
   /* One line each: tests/CMakeLists.txt reads the names here. */
   const struct CMUnitTest tests[] = {
@@ -320,6 +349,7 @@ int main(int argc, char **argv) {
       cmocka_unit_test_setup(no_driver_is_remembered_with_its_driver_result, setup),
       cmocka_unit_test_setup(old_driver_is_remembered, setup),
       cmocka_unit_test_setup(driver_refused_while_loading_is_remembered, setup),
+      cmocka_unit_test_setup(the_library_loads_only_what_it_calls, setup),
   };
   if (argc == 2) {
     for (size_t i = 0; i < sizeof tests / sizeof tests[0]; i++) {

@@ -2513,6 +2513,277 @@ static void many_threads_one_context(void **state) {
   }
 }
 
+static void assert_message_has(const char *what) {
+  if (strstr(dlsync_last_error(), what) == NULL)
+    fail_msg("the message lacks \"%s\": %s", what, dlsync_last_error());
+}
+
+/* ---- exchange handles that detect misuse ---- */
+
+static void exchange_end_twice_is_invalid_argument(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL, *ex2 = NULL;
+  unsigned records;
+  (void)state;
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  records = fake_call_count("cuEventRecord");
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_message_has("ended already");
+  assert_int_equal(fake_call_count("cuEventRecord"), records); /* nothing queued */
+  /* The thread's next exchanges are whole (before: a use after free). */
+  for (int i = 0; i < 3; i++) {
+    assert_int_equal(dlsync_exchange_begin(&ex2, ctx, &lp, &lc), DLSYNC_SUCCESS);
+    assert_int_equal(dlsync_exchange_end(ex2), DLSYNC_SUCCESS);
+  }
+}
+
+static void stale_exchange_handle_does_not_end_another(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *a = NULL, *b = NULL;
+  unsigned records;
+  (void)state;
+  assert_int_equal(dlsync_exchange_begin(&a, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_exchange_end(a), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_exchange_begin(&b, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_true(a != b);
+  records = fake_call_count("cuEventRecord");
+  assert_int_equal(dlsync_exchange_end(a), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(fake_call_count("cuEventRecord"), records);
+  assert_int_equal(dlsync_exchange_end(b), DLSYNC_SUCCESS); /* b was not ended by a */
+  assert_int_equal(fake_call_count("cuEventRecord"), records + 1);
+}
+
+static void one_stream_exchange_end_twice_is_invalid_argument(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lp2 = dlsync_lane_stream(P);
+  dlsync_exchange *ex = NULL;
+  (void)state;
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lp2), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_INVALID_ARGUMENT);
+}
+
+static void garbage_exchange_handle_is_invalid_argument(void **state) {
+  (void)state;
+  /* Values that were never handles are refused without being read. */
+  assert_int_equal(dlsync_exchange_end((dlsync_exchange *)(uintptr_t)0x10),
+                   DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(dlsync_exchange_end((dlsync_exchange *)(uintptr_t)0x7fffffffffffULL),
+                   DLSYNC_ERROR_INVALID_ARGUMENT);
+  /* The shapes of a handle (order/exchange.c: the low 24 bits the index,
+   * above them the generation, odd while begun): an odd generation with
+   * index 0, or with the last possible index (its chunk never made). */
+  assert_int_equal(dlsync_exchange_end((dlsync_exchange *)(uintptr_t)(UINT64_C(3) << 24)),
+                   DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(
+      dlsync_exchange_end((dlsync_exchange *)(uintptr_t)((UINT64_C(1) << 24) | ((1u << 24) - 1))),
+      DLSYNC_ERROR_INVALID_ARGUMENT);
+  {
+    dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+    dlsync_exchange *ex = NULL;
+    const uint64_t index_mask = (UINT64_C(1) << 24) - 1, gen_one = UINT64_C(1) << 24;
+    uint64_t h;
+    unsigned records;
+    assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+    h = (uint64_t)(uintptr_t)ex;
+    assert_true((h & gen_one) != 0); /* begun: odd */
+    records = fake_call_count("cuEventRecord");
+    /* The next records of its chunk, with its generation: not begun
+     * (generation 0, or another). */
+    for (uint64_t k = 1; k <= 3; k++)
+      assert_int_equal(
+          dlsync_exchange_end(
+              (dlsync_exchange *)(uintptr_t)((h & ~index_mask) | ((h & index_mask) + 500 + k))),
+          DLSYNC_ERROR_INVALID_ARGUMENT);
+    /* Its own record with a generation it has not reached (odd, 2 on), one
+     * it had (2 back) and the even one of its end. */
+    assert_int_equal(dlsync_exchange_end((dlsync_exchange *)(uintptr_t)(h + 2 * gen_one)),
+                     DLSYNC_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(dlsync_exchange_end((dlsync_exchange *)(uintptr_t)(h - 2 * gen_one)),
+                     DLSYNC_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(dlsync_exchange_end((dlsync_exchange *)(uintptr_t)(h + gen_one)),
+                     DLSYNC_ERROR_INVALID_ARGUMENT);
+    assert_int_equal(fake_call_count("cuEventRecord"), records); /* nothing queued */
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);   /* still begun */
+  }
+}
+
+typedef struct handoff {
+  pthread_mutex_t lock;
+  pthread_cond_t cond;
+  dlsync_exchange *ex;
+  bool has;
+  int failures;
+} handoff;
+
+static void *end_elsewhere(void *p) {
+  handoff *h = p;
+  for (int i = 0; i < 5000; i++) {
+    dlsync_exchange *ex;
+    pthread_mutex_lock(&h->lock);
+    while (!h->has)
+      pthread_cond_wait(&h->cond, &h->lock);
+    ex = h->ex;
+    h->has = false;
+    pthread_cond_signal(&h->cond);
+    pthread_mutex_unlock(&h->lock);
+    if (dlsync_exchange_end(ex) != DLSYNC_SUCCESS)
+      h->failures++;
+    if (dlsync_exchange_end(ex) != DLSYNC_ERROR_INVALID_ARGUMENT) /* misuse stays caught */
+      h->failures++;
+  }
+  return NULL;
+}
+
+static void exchange_handles_ended_on_another_thread_still_work(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  handoff h;
+  pthread_t th;
+  (void)state;
+  memset(&h, 0, sizeof h);
+  pthread_mutex_init(&h.lock, NULL);
+  pthread_cond_init(&h.cond, NULL);
+  assert_int_equal(pthread_create(&th, NULL, end_elsewhere, &h), 0);
+  for (int i = 0; i < 5000; i++) {
+    dlsync_exchange *ex = NULL;
+    assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+    pthread_mutex_lock(&h.lock);
+    while (h.has)
+      pthread_cond_wait(&h.cond, &h.lock);
+    h.ex = ex;
+    h.has = true;
+    pthread_cond_signal(&h.cond);
+    pthread_mutex_unlock(&h.lock);
+  }
+  pthread_join(th, NULL);
+  assert_int_equal(h.failures, 0);
+  pthread_cond_destroy(&h.cond);
+  pthread_mutex_destroy(&h.lock);
+}
+
+typedef struct racer {
+  dlsync_exchange *ex;
+  atomic_int *go;
+  dlsync_status st;
+} racer;
+
+static void *race_end(void *p) {
+  racer *r = p;
+  while (atomic_load(r->go) == 0) {
+  }
+  r->st = dlsync_exchange_end(r->ex);
+  return NULL;
+}
+
+static void racing_ends_of_one_exchange_end_it_once(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  (void)state;
+  for (int i = 0; i < 200; i++) {
+    dlsync_exchange *ex = NULL;
+    atomic_int go;
+    racer r[2];
+    pthread_t th[2];
+    int ok = 0;
+    atomic_init(&go, 0);
+    assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+    for (int k = 0; k < 2; k++) {
+      r[k].ex = ex;
+      r[k].go = &go;
+      assert_int_equal(pthread_create(&th[k], NULL, race_end, &r[k]), 0);
+    }
+    atomic_store(&go, 1);
+    for (int k = 0; k < 2; k++) {
+      pthread_join(th[k], NULL);
+      ok += r[k].st == DLSYNC_SUCCESS ? 1 : 0;
+      assert_true(r[k].st == DLSYNC_SUCCESS || r[k].st == DLSYNC_ERROR_INVALID_ARGUMENT);
+    }
+    assert_int_equal(ok, 1);
+  }
+}
+
+/* ---- exchanges left at a context's destroy ---- */
+
+static void context_destroy_abandons_exchanges_not_ended(void **state) {
+  dlsync_context *c2 = NULL;
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  (void)state;
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, D), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_exchange_begin(&ex, c2, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_context_destroy(c2), DLSYNC_ERROR_BUSY);
+  assert_message_has("1 exchange(s) begun and not ended");
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_int_equal(fake_live_events(), 0);
+}
+
+static void begin_many_then_destroy_counts_the_callers_handle(void **state) {
+  dlsync_context *c2 = NULL;
+  CUstream X = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  CUstream Y = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  dlsync_lane producers[3] = {dlsync_lane_stream(P), dlsync_lane_stream(X), dlsync_lane_stream(Y)};
+  dlsync_lane lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  (void)state;
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, D), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_exchange_begin_many(&ex, c2, producers, 3, &lc, 0), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_context_destroy(c2), DLSYNC_ERROR_BUSY);
+  assert_message_has("with 1 exchange(s) begun and not ended");
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_INVALID_ARGUMENT);
+  fake_stream_destroy(X);
+  fake_stream_destroy(Y);
+}
+
+/* ---- two faults in a row (a pool that grows) ---- */
+
+static void pop_then_destroy_fault_counts_no_phantom_destroy(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C), lg;
+  dlsync__pool_stats ps;
+  CUgraph g = NULL;
+  CUgraphNode deps[2];
+  (void)state;
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS); /* the pool exists */
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  deps[0] = fake_graph_add_work(g, NULL, 0, "work");
+  lg = dlsync_lane_graph(g, deps, 1, 2);
+  /* The pool grows (push, create, pop): the pop fails, then the destroy. */
+  fake_fail_nth("cuCtxPopCurrent", 1, CUDA_ERROR_UNKNOWN);
+  fake_fail_nth("cuEventDestroy", 1, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_order(ctx, &lp, &lg), DLSYNC_ERROR_DRIVER);
+  assert_message_has("cuCtxPopCurrent");
+  fake_fail_clear();
+  destroy_graph(g);
+  pop_all_contexts();
+  dlsync__pool_stats_get(&ps, &ctx->pools);
+  /* What the pool counts as alive is what the driver has. */
+  assert_int_equal(ps.created - ps.destroyed, fake_live_events());
+  assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
+  ctx = NULL;
+  fixture_open(NULL); /* the leaked event dies with the fake */
+}
+
+static void warm_path_query_failure_names_the_stream(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  char want[64];
+  (void)state;
+  for (int i = 0; i < 2; i++) { /* warm */
+    assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  }
+  /* end asks about the consumer, then the producer (status queries, the
+   * thread's ends being eager): fail each in turn. */
+  for (unsigned nth = 1; nth <= 2; nth++) {
+    assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+    fake_fail_nth("cuStreamIsCapturing", nth, CUDA_ERROR_INVALID_HANDLE);
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_DRIVER);
+    snprintf(want, sizeof want, "%s stream %p", nth == 1 ? "consumer" : "producer",
+             nth == 1 ? (void *)C : (void *)P);
+    assert_message_has(want);
+    assert_null(strstr(dlsync_last_error(), " or "));
+  }
+}
+
 int main(void) {
 #define T(f) cmocka_unit_test_setup_teardown(f, fixture_setup, fixture_teardown)
   const struct CMUnitTest tests[] = {
@@ -2584,6 +2855,16 @@ int main(void) {
       T(every_allocation_failure_in_begin_and_end_is_a_status),
       T(many_threads_one_context),
       T(threads_ordering_into_captures_share_one_pool),
+      T(exchange_end_twice_is_invalid_argument),
+      T(stale_exchange_handle_does_not_end_another),
+      T(one_stream_exchange_end_twice_is_invalid_argument),
+      T(garbage_exchange_handle_is_invalid_argument),
+      T(exchange_handles_ended_on_another_thread_still_work),
+      T(racing_ends_of_one_exchange_end_it_once),
+      T(context_destroy_abandons_exchanges_not_ended),
+      T(pop_then_destroy_fault_counts_no_phantom_destroy),
+      T(warm_path_query_failure_names_the_stream),
+      T(begin_many_then_destroy_counts_the_callers_handle),
   };
 #undef T
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

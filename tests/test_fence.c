@@ -1115,6 +1115,124 @@ static void threads_signal_and_wait_on_each_others_fences(void **state) {
   assert_int_equal(graph_owned(ctx), 0);
 }
 
+#define TIMEOUT_MS 5000
+
+static void sleep_ms(int ms) {
+  struct timespec ts = {ms / 1000, (long)(ms % 1000) * 1000000L};
+  nanosleep(&ts, NULL);
+}
+
+static void assert_message_has(const char *what) {
+  if (strstr(dlsync_last_error(), what) == NULL)
+    fail_msg("the message lacks \"%s\": %s", what, dlsync_last_error());
+}
+
+/* ---- a fence that outlives its context ---- */
+
+static void fence_outliving_its_context_still_works(void **state) {
+  dlsync_context *c2 = NULL;
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_fence *f = NULL;
+  (void)state;
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, D), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_fence_signal(&f, c2, &lp), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_context_destroy(c2), DLSYNC_ERROR_BUSY);
+  assert_message_has("1 fence(s) not released");
+  assert_int_equal(dlsync_fence_wait(f, &lc), DLSYNC_SUCCESS); /* before: use after free */
+  assert_int_equal(fake_live_events(), 1);
+  dlsync_fence_release(f);
+  /* Its event went with it, destroyed on dlsync's janitor thread. */
+  for (int i = 0; i < TIMEOUT_MS && fake_live_events() != 0; i++)
+    sleep_ms(1);
+  assert_int_equal(fake_live_events(), 0);
+}
+
+static void fence_used_after_its_last_release_is_invalid_argument(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_fence *f = NULL;
+  dlsync_fence_kind kind;
+  (void)state;
+  assert_int_equal(dlsync_fence_signal(&f, ctx, &lp), DLSYNC_SUCCESS);
+  assert_ptr_equal(dlsync_fence_retain(f), f);
+  dlsync_fence_release(f);
+  dlsync_fence_release(f); /* the last one */
+  assert_int_equal(dlsync_fence_wait(f, &lc), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_message_has("was released");
+  assert_int_equal(dlsync_fence_get_kind(&kind, f), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_null(dlsync_fence_retain(f));
+  dlsync_fence_release(f); /* one too many: ignored, with a message */
+  assert_message_has("dlsync_fence_release");
+  assert_int_equal(fake_live_events(), 1); /* its event is back in the pool */
+}
+
+/* ---- an invalidated capture, and the last release ---- */
+
+/* Waits until the driver has `want` events alive, or TIMEOUT_MS. */
+static bool wait_live_events(unsigned want) {
+  for (int i = 0; i < TIMEOUT_MS; i++) {
+    if (fake_live_events() == want)
+      return true;
+    sleep_ms(1);
+  }
+  return fake_live_events() == want;
+}
+
+static void fence_wait_on_an_invalidated_capture_says_invalidated(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  CUevent e = fake_event_create(0, 0);
+  dlsync_fence *f = NULL;
+  CUgraph g = NULL;
+  (void)state;
+  assert_int_equal(D->EventRecord(e, C), CUDA_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(P, "produce", NULL);
+  assert_int_equal(dlsync_fence_signal(&f, ctx, &lp), DLSYNC_SUCCESS);
+  /* An eager event waited on in capture: ISOLATION, the capture invalidated. */
+  assert_int_equal(D->StreamWaitEvent(P, e, 0), CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+  assert_int_equal(fake_capture_status(P), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  assert_int_equal(dlsync_fence_wait(f, &lc), DLSYNC_ERROR_CAPTURE_INVALIDATED);
+  assert_message_has("invalidated");
+  if (strstr(dlsync_last_error(), "still active") != NULL)
+    fail_msg("%s", dlsync_last_error());
+  assert_int_equal(D->StreamEndCapture(P, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  dlsync_fence_release(f);
+  fake_event_destroy(e);
+}
+
+/* The fence's last release from a place where no CUDA call is allowed (a
+ * host function, a user-object destructor): no cuEventDestroy there. */
+static dlsync__driver W; /* the fake's table with EventDestroy watched */
+static _Thread_local bool in_forbidden;
+static atomic_int forbidden_calls;
+
+static CUresult CUDAAPI watched_event_destroy(CUevent e) {
+  if (in_forbidden)
+    atomic_fetch_add(&forbidden_calls, 1);
+  return fake_driver()->EventDestroy(e);
+}
+
+static void last_fence_release_makes_no_cuda_call_on_the_caller(void **state) {
+  dlsync_context *c2 = NULL;
+  dlsync_lane lp = dlsync_lane_stream(P);
+  dlsync_fence *f = NULL;
+  unsigned before;
+  (void)state;
+  W = *D;
+  W.EventDestroy = watched_event_destroy;
+  atomic_store(&forbidden_calls, 0);
+  before = fake_live_events();
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, &W), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_fence_signal(&f, c2, &lp), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_context_destroy(c2), DLSYNC_ERROR_BUSY);
+  assert_int_equal(fake_live_events(), before + 1);
+  in_forbidden = true;
+  dlsync_fence_release(f); /* the context's last reference */
+  in_forbidden = false;
+  assert_int_equal(atomic_load(&forbidden_calls), 0);
+  /* Done on dlsync's own thread: the event is gone soon. */
+  assert_true(wait_live_events(before));
+}
+
 int main(void) {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
   const struct CMUnitTest tests[] = {
@@ -1140,6 +1258,14 @@ int main(void) {
       T(every_driver_failure_in_signal_and_wait_is_a_status),
       T(every_allocation_failure_in_signal_and_wait_is_a_status),
       T(threads_signal_and_wait_on_each_others_fences),
+      cmocka_unit_test_setup_teardown(fence_outliving_its_context_still_works, fixture_setup,
+                                      fixture_teardown),
+      cmocka_unit_test_setup_teardown(fence_used_after_its_last_release_is_invalid_argument,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(fence_wait_on_an_invalidated_capture_says_invalidated,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(last_fence_release_makes_no_cuda_call_on_the_caller,
+                                      fixture_setup, fixture_teardown),
   };
 #undef T
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

@@ -908,6 +908,644 @@ static void many_threads_release_at_once(void **state) {
   }
 }
 
+static atomic_int deleted;
+
+static void count_into_deleted(void *arg) {
+  (void)arg;
+  atomic_fetch_add(&deleted, 1);
+}
+
+/* Waits until pred(stats) holds, or TIMEOUT_MS. */
+static bool wait_stats(dlsync_context *c, bool (*pred)(const dlsync_release_stats *)) {
+  for (int i = 0; i < TIMEOUT_MS; i++) {
+    dlsync_release_stats s = stats_of(c);
+    if (pred(&s))
+      return true;
+    sleep_ms(1);
+  }
+  return false;
+}
+
+static bool one_blocked(const dlsync_release_stats *s) {
+  return s->blocked == 1;
+}
+
+static void assert_message_has(const char *what) {
+  if (strstr(dlsync_last_error(), what) == NULL)
+    fail_msg("the message lacks \"%s\": %s", what, dlsync_last_error());
+}
+
+/* ---- a reclaimer that cannot enter RELAXED mode ---- */
+
+static void reclaimer_without_relaxed_mode_makes_no_illegal_call(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C);
+  dlsync_release_stats s;
+  CUgraph g;
+  (void)state;
+  atomic_store(&deleted, 0);
+  /* Another thread's GLOBAL capture (here: this thread's). */
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_fail_always("cuThreadExchangeStreamCaptureMode", CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_release(ctx, &lc, count_into_deleted, NULL), DLSYNC_SUCCESS);
+  assert_true(wait_stats(ctx, one_blocked));
+  /* flush returns at once with the failure; the deleter has not run. */
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_ERROR_DRIVER);
+  assert_message_has("cuThreadExchangeStreamCaptureMode");
+  assert_int_equal(dlsync_last_driver_result(), CUDA_ERROR_UNKNOWN);
+  assert_int_equal(atomic_load(&deleted), 0);
+  s = stats_of(ctx);
+  assert_int_equal(s.mode_failures, 1);
+  assert_int_equal(s.pending_eager, 1);
+  assert_int_equal(fake_illegal_calls(), 0);
+  assert_int_equal(fake_call_count("cuEventSynchronize"), 0);
+  /* Once it can, it runs; the capture was not broken. */
+  fake_fail_clear();
+  for (int i = 0; i < TIMEOUT_MS && atomic_load(&deleted) == 0; i++)
+    sleep_ms(1);
+  assert_int_equal(atomic_load(&deleted), 1);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(fake_illegal_calls(), 0);
+  g = end_capture_ok(P);
+  destroy_graph(g);
+  s = stats_of(ctx);
+  assert_int_equal(s.blocked, 0);
+  assert_int_equal(s.done, 1);
+}
+
+/* ---- a failed reclaimer sync ---- */
+
+static void failed_reclaimer_sync_is_counted_and_returned_by_flush(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C);
+  dlsync_release_stats s;
+  (void)state;
+  atomic_store(&deleted, 0);
+  fake_fail_nth("cuEventSynchronize", 1, CUDA_ERROR_LAUNCH_FAILED);
+  assert_int_equal(dlsync_release(ctx, &lc, count_into_deleted, NULL), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_ERROR_DRIVER);
+  assert_message_has("CUDA_ERROR_LAUNCH_FAILED");
+  assert_int_equal(dlsync_last_driver_result(), CUDA_ERROR_LAUNCH_FAILED); /* from that thread */
+  assert_int_equal(atomic_load(&deleted), 1);
+  s = stats_of(ctx);
+  assert_int_equal(s.sync_failures, 1);
+  /* Reported once: the next flush is clean. */
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+}
+
+/* A deleter that holds the reclaimer until the test lets it go, so that
+ * the releases made meanwhile are taken as one batch. */
+static atomic_int batch_gate_in, batch_gate_open;
+static void batch_gate_deleter(void *arg) {
+  (void)arg;
+  atomic_store(&batch_gate_in, 1);
+  for (int i = 0; i < TIMEOUT_MS && !atomic_load(&batch_gate_open); i++)
+    sleep_ms(1);
+}
+
+/* Holds the reclaimer in batch_gate_deleter; returns once it is there. */
+static void hold_reclaimer(dlsync_lane *l) {
+  atomic_store(&batch_gate_in, 0);
+  atomic_store(&batch_gate_open, 0);
+  assert_int_equal(dlsync_release(ctx, l, batch_gate_deleter, NULL), DLSYNC_SUCCESS);
+  for (int i = 0; i < TIMEOUT_MS && !atomic_load(&batch_gate_in); i++)
+    sleep_ms(1);
+  assert_int_equal(atomic_load(&batch_gate_in), 1);
+}
+
+/* One batch of five releases on one stream and two on another: the newest
+ * event of each stream is synchronised (events of one stream complete in
+ * order), two calls for seven releases and no query of the earlier ones;
+ * each deleter runs once. */
+static void a_batch_synchronises_the_newest_event_of_each_stream(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C), lp = dlsync_lane_stream(P);
+  unsigned before, queries;
+  (void)state;
+  atomic_store(&deleted, 0);
+  hold_reclaimer(&lc);
+  before = fake_call_count("cuEventSynchronize");
+  queries = fake_call_count("cuEventQuery");
+  for (int i = 0; i < 5; i++)
+    assert_int_equal(dlsync_release(ctx, &lc, count_into_deleted, NULL), DLSYNC_SUCCESS);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(dlsync_release(ctx, &lp, count_into_deleted, NULL), DLSYNC_SUCCESS);
+  atomic_store(&batch_gate_open, 1);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&deleted), 7);
+  assert_int_equal(fake_call_count("cuEventSynchronize") - before, 2);
+  assert_int_equal(fake_call_count("cuEventQuery") - queries, 0);
+  assert_int_equal(stats_of(ctx).pending_eager, 0);
+}
+
+/* ---- the releasing threads' rings ---- */
+
+/* A thread that has released on a device before releases into its own ring
+ * (order/release.c): no allocation of dlsync's, and the book counts the
+ * queued releases all the same (the one holding the reclaimer too). */
+static void a_release_into_the_threads_ring_allocates_nothing(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C);
+  (void)state;
+  atomic_store(&deleted, 0);
+  hold_reclaimer(&lc); /* the thread's ring is made by this release */
+  dlsync__alloc_count_start();
+  for (int i = 0; i < 100; i++)
+    assert_int_equal(dlsync_release(ctx, &lc, count_into_deleted, NULL), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync__alloc_live_bytes(), 0);
+  assert_int_equal(stats_of(ctx).pending_eager, 101);
+  atomic_store(&batch_gate_open, 1);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&deleted), 100);
+  assert_int_equal(stats_of(ctx).pending_eager, 0);
+}
+
+/* The order deleters ran in: each writes its argument (a sequence number)
+ * at the next place. */
+#define MORE_THAN_A_RING 5000
+static uintptr_t ran_order[MORE_THAN_A_RING + 16];
+static atomic_uint ran_n;
+static void order_deleter(void *arg) {
+  unsigned i = atomic_fetch_add(&ran_n, 1);
+  if (i < sizeof ran_order / sizeof ran_order[0])
+    ran_order[i] = (uintptr_t)arg;
+}
+
+static void assert_ran_in_order(unsigned n) {
+  assert_int_equal(atomic_load(&ran_n), n);
+  for (unsigned i = 0; i < n; i++)
+    assert_int_equal(ran_order[i], i);
+}
+
+/* More releases than a ring holds (RING_SLOTS, 4096, in order/release.c)
+ * while the reclaimer is held: the rest go to the shared queue (which
+ * allocates), every one succeeds, and the deleters run once each, in the
+ * order the thread released; so do releases made while those in the
+ * shared queue wait. */
+static void a_full_ring_overflows_into_the_shared_queue_in_order(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C);
+  (void)state;
+  atomic_store(&ran_n, 0);
+  hold_reclaimer(&lc);
+  dlsync__alloc_count_start();
+  for (uintptr_t i = 0; i < MORE_THAN_A_RING; i++)
+    assert_int_equal(dlsync_release(ctx, &lc, order_deleter, (void *)i), DLSYNC_SUCCESS);
+  assert_true(dlsync__alloc_live_bytes() > 0); /* the shared queue's items */
+  assert_int_equal(stats_of(ctx).pending_eager, MORE_THAN_A_RING + 1);
+  atomic_store(&batch_gate_open, 1);
+  for (uintptr_t i = MORE_THAN_A_RING; i < MORE_THAN_A_RING + 16; i++)
+    assert_int_equal(dlsync_release(ctx, &lc, order_deleter, (void *)i), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_ran_in_order(MORE_THAN_A_RING + 16);
+  assert_int_equal(stats_of(ctx).pending_eager, 0);
+}
+
+/* Releases on the legacy stream go through the thread's ring too: one
+ * thread's deleters run in its order across special and ordinary streams. */
+static void legacy_and_ordinary_stream_releases_run_in_order(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C), legacy = dlsync_lane_stream(DLSYNC_STREAM_LEGACY);
+  (void)state;
+  atomic_store(&ran_n, 0);
+  hold_reclaimer(&lc);
+  CUcontext cu = NULL, popped = NULL;
+  assert_int_equal(D->StreamGetCtx(C, &cu), CUDA_SUCCESS);
+  assert_int_equal(D->CtxPushCurrent(cu), CUDA_SUCCESS); /* the legacy stream's context */
+  for (uintptr_t i = 0; i < 6; i++)
+    assert_int_equal(dlsync_release(ctx, i % 2 ? &legacy : &lc, order_deleter, (void *)i),
+                     DLSYNC_SUCCESS);
+  atomic_store(&batch_gate_open, 1);
+  assert_int_equal(D->CtxPopCurrent(&popped), CUDA_SUCCESS);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_ran_in_order(6);
+}
+
+/* A thread whose ring cannot be made (no memory) releases through the
+ * shared queue. (The failure is armed for any thread's allocation; the
+ * reclaimer, idle after a flush, makes none meanwhile.) */
+static void *release_one_without_a_ring(void *arg) {
+  dlsync_lane *l = arg;
+  dlsync_status st;
+  dlsync__alloc_fail_nth(1); /* the ring: this thread's first allocation of dlsync's */
+  st = dlsync_release(ctx, l, count_into_deleted, NULL);
+  dlsync__alloc_fail_nth(0);
+  return (void *)(uintptr_t)st;
+}
+
+static void a_ring_that_cannot_be_made_leaves_the_shared_queue(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C);
+  pthread_t th;
+  void *rc = (void *)1;
+  (void)state;
+  atomic_store(&deleted, 0);
+  /* The context's pool made (by this thread), so that the other thread's
+   * first allocation is its ring. */
+  assert_int_equal(dlsync_release(ctx, &lc, count_into_deleted, NULL), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS); /* the reclaimer idle */
+  assert_int_equal(pthread_create(&th, NULL, release_one_without_a_ring, &lc), 0);
+  assert_int_equal(pthread_join(th, &rc), 0);
+  assert_int_equal((dlsync_status)(uintptr_t)rc, DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&deleted), 2);
+}
+
+/* cuStreamGetId failing: a status naming it, nothing queued, the event back
+ * in its pool. */
+static void a_failed_stream_id_queues_nothing(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C);
+  dlsync__pool_stats before, after;
+  (void)state;
+  atomic_store(&deleted, 0);
+  assert_int_equal(dlsync_release(ctx, &lc, count_into_deleted, NULL), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  dlsync__pool_stats_get(&before, &ctx->pools);
+  fake_fail_nth("cuStreamGetId", 1, CUDA_ERROR_INVALID_HANDLE);
+  assert_int_equal(dlsync_release(ctx, &lc, count_into_deleted, NULL), DLSYNC_ERROR_DRIVER);
+  assert_message_has("cuStreamGetId");
+  assert_int_equal(stats_of(ctx).pending_eager, 0);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&deleted), 1);
+  dlsync__pool_stats_get(&after, &ctx->pools);
+  assert_int_equal(after.free_events, before.free_events);
+  assert_int_equal(after.created - after.destroyed, before.created - before.destroyed);
+}
+
+static void *release_ten_and_exit(void *arg) {
+  dlsync_lane *l = arg;
+  for (int i = 0; i < 10; i++)
+    if (dlsync_release(ctx, l, count_into_deleted, NULL) != DLSYNC_SUCCESS)
+      return (void *)1;
+  return NULL;
+}
+
+/* A thread that exits with releases queued in its ring: they run (the ring
+ * is freed by the reclaimer once empty). */
+static void a_threads_ring_runs_after_the_thread_exits(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C);
+  pthread_t th;
+  void *rc = (void *)2;
+  (void)state;
+  atomic_store(&deleted, 0);
+  hold_reclaimer(&lc);
+  assert_int_equal(pthread_create(&th, NULL, release_ten_and_exit, &lc), 0);
+  assert_int_equal(pthread_join(th, &rc), 0);
+  assert_null(rc);
+  assert_int_equal(stats_of(ctx).pending_eager, 11);
+  atomic_store(&batch_gate_open, 1);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&deleted), 10);
+}
+
+/* ---- batches: the newest event of each stream ---- */
+
+/* n releases on l queued behind the reclaimer held in a deleter (one batch
+ * once batch_gate_open is set); the cuEventSynchronize count before them. */
+static unsigned held_batch(dlsync_lane *l, int n) {
+  unsigned before;
+  atomic_store(&deleted, 0);
+  hold_reclaimer(l);
+  before = fake_call_count("cuEventSynchronize");
+  for (int i = 0; i < n; i++)
+    assert_int_equal(dlsync_release(ctx, l, count_into_deleted, NULL), DLSYNC_SUCCESS);
+  return before;
+}
+
+/* A stream handle can name a new stream while the old one's work runs
+ * (design.md R33; the fake gives a destroyed stream's handle to the next
+ * stream made): two releases on a stream, the stream destroyed, two on the
+ * new stream of the same handle. The stream id tells the two apart: the
+ * newest event of each is synchronised, two calls, none asked. */
+static void a_reused_handle_is_another_stream_in_a_batch(void **state) {
+  CUstream s1, s2;
+  dlsync_lane l1, l2;
+  unsigned before, queries;
+  (void)state;
+  s1 = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  l1 = dlsync_lane_stream(s1);
+  before = held_batch(&l1, 2);
+  queries = fake_call_count("cuEventQuery");
+  assert_int_equal(D->StreamDestroy(s1), CUDA_SUCCESS);
+  s2 = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  assert_ptr_equal(s2, s1); /* the handle reused */
+  l2 = dlsync_lane_stream(s2);
+  for (int i = 0; i < 2; i++)
+    assert_int_equal(dlsync_release(ctx, &l2, count_into_deleted, NULL), DLSYNC_SUCCESS);
+  atomic_store(&batch_gate_open, 1);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&deleted), 4);
+  assert_int_equal(fake_call_count("cuEventSynchronize") - before, 2); /* one per stream */
+  assert_int_equal(fake_call_count("cuEventQuery") - queries, 0);
+  assert_int_equal(stats_of(ctx).pending_eager, 0);
+  assert_int_equal(D->StreamDestroy(s2), CUDA_SUCCESS);
+}
+
+/* Without a stream id (a driver before CUDA 12.0 has no cuStreamGetId) a slot is a handle, which
+ * may be of two streams (R33): each earlier event is asked, and one not complete when asked
+ * (cuEventQuery: CUDA_ERROR_NOT_READY) is synchronised on its own before its deleter runs; nothing
+ * is reported as failed. */
+static void an_earlier_event_not_complete_is_synchronised_on_its_own(void **state) {
+  static dlsync__driver no_id;
+  dlsync_lane lc;
+  dlsync_release_stats s;
+  unsigned before, queries;
+  (void)state;
+  fixture_close();
+  no_id = *fake_driver();
+  no_id.StreamGetId = NULL;
+  fixture_open(&no_id);
+  lc = dlsync_lane_stream(C);
+  queries = fake_call_count("cuEventQuery");
+  before = held_batch(&lc, 4);
+  fake_fail_nth("cuEventQuery", 2, CUDA_ERROR_NOT_READY);
+  atomic_store(&batch_gate_open, 1);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&deleted), 4);
+  assert_int_equal(fake_call_count("cuEventSynchronize") - before, 2); /* the newest, the one */
+  assert_int_equal(fake_call_count("cuEventQuery") - queries, 3);      /* each earlier one */
+  s = stats_of(ctx);
+  assert_int_equal(s.sync_failures, 0);
+  assert_int_equal(s.pending_eager, 0);
+}
+
+/* The newest event's synchronisation fails inside a batch: each earlier
+ * event of its stream is synchronised on its own, every deleter runs once,
+ * and the next flush reports the failure, once. */
+static void a_failed_sync_in_a_batch_runs_each_deleter_once(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C);
+  dlsync_release_stats s;
+  unsigned before;
+  (void)state;
+  before = held_batch(&lc, 4);
+  fake_fail_nth("cuEventSynchronize", 1, CUDA_ERROR_LAUNCH_FAILED);
+  atomic_store(&batch_gate_open, 1);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_ERROR_DRIVER);
+  assert_message_has("CUDA_ERROR_LAUNCH_FAILED");
+  assert_int_equal(atomic_load(&deleted), 4);
+  assert_int_equal(fake_call_count("cuEventSynchronize") - before, 4); /* the newest, then 3 */
+  s = stats_of(ctx);
+  assert_int_equal(s.sync_failures, 1);
+  assert_int_equal(s.pending_eager, 0);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+}
+
+/* The reclaimer cannot enter RELAXED mode for a batch of three: the three
+ * are blocked (counted, no synchronisation), then run once it can. */
+static void a_mode_failure_blocks_the_whole_batch(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C);
+  dlsync_release_stats s;
+  unsigned before;
+  (void)state;
+  atomic_store(&deleted, 0);
+  hold_reclaimer(&lc);
+  for (int i = 0; i < 3; i++)
+    assert_int_equal(dlsync_release(ctx, &lc, count_into_deleted, NULL), DLSYNC_SUCCESS);
+  before = fake_call_count("cuEventSynchronize");
+  fake_fail_always("cuThreadExchangeStreamCaptureMode", CUDA_ERROR_UNKNOWN);
+  atomic_store(&batch_gate_open, 1);
+  for (int i = 0; i < TIMEOUT_MS && stats_of(ctx).blocked < 3; i++)
+    sleep_ms(1);
+  s = stats_of(ctx);
+  assert_int_equal(s.blocked, 3);
+  assert_int_equal(s.mode_failures, 3);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_ERROR_DRIVER);
+  assert_message_has("cuThreadExchangeStreamCaptureMode");
+  assert_int_equal(atomic_load(&deleted), 0);
+  assert_int_equal(fake_call_count("cuEventSynchronize") - before, 0);
+  /* Once it can, the three run (a flush while they are blocked returns at
+   * once: it waits for what can run). */
+  fake_fail_clear();
+  for (int i = 0; i < TIMEOUT_MS && atomic_load(&deleted) < 3; i++)
+    sleep_ms(1);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&deleted), 3);
+  assert_int_equal(stats_of(ctx).blocked, 0);
+}
+
+/* ---- stats ---- */
+
+static void release_stats_need_their_size_and_version(void **state) {
+  dlsync_release_stats s;
+  (void)state;
+  memset(&s, 0, sizeof s);
+  assert_int_equal(dlsync_release_get_stats(&s, ctx), DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_message_has("DLSYNC_RELEASE_STATS_INIT");
+}
+
+/* ---- cuUserObjectRelease failing on an error path ---- */
+
+static void user_object_release_fault_does_not_strand_a_release(void **state) {
+  CUgraph g = NULL;
+  CUgraphNode deps[2];
+  dlsync_lane lg;
+  dlsync__pool_stats ps;
+  (void)state;
+  atomic_store(&deleted, 0);
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  deps[0] = fake_graph_add_work(g, NULL, 0, "uses it");
+  lg = dlsync_lane_graph(g, deps, 1, 2);
+  fake_fail_nth("cuGraphRetainUserObject", 1, CUDA_ERROR_UNKNOWN);
+  fake_fail_nth("cuUserObjectRelease", 1, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_release(ctx, &lg, count_into_deleted, NULL), DLSYNC_ERROR_DRIVER);
+  fake_fail_clear();
+  fake_run_destructors();
+  /* Not "still owned by graphs": no graph holds it. */
+  assert_int_equal(stats_of(ctx).pending_graph, 0);
+  assert_int_equal(atomic_load(&deleted), 0); /* the object is still the caller's */
+  /* An event given to a graph the same way comes back to its pool. */
+  {
+    dlsync_lane lp = dlsync_lane_stream(P);
+    lg = dlsync_lane_graph(g, deps, 1, 2);
+    fake_fail_nth("cuGraphRetainUserObject", 1, CUDA_ERROR_UNKNOWN);
+    fake_fail_nth("cuUserObjectRelease", 1, CUDA_ERROR_UNKNOWN);
+    assert_int_equal(dlsync_order(ctx, &lp, &lg), DLSYNC_ERROR_DRIVER);
+    fake_fail_clear();
+    fake_run_destructors();
+    dlsync__pool_stats_get(&ps, &ctx->pools);
+    assert_int_equal(ps.graph_owned, 0);
+  }
+  assert_int_equal(D->GraphDestroy(g), CUDA_SUCCESS);
+  pop_all_contexts();
+  /* The fake keeps the two user objects the driver refused to release (that
+   * is the driver's leak, not dlsync's): close without the leak report. */
+  assert_int_equal(fake_illegal_calls(), 0);
+  assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
+  ctx = NULL;
+  fixture_open(NULL);
+}
+
+/* The same fault after the first of two built graphs took the object (the
+ * second refused it): the reference left is given to that graph, whose
+ * destruction lets the object go and its event back to the pool (before: the
+ * user object lived on, the event counted as held by a graph for good). */
+static void user_object_release_fault_after_one_graph_took_it(void **state) {
+  CUgraph g1 = NULL, g2 = NULL;
+  CUgraphNode d1[2], d2[2];
+  dlsync_lane l1, l2;
+  dlsync__pool_stats ps;
+  (void)state;
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&g1, 0), CUDA_SUCCESS);
+  assert_int_equal(D->GraphCreate(&g2, 0), CUDA_SUCCESS);
+  d1[0] = fake_graph_add_work(g1, NULL, 0, "produce");
+  d2[0] = fake_graph_add_work(g2, NULL, 0, "consume");
+  l1 = dlsync_lane_graph(g1, d1, 1, 2);
+  l2 = dlsync_lane_graph(g2, d2, 1, 2);
+  fake_fail_nth("cuGraphRetainUserObject", 2, CUDA_ERROR_UNKNOWN); /* g2 refuses */
+  fake_fail_nth("cuUserObjectRelease", 1, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_order(ctx, &l1, &l2), DLSYNC_ERROR_DRIVER);
+  assert_message_has("cuGraphRetainUserObject");
+  fake_fail_clear();
+  destroy_graph(g1);
+  destroy_graph(g2);
+  dlsync__pool_stats_get(&ps, &ctx->pools);
+  assert_int_equal(ps.graph_owned, 0);
+  assert_int_equal(fake_live_user_objects(), 0);
+  pop_all_contexts();
+}
+
+/* ---- destroy from a deleter while another release is queued ---- */
+
+typedef struct destroyer {
+  dlsync_context *ctx;
+  atomic_int go; /* the release behind it is queued */
+  atomic_int calls;
+  dlsync_status status;
+} destroyer;
+
+static void destroying_deleter_after_go(void *arg) {
+  destroyer *d = arg;
+  for (int i = 0; i < TIMEOUT_MS && atomic_load(&d->go) == 0; i++)
+    sleep_ms(1);
+  d->status = dlsync_context_destroy(d->ctx);
+  atomic_fetch_add(&d->calls, 1);
+}
+
+static void destroy_from_a_deleter_destroys_the_queued_release_event(void **state) {
+  destroyer d;
+  dlsync_lane lp = dlsync_lane_stream(P);
+  (void)state;
+  atomic_store(&deleted, 0);
+  memset(&d, 0, sizeof d);
+  assert_int_equal(dlsync__context_create_with_driver(&d.ctx, NULL, D), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release(d.ctx, &lp, destroying_deleter_after_go, &d), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release(d.ctx, &lp, count_into_deleted, NULL), DLSYNC_SUCCESS);
+  atomic_store(&d.go, 1);
+  for (int i = 0; i < TIMEOUT_MS && atomic_load(&deleted) == 0; i++)
+    sleep_ms(1);
+  assert_int_equal(atomic_load(&d.calls), 1);
+  assert_int_equal(d.status, DLSYNC_ERROR_BUSY);
+  assert_int_equal(atomic_load(&deleted), 1);
+  sleep_ms(10); /* the reclaimer gives the event back after the deleter returns */
+  assert_int_equal(fake_live_events(), 0);
+}
+
+/* Waits until the driver has `want` events alive, or TIMEOUT_MS. */
+static bool wait_live_events(unsigned want) {
+  for (int i = 0; i < TIMEOUT_MS; i++) {
+    if (fake_live_events() == want)
+      return true;
+    sleep_ms(1);
+  }
+  return fake_live_events() == want;
+}
+
+typedef struct other_destroyer {
+  dlsync_context *victim;
+  atomic_int calls;
+  dlsync_status status;
+  char message[512];
+} other_destroyer;
+
+static void destroy_other_deleter(void *arg) {
+  other_destroyer *d = arg;
+  d->status = dlsync_context_destroy(d->victim);
+  snprintf(d->message, sizeof d->message, "%s", dlsync_last_error());
+  atomic_fetch_add(&d->calls, 1);
+}
+
+static void idle_context_destroyed_from_another_contexts_deleter_is_success(void **state) {
+  other_destroyer d;
+  dlsync_lane lp = dlsync_lane_stream(P);
+  (void)state;
+  memset(&d, 0, sizeof d);
+  assert_int_equal(dlsync__context_create_with_driver(&d.victim, NULL, D), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release(ctx, &lp, destroy_other_deleter, &d), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&d.calls), 1);
+  if (d.status != DLSYNC_SUCCESS)
+    fail_msg("an idle context destroyed from a deleter: %s: %s", dlsync_status_name(d.status),
+             d.message);
+}
+
+/* A context destroyed from a deleter with a release of its own queued
+ * behind it: BUSY, naming that one release, not the one running. */
+typedef struct gated_destroyer {
+  dlsync_context *ctx;
+  atomic_int go; /* the release behind it is queued */
+  atomic_int calls;
+  dlsync_status status;
+  char message[512];
+} gated_destroyer;
+
+static void gated_destroying_deleter(void *arg) {
+  gated_destroyer *d = arg;
+  for (int i = 0; i < TIMEOUT_MS && atomic_load(&d->go) == 0; i++)
+    sleep_ms(1);
+  d->status = dlsync_context_destroy(d->ctx);
+  snprintf(d->message, sizeof d->message, "%s", dlsync_last_error());
+  atomic_fetch_add(&d->calls, 1);
+}
+
+static void context_destroyed_from_its_deleter_counts_the_release_behind(void **state) {
+  gated_destroyer d;
+  dlsync_lane lp = dlsync_lane_stream(P);
+  (void)state;
+  memset(&d, 0, sizeof d);
+  atomic_store(&deleted, 0);
+  assert_int_equal(dlsync__context_create_with_driver(&d.ctx, NULL, D), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release(d.ctx, &lp, gated_destroying_deleter, &d), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release(d.ctx, &lp, count_into_deleted, NULL), DLSYNC_SUCCESS);
+  atomic_store(&d.go, 1);
+  for (int i = 0; i < TIMEOUT_MS && atomic_load(&deleted) == 0; i++)
+    sleep_ms(1);
+  assert_int_equal(atomic_load(&deleted), 1);
+  assert_int_equal(atomic_load(&d.calls), 1);
+  assert_int_equal(d.status, DLSYNC_ERROR_BUSY);
+  if (strstr(d.message, "from a deleter with 1 eager release(s) queued") == NULL)
+    fail_msg("%s", d.message);
+  assert_true(wait_live_events(0));
+}
+
+/* ---- what a busy destroy names ---- */
+
+static void destroy_names_each_kind_left_with_its_count(void **state) {
+  dlsync_context *c2 = NULL;
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  dlsync_fence *f1 = NULL, *f2 = NULL;
+  CUgraph g;
+  unsigned before = fake_live_events();
+  (void)state;
+  atomic_store(&deleted, 0);
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, D), DLSYNC_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(P, "produce", NULL);
+  assert_int_equal(dlsync_release(c2, &lp, count_into_deleted, NULL), DLSYNC_SUCCESS);
+  g = end_capture_ok(P);
+  assert_int_equal(dlsync_exchange_begin(&ex, c2, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_fence_signal(&f1, c2, &lp), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_fence_signal(&f2, c2, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_context_destroy(c2), DLSYNC_ERROR_BUSY);
+  assert_message_has("1 exchange(s) begun and not ended");
+  assert_message_has("2 fence(s) not released");
+  assert_message_has("1 release(s) still owned by graphs");
+  assert_message_has(" and 1 release(s)"); /* the last of three */
+  destroy_graph(g);
+  for (int i = 0; i < TIMEOUT_MS && atomic_load(&deleted) == 0; i++)
+    sleep_ms(1);
+  assert_int_equal(atomic_load(&deleted), 1);
+  dlsync_fence_release(f1);
+  dlsync_fence_release(f2);
+  /* The context's memory and the fences' events go on dlsync's janitor. */
+  assert_true(wait_live_events(before));
+}
+
 int main(void) {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
   const struct CMUnitTest tests[] = {
@@ -928,6 +1566,47 @@ int main(void) {
       T(every_driver_failure_in_a_release_is_a_status),
       T(every_allocation_failure_in_a_release_is_a_status),
       T(many_threads_release_at_once),
+      cmocka_unit_test_setup_teardown(reclaimer_without_relaxed_mode_makes_no_illegal_call,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(failed_reclaimer_sync_is_counted_and_returned_by_flush,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(a_batch_synchronises_the_newest_event_of_each_stream,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(a_failed_sync_in_a_batch_runs_each_deleter_once,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(a_release_into_the_threads_ring_allocates_nothing,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(a_full_ring_overflows_into_the_shared_queue_in_order,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(legacy_and_ordinary_stream_releases_run_in_order,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(a_ring_that_cannot_be_made_leaves_the_shared_queue,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(a_failed_stream_id_queues_nothing, fixture_setup,
+                                      fixture_teardown),
+      cmocka_unit_test_setup_teardown(a_threads_ring_runs_after_the_thread_exits, fixture_setup,
+                                      fixture_teardown),
+      cmocka_unit_test_setup_teardown(a_reused_handle_is_another_stream_in_a_batch, fixture_setup,
+                                      fixture_teardown),
+      cmocka_unit_test_setup_teardown(an_earlier_event_not_complete_is_synchronised_on_its_own,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(a_mode_failure_blocks_the_whole_batch, fixture_setup,
+                                      fixture_teardown),
+      cmocka_unit_test_setup_teardown(release_stats_need_their_size_and_version, fixture_setup,
+                                      fixture_teardown),
+      cmocka_unit_test_setup_teardown(user_object_release_fault_does_not_strand_a_release,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(user_object_release_fault_after_one_graph_took_it,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(destroy_from_a_deleter_destroys_the_queued_release_event,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(
+          idle_context_destroyed_from_another_contexts_deleter_is_success, fixture_setup,
+          fixture_teardown),
+      cmocka_unit_test_setup_teardown(context_destroyed_from_its_deleter_counts_the_release_behind,
+                                      fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(destroy_names_each_kind_left_with_its_count, fixture_setup,
+                                      fixture_teardown),
   };
 #undef T
   int rc;

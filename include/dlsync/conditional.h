@@ -1,16 +1,23 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* dlsync: conditional nodes' bodies.
  *
+ * Caller's rules:
+ *  - Declare each conditional node's body (dlsync_conditional_body_add)
+ *    before any dlsync call on a lane in it: CUDA has no call that says
+ *    whether a graph is a body, so dlsync knows only what it is told.
+ *  - Remove a declaration (dlsync_conditional_body_remove) before the parent
+ *    graph, which owns its bodies, is destroyed: graph handles are reused,
+ *    and a new graph with the same handle would be taken for a body.
+ *  - At most DLSYNC_CONDITIONAL_BODIES bodies are declared at once per
+ *    context (and 1024 in the process).
+ *
  * CUDA admits only kernel, empty, child-graph, memset, memcpy and conditional
  * nodes in the body of a conditional node (IF, WHILE, SWITCH:
  * CUDA_CONDITIONAL_NODE_PARAMS in cuda.h). An event-wait node put in a body
  * during a capture into it is accepted, the capture ends cleanly, and the
  * parent graph's cuGraphInstantiate then fails with CUDA_ERROR_INVALID_VALUE,
- * far from the call that added it (rule R28 of tests/fake/fake_driver.h,
- * checked on the GPU by gpu_rules, which also shows what a node added by hand
- * does).
- * CUDA has no call that says whether a graph is a body, so the caller, who
- * made the conditional node, tells dlsync:
+ * far from the call that added it (observed on the driver; the GPU suite
+ * checks it). So the caller, who made the conditional node, tells dlsync:
  *
  *   CUgraph body = params.conditional.phGraph_out[0];
  *   dlsync_conditional_body_add(ctx, body);
@@ -40,15 +47,11 @@
  * see them; a graph is a body whatever context said so, so every context's
  * rows and dlsync_graph_launch refuse a body another context declared, the
  * message saying "in another dlsync context".
- * Graph handles are reused once a graph is destroyed: remove a declaration
- * before the parent graph (which owns its bodies) is destroyed, or a new graph
- * with the same handle is taken for a body. At most DLSYNC_CONDITIONAL_BODIES
- * bodies are declared at once per context (and 1024 in the process).
  *
- * Threads: any. Cost: while no context has a declared body, the rows that add
- * nodes pay one load; with some, they also compare their graphs with their
- * context's declared ones, and with the process's when other contexts have
- * some. The rows that add no node never look.
+ * Cost: while no context has a declared body, the rows that add nodes pay one
+ * load; with some, they also compare their graphs with their context's
+ * declared ones, and with the process's when other contexts have some. The
+ * rows that add no node never look.
  */
 #ifndef DLSYNC_CONDITIONAL_H
 #define DLSYNC_CONDITIONAL_H
@@ -67,18 +70,28 @@ struct CUgraph_st;
 
 /* Declares `body` (a graph from CUDA_CONDITIONAL_NODE_PARAMS.phGraph_out) a
  * conditional node's body for ctx. Declaring one twice is allowed and counts
- * once. Errors: DLSYNC_ERROR_INVALID_ARGUMENT (ctx or body NULL, or
- * DLSYNC_CONDITIONAL_BODIES bodies declared already in ctx, or 1024 in the
- * process). No driver call: the handle is taken on the caller's word. */
+ * once. No driver call: the handle is taken on the caller's word.
+ * Returns: DLSYNC_SUCCESS, the body declared.
+ * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (ctx or body NULL, or
+ *   DLSYNC_CONDITIONAL_BODIES bodies declared already in ctx, or 1024 in the
+ *   process); nothing is declared then.
+ * Threads: any thread, any number at once.
+ * Capture: no driver call; safe at any time. */
 DLSYNC_API dlsync_status dlsync_conditional_body_add(dlsync_context *ctx, struct CUgraph_st *body);
 
-/* Forgets a declaration. DLSYNC_ERROR_INVALID_ARGUMENT when ctx or body is
- * NULL or body is not declared. No driver call. */
+/* Forgets a declaration made by ctx. No driver call.
+ * Returns: DLSYNC_SUCCESS, the declaration gone.
+ * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (ctx or body NULL, or body not
+ *   declared by ctx).
+ * Threads: any thread, any number at once.
+ * Capture: no driver call; safe at any time. */
 DLSYNC_API dlsync_status dlsync_conditional_body_remove(dlsync_context *ctx,
                                                         struct CUgraph_st *body);
 
-/* Whether `body` is declared by ctx (false for NULL arguments, and for a
- * body only another context declared). */
+/* Whether `body` is declared by ctx.
+ * Returns: 1 when it is; 0 otherwise, also for NULL arguments and for a body
+ *   only another context declared. Sets no error.
+ * Threads: any thread. Capture: no driver call; safe at any time. */
 DLSYNC_API int dlsync_conditional_body_is_declared(dlsync_context *ctx, struct CUgraph_st *body);
 
 #ifdef __cplusplus

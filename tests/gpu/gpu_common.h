@@ -30,7 +30,7 @@ static inline const char *gpu_err(const dlsync__driver *d, CUresult r) {
 static inline int gpu_env_init(gpu_env *e) {
   int n = 0;
   memset(e, 0, sizeof *e);
-  if (dlsync__driver_load(&e->d, NULL) != DLSYNC_SUCCESS) {
+  if (dlsync__driver_load_all(&e->d, NULL) != DLSYNC_SUCCESS) {
     printf("SKIP: %s\n", dlsync_last_error());
     return GPU_SKIP;
   }
