@@ -78,6 +78,20 @@ void *dlsync__realloc(void *ptr, size_t size);
 char *dlsync__strdup(const char *s);
 void dlsync__free(void *ptr);
 
+/* *out = a * b; false (and *out untouched) when the product does not fit a
+ * size_t. Every size computed from a count goes through it. */
+static inline bool dlsync__mul_size(size_t a, size_t b, size_t *out) {
+  if (b != 0 && a > SIZE_MAX / b)
+    return false;
+  *out = a * b;
+  return true;
+}
+/* The most elements of `size` bytes one array can hold: no object is larger
+ * than PTRDIFF_MAX bytes. */
+static inline size_t dlsync__max_count(size_t size) {
+  return (size_t)PTRDIFF_MAX / size;
+}
+
 /* Bytes of the library's own allocations alive now (the bench's memory
  * figures), counted from the first dlsync__alloc_count_start on: blocks
  * allocated before it are not counted, so call it before the library is

@@ -319,8 +319,12 @@ static bool keep_locked(dlsync__pool *p, CUevent event, bool limit) {
   if (limit && p->nfree >= p->kept)
     return false;
   if (p->nfree == p->cap) {
-    size_t cap = p->cap == 0 ? 16 : p->cap * 2;
-    CUevent *grown = dlsync__realloc(p->free_events, cap * sizeof *grown);
+    size_t cap = 16, bytes = 0;
+    CUevent *grown = NULL;
+    if (p->cap != 0 && !dlsync__mul_size(p->cap, 2, &cap))
+      return false;
+    if (dlsync__mul_size(cap, sizeof *grown, &bytes))
+      grown = dlsync__realloc(p->free_events, bytes);
     if (grown == NULL)
       return false;
     p->free_events = grown;

@@ -311,7 +311,7 @@ dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsync_context *
     snprintf(role, sizeof role, "producer %zu", i);
     DLSYNC_TRY(dlsync__lane_check(&producers[i], role));
   }
-  parts = dlsync__malloc(n * sizeof *parts);
+  parts = dlsync__calloc(n, sizeof *parts); /* n <= DLSYNC_EXCHANGE_MANY_MAX */
   if (parts == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_exchange_begin_many: out of memory");
     goto cleanup;

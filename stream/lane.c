@@ -23,7 +23,9 @@ static int dep_at_cmp(const void *a, const void *b) {
  * larger ones sorted (n log n: a frontier may hold tens of thousands of
  * nodes), or pairwise if no memory can be had for that. */
 static bool deps_repeat(size_t *j_out, size_t *i_out, const CUgraphNode *deps, size_t n) {
-  dep_at *items = n > 64 ? dlsync__malloc(n * sizeof *items) : NULL;
+  size_t bytes = 0;
+  dep_at *items =
+      n > 64 && dlsync__mul_size(n, sizeof *items, &bytes) ? dlsync__malloc(bytes) : NULL;
   bool found = false;
   if (items == NULL) {
     for (size_t i = 0; i < n; i++)
@@ -75,6 +77,13 @@ dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role)
     if (lane->graph == NULL)
       return dlsync__fail(DLSYNC_ERROR_INVALID_LANE, "the %s lane is a graph lane with no graph",
                           role);
+    if (lane->capacity > DLSYNC__LANE_MAX_NODES || lane->ndeps > DLSYNC__LANE_MAX_NODES)
+      return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                          "the %s graph lane has ndeps = %zu and capacity = %zu: no array of "
+                          "nodes can hold %zu (at most %zu); nothing was read or queued",
+                          role, lane->ndeps, lane->capacity,
+                          lane->capacity > lane->ndeps ? lane->capacity : lane->ndeps,
+                          (size_t)DLSYNC__LANE_MAX_NODES);
     if (lane->ndeps > 0 && lane->deps == NULL)
       return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
                           "the %s graph lane has ndeps = %zu but deps is NULL", role, lane->ndeps);
