@@ -68,6 +68,16 @@ DLSYNC__COLD dlsync_status dlsync__fail_with(dlsync_status status, int driver_re
 DLSYNC__COLD dlsync_status dlsync__fail_result(dlsync_status status, int driver_result,
                                                const char *fmt, ...) DLSYNC__PRINTF(3, 4);
 
+/* The thread's last failure was a driver call that queues nothing (a
+ * capture query, cuStreamGetCtx, a dependency update the driver refused),
+ * made before anything else was queued: an exchange's end that failed so
+ * may be retried. Called right after the dlsync__fail* that reported it;
+ * every dlsync__fail* clears it. */
+void dlsync__fail_nothing_queued(void);
+bool dlsync__last_error_nothing_queued(void);
+/* Appends text to the thread's last error message (cut at its size). */
+void dlsync__last_error_append(const char *text);
+
 /* ---- allocation (base/alloc.c) ---- */
 
 /* Every allocation of the library goes through these (malloc, calloc,

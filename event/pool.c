@@ -240,8 +240,13 @@ dlsync_status dlsync__pool_check(dlsync__pool **pool, dlsync__pools *ps, CUstrea
                                  const char *role) {
   dlsync_status st = DLSYNC_SUCCESS;
   CUcontext cuctx = NULL;
-  DLSYNC_CU(ps->drv, StreamGetCtx, (stream, &cuctx), "%s stream %p: finding its CUDA context", role,
-            (void *)stream);
+  CUresult r = ps->drv->StreamGetCtx(stream, &cuctx);
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+    st = dlsync__fail_driver(ps->drv, r, "cuStreamGetCtx", "%s stream %p: finding its CUDA context",
+                             role, (void *)stream);
+    dlsync__fail_nothing_queued(); /* a lookup, made before anything is queued */
+    goto cleanup;
+  }
   if (DLSYNC__LIKELY(*pool != NULL && (*pool)->cuctx == cuctx))
     return DLSYNC_SUCCESS;
   DLSYNC_TRY(dlsync__pool_for_cuctx(pool, ps, cuctx));

@@ -351,6 +351,20 @@ cleanup:
   return st;
 }
 
+/* An end whose failure came from a driver call that queues nothing, before
+ * anything was queued, says how to finish it: the handle is ended, but
+ * dlsync_order(ctx, consumer, producer) does what the end would have done
+ * (exchange.h). */
+static DLSYNC__NOINLINE dlsync_status end_failed(dlsync_status st) {
+  if ((st == DLSYNC_ERROR_DRIVER || st == DLSYNC_ERROR_OUT_OF_MEMORY) &&
+      dlsync__last_error_nothing_queued()) {
+    dlsync__last_error_append("; nothing was queued: dlsync_order(ctx, consumer, producer) does "
+                              "what this end would have done (it joins the consumer back)");
+    dlsync__fail_nothing_queued();
+  }
+  return st;
+}
+
 static DLSYNC__NOINLINE dlsync_status end_many(dlsync__thread *t, dlsync_exchange *ex) {
   dlsync_exchange **parts = ex->many;
   size_t n = ex->nmany;
@@ -390,7 +404,7 @@ static DLSYNC__NOINLINE dlsync_status end_general(dlsync__thread *t, dlsync_exch
   DLSYNC_TRY(dlsync__order_row(ctx, &step, &pool, c, p));
 cleanup:
   exchange_free(t, ex);
-  return st;
+  return st == DLSYNC_SUCCESS ? st : end_failed(st);
 }
 
 dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
@@ -430,7 +444,7 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
     st = order_fast(t, ctx, p, q, NULL); /* an end has the streams only: no lanes to read */
     if (st != DLSYNC__GENERAL) {
       exchange_free(t, ex);
-      return st;
+      return DLSYNC__LIKELY(st == DLSYNC_SUCCESS) ? st : end_failed(st);
     }
   } else if (bits & EX_MANY) {
     return end_many(t, ex);

@@ -70,12 +70,15 @@ dlsync_status dlsync__fail_record(const dlsync__driver *d, CUresult r, dlsync__p
 
 dlsync_status dlsync__fail_add(const dlsync__driver *d, CUresult r, dlsync__pair p,
                                const dlsync__roles *roles, size_t n) {
-  return dlsync__fail_driver(
+  /* The row's one call: refused, it added nothing. */
+  dlsync_status st = dlsync__fail_driver(
       d, r, "cuStreamUpdateCaptureDependencies",
       "%s stream %p (capturing) taking the %zu dependencies of %s stream "
       "%p, in its capture%s",
       roles->then, (void *)p.then, n, roles->first, (void *)p.first,
       r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ? ": the capture has been invalidated" : "");
+  dlsync__fail_nothing_queued();
+  return st;
 }
 
 dlsync_status dlsync__fail_external_wait(const dlsync__driver *d, CUresult r, dlsync__pair p,

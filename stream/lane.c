@@ -114,8 +114,8 @@ dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role)
   }
 }
 
-dlsync_status dlsync__lane_read_failed(dlsync__lane_now *out, const dlsync__driver *d, CUresult r,
-                                       dlsync_lane *lane, const char *role) {
+static dlsync_status lane_read_failed(dlsync__lane_now *out, const dlsync__driver *d, CUresult r,
+                                      dlsync_lane *lane, const char *role) {
   dlsync__lane_read_eager(out, lane, role);
   if (d->StreamGetCaptureInfo == NULL)
     return dlsync__driver_require(d, DLSYNC__NEED_CAPTURE, "a capture-aware exchange");
@@ -134,6 +134,14 @@ dlsync_status dlsync__lane_read_failed(dlsync__lane_now *out, const dlsync__driv
                              (void *)lane->stream);
 }
 
+/* A failed capture query queues nothing. */
+dlsync_status dlsync__lane_read_failed(dlsync__lane_now *out, const dlsync__driver *d, CUresult r,
+                                       dlsync_lane *lane, const char *role) {
+  dlsync_status st = lane_read_failed(out, d, r, lane, role);
+  dlsync__fail_nothing_queued();
+  return st;
+}
+
 dlsync_status dlsync__lane_refresh_slow(dlsync__lane_now *l, const dlsync__driver *d) {
   return dlsync__lane_read_full(l, d, l->lane, l->role);
 }
@@ -149,9 +157,12 @@ dlsync_status dlsync__lane_read_stream(dlsync__lane_now *out, const dlsync__driv
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
     CUresult r = d->StreamIsCapturing(lane->stream, &cs);
     if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+      dlsync_status st;
       dlsync__lane_read_eager(out, lane, role);
-      return dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s stream %p", role,
-                                 (void *)lane->stream);
+      st = dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s stream %p", role,
+                               (void *)lane->stream);
+      dlsync__fail_nothing_queued();
+      return st;
     }
     if (DLSYNC__LIKELY(cs == CU_STREAM_CAPTURE_STATUS_NONE)) {
       dlsync__lane_read_eager(out, lane, role);

@@ -250,7 +250,10 @@ public:
 
   /* Ends the exchange (dlsync_exchange_end) once; later calls do nothing.
    * Returns the status of this end, or the first failure kept (begin's or an
-   * earlier end's). */
+   * earlier end's). The guard is inactive after a failed end too (the C
+   * handle is ended whatever the result): when message() says that nothing
+   * was queued, dlsync_order(ctx, consumer, producer) finishes the order
+   * (exchange.h). */
   dlsync_status end() noexcept {
     dlsync_exchange *h = handle_;
     handle_ = nullptr;

@@ -142,6 +142,16 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsyn
 /* Orders the producer's later work after the consumer's work since begin
  * (dlsync_order(ctx, consumer, producer)) and frees the handle, whatever the
  * result.
+ * A failed end may leave the order undone: a consumer that joined the
+ * producer's capture then stays joined, and that capture's
+ * cuStreamEndCapture fails with CUDA_ERROR_STREAM_CAPTURE_UNJOINED. When a
+ * driver call that queues nothing failed before anything was queued (a
+ * capture query, cuStreamGetCtx, the dependency update inside one capture),
+ * the message ends with "nothing was queued: dlsync_order(ctx, consumer,
+ * producer) does what this end would have done": that call (for
+ * dlsync_exchange_begin_many, one per producer) finishes the exchange, and
+ * the capture then ends cleanly. The handle itself is ended either way (a
+ * second end is DLSYNC_ERROR_INVALID_ARGUMENT).
  * Returns: DLSYNC_SUCCESS, the order in place.
  * Errors: those of dlsync_order, and:
  *   DLSYNC_ERROR_CAPTURE_ORDER when the producer is an eager stream and the
