@@ -124,7 +124,15 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsy
  * several producers in one capture cost one join; a producer that already
  * shares the consumer's capture adds edges only. The matching
  * dlsync_exchange_end orders each distinct producer after the consumer's
- * work, newest first, and reports the first failure (it still ends all).
+ * work, newest first, and reports the first failure (it still ends all; a
+ * driver's failure is reported before a DLSYNC_ERROR_CAPTURE_ORDER refusal).
+ * Stream producers some of which are capturing and some eager are refused
+ * (DLSYNC_ERROR_CAPTURE_ORDER, naming which are which, nothing queued): the
+ * consumer would join the capture, and no end could order the eager
+ * producers' later work after a graph that is not launched yet. Capture
+ * those producers too, or exchange with them apart and order their later
+ * work after the launch. Finding that out costs one status query per
+ * distinct stream producer (n >= 2).
  * n == 1 is dlsync_exchange_begin_flags. Graph lanes are kept by pointer until
  * end, as in dlsync_exchange_begin.
  * Returns: DLSYNC_SUCCESS and *out the handle.
