@@ -407,12 +407,15 @@ cleanup:
 /* An end whose failure came from a driver call that queues nothing, before
  * anything was queued, says how to finish it: the handle is ended, but
  * dlsync_order(ctx, consumer, producer) does what the end would have done
- * (exchange.h). */
-static DLSYNC__NOINLINE dlsync_status end_failed(dlsync_status st) {
-  if ((st == DLSYNC_ERROR_DRIVER || st == DLSYNC_ERROR_OUT_OF_MEMORY) &&
+ * (exchange.h). Not after a begin that put a record node in the producer's
+ * graph and a wait node in the consumer's (EX_CROSS): that end refuses, and
+ * the order would make each graph wait for the other. */
+static DLSYNC__NOINLINE dlsync_status end_failed(dlsync_status st, unsigned bits) {
+  if ((st == DLSYNC_ERROR_DRIVER || st == DLSYNC_ERROR_OUT_OF_MEMORY) && (bits & EX_CROSS) == 0 &&
       dlsync__last_error_nothing_queued()) {
     dlsync__last_error_append("; nothing was queued: dlsync_order(ctx, consumer, producer) does "
-                              "what this end would have done (it joins the consumer back)");
+                              "what this end would have done (in a capture, it joins the consumer "
+                              "back)");
     dlsync__fail_nothing_queued();
   }
   return st;
@@ -433,6 +436,7 @@ static DLSYNC__NOINLINE dlsync_status end_many(dlsync__thread *t, dlsync_exchang
 static DLSYNC__NOINLINE dlsync_status end_general(dlsync__thread *t, dlsync_exchange *ex,
                                                   dlsync_context *ctx) {
   dlsync_status st = DLSYNC_SUCCESS;
+  unsigned bits = ex->bits;
   dlsync__lanes_opened opened;
   dlsync__lane_now *c = &opened.a, *p = &opened.b;
   dlsync__order_step step;
@@ -457,7 +461,7 @@ static DLSYNC__NOINLINE dlsync_status end_general(dlsync__thread *t, dlsync_exch
   DLSYNC_TRY(dlsync__order_row(ctx, &step, &pool, c, p));
 cleanup:
   exchange_free(t, ex);
-  return st == DLSYNC_SUCCESS ? st : end_failed(st);
+  return st == DLSYNC_SUCCESS ? st : end_failed(st, bits);
 }
 
 dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
@@ -497,7 +501,7 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
     st = order_fast(t, ctx, p, q, NULL); /* an end has the streams only: no lanes to read */
     if (st != DLSYNC__GENERAL) {
       exchange_free(t, ex);
-      return DLSYNC__LIKELY(st == DLSYNC_SUCCESS) ? st : end_failed(st);
+      return DLSYNC__LIKELY(st == DLSYNC_SUCCESS) ? st : end_failed(st, bits);
     }
   } else if (bits & EX_MANY) {
     return end_many(t, ex);

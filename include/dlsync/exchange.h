@@ -155,10 +155,12 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsyn
  * cuStreamEndCapture fails with CUDA_ERROR_STREAM_CAPTURE_UNJOINED. When a
  * driver call that queues nothing failed before anything was queued (a
  * capture query, cuStreamGetCtx, the dependency update inside one capture),
- * the message ends with "nothing was queued: dlsync_order(ctx, consumer,
+ * the message says "nothing was queued: dlsync_order(ctx, consumer,
  * producer) does what this end would have done": that call (for
  * dlsync_exchange_begin_many, one per producer) finishes the exchange, and
- * the capture then ends cleanly. The handle itself is ended either way (a
+ * the capture then ends cleanly. (Never said after a begin that put a record
+ * node in the producer's graph and a wait node in the consumer's: such an
+ * end refuses, below.) The handle itself is ended either way (a
  * second end is DLSYNC_ERROR_INVALID_ARGUMENT).
  * Returns: DLSYNC_SUCCESS, the order in place.
  * Errors: those of dlsync_order, and:
