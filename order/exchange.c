@@ -321,7 +321,8 @@ static dlsync_status refuse_mixed_producers(dlsync_context *ctx, dlsync_lane *pr
                       "dlsync_exchange_begin_many: %s %s capturing and %s %s eager: the end "
                       "could not order the eager producers' later work after a capture that is "
                       "not launched yet; nothing was queued. Capture the eager producers too, or "
-                      "exchange with them apart and order their later work after the launch",
+                      "order the consumer after them with dlsync_order and their later work "
+                      "after launching the graph",
                       capturing, ncap == 1 ? "is" : "are", eager, neager == 1 ? "is" : "are");
 cleanup:
   return st;

@@ -130,8 +130,8 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsy
  * (DLSYNC_ERROR_CAPTURE_ORDER, naming which are which, nothing queued): the
  * consumer would join the capture, and no end could order the eager
  * producers' later work after a graph that is not launched yet. Capture
- * those producers too, or exchange with them apart and order their later
- * work after the launch. Finding that out costs one status query per
+ * those producers too, or order the consumer after them with dlsync_order
+ * and their later work after the launch. Finding that out costs one status query per
  * distinct stream producer (n >= 2).
  * n == 1 is dlsync_exchange_begin_flags. Graph lanes are kept by pointer until
  * end, as in dlsync_exchange_begin.
