@@ -68,6 +68,16 @@ DLSYNC__COLD dlsync_status dlsync__fail_with(dlsync_status status, int driver_re
 DLSYNC__COLD dlsync_status dlsync__fail_result(dlsync_status status, int driver_result,
                                                const char *fmt, ...) DLSYNC__PRINTF(3, 4);
 
+/* The thread's last failure was a driver call that queues nothing (a
+ * capture query, cuStreamGetCtx, a dependency update the driver refused),
+ * made before anything else was queued: an exchange's end that failed so
+ * may be retried. Called right after the dlsync__fail* that reported it;
+ * every dlsync__fail* clears it. */
+void dlsync__fail_nothing_queued(void);
+bool dlsync__last_error_nothing_queued(void);
+/* Appends text to the thread's last error message (cut at its size). */
+void dlsync__last_error_append(const char *text);
+
 /* ---- allocation (base/alloc.c) ---- */
 
 /* Every allocation of the library goes through these (malloc, calloc,
@@ -77,6 +87,20 @@ void *dlsync__calloc(size_t count, size_t size);
 void *dlsync__realloc(void *ptr, size_t size);
 char *dlsync__strdup(const char *s);
 void dlsync__free(void *ptr);
+
+/* *out = a * b; false (and *out untouched) when the product does not fit a
+ * size_t. Every size computed from a count goes through it. */
+static inline bool dlsync__mul_size(size_t a, size_t b, size_t *out) {
+  if (b != 0 && a > SIZE_MAX / b)
+    return false;
+  *out = a * b;
+  return true;
+}
+/* The most elements of `size` bytes one array can hold: no object is larger
+ * than PTRDIFF_MAX bytes. */
+static inline size_t dlsync__max_count(size_t size) {
+  return (size_t)PTRDIFF_MAX / size;
+}
 
 /* Bytes of the library's own allocations alive now (the bench's memory
  * figures), counted from the first dlsync__alloc_count_start on: blocks

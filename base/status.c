@@ -13,6 +13,7 @@ typedef struct dlsync__last_error {
   dlsync_status status;
   int driver_result;
   char message[DLSYNC__MESSAGE_MAX];
+  bool nothing_queued; /* dlsync__fail_nothing_queued */
 } dlsync__last_error;
 
 static _Thread_local dlsync__last_error last_error;
@@ -60,6 +61,7 @@ static void set_message(dlsync_status status, int driver_result, const char *pre
   size_t used = 0;
   last_error.status = status;
   last_error.driver_result = driver_result;
+  last_error.nothing_queued = false;
   last_error.message[0] = '\0';
   if (prefix != NULL) {
     int n = snprintf(last_error.message, sizeof last_error.message, "%s", prefix);
@@ -104,4 +106,17 @@ dlsync_status dlsync__fail_result(dlsync_status status, int driver_result, const
   va_end(ap);
   log_error();
   return status;
+}
+
+void dlsync__fail_nothing_queued(void) {
+  last_error.nothing_queued = true;
+}
+
+bool dlsync__last_error_nothing_queued(void) {
+  return last_error.nothing_queued;
+}
+
+void dlsync__last_error_append(const char *text) {
+  size_t len = strlen(last_error.message);
+  snprintf(last_error.message + len, sizeof last_error.message - len, "%s", text);
 }

@@ -60,6 +60,10 @@ dlsync_status dlsync__pool_check(dlsync__pool **pool, dlsync__pools *ps, CUstrea
                                  const char *role);
 dlsync_status dlsync__pool_get(CUevent *out, dlsync__pool *pool);
 void dlsync__pool_put(dlsync__pool *pool, CUevent event);
+/* The trimming period of a pool that keeps `kept` events: its free events
+ * that stayed unused (free) over that many takes and returns, past `kept`,
+ * are destroyed by the next return. */
+#define DLSYNC__POOL_TRIM_OPS(kept) ((size_t)(kept)*4 > 256 ? (size_t)(kept)*4 : (size_t)256)
 /* dlsync__pool_put of n events under one lock (a reclaimer's batch), the
  * pool keeping up to `extra` free events past its limit (the events a
  * releasing burst will take again at once; without them each release past

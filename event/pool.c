@@ -23,6 +23,10 @@ struct dlsync__pool {
   size_t nfree;
   size_t cap;
   size_t kept;
+  /* Trimming: the fewest free events since the last check, and the takes
+   * and returns since then (see pool_trim_locked). */
+  size_t low;
+  size_t ops;
   bool dead; /* the context is destroyed */
   /* Two counts in one word, so that an event given to a graph costs one
    * atomic add: the low 32 bits the references (the context's, one per
@@ -240,8 +244,13 @@ dlsync_status dlsync__pool_check(dlsync__pool **pool, dlsync__pools *ps, CUstrea
                                  const char *role) {
   dlsync_status st = DLSYNC_SUCCESS;
   CUcontext cuctx = NULL;
-  DLSYNC_CU(ps->drv, StreamGetCtx, (stream, &cuctx), "%s stream %p: finding its CUDA context", role,
-            (void *)stream);
+  CUresult r = ps->drv->StreamGetCtx(stream, &cuctx);
+  if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+    st = dlsync__fail_driver(ps->drv, r, "cuStreamGetCtx", "%s stream %p: finding its CUDA context",
+                             role, (void *)stream);
+    dlsync__fail_nothing_queued(); /* a lookup, made before anything is queued */
+    goto cleanup;
+  }
   if (DLSYNC__LIKELY(*pool != NULL && (*pool)->cuctx == cuctx))
     return DLSYNC_SUCCESS;
   DLSYNC_TRY(dlsync__pool_for_cuctx(pool, ps, cuctx));
@@ -302,13 +311,23 @@ cleanup:
   return st;
 }
 
+/* One take from the free list, for the trimming's count. */
+static inline void took_locked(dlsync__pool *p) {
+  p->ops++;
+  if (p->nfree < p->low)
+    p->low = p->nfree;
+}
+
 dlsync_status dlsync__pool_get(CUevent *out, dlsync__pool *p) {
   dlsync__spin_lock(&p->lock);
   if (DLSYNC__LIKELY(p->nfree > 0)) {
     *out = p->free_events[--p->nfree];
+    took_locked(p);
     dlsync__spin_unlock(&p->lock);
     return DLSYNC_SUCCESS;
   }
+  p->ops++;
+  p->low = 0;
   dlsync__spin_unlock(&p->lock);
   return pool_get_new(out, p);
 }
@@ -319,8 +338,12 @@ static bool keep_locked(dlsync__pool *p, CUevent event, bool limit) {
   if (limit && p->nfree >= p->kept)
     return false;
   if (p->nfree == p->cap) {
-    size_t cap = p->cap == 0 ? 16 : p->cap * 2;
-    CUevent *grown = dlsync__realloc(p->free_events, cap * sizeof *grown);
+    size_t cap = 16, bytes = 0;
+    CUevent *grown = NULL;
+    if (p->cap != 0 && !dlsync__mul_size(p->cap, 2, &cap))
+      return false;
+    if (dlsync__mul_size(cap, sizeof *grown, &bytes))
+      grown = dlsync__realloc(p->free_events, bytes);
     if (grown == NULL)
       return false;
     p->free_events = grown;
@@ -330,28 +353,79 @@ static bool keep_locked(dlsync__pool *p, CUevent event, bool limit) {
   return true;
 }
 
+static void destroy_events(dlsync__pool *p, const CUevent *events, size_t n) {
+  for (size_t i = 0; i < n; i++)
+    if (p->drv->EventDestroy(events[i]) == CUDA_SUCCESS)
+      atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
+}
+
+/* Trimming. A pool may hold more free events than it keeps (p->kept): the
+ * releases' returns keep every event of a burst for the releases that
+ * follow, and graphs give back what they held. Every DLSYNC__POOL_TRIM_OPS
+ * takes and returns, the events that stayed free all the while (p->low of
+ * them: the free list is last in, first out, so those at its bottom were
+ * never taken) are not the pool's working set: those past p->kept are
+ * destroyed. Made on returns only: they come from threads that may call CUDA
+ * (never from a graph's destructor), and cuEventDestroy is allowed during
+ * capture. */
+static inline bool trim_due_locked(const dlsync__pool *p) {
+  return p->ops >= DLSYNC__POOL_TRIM_OPS(p->kept);
+}
+
+/* Destroys the events that stayed free past p->kept, in runs of 64 (the lock
+ * is never held long), and starts the next period. */
+static DLSYNC__NOINLINE void pool_trim(dlsync__pool *p) {
+  CUevent out[64];
+  size_t n;
+  do {
+    n = 0;
+    dlsync__spin_lock(&p->lock);
+    if (!trim_due_locked(p) || p->dead) {
+      dlsync__spin_unlock(&p->lock);
+      return;
+    }
+    while (n < 64 && p->low > p->kept && p->nfree > 0) {
+      out[n++] = p->free_events[--p->nfree];
+      p->low--;
+    }
+    if (n < 64) { /* done: the next period */
+      p->ops = 0;
+      p->low = p->nfree;
+    }
+    dlsync__spin_unlock(&p->lock);
+    destroy_events(p, out, n);
+  } while (n == 64);
+}
+
 void dlsync__pool_put(dlsync__pool *p, CUevent event) {
-  bool kept;
+  bool kept, trim;
   dlsync__spin_lock(&p->lock);
   /* A dead pool (its context destroyed, e.g. from a deleter while releases
    * were queued) keeps nothing: the event is destroyed here. */
   kept = !p->dead && keep_locked(p, event, true);
+  p->ops++;
+  trim = trim_due_locked(p);
   dlsync__spin_unlock(&p->lock);
-  if (!kept && p->drv->EventDestroy(event) == CUDA_SUCCESS)
-    atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
+  if (!kept)
+    destroy_events(p, &event, 1);
+  if (DLSYNC__UNLIKELY(trim))
+    pool_trim(p);
 }
 
 void dlsync__pool_put_many(dlsync__pool *p, const CUevent *events, size_t n, size_t extra) {
   size_t kept = 0;
+  bool trim;
   dlsync__spin_lock(&p->lock);
   if (!p->dead)
     while (kept < n && (p->nfree < p->kept + extra || p->nfree < p->kept) &&
            keep_locked(p, events[kept], false))
       kept++;
+  p->ops += n;
+  trim = trim_due_locked(p);
   dlsync__spin_unlock(&p->lock);
-  for (size_t i = kept; i < n; i++)
-    if (p->drv->EventDestroy(events[i]) == CUDA_SUCCESS)
-      atomic_fetch_add_explicit(&p->destroyed, 1, memory_order_relaxed);
+  destroy_events(p, events + kept, n - kept);
+  if (trim)
+    pool_trim(p);
 }
 
 /* ---- scratch events ----
@@ -633,8 +707,10 @@ static DLSYNC__NOINLINE dlsync_status hold_take_slow(CUevent *out, dlsync__pool 
   CUevent ev = NULL;
   hold_pair *pr = NULL;
   dlsync__spin_lock(&p->lock);
-  if (p->nfree > 0)
+  if (p->nfree > 0) {
     ev = p->free_events[--p->nfree];
+    took_locked(p);
+  }
   if (h2 != NULL && p->free_pairs != NULL) {
     pr = p->free_pairs;
     p->free_pairs = pr->next_free;
@@ -691,6 +767,7 @@ dlsync_status dlsync__hold_take(CUevent *out, dlsync__pool *p, dlsync__hold *h1,
     return hold_out_of_memory();
   }
   p->nfree--;
+  took_locked(p);
   if (h2 != NULL)
     p->free_pairs = pr->next_free;
   dlsync__spin_unlock(&p->lock);
@@ -738,6 +815,9 @@ dlsync_status dlsync__hold_take_some(CUevent *out, size_t max, size_t *n, dlsync
     }
     *filled += m;
     p->nfree -= m;
+    p->ops += m;
+    if (p->nfree < p->low)
+      p->low = p->nfree;
     p->hold_owned += m;
     k += m;
   }

@@ -4,7 +4,7 @@
  * Each input is a little program: bytes pick operations (dlsync_order,
  * exchange begin (one producer or many)/end, fence signal/wait/release, dlsync_release, flush),
  * their lanes (streams of both kinds, the special handles, captures begun and
- * ended, graphs built by hand with fuzzed deps and capacity, bad lanes) and
+ * ended, graphs built by hand with fuzzed deps and capacity, lying counts, bad lanes) and
  * their flags, conditional nodes' bodies (made in those graphs, declared
  * by the context or by a second one, captured into, graph lanes on them),
  * dlsync_graph_launch of library graphs and bad handles, plus one fault: a driver call of the fake
@@ -166,7 +166,7 @@ static dlsync_lane *lane_of(world *w, input *in) {
   case 5: {
     unsigned g = take(in) % NGRAPHS;
     unsigned nd = take(in) % 3;
-    unsigned cap = take(in) % 5;
+    unsigned cb = take(in), cap = cb % 5;
     CUgraph on = w->graphs[g];
     if (what & 64) { /* a graph lane on a body (declared or not) */
       unsigned b = (g + (what & 128 ? NGRAPHS : 0)) % NBODIES;
@@ -179,6 +179,20 @@ static dlsync_lane *lane_of(world *w, input *in) {
     if (nd == 2 && (what & 16))
       w->deps[i][1] = w->deps[i][0]; /* a duplicate */
     *l = dlsync_lane_graph(on, (what & 32) ? NULL : w->deps[i], nd, cap);
+    if (cb >= 0xF0) { /* a lying count: more nodes than any array holds */
+      unsigned b = take(in);
+      size_t huge = b == 255 ? SIZE_MAX : DLSYNC__LANE_MAX_NODES + 1 + ((size_t)(b % 15) << 60);
+      dlsync_lane_state qs;
+      dlsync_lane eager = dlsync_lane_stream(w->streams[0]);
+      l->capacity = huge;
+      if (cb & 1)
+        l->ndeps = huge - (b & 3);
+      check(dlsync_lane_query(&qs, w->ctx, l) == DLSYNC_ERROR_INVALID_ARGUMENT,
+            "a lying count refused by dlsync_lane_query");
+      check(dlsync_order(w->ctx, &eager, l) == DLSYNC_ERROR_INVALID_ARGUMENT,
+            "a lying count refused by dlsync_order");
+      check(strstr(dlsync_last_error(), "no array") != NULL, "a lying count named");
+    }
     break;
   }
   case 6:

@@ -63,6 +63,10 @@ seeds = {
     "graph_lane_null_deps": graph(0) + push() + order(S0, graph_lane(1, 0, 0, 1, null_deps=True)),
     "graph_lane_dup_deps": graph(0) + push() + order(S0, graph_lane(1, 0, 2, 2, dup=True)),
     "graph_lane_capacity_0": graph(0) + push() + order(S0, graph_lane(1, 0, 0, 0)),
+    # lying counts (capacity byte >= 0xF0: 2^60 and up, or SIZE_MAX), then the lane kept (what 7)
+    "graph_lane_lying_counts": graph(0) + push() + order(S0, graph_lane(1, 0, 1, 0xF1) + (3,))
+    + begin(0, (1, 7), S1) + begin(1, S0, (1, 7)) + signal(0, (1, 7)) + release((1, 7))
+    + order(S0, graph_lane(2, 0, 2, 0xF0) + (255,)) + begin(2, (1, 7), SB, 8 | (3 << 4)),
     "built_graphs_cross": graph(0) + graph(1) + push()
     + begin(0, graph_lane(2, 0, 1, 2), graph_lane(3, 1, 1, 2)) + end(0),
     "fence_eager": signal(0, S0) + wait(0, S1) + fence_release(0),

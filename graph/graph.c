@@ -588,7 +588,8 @@ dlsync_status dlsync__graph_event_node_failed(const dlsync__driver *d, CUresult 
     bool foreign = false;
     if (d->GraphGetNodes(graph, NULL, &count) == CUDA_SUCCESS && count == 0) {
       foreign = true; /* an empty graph holds none of them */
-    } else if ((nodes = dlsync__calloc(count + 1, sizeof *nodes)) == NULL) {
+    } else if (count >= dlsync__max_count(sizeof *nodes) ||
+               (nodes = dlsync__calloc(count + 1, sizeof *nodes)) == NULL) {
       st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
                         "the %s lane's event node was refused (CUDA_ERROR_INVALID_VALUE, graph "
                         "%p): out of memory checking whether its dependencies are nodes of that "
@@ -694,7 +695,8 @@ static DLSYNC__COLD dlsync_status event_nodes_in(const dlsync__driver *d, CUgrap
                         (void *)g, EVENT_SCAN_DEPTH, (void *)into);
   r = d->GraphGetNodes(g, NULL, &n);
   if (r == CUDA_SUCCESS && n > 64) {
-    nodes = dlsync__malloc(n * sizeof *nodes);
+    size_t bytes = 0;
+    nodes = dlsync__mul_size(n, sizeof *nodes, &bytes) ? dlsync__malloc(bytes) : NULL;
     if (nodes == NULL)
       return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
                           "dlsync_graph_launch: reading the %zu nodes of graph %p before "

@@ -263,16 +263,69 @@ static dlsync_status kept_restore(const kept_error *k) {
 }
 
 /* Ends parts[0..n) newest first; the first failure's status, message and
- * driver result. */
+ * driver result (the first other than a refusal, DLSYNC_ERROR_CAPTURE_ORDER,
+ * when there is one). */
 static dlsync_status end_parts(dlsync_exchange **parts, size_t n) {
   kept_error first;
   first.status = DLSYNC_SUCCESS;
   for (size_t i = n; i-- > 0;) {
     dlsync_status st = dlsync_exchange_end(parts[i]);
-    if (st != DLSYNC_SUCCESS && first.status == DLSYNC_SUCCESS)
+    /* A failure of the driver's goes before a refusal (the caller must see
+     * it: a refusal only says what cannot be ordered). */
+    if (st != DLSYNC_SUCCESS &&
+        (first.status == DLSYNC_SUCCESS ||
+         (first.status == DLSYNC_ERROR_CAPTURE_ORDER && st != DLSYNC_ERROR_CAPTURE_ORDER)))
       kept_save(&first, st);
   }
   return first.status == DLSYNC_SUCCESS ? DLSYNC_SUCCESS : kept_restore(&first);
+}
+
+/* Appends ", producer i (stream s)" to a list of at most four, then ", ...". */
+static void name_producer(char *buf, size_t size, size_t *count, size_t i, CUstream s) {
+  size_t len = strlen(buf);
+  if (*count < 4)
+    snprintf(buf + len, size - len, "%sproducer %zu (stream %p)", *count == 0 ? "" : ", ", i,
+             (void *)s);
+  else if (*count == 4)
+    snprintf(buf + len, size - len, ", ...");
+  (*count)++;
+}
+
+/* Capturing and eager stream producers together are refused before anything
+ * is queued: begin would join the consumer to the capture, and its end could
+ * not order the eager producers' later work after a graph that is not
+ * launched yet (every end would fail with DLSYNC_ERROR_CAPTURE_ORDER). One
+ * status query per distinct stream producer. */
+static dlsync_status refuse_mixed_producers(dlsync_context *ctx, dlsync_lane *producers, size_t n) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  char capturing[200] = "", eager[200] = "", role[40];
+  size_t ncap = 0, neager = 0;
+  for (size_t i = 0; i < n; i++) {
+    dlsync__lane_now now;
+    bool seen = false;
+    if (producers[i].kind != DLSYNC_LANE_STREAM)
+      continue;
+    for (size_t j = 0; j < i && !seen; j++)
+      seen = same_producer(&producers[j], &producers[i]);
+    if (seen)
+      continue;
+    snprintf(role, sizeof role, "producer %zu", i);
+    DLSYNC_TRY(dlsync__lane_read(&now, ctx->drv, &producers[i], role));
+    if (now.kind == DLSYNC_LANE_CAPTURING)
+      name_producer(capturing, sizeof capturing, &ncap, i, producers[i].stream);
+    else if (now.kind == DLSYNC_LANE_EAGER)
+      name_producer(eager, sizeof eager, &neager, i, producers[i].stream);
+  }
+  if (ncap > 0 && neager > 0)
+    st = dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
+                      "dlsync_exchange_begin_many: %s %s capturing and %s %s eager: the end "
+                      "could not order the eager producers' later work after a capture that is "
+                      "not launched yet; nothing was queued. Capture the eager producers too, or "
+                      "order the consumer after them with dlsync_order and their later work "
+                      "after launching the graph",
+                      capturing, ncap == 1 ? "is" : "are", eager, neager == 1 ? "is" : "are");
+cleanup:
+  return st;
 }
 
 dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsync_context *ctx,
@@ -311,7 +364,8 @@ dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsync_context *
     snprintf(role, sizeof role, "producer %zu", i);
     DLSYNC_TRY(dlsync__lane_check(&producers[i], role));
   }
-  parts = dlsync__malloc(n * sizeof *parts);
+  DLSYNC_TRY(refuse_mixed_producers(ctx, producers, n));
+  parts = dlsync__calloc(n, sizeof *parts); /* n <= DLSYNC_EXCHANGE_MANY_MAX */
   if (parts == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_exchange_begin_many: out of memory");
     goto cleanup;
@@ -351,6 +405,23 @@ cleanup:
   return st;
 }
 
+/* An end whose failure came from a driver call that queues nothing, before
+ * anything was queued, says how to finish it: the handle is ended, but
+ * dlsync_order(ctx, consumer, producer) does what the end would have done
+ * (exchange.h). Not after a begin that put a record node in the producer's
+ * graph and a wait node in the consumer's (EX_CROSS): that end refuses, and
+ * the order would make each graph wait for the other. */
+static DLSYNC__NOINLINE dlsync_status end_failed(dlsync_status st, unsigned bits) {
+  if ((st == DLSYNC_ERROR_DRIVER || st == DLSYNC_ERROR_OUT_OF_MEMORY) && (bits & EX_CROSS) == 0 &&
+      dlsync__last_error_nothing_queued()) {
+    dlsync__last_error_append("; nothing was queued: dlsync_order(ctx, consumer, producer) does "
+                              "what this end would have done (in a capture, it joins the consumer "
+                              "back)");
+    dlsync__fail_nothing_queued();
+  }
+  return st;
+}
+
 static DLSYNC__NOINLINE dlsync_status end_many(dlsync__thread *t, dlsync_exchange *ex) {
   dlsync_exchange **parts = ex->many;
   size_t n = ex->nmany;
@@ -366,6 +437,7 @@ static DLSYNC__NOINLINE dlsync_status end_many(dlsync__thread *t, dlsync_exchang
 static DLSYNC__NOINLINE dlsync_status end_general(dlsync__thread *t, dlsync_exchange *ex,
                                                   dlsync_context *ctx) {
   dlsync_status st = DLSYNC_SUCCESS;
+  unsigned bits = ex->bits;
   dlsync__lanes_opened opened;
   dlsync__lane_now *c = &opened.a, *p = &opened.b;
   dlsync__order_step step;
@@ -390,7 +462,7 @@ static DLSYNC__NOINLINE dlsync_status end_general(dlsync__thread *t, dlsync_exch
   DLSYNC_TRY(dlsync__order_row(ctx, &step, &pool, c, p));
 cleanup:
   exchange_free(t, ex);
-  return st;
+  return st == DLSYNC_SUCCESS ? st : end_failed(st, bits);
 }
 
 dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
@@ -430,7 +502,7 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
     st = order_fast(t, ctx, p, q, NULL); /* an end has the streams only: no lanes to read */
     if (st != DLSYNC__GENERAL) {
       exchange_free(t, ex);
-      return st;
+      return DLSYNC__LIKELY(st == DLSYNC_SUCCESS) ? st : end_failed(st, bits);
     }
   } else if (bits & EX_MANY) {
     return end_many(t, ex);

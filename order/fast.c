@@ -6,8 +6,11 @@
 
 dlsync_status dlsync__fast_query_failed(const dlsync__driver *d, CUresult r, bool full, CUstream s,
                                         const char *role) {
-  return dlsync__fail_driver(d, r, full ? "cuStreamGetCaptureInfo" : "cuStreamIsCapturing",
-                             "%s stream %p", role, (void *)s);
+  dlsync_status st =
+      dlsync__fail_driver(d, r, full ? "cuStreamGetCaptureInfo" : "cuStreamIsCapturing",
+                          "%s stream %p", role, (void *)s);
+  dlsync__fail_nothing_queued();
+  return st;
 }
 
 bool dlsync__fast_record_failed(dlsync_context *ctx, CUresult r, CUstream first,

@@ -204,7 +204,10 @@ static dlsync_status in_graph(bool *found, const dlsync_fence *f, CUgraph g) {
   DLSYNC_CU(d, GraphGetNodes, (g, NULL, &n), "graph %p", (void *)g);
   if (n == 0)
     goto cleanup;
-  nodes = dlsync__malloc(n * sizeof *nodes);
+  {
+    size_t bytes = 0;
+    nodes = dlsync__mul_size(n, sizeof *nodes, &bytes) ? dlsync__malloc(bytes) : NULL;
+  }
   if (nodes == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_fence_wait: out of memory");
     goto cleanup;

@@ -70,12 +70,15 @@ dlsync_status dlsync__fail_record(const dlsync__driver *d, CUresult r, dlsync__p
 
 dlsync_status dlsync__fail_add(const dlsync__driver *d, CUresult r, dlsync__pair p,
                                const dlsync__roles *roles, size_t n) {
-  return dlsync__fail_driver(
+  /* The row's one call: refused, it added nothing. */
+  dlsync_status st = dlsync__fail_driver(
       d, r, "cuStreamUpdateCaptureDependencies",
       "%s stream %p (capturing) taking the %zu dependencies of %s stream "
       "%p, in its capture%s",
       roles->then, (void *)p.then, n, roles->first, (void *)p.first,
       r == CUDA_ERROR_STREAM_CAPTURE_INVALIDATED ? ": the capture has been invalidated" : "");
+  dlsync__fail_nothing_queued();
+  return st;
 }
 
 dlsync_status dlsync__fail_external_wait(const dlsync__driver *d, CUresult r, dlsync__pair p,
@@ -170,8 +173,9 @@ static int frontier_item_cmp(const void *a, const void *b) {
  * first of each node that `have` lacks. Small sets: compared pairwise. */
 static dlsync_status frontier_new_nodes(bool *take, const CUgraphNode *have, size_t n,
                                         const CUgraphNode *add, size_t m) {
-  frontier_item *items;
-  if (m * (n + m) <= 4096) {
+  frontier_item *items = NULL;
+  size_t small = 0, bytes = 0;
+  if (dlsync__mul_size(m, n + m, &small) && small <= 4096) {
     for (size_t i = 0; i < m; i++) {
       bool dup = false;
       for (size_t j = 0; j < n && !dup; j++)
@@ -182,7 +186,8 @@ static dlsync_status frontier_new_nodes(bool *take, const CUgraphNode *have, siz
     }
     return DLSYNC_SUCCESS;
   }
-  items = dlsync__malloc((n + m) * sizeof *items);
+  if (dlsync__mul_size(n + m, sizeof *items, &bytes))
+    items = dlsync__malloc(bytes);
   if (items == NULL)
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
                         "the union of two frontiers of %zu and %zu nodes: out of memory", n, m);

@@ -23,7 +23,9 @@ static int dep_at_cmp(const void *a, const void *b) {
  * larger ones sorted (n log n: a frontier may hold tens of thousands of
  * nodes), or pairwise if no memory can be had for that. */
 static bool deps_repeat(size_t *j_out, size_t *i_out, const CUgraphNode *deps, size_t n) {
-  dep_at *items = n > 64 ? dlsync__malloc(n * sizeof *items) : NULL;
+  size_t bytes = 0;
+  dep_at *items =
+      n > 64 && dlsync__mul_size(n, sizeof *items, &bytes) ? dlsync__malloc(bytes) : NULL;
   bool found = false;
   if (items == NULL) {
     for (size_t i = 0; i < n; i++)
@@ -75,6 +77,13 @@ dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role)
     if (lane->graph == NULL)
       return dlsync__fail(DLSYNC_ERROR_INVALID_LANE, "the %s lane is a graph lane with no graph",
                           role);
+    if (lane->capacity > DLSYNC__LANE_MAX_NODES || lane->ndeps > DLSYNC__LANE_MAX_NODES)
+      return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                          "the %s graph lane has ndeps = %zu and capacity = %zu: no array of "
+                          "nodes can hold %zu (at most %zu); nothing was read or queued",
+                          role, lane->ndeps, lane->capacity,
+                          lane->capacity > lane->ndeps ? lane->capacity : lane->ndeps,
+                          (size_t)DLSYNC__LANE_MAX_NODES);
     if (lane->ndeps > 0 && lane->deps == NULL)
       return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
                           "the %s graph lane has ndeps = %zu but deps is NULL", role, lane->ndeps);
@@ -105,8 +114,8 @@ dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role)
   }
 }
 
-dlsync_status dlsync__lane_read_failed(dlsync__lane_now *out, const dlsync__driver *d, CUresult r,
-                                       dlsync_lane *lane, const char *role) {
+static dlsync_status lane_read_failed(dlsync__lane_now *out, const dlsync__driver *d, CUresult r,
+                                      dlsync_lane *lane, const char *role) {
   dlsync__lane_read_eager(out, lane, role);
   if (d->StreamGetCaptureInfo == NULL)
     return dlsync__driver_require(d, DLSYNC__NEED_CAPTURE, "a capture-aware exchange");
@@ -125,6 +134,14 @@ dlsync_status dlsync__lane_read_failed(dlsync__lane_now *out, const dlsync__driv
                              (void *)lane->stream);
 }
 
+/* A failed capture query queues nothing. */
+dlsync_status dlsync__lane_read_failed(dlsync__lane_now *out, const dlsync__driver *d, CUresult r,
+                                       dlsync_lane *lane, const char *role) {
+  dlsync_status st = lane_read_failed(out, d, r, lane, role);
+  dlsync__fail_nothing_queued();
+  return st;
+}
+
 dlsync_status dlsync__lane_refresh_slow(dlsync__lane_now *l, const dlsync__driver *d) {
   return dlsync__lane_read_full(l, d, l->lane, l->role);
 }
@@ -140,9 +157,12 @@ dlsync_status dlsync__lane_read_stream(dlsync__lane_now *out, const dlsync__driv
     CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
     CUresult r = d->StreamIsCapturing(lane->stream, &cs);
     if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
+      dlsync_status st;
       dlsync__lane_read_eager(out, lane, role);
-      return dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s stream %p", role,
-                                 (void *)lane->stream);
+      st = dlsync__fail_driver(d, r, "cuStreamIsCapturing", "%s stream %p", role,
+                               (void *)lane->stream);
+      dlsync__fail_nothing_queued();
+      return st;
     }
     if (DLSYNC__LIKELY(cs == CU_STREAM_CAPTURE_STATUS_NONE)) {
       dlsync__lane_read_eager(out, lane, role);

@@ -231,6 +231,9 @@ static inline dlsync_status dlsync__lane_fit(const dlsync_lane *lane, size_t nod
     return DLSYNC_SUCCESS;
   return dlsync__lane_fit_failed(lane, nodes, role, what);
 }
+/* The largest ndeps or capacity a graph lane may give: more nodes than any
+ * array can hold is a lying count, refused before deps is read. */
+#define DLSYNC__LANE_MAX_NODES (PTRDIFF_MAX / sizeof(CUgraphNode))
 /* Validates a lane's fields without calling the driver. */
 dlsync_status dlsync__lane_check_slow(const dlsync_lane *lane, const char *role);
 static inline dlsync_status dlsync__lane_check(const dlsync_lane *lane, const char *role) {
@@ -243,6 +246,7 @@ static inline dlsync_status dlsync__lane_check(const dlsync_lane *lane, const ch
 static inline dlsync_status dlsync__lane_check_graph(const dlsync_lane *lane, const char *role) {
   if (DLSYNC__LIKELY(lane->kind == DLSYNC_LANE_GRAPH && lane->stream == NULL &&
                      lane->graph != NULL && lane->ndeps <= 1 && lane->ndeps <= lane->capacity &&
+                     lane->capacity <= DLSYNC__LANE_MAX_NODES &&
                      (lane->capacity == 0 || lane->deps != NULL)))
     return DLSYNC_SUCCESS;
   return dlsync__lane_check_slow(lane, role);

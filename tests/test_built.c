@@ -1284,6 +1284,86 @@ static void foreign_dependency_check_without_memory_says_so(void **state) {
   assert_false(reached); /* every allocation of the call was failed once */
 }
 
+/* ---- graph lanes whose counts no array can hold ---- */
+
+static int lying_deleter_runs;
+static void lying_deleter(void *arg) {
+  (void)arg;
+  lying_deleter_runs++;
+}
+
+/* Every entry point that takes a lane refuses a graph lane whose ndeps or
+ * capacity no array of nodes can hold (2^60 and up: more than PTRDIFF_MAX
+ * bytes), naming the count, before reading deps or allocating anything. */
+static void lanes_with_counts_no_array_holds_are_refused_everywhere(void **state) {
+  static const size_t lies[][2] = {
+      /* ndeps, capacity */
+      {(size_t)1 << 60, (size_t)1 << 60},
+      {1, (size_t)1 << 60},
+      {0, SIZE_MAX},
+      {SIZE_MAX, SIZE_MAX},
+  };
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_lane many[2];
+  dlsync_exchange *ex = NULL;
+  dlsync_fence *f = NULL, *fl = NULL;
+  dlsync_lane_state qs;
+  dlsync_lane out;
+  bool ordered = true;
+  CUgraph other;
+  built b;
+  char count[32];
+  (void)state;
+  built_make(&b);
+  assert_int_equal(D->GraphCreate(&other, 0), CUDA_SUCCESS);
+  assert_non_null(fake_graph_add_work(other, NULL, 0, "launched"));
+  assert_int_equal(dlsync_fence_signal(&f, ctx, &lp), DLSYNC_SUCCESS);
+  /* the thread's own records made once (they are no count's) */
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  ex = NULL;
+  for (size_t k = 0; k < sizeof lies / sizeof lies[0]; k++) {
+    dlsync_lane lie = dlsync_lane_graph(b.g, b.deps, lies[k][0], lies[k][1]);
+    snprintf(count, sizeof count, "%zu", lies[k][1]);
+#define REFUSED(call)                                        \
+  do {                                                       \
+    unsigned long calls = fake_calls_total();                \
+    fake_fail_alloc(1);                                      \
+    assert_int_equal((call), DLSYNC_ERROR_INVALID_ARGUMENT); \
+    assert_message_has(count);                               \
+    assert_message_has("no array");                          \
+    assert_true(fake_fail_pending()); /* no allocation */    \
+    fake_fail_clear();                                       \
+    assert_int_equal(fake_calls_total(), calls);             \
+    assert_int_equal(lie.ndeps, lies[k][0]);                 \
+  } while (0)
+    REFUSED(dlsync_order(ctx, &lie, &lc));
+    REFUSED(dlsync_order(ctx, &lp, &lie));
+    REFUSED(dlsync_exchange_begin(&ex, ctx, &lie, &lc));
+    assert_null(ex);
+    REFUSED(dlsync_exchange_begin(&ex, ctx, &lp, &lie));
+    REFUSED(dlsync_exchange_begin_flags(&ex, ctx, &lie, &lc, DLSYNC_EXCHANGE_CAPTURE_STABLE));
+    many[0] = lp;
+    many[1] = lie;
+    REFUSED(dlsync_exchange_begin_many(&ex, ctx, many, 2, &lc, 0));
+    REFUSED(dlsync_exchange_begin_many(&ex, ctx, many, 1, &lie, 0));
+    assert_null(ex);
+    REFUSED(dlsync_fence_signal(&fl, ctx, &lie));
+    assert_null(fl);
+    REFUSED(dlsync_fence_wait(f, &lie));
+    REFUSED(dlsync_graph_launch(ctx, other, NULL, &lie));
+    REFUSED(dlsync_lane_query(&qs, ctx, &lie));
+    REFUSED(dlsync_release(ctx, &lie, lying_deleter, NULL));
+    REFUSED(dlsync_dlpack_stream(&out, &ordered, ctx, 1, &lie));
+    assert_false(ordered);
+#undef REFUSED
+  }
+  assert_int_equal(lying_deleter_runs, 0);
+  dlsync_fence_release(f);
+  destroy_graph(other);
+  destroy_graph(b.g);
+}
+
 int main(void) {
 #define T(f) cmocka_unit_test_setup_teardown(f, fixture_setup, fixture_teardown)
   const struct CMUnitTest tests[] = {
@@ -1313,6 +1393,7 @@ int main(void) {
       T(foreign_dependency_check_without_memory_says_so),
       T(large_same_graph_union_is_not_quadratic),
       T(large_frontier_duplicate_is_named_like_a_small_one),
+      T(lanes_with_counts_no_array_holds_are_refused_everywhere),
   };
 #undef T
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

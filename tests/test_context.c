@@ -5,6 +5,7 @@
 #include <stdarg.h>
 #include <stddef.h>
 #include <stdio.h>
+#include <stdlib.h>
 #include <string.h>
 
 #include <cmocka.h>
@@ -299,6 +300,72 @@ static void empty_driver_path_is_invalid_argument(void **state) {
   assert_null(c2);
 }
 
+/* ---- the event pool after a burst ---- */
+
+/* A burst of events given back past events_kept (as releases do: the pool
+ * keeps them for the releases that follow) is trimmed back toward
+ * events_kept once the events stay unused: after the burst has been given
+ * back, at most two trimming periods' worth stays past the limit; after
+ * more traffic, the working set alone. A steady load reuses its events
+ * (none destroyed and made again). */
+static void a_burst_of_events_is_trimmed_toward_events_kept(void **state) {
+  enum { KEPT = 16, BURST = 5000, WORKING = 40 };
+  dlsync_context_config cfg = DLSYNC_CONTEXT_CONFIG_INIT;
+  dlsync_context *ctx = NULL;
+  dlsync__pool *pool = NULL;
+  dlsync__pool_stats ps;
+  CUevent *evs = calloc(BURST, sizeof *evs);
+  CUstream s;
+  size_t given = 0, created;
+  (void)state;
+  assert_non_null(evs);
+  cfg.events_kept = KEPT;
+  assert_int_equal(dlsync__context_create_with_driver(&ctx, &cfg, fake_driver()), DLSYNC_SUCCESS);
+  s = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  assert_int_equal(dlsync__pool_for_stream(&pool, NULL, &ctx->pools, s, "test"), DLSYNC_SUCCESS);
+  for (size_t i = 0; i < BURST; i++)
+    assert_int_equal(dlsync__pool_get(&evs[i], pool), DLSYNC_SUCCESS);
+  assert_int_equal(fake_live_events(), BURST);
+  /* Given back in batches, each keeping everything given so far (extra). */
+  for (size_t i = 0; i < BURST; i += 64) {
+    size_t n = BURST - i < 64 ? BURST - i : 64;
+    given += n;
+    dlsync__pool_put_many(pool, &evs[i], n, given);
+  }
+  dlsync__pool_stats_get(&ps, &ctx->pools);
+  assert_int_equal(ps.created - ps.destroyed, ps.free_events);
+  assert_int_equal(fake_live_events(), ps.free_events);
+  /* at most what was given back in the last two periods */
+  assert_true(ps.free_events <= KEPT + 2 * DLSYNC__POOL_TRIM_OPS(KEPT) + 64);
+  /* A steady load of WORKING events at a time, given back as releases give
+   * them (extra: all given so far). */
+  created = ps.created;
+  for (int round = 0; round < 200; round++) {
+    for (size_t i = 0; i < WORKING; i++)
+      assert_int_equal(dlsync__pool_get(&evs[i], pool), DLSYNC_SUCCESS);
+    given += WORKING;
+    dlsync__pool_put_many(pool, evs, WORKING, given);
+  }
+  dlsync__pool_stats_get(&ps, &ctx->pools);
+  assert_int_equal(ps.created, created); /* the working set was never trimmed */
+  assert_true(ps.free_events <= KEPT + WORKING);
+  assert_true(ps.free_events >= WORKING);
+  assert_int_equal(fake_live_events(), ps.free_events);
+  /* Single events taken and given back (events_kept applies at once). */
+  for (size_t i = 0; i < 2 * DLSYNC__POOL_TRIM_OPS(KEPT); i++) {
+    CUevent ev;
+    assert_int_equal(dlsync__pool_get(&ev, pool), DLSYNC_SUCCESS);
+    dlsync__pool_put(pool, ev);
+  }
+  dlsync__pool_stats_get(&ps, &ctx->pools);
+  assert_true(ps.free_events <= KEPT);
+  assert_int_equal(fake_live_events(), ps.free_events);
+  assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(fake_live_events(), 0);
+  fake_stream_destroy(s);
+  free(evs);
+}
+
 int main(void) {
   const struct CMUnitTest tests[] = {
       cmocka_unit_test_setup_teardown(create_and_destroy, setup, teardown),
@@ -317,6 +384,8 @@ int main(void) {
                                       teardown),
       cmocka_unit_test_setup_teardown(require_of_two_capabilities_needs_both, setup, teardown),
       cmocka_unit_test_setup_teardown(empty_driver_path_is_invalid_argument, setup, teardown),
+      cmocka_unit_test_setup_teardown(a_burst_of_events_is_trimmed_toward_events_kept, setup,
+                                      teardown),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   fake_shutdown();

@@ -265,6 +265,35 @@ static void capturing_says_when_it_cannot_answer() {
 #endif
 }
 
+// A NULL producer array with n >= 1 is refused as the C call refuses it, by
+// both constructors; nothing is queued and the guard is not active.
+static void the_many_guard_refuses_null_producers() {
+  open_fake();
+  for (std::size_t n : {std::size_t{1}, std::size_t{2}, std::size_t{64}}) {
+    const dlsync::stream_t *none = nullptr;
+    unsigned long calls = fake_calls_total();
+    dlsync::exchange_many ex(none, n, C, 0, ctx);
+    CHECK(ex.status() == DLSYNC_ERROR_INVALID_ARGUMENT && !ex.active());
+    CHECK(std::strstr(ex.message(), "producers is NULL") != nullptr);
+    CHECK(fake_calls_total() == calls);
+    dlsync_lane consumer = dlsync_lane_stream(C);
+    dlsync::exchange_many lanes(static_cast<dlsync_lane *>(nullptr), n, consumer, 0, ctx);
+    CHECK(lanes.status() == DLSYNC_ERROR_INVALID_ARGUMENT && !lanes.active());
+    CHECK(std::strstr(lanes.message(), "producers is NULL") != nullptr);
+  }
+#if DLSYNC_HPP_EXCEPTIONS
+  bool threw = false;
+  try {
+    dlsync::exchange_many ex(dlsync::throw_on_error, static_cast<const dlsync::stream_t *>(nullptr),
+                             1, C, 0, ctx);
+  } catch (const dlsync::error &e) {
+    threw = e.status() == DLSYNC_ERROR_INVALID_ARGUMENT;
+  }
+  CHECK(threw);
+#endif
+  close_fake();
+}
+
 int main() {
   guard_orders_both_ways_and_ends_in_its_destructor();
   the_many_guard_orders_every_producer();
@@ -282,6 +311,7 @@ int main() {
 #if DLSYNC_HPP_EXCEPTIONS
   the_throwing_constructor_throws_with_the_status();
 #endif
+  the_many_guard_refuses_null_producers();
   fake_shutdown();
   if (failures != 0) {
     std::fprintf(stderr, "%d checks failed\n", failures);

@@ -2784,6 +2784,87 @@ static void warm_path_query_failure_names_the_stream(void **state) {
   }
 }
 
+/* ---- an end that fails before queuing anything ---- */
+
+/* The end's failure says that nothing was queued and how to finish. */
+static void assert_end_queued_nothing(const char *call) {
+  assert_non_null(strstr(dlsync_last_error(), call));
+  assert_non_null(strstr(dlsync_last_error(), "nothing was queued"));
+  assert_non_null(strstr(dlsync_last_error(), "dlsync_order(ctx, consumer, producer)"));
+}
+
+/* A consumer joined to the producer's capture, whose end fails at a call
+ * that queues nothing (the consumer's capture query, then the dependency
+ * update): the handle is ended, the failure says nothing was queued, and
+ * dlsync_order(consumer, producer) joins the consumer back, so the capture
+ * ends cleanly with produce -> consume -> mutate. */
+static void an_end_that_queued_nothing_is_finished_by_order(void **state) {
+  static const char *const calls[] = {"cuStreamGetCaptureInfo",
+                                      "cuStreamUpdateCaptureDependencies"};
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  (void)state;
+  for (int warm = 0; warm < 2; warm++) {
+    for (size_t k = 0; k < sizeof calls / sizeof calls[0]; k++) {
+      dlsync_exchange *ex = NULL;
+      CUgraphNode produce, consume, mutate;
+      if (warm)
+        warm_pair(&lp, &lc, 0);
+      assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+      fake_work(P, "produce", &produce);
+      assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+      fake_work(C, "consume", &consume);
+      fake_log_reset();
+      fake_fail_nth(calls[k], 1, CUDA_ERROR_UNKNOWN);
+      assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_DRIVER);
+      assert_false(fake_fail_pending());
+      assert_end_queued_nothing(calls[k]);
+      assert_int_equal(fake_call_count("cuEventRecord"), 0);
+      assert_int_equal(fake_call_count("cuStreamWaitEvent"), 0);
+      assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_ACTIVE); /* still joined */
+      assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_INVALID_ARGUMENT);  /* ended */
+      assert_int_equal(dlsync_order(ctx, &lc, &lp), DLSYNC_SUCCESS);
+      fake_work(P, "mutate", &mutate);
+      end_join_checked(produce, consume, mutate);
+    }
+  }
+}
+
+/* Eager streams: an end whose stream lookup (cuStreamGetCtx) or status
+ * query fails is finished by dlsync_order the same way; one whose wait
+ * fails after its record was queued does not say that nothing was queued. */
+static void an_eager_end_that_queued_nothing_is_finished_by_order(void **state) {
+  static const char *const calls[] = {"cuStreamGetCtx", "cuStreamIsCapturing"};
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  uint64_t consume, mutate;
+  (void)state;
+  for (size_t k = 0; k < sizeof calls / sizeof calls[0]; k++) {
+    if (k == 1)
+      warm_pair(&lp, &lc, 0); /* the end's fast path: two status queries */
+    assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+    consume = fake_work(C, "consume", NULL);
+    if (k == 0)
+      dlsync__pool_memo_forget(&ctx->pools, C); /* end looks the consumer's pool up */
+    fake_log_reset();
+    fake_fail_nth(calls[k], 1, CUDA_ERROR_UNKNOWN);
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_DRIVER);
+    assert_false(fake_fail_pending());
+    assert_end_queued_nothing(calls[k]);
+    assert_int_equal(fake_call_count("cuEventRecord"), 0);
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_INVALID_ARGUMENT);
+    mutate = fake_work(P, "mutate", NULL);
+    assert_false(fake_happens_before(consume, mutate));
+    assert_int_equal(dlsync_order(ctx, &lc, &lp), DLSYNC_SUCCESS);
+    mutate = fake_work(P, "mutate", NULL);
+    assert_true(fake_happens_before(consume, mutate));
+  }
+  assert_int_equal(dlsync_exchange_begin(&ex, ctx, &lp, &lc), DLSYNC_SUCCESS);
+  fake_fail_nth("cuStreamWaitEvent", 1, CUDA_ERROR_UNKNOWN);
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_DRIVER);
+  assert_non_null(strstr(dlsync_last_error(), "cuStreamWaitEvent"));
+  assert_null(strstr(dlsync_last_error(), "nothing was queued"));
+}
+
 int main(void) {
 #define T(f) cmocka_unit_test_setup_teardown(f, fixture_setup, fixture_teardown)
   const struct CMUnitTest tests[] = {
@@ -2865,6 +2946,8 @@ int main(void) {
       T(pop_then_destroy_fault_counts_no_phantom_destroy),
       T(warm_path_query_failure_names_the_stream),
       T(begin_many_then_destroy_counts_the_callers_handle),
+      T(an_end_that_queued_nothing_is_finished_by_order),
+      T(an_eager_end_that_queued_nothing_is_finished_by_order),
   };
 #undef T
   int rc = cmocka_run_group_tests(tests, NULL, NULL);

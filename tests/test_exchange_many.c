@@ -59,8 +59,10 @@ static void eager_orders_after_each_distinct_producer(void **state) {
   qa = fake_work(Q, "produce q", NULL);
   fake_log_reset();
   assert_int_equal(dlsync_exchange_begin_many(&ex, ctx, lps, 3, &lc, 0), DLSYNC_SUCCESS);
-  /* P given twice: one record on it, one wait; Q one of each; no event made. */
-  assert_string_equal(fake_call_log(), "cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent,"
+  /* P given twice: one record on it, one wait; Q one of each; no event made
+   * after one status query per distinct producer, none capturing). */
+  assert_string_equal(fake_call_log(), "cuStreamIsCapturing,cuStreamIsCapturing,"
+                                       "cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent,"
                                        "cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent");
   consume = fake_work(C, "consume", NULL);
   fake_log_reset();
@@ -124,32 +126,40 @@ static void one_capture_is_one_join(void **state) {
   fake_event_destroy(fork);
 }
 
-/* The consumer captures; P shares its capture (edges only), Q is eager (an
- * eager record and one wait node). End: P after C by edges; Q, eager, cannot
- * wait for a graph not launched: CAPTURE_ORDER, and still everything ends. */
+/* The consumer captures; P and Q share its capture: edges only, no event,
+ * and the end orders each producer after the consumer by edges too. (An
+ * eager producer beside them is refused at begin: see
+ * capturing_and_eager_producers_are_refused_at_begin.) */
 static void producer_in_the_consumers_capture_is_edges_only(void **state) {
   dlsync_lane lps[2] = {dlsync_lane_stream(P), dlsync_lane_stream(Q)};
   dlsync_lane lc = dlsync_lane_stream(C);
   dlsync_exchange *ex = NULL;
   CUevent fork = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
-  CUgraphNode pn, cn;
+  CUgraphNode pn, qn, cn, pm, qm;
   CUgraph g;
   (void)state;
   assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
   assert_int_equal(D->EventRecord(fork, C), CUDA_SUCCESS);
   assert_int_equal(D->StreamWaitEvent(P, fork, 0), CUDA_SUCCESS); /* P joins C's capture */
+  assert_int_equal(D->StreamWaitEvent(Q, fork, 0), CUDA_SUCCESS); /* Q too */
   fake_work(P, "produce p", &pn);
-  fake_work(Q, "produce q", NULL);
+  fake_work(Q, "produce q", &qn);
   assert_int_equal(dlsync_exchange_begin_many(&ex, ctx, lps, 2, &lc, 0), DLSYNC_SUCCESS);
   fake_work(C, "consume", &cn);
-  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_CAPTURE_ORDER);
-  assert_non_null(strstr(dlsync_last_error(), "cannot wait now"));
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  fake_work(P, "mutate p", &pm);
+  fake_work(Q, "mutate q", &qm);
   assert_int_equal(D->EventRecord(fork, P), CUDA_SUCCESS);
   assert_int_equal(D->StreamWaitEvent(C, fork, 0), CUDA_SUCCESS);
+  assert_int_equal(D->EventRecord(fork, Q), CUDA_SUCCESS);
+  assert_int_equal(D->StreamWaitEvent(C, fork, 0), CUDA_SUCCESS);
   g = end_capture_ok(C);
-  assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 1);
+  assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 0);
   assert_int_equal(fake_graph_count_nodes(g, CU_GRAPH_NODE_TYPE_EVENT_RECORD), 0);
   assert_true(fake_graph_has_path(g, pn, cn));
+  assert_true(fake_graph_has_path(g, qn, cn));
+  assert_true(fake_graph_has_path(g, cn, pm));
+  assert_true(fake_graph_has_path(g, cn, qm));
   destroy_graph(g);
   fake_event_destroy(fork);
 }
@@ -411,6 +421,75 @@ static void many_threads(void **state) {
   }
 }
 
+/* ---- capturing and eager producers together ---- */
+
+/* One producer capturing and one eager: the end could never order the eager
+ * producer's later work after the capture (not launched yet), so begin
+ * refuses the mix, naming which producers capture and which are eager;
+ * nothing is queued (the consumer does not join the capture, which ends
+ * cleanly). */
+static void capturing_and_eager_producers_are_refused_at_begin(void **state) {
+  dlsync_lane lps[3] = {dlsync_lane_stream(Q), dlsync_lane_stream(P), dlsync_lane_stream(Q)};
+  dlsync_lane lc = dlsync_lane_stream(C);
+  dlsync_exchange *ex = NULL;
+  char words[96];
+  (void)state;
+  warm();
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  fake_work(P, "produce p", NULL);
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_begin_many(&ex, ctx, lps, 3, &lc, 0),
+                   DLSYNC_ERROR_CAPTURE_ORDER);
+  assert_null(ex);
+  snprintf(words, sizeof words, "producer 1 (stream %p) is capturing", (void *)P);
+  assert_non_null(strstr(dlsync_last_error(), words));
+  snprintf(words, sizeof words, "producer 0 (stream %p) is eager", (void *)Q);
+  assert_non_null(strstr(dlsync_last_error(), words));
+  assert_non_null(strstr(dlsync_last_error(), "nothing was queued"));
+  assert_int_equal(fake_call_count("cuEventRecord"), 0);
+  assert_int_equal(fake_call_count("cuStreamWaitEvent"), 0);
+  assert_int_equal(fake_call_count("cuStreamUpdateCaptureDependencies"), 0);
+  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_NONE);
+  destroy_graph(end_capture_ok(P));
+}
+
+/* An end whose parts fail both ways (one producer's order refused, the
+ * other's driver call failing) reports the driver's failure, not the
+ * refusal, whichever part failed first: each driver call of such an end
+ * failed in turn. */
+static void an_ends_driver_failure_is_reported_before_a_refusal(void **state) {
+  dlsync_lane lps[2] = {dlsync_lane_stream(P), dlsync_lane_stream(Q)};
+  dlsync_lane lc = dlsync_lane_stream(C);
+  bool reached = true;
+  (void)state;
+  warm();
+  for (unsigned n = 1; reached; n++) {
+    dlsync_exchange *ex = NULL;
+    dlsync_status st;
+    assert_int_equal(dlsync_exchange_begin_many(&ex, ctx, lps, 2, &lc, 0), DLSYNC_SUCCESS);
+    /* The consumer captures by the end: each eager producer's order is
+     * refused, unless a driver call fails first. */
+    assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    fake_work(C, "consume", NULL);
+    fake_log_reset();
+    fake_fail_call(n, CUDA_ERROR_LAUNCH_FAILED);
+    st = dlsync_exchange_end(ex);
+    reached = !fake_fail_pending();
+    fake_fail_clear();
+    if (reached) {
+      if (st != DLSYNC_ERROR_DRIVER)
+        fail_msg("driver call %u of the end failed, and the end said %s: %s", n,
+                 dlsync_status_name(st), dlsync_last_error());
+      assert_int_equal(dlsync_last_driver_result(), CUDA_ERROR_LAUNCH_FAILED);
+    } else {
+      assert_int_equal(st, DLSYNC_ERROR_CAPTURE_ORDER);
+    }
+    assert_int_equal(fake_call_count("cuEventRecord"), 0);
+    assert_int_equal(fake_call_count("cuStreamWaitEvent"), 0);
+    destroy_graph(end_capture_ok(C));
+  }
+}
+
 int main(void) {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
   const struct CMUnitTest tests[] = {
@@ -426,6 +505,8 @@ int main(void) {
       T(every_driver_failure_is_a_status),
       T(every_allocation_failure_is_a_status),
       T(many_threads),
+      T(capturing_and_eager_producers_are_refused_at_begin),
+      T(an_ends_driver_failure_is_reported_before_a_refusal),
   };
 #undef T
   return cmocka_run_group_tests(tests, NULL, NULL);

@@ -79,7 +79,10 @@ typedef struct dlsync_context_config {
   /* Path given to dlopen; NULL means "libcuda.so.1". */
   const char *driver_path;
   /* Free events kept per CUDA context before extra ones are destroyed; 0
-   * means 64. The pool grows past it as needed and never fails for size. */
+   * means 64. The pool grows past it as needed and never fails for size
+   * (releases keep the events of a burst for the releases that follow);
+   * free events past it that stay unused over max(4 * events_kept, 256)
+   * takes and returns of the pool are destroyed, down to events_kept. */
   uint32_t events_kept;
 } dlsync_context_config;
 

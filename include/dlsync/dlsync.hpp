@@ -250,7 +250,10 @@ public:
 
   /* Ends the exchange (dlsync_exchange_end) once; later calls do nothing.
    * Returns the status of this end, or the first failure kept (begin's or an
-   * earlier end's). */
+   * earlier end's). The guard is inactive after a failed end too (the C
+   * handle is ended whatever the result): when message() says that nothing
+   * was queued, dlsync_order(ctx, consumer, producer) finishes the order
+   * (exchange.h). */
   dlsync_status end() noexcept {
     dlsync_exchange *h = handle_;
     handle_ = nullptr;
@@ -336,11 +339,16 @@ public:
                               uint32_t flags = 0, dlsync_context *ctx = nullptr) noexcept {
     start(producers, n, consumer, flags, ctx);
   }
-  /* Streams: up to 64 producers (more: DLSYNC_ERROR_INVALID_ARGUMENT). */
+  /* Streams: up to 64 producers (more: DLSYNC_ERROR_INVALID_ARGUMENT). A
+   * NULL producers array is refused as dlsync_exchange_begin_many refuses it. */
   [[nodiscard]] exchange_many(const stream_t *producers, std::size_t n, stream_t consumer,
                               uint32_t flags = 0, dlsync_context *ctx = nullptr) noexcept {
     dlsync_lane lanes[64];
     dlsync_lane c = stream_lane(consumer);
+    if (producers == nullptr) {
+      start(nullptr, n, c, flags, ctx); /* the C call's refusal and message */
+      return;
+    }
     if (n > 64) {
       refuse(DLSYNC_ERROR_INVALID_ARGUMENT,
              "dlsync::exchange_many: more than 64 producer streams; pass lanes instead");

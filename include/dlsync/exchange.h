@@ -124,7 +124,15 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsy
  * several producers in one capture cost one join; a producer that already
  * shares the consumer's capture adds edges only. The matching
  * dlsync_exchange_end orders each distinct producer after the consumer's
- * work, newest first, and reports the first failure (it still ends all).
+ * work, newest first, and reports the first failure (it still ends all; a
+ * driver's failure is reported before a DLSYNC_ERROR_CAPTURE_ORDER refusal).
+ * Stream producers some of which are capturing and some eager are refused
+ * (DLSYNC_ERROR_CAPTURE_ORDER, naming which are which, nothing queued): the
+ * consumer would join the capture, and no end could order the eager
+ * producers' later work after a graph that is not launched yet. Capture
+ * those producers too, or order the consumer after them with dlsync_order
+ * and their later work after the launch. Finding that out costs one status query per
+ * distinct stream producer (n >= 2).
  * n == 1 is dlsync_exchange_begin_flags. Graph lanes are kept by pointer until
  * end, as in dlsync_exchange_begin.
  * Returns: DLSYNC_SUCCESS and *out the handle.
@@ -142,6 +150,18 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsyn
 /* Orders the producer's later work after the consumer's work since begin
  * (dlsync_order(ctx, consumer, producer)) and frees the handle, whatever the
  * result.
+ * A failed end may leave the order undone: a consumer that joined the
+ * producer's capture then stays joined, and that capture's
+ * cuStreamEndCapture fails with CUDA_ERROR_STREAM_CAPTURE_UNJOINED. When a
+ * driver call that queues nothing failed before anything was queued (a
+ * capture query, cuStreamGetCtx, the dependency update inside one capture),
+ * the message says "nothing was queued: dlsync_order(ctx, consumer,
+ * producer) does what this end would have done": that call (for
+ * dlsync_exchange_begin_many, one per producer) finishes the exchange, and
+ * the capture then ends cleanly. (Never said after a begin that put a record
+ * node in the producer's graph and a wait node in the consumer's: such an
+ * end refuses, below.) The handle itself is ended either way (a
+ * second end is DLSYNC_ERROR_INVALID_ARGUMENT).
  * Returns: DLSYNC_SUCCESS, the order in place.
  * Errors: those of dlsync_order, and:
  *   DLSYNC_ERROR_CAPTURE_ORDER when the producer is an eager stream and the
