@@ -93,7 +93,7 @@ enum {
   X(StreamUpdateCaptureDependencies, PFN_cuStreamUpdateCaptureDependencies_v12030, 12030,       \
     DLSYNC__NEED_CAPTURE)                                                                       \
   X(GraphAddNode, PFN_cuGraphAddNode_v12030, 12030, DLSYNC__NEED_CAPTURE)                       \
-  X(GraphAddDependencies, PFN_cuGraphAddDependencies_v12030, 12030, DLSYNC__NEED_SUPPORT)       \
+  X(GraphAddDependencies, PFN_cuGraphAddDependencies_v12030, 12030, DLSYNC__NEED_OPTIONAL)      \
   X(GraphGetEdges, PFN_cuGraphGetEdges_v12030, 12030, DLSYNC__NEED_SUPPORT)                     \
   X(StreamBeginCaptureToGraph, PFN_cuStreamBeginCaptureToGraph_v12030, 12030,                   \
     DLSYNC__NEED_OPTIONAL)                                                                      \

@@ -98,6 +98,7 @@ typedef struct world {
    * (then its parent need not instantiate). */
   struct {
     CUgraph h;
+    CUgraphNode node; /* its conditional node, in graphs[parent] */
     unsigned parent;
     bool alive, tainted;
     bool declared[2]; /* by ctx, by ctx2 */
@@ -268,12 +269,15 @@ static void conditional_node(world *w, input *in) {
   if (w->d->GraphAddNode(&node, w->graphs[g], NULL, NULL, 0, &p) != CUDA_SUCCESS)
     return;
   w->bodies[b].h = p.conditional.phGraph_out[0];
+  w->bodies[b].node = node;
   w->bodies[b].parent = g;
   w->bodies[b].alive = true;
 }
 
 /* dlsync_conditional_body_add (add) or _remove of body slot s, NULL or a
- * handle that is no graph (the caller's word is taken: no driver call). */
+ * handle that is no graph (the caller's word is taken: no driver call); an
+ * add may be dlsync_conditional_node_declare with the body's parent and
+ * conditional node (the rows then hoist instead of refusing). */
 static void body_declare(world *w, input *in, bool add) {
   static const dlsync_status ok[] = {DLSYNC_SUCCESS, DLSYNC_ERROR_INVALID_ARGUMENT};
   unsigned which = take(in);
@@ -285,11 +289,15 @@ static void body_declare(world *w, input *in, bool add) {
   w->declaring = true;
   if (!(which & 48) && !w->bodies[b].alive)
     return;
-  st = add ? dlsync_conditional_body_add(ctx, g) : dlsync_conditional_body_remove(ctx, g);
+  if (add && (which & 128) && !(which & 32))
+    st = dlsync_conditional_node_declare(ctx, w->graphs[w->bodies[b].parent], w->bodies[b].node, &g,
+                                         1);
+  else
+    st = add ? dlsync_conditional_body_add(ctx, g) : dlsync_conditional_body_remove(ctx, g);
   note(w, st);
   check_documented(w, st, ok, 2,
                    add ? "dlsync_conditional_body_add" : "dlsync_conditional_body_remove");
-  check(st == DLSYNC_SUCCESS || strstr(dlsync_last_error(), "dlsync_conditional_body") != NULL,
+  check(st == DLSYNC_SUCCESS || strstr(dlsync_last_error(), "dlsync_conditional_") != NULL,
         "a refused declaration names the call");
   if (g == NULL)
     check(st == DLSYNC_ERROR_INVALID_ARGUMENT, "a NULL body refused");

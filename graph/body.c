@@ -106,10 +106,78 @@ done:
   return ok;
 }
 
+bool dlsync__bodies_add_node(dlsync__bodies *b, CUgraph parent, CUgraphNode node,
+                             const CUgraph *bodies, size_t n) {
+  int slot[DLSYNC_CONDITIONAL_BODIES];
+  bool fresh[DLSYNC_CONDITIONAL_BODIES];
+  bool ok = true;
+  size_t tried = 0;
+  if (n > DLSYNC_CONDITIONAL_BODIES)
+    return false;
+  spin_lock(&b->lock);
+  /* Each body's slot: its own when declared already, else a free one. */
+  for (size_t k = 0; k < n && ok; k++) {
+    slot[k] = -1;
+    fresh[k] = true;
+    for (int i = 0; i < DLSYNC_CONDITIONAL_BODIES && slot[k] < 0; i++)
+      if (atomic_load_explicit(&b->graph[i], memory_order_relaxed) == (uintptr_t)bodies[k]) {
+        slot[k] = i;
+        fresh[k] = false;
+      }
+    for (int i = 0; i < DLSYNC_CONDITIONAL_BODIES && slot[k] < 0; i++) {
+      bool taken = atomic_load_explicit(&b->graph[i], memory_order_relaxed) != 0;
+      for (size_t j = 0; j < k && !taken; j++)
+        taken = slot[j] == i;
+      if (!taken)
+        slot[k] = i;
+    }
+    ok = slot[k] >= 0;
+  }
+  for (size_t k = 0; k < n && ok; k++, tried++)
+    if (fresh[k])
+      ok = global_add(b, (uintptr_t)bodies[k]);
+  if (!ok) {
+    for (size_t k = 0; k + 1 < tried; k++) /* the one that failed added nothing */
+      if (fresh[k])
+        global_remove(b, (uintptr_t)bodies[k]);
+    goto done;
+  }
+  for (size_t k = 0; k < n; k++) {
+    int i = slot[k];
+    atomic_store_explicit(&b->parent[i], (uintptr_t)parent, memory_order_release);
+    atomic_store_explicit(&b->node[i], (uintptr_t)node, memory_order_release);
+    if (fresh[k]) {
+      atomic_store_explicit(&b->graph[i], (uintptr_t)bodies[k], memory_order_release);
+      atomic_fetch_add_explicit(&b->n, 1, memory_order_release);
+      atomic_fetch_add_explicit(&dlsync__bodies_total, 1, memory_order_release);
+    }
+  }
+done:
+  spin_unlock(&b->lock);
+  return ok;
+}
+
+bool dlsync__bodies_parent(const dlsync__bodies *b, CUgraph g, CUgraph *parent, CUgraphNode *node) {
+  *parent = NULL;
+  *node = NULL;
+  if (g == NULL)
+    return false;
+  for (int i = 0; i < DLSYNC_CONDITIONAL_BODIES; i++) {
+    if (atomic_load_explicit(&b->graph[i], memory_order_acquire) != (uintptr_t)g)
+      continue;
+    *parent = (CUgraph)atomic_load_explicit(&b->parent[i], memory_order_acquire);
+    *node = (CUgraphNode)atomic_load_explicit(&b->node[i], memory_order_acquire);
+    return *parent != NULL && *node != NULL;
+  }
+  return false;
+}
+
 static bool remove_locked(dlsync__bodies *b, uintptr_t g) {
   for (int i = 0; i < DLSYNC_CONDITIONAL_BODIES; i++) {
     if (g != 0 && atomic_load_explicit(&b->graph[i], memory_order_relaxed) == g) {
       atomic_store_explicit(&b->graph[i], 0, memory_order_release);
+      atomic_store_explicit(&b->parent[i], 0, memory_order_release);
+      atomic_store_explicit(&b->node[i], 0, memory_order_release);
       global_remove(b, g);
       atomic_fetch_sub_explicit(&b->n, 1, memory_order_release);
       atomic_fetch_sub_explicit(&dlsync__bodies_total, 1, memory_order_release);
@@ -149,14 +217,17 @@ dlsync_status dlsync__body_refuse(const dlsync__bodies *b, const char *what,
              (void *)l->graph);
   else
     snprintf(where, sizeof where, "a graph lane on graph %p", (void *)l->graph);
-  return dlsync__fail(DLSYNC_ERROR_CONDITIONAL_BODY,
-                      "%s: the %s lane is %s, a conditional node's body "
-                      "(dlsync_conditional_body_add%s), where CUDA admits no event-%s node (the "
-                      "parent graph would fail to instantiate). Nothing was queued; %s. Order this "
-                      "work before the conditional node (on the parent graph's lane), or bring the "
-                      "other stream into the body's capture (edges only)",
-                      what, l->role, where,
-                      where_declared == DLSYNC__BODY_ELSEWHERE ? " in another dlsync context" : "",
-                      record ? "record" : "wait",
-                      capturing ? "the capture is still valid" : "the graph is unchanged");
+  return dlsync__fail(
+      DLSYNC_ERROR_CONDITIONAL_BODY,
+      "%s: the %s lane is %s, a conditional node's body "
+      "(dlsync_conditional_body_add%s), where CUDA admits no event-%s node (the "
+      "parent graph would fail to instantiate). Nothing was queued; %s. Order this "
+      "work before the conditional node (on the parent graph's lane), or bring the "
+      "other stream into the body's capture (edges only), or declare the body with its "
+      "parent graph and conditional node (dlsync_conditional_node_declare), which "
+      "hoists the node into the parent",
+      what, l->role, where,
+      where_declared == DLSYNC__BODY_ELSEWHERE ? " in another dlsync context" : "",
+      record ? "record" : "wait",
+      capturing ? "the capture is still valid" : "the graph is unchanged");
 }

@@ -21,6 +21,11 @@ typedef struct dlsync__bodies {
   atomic_uint n;    /* bodies declared now */
   atomic_bool lock; /* writers only */
   _Atomic(uintptr_t) graph[DLSYNC_CONDITIONAL_BODIES];
+  /* For a body declared with its conditional node
+   * (dlsync_conditional_node_declare): the node's graph and the node (0:
+   * declared alone). Written before graph[i], read after it. */
+  _Atomic(uintptr_t) parent[DLSYNC_CONDITIONAL_BODIES];
+  _Atomic(uintptr_t) node[DLSYNC_CONDITIONAL_BODIES];
 } dlsync__bodies;
 
 /* Bodies declared now in all contexts: the rows that add nodes load this
@@ -49,6 +54,16 @@ bool dlsync__bodies_has_here(const dlsync__bodies *b, CUgraph g);
 /* Declares g: false when the table (or the process-wide one) is full (g
  * declared already: true). */
 bool dlsync__bodies_add(dlsync__bodies *b, CUgraph g);
+/* Declares bodies[0..n) the bodies of conditional node `node` of graph
+ * `parent`, all or none: false when the tables lack room for them. A body
+ * declared already keeps its entry and takes the parent and node. The
+ * caller checked that none is declared with another parent or node. */
+bool dlsync__bodies_add_node(dlsync__bodies *b, CUgraph parent, CUgraphNode node,
+                             const CUgraph *bodies, size_t n);
+/* The parent graph and conditional node g was declared with in b's
+ * context: false (both NULL) when g is not declared there, or was declared
+ * alone (dlsync_conditional_body_add). */
+bool dlsync__bodies_parent(const dlsync__bodies *b, CUgraph g, CUgraph *parent, CUgraphNode *node);
 /* Forgets g: false when it was not declared in b's context. */
 bool dlsync__bodies_remove(dlsync__bodies *b, CUgraph g);
 /* Forgets every declaration of b's context (context destroy). */

@@ -276,17 +276,158 @@ void dlsync__trace_row(dlsync__op op, dlsync__row row, const dlsync__lane_now *f
       st == DLSYNC_SUCCESS ? "" : ", failed: ", st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
 }
 
-/* ---- the guard on declared conditional bodies ---- */
+/* ---- the guard on declared conditional bodies, and the hoist ---- */
 
-dlsync_status dlsync__body_guard_slow(const dlsync__bodies *b, const dlsync__lane_now *first,
-                                      const dlsync__lane_now *then) {
+/* The graph an event node for body g goes to instead, and the conditional
+ * node it is placed around: g's parent, or the parent's parent while the
+ * parent is a body itself, each declared with its node
+ * (dlsync_conditional_node_declare). False when some body on the way up was
+ * declared alone, in another context, or the chain loops. */
+static bool hoist_target(const dlsync__bodies *b, CUgraph g, CUgraph *graph, CUgraphNode *node) {
+  for (int depth = 0; depth <= DLSYNC_CONDITIONAL_BODIES; depth++) {
+    CUgraph p;
+    CUgraphNode n;
+    if (dlsync__bodies_find(b, g) != DLSYNC__BODY_HERE || !dlsync__bodies_parent(b, g, &p, &n))
+      return false;
+    if (dlsync__bodies_find(b, p) == DLSYNC__BODY_NOT) {
+      *graph = p;
+      *node = n;
+      return true;
+    }
+    g = p;
+  }
+  return false;
+}
+
+/* A graph the hoisted node goes to, as a built lane for the event's batch
+ * (its graph retains it). */
+static dlsync__lane_now hoist_lane(CUgraph g, const char *role) {
+  dlsync__lane_now l;
+  memset(&l, 0, sizeof l);
+  l.kind = DLSYNC_LANE_BUILT;
+  l.graph = g;
+  l.role = role;
+  return l;
+}
+
+typedef struct hoist_plan {
+  bool first, then;       /* which side is hoisted */
+  CUgraph first_graph;    /* first: the record node's graph ... */
+  CUgraphNode first_node; /* ... after this conditional node */
+  CUgraph then_graph;     /* then: the wait node's graph ... */
+  CUgraphNode then_node;  /* ... ahead of this conditional node */
+} hoist_plan;
+
+/* The row with its event node(s) moved out of the body: a record node
+ * after the conditional node in its outermost admitting graph (first), a
+ * wait node there with an edge to the conditional node (then); the side
+ * that is not in a body as the row does it. One event, from a batch that
+ * every graph given a node retains. */
+static dlsync_status hoist(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
+                           dlsync__lane_now *then, const hoist_plan *h, const char *row) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = ctx->drv;
+  dlsync__lane_now pf, pt, *lanes[2];
+  int nl = 0;
+  CUevent ev = NULL;
+  CUgraphNode rec = NULL, w = NULL;
+  DLSYNC_TRY(verify_pool(ctx, pk, first, then));
+  if (h->first) {
+    pf = hoist_lane(h->first_graph, first->role);
+    lanes[nl++] = &pf;
+  } else if (first->kind != DLSYNC_LANE_EAGER) {
+    lanes[nl++] = first;
+  }
+  if (h->then) {
+    pt = hoist_lane(h->then_graph, then->role);
+    lanes[nl++] = &pt;
+  } else {
+    lanes[nl++] = then;
+  }
+  DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, lanes, nl));
+  if (h->first) {
+    DLSYNC_CU(d, GraphAddEventRecordNode, (&rec, h->first_graph, &h->first_node, 1, ev),
+              "%s: the %s lane's graph %p is a conditional node's body; adding its record node "
+              "to graph %p after conditional node %p",
+              row, first->role, (void *)first->graph, (void *)h->first_graph,
+              (void *)h->first_node);
+  } else if (first->kind == DLSYNC_LANE_EAGER) {
+    DLSYNC_CU(d, EventRecord, (ev, first->stream), "%s: %s stream %p", row, first->role,
+              (void *)first->stream);
+  } else if (first->kind == DLSYNC_LANE_CAPTURING) {
+    DLSYNC_CU(d, EventRecordWithFlags, (ev, first->stream, CU_EVENT_RECORD_EXTERNAL),
+              "%s: %s stream %p is capturing (capture %llu); adding an event-record node", row,
+              first->role, (void *)first->stream, (unsigned long long)first->capture_id);
+    dlsync__lane_deps_moved(first);
+  } else {
+    DLSYNC_TRY(dlsync__graph_append_event(d, first, ev, true));
+  }
+  if (h->then) {
+    DLSYNC_CU(d, GraphAddEventWaitNode, (&w, h->then_graph, NULL, 0, ev),
+              "%s: the %s lane's graph %p is a conditional node's body; adding its wait node to "
+              "graph %p ahead of conditional node %p",
+              row, then->role, (void *)then->graph, (void *)h->then_graph, (void *)h->then_node);
+    DLSYNC_CU(d, GraphAddDependencies, (h->then_graph, &w, &h->then_node, NULL, 1),
+              "%s: the edge from the hoisted wait node %p to conditional node %p in graph %p "
+              "(the wait node stays, ordering nothing: a graph already instantiated, or a node "
+              "that has started?)",
+              row, (void *)w, (void *)h->then_node, (void *)h->then_graph);
+  } else {
+    DLSYNC_TRY(dlsync__graph_append_event(d, then, ev, false));
+  }
+  DLSYNC__LOG(DLSYNC__LOG_INFO, "%s hoisted out of a conditional body: record %p, wait %p", row,
+              (void *)rec, (void *)w);
+cleanup:
+  return st;
+}
+
+/* The graph an un-hoisted lane's node goes to (NULL: eager). */
+static CUgraph lane_graph(const dlsync__lane_now *l) {
+  return l->kind == DLSYNC_LANE_EAGER ? NULL : l->graph;
+}
+
+dlsync_status dlsync__body_guard_slow(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
+                                      dlsync__lane_now *then, bool *done) {
+  const dlsync__bodies *b = &ctx->bodies;
   /* The row that adds nodes for these two kinds (rows.h's functions). */
   dlsync__row row = first->kind != DLSYNC_LANE_EAGER
                         ? dlsync__table_two_graphs(first->kind, then->kind)
                     : then->kind == DLSYNC_LANE_CAPTURING ? DLSYNC__ROW_EAGER_TO_CAPTURE
                                                           : DLSYNC__ROW_EAGER_TO_BUILT;
-  dlsync_status st = dlsync__body_refuse(b, dlsync__row_name(row), then, false);
-  if (st == DLSYNC_SUCCESS)
-    st = dlsync__body_refuse(b, dlsync__row_name(row), first, true);
-  return st;
+  const char *name = dlsync__row_name(row);
+  dlsync__body_where wf =
+      first->kind == DLSYNC_LANE_EAGER ? DLSYNC__BODY_NOT : dlsync__bodies_find(b, first->graph);
+  dlsync__body_where wt =
+      then->kind == DLSYNC_LANE_EAGER ? DLSYNC__BODY_NOT : dlsync__bodies_find(b, then->graph);
+  hoist_plan h;
+  CUgraph gf, gt;
+  dlsync_status st;
+  if (wf == DLSYNC__BODY_NOT && wt == DLSYNC__BODY_NOT)
+    return DLSYNC_SUCCESS;
+  memset(&h, 0, sizeof h);
+  h.then = wt != DLSYNC__BODY_NOT && hoist_target(b, then->graph, &h.then_graph, &h.then_node);
+  h.first = wf != DLSYNC__BODY_NOT && hoist_target(b, first->graph, &h.first_graph, &h.first_node);
+  if (wt != DLSYNC__BODY_NOT && !h.then)
+    return dlsync__body_refuse(b, name, then, false);
+  if (wf != DLSYNC__BODY_NOT && !h.first)
+    return dlsync__body_refuse(b, name, first, true);
+  gf = h.first ? h.first_graph : lane_graph(first);
+  gt = h.then ? h.then_graph : lane_graph(then);
+  if (gf == gt)
+    return dlsync__fail(DLSYNC_ERROR_CONDITIONAL_BODY,
+                        "%s: the %s lane (graph %p) or the %s lane (graph %p) is in a conditional "
+                        "node's body, and its event node would go to graph %p, where the other "
+                        "side's node goes too: one graph orders with edges, not events. Nothing "
+                        "was queued; order on the parent graph's lane instead (the conditional "
+                        "node in its frontier)",
+                        name, first->role, (void *)first->graph, then->role, (void *)then->graph,
+                        (void *)gf);
+  if (h.then) {
+    st = dlsync__driver_require_entry(ctx->drv, DLSYNC__DRIVER_INDEX_GraphAddDependencies,
+                                      "a wait hoisted out of a conditional node's body");
+    if (st != DLSYNC_SUCCESS)
+      return st;
+  }
+  *done = true;
+  return hoist(ctx, pk, first, then, &h, name);
 }

@@ -63,18 +63,22 @@ DLSYNC__NOINLINE void dlsync__trace_row(dlsync__op op, dlsync__row row,
                                         dlsync_status st);
 
 /* The rows that add nodes (their functions below), before anything is
- * queued: neither lane may be a declared body (graph/body.h). One load while
- * no context has one; the rest out of line (rows.c), which names the row by
- * the lanes' kinds. */
-DLSYNC__COLD dlsync_status dlsync__body_guard_slow(const dlsync__bodies *b,
-                                                   const dlsync__lane_now *first,
-                                                   const dlsync__lane_now *then);
-static DLSYNC__INLINE dlsync_status body_guard(dlsync_context *ctx, const dlsync__lane_now *first,
-                                               const dlsync__lane_now *then) {
-  if (DLSYNC__LIKELY(!dlsync__bodies_any(&ctx->bodies)))
-    return DLSYNC_SUCCESS;
-  return dlsync__body_guard_slow(&ctx->bodies, first, then);
-}
+ * queued: a lane in a declared body (graph/body.h) gets its event node
+ * hoisted into the body's parent (rows.c: *done then true, the row carried
+ * out) or the row is refused. One load while no context has a body; the rest
+ * out of line (rows.c), which names the row by the lanes' kinds. */
+DLSYNC__COLD dlsync_status dlsync__body_guard_slow(dlsync_context *ctx, pool_pick *pk,
+                                                   dlsync__lane_now *first, dlsync__lane_now *then,
+                                                   bool *done);
+#define BODY_GUARD(ctx, pk, first, then)                                      \
+  do {                                                                        \
+    if (DLSYNC__UNLIKELY(dlsync__bodies_any(&(ctx)->bodies))) {               \
+      bool body_done_ = false;                                                \
+      DLSYNC_TRY(dlsync__body_guard_slow(ctx, pk, first, then, &body_done_)); \
+      if (body_done_)                                                         \
+        goto cleanup;                                                         \
+    }                                                                         \
+  } while (0)
 
 /* The driver refused an event of another context (a stream handle reused
  * in another context, found through the memo). */
@@ -185,7 +189,7 @@ static DLSYNC__INLINE dlsync_status row_eager_to_capture(dlsync_context *ctx, po
   dlsync__pair p = dlsync__pair_of(first, then);
   CUevent ev = NULL;
   CUresult r, wr = CUDA_SUCCESS;
-  DLSYNC_TRY(body_guard(ctx, first, then));
+  BODY_GUARD(ctx, pk, first, then);
   DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, then, NULL));
   r = row_eager_to_capture_calls(d, ev, p, &wr);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
@@ -218,7 +222,7 @@ static DLSYNC__INLINE dlsync_status row_eager_to_built(dlsync_context *ctx, pool
   const dlsync__driver *d = ctx->drv;
   CUevent ev = NULL;
   CUresult r;
-  DLSYNC_TRY(body_guard(ctx, first, then));
+  BODY_GUARD(ctx, pk, first, then);
   DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, &then, 1));
   r = d->EventRecord(ev, first->stream);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
@@ -250,7 +254,7 @@ static DLSYNC__INLINE dlsync_status row_two_captures(dlsync_context *ctx, pool_p
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ctx->drv;
   CUevent ev = NULL;
-  DLSYNC_TRY(body_guard(ctx, first, then));
+  BODY_GUARD(ctx, pk, first, then);
   DLSYNC_TRY(check_memo_pool(ctx, pk)); /* no dependencies handed over: none read again */
   DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, first, then));
   DLSYNC_CU(d, EventRecordWithFlags, (ev, first->stream, CU_EVENT_RECORD_EXTERNAL),
@@ -280,7 +284,7 @@ static DLSYNC__INLINE dlsync_status row_two_graphs(dlsync_context *ctx, pool_pic
   dlsync_status st = DLSYNC_SUCCESS;
   CUevent ev = NULL;
   dlsync__lane_now *lanes[2];
-  DLSYNC_TRY(body_guard(ctx, first, then));
+  BODY_GUARD(ctx, pk, first, then);
   DLSYNC_TRY(verify_pool(ctx, pk, first, then));
   lanes[0] = first;
   lanes[1] = then;
@@ -303,7 +307,7 @@ static DLSYNC__INLINE dlsync_status row_capture_to_built(dlsync_context *ctx, po
   CUevent ev = NULL;
   dlsync__lane_now *lanes[2];
   CUresult r;
-  DLSYNC_TRY(body_guard(ctx, first, then));
+  BODY_GUARD(ctx, pk, first, then);
   DLSYNC_TRY(check_memo_pool(ctx, pk)); /* then is built: no dependencies read again */
   lanes[0] = first;
   lanes[1] = then;

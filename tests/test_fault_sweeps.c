@@ -520,6 +520,43 @@ static dlsync_status scene_conditional_body(void) {
   return st;
 }
 
+/* A conditional node's body declared with its parent and node, then an
+ * order from eager P into the body's capture on C: the wait node hoisted
+ * into the parent, with an edge to the conditional node. */
+static dlsync_status scene_conditional_node(void) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  CUgraphConditionalHandle h = 0;
+  CUgraphNodeParams p;
+  CUgraph parent = NULL, body, got = NULL;
+  CUgraphNode node = NULL;
+  dlsync_status st;
+  assert_int_equal(D->GraphCreate(&parent, 0), CUDA_SUCCESS);
+  assert_int_equal(D->GraphConditionalHandleCreate(&h, parent, fake_primary_ctx(0), 1,
+                                                   CU_GRAPH_COND_ASSIGN_DEFAULT),
+                   CUDA_SUCCESS);
+  memset(&p, 0, sizeof p);
+  p.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+  p.conditional.handle = h;
+  p.conditional.type = CU_GRAPH_COND_TYPE_IF;
+  p.conditional.size = 1;
+  p.conditional.ctx = fake_primary_ctx(0);
+  assert_int_equal(D->GraphAddNode(&node, parent, NULL, NULL, 0, &p), CUDA_SUCCESS);
+  body = p.conditional.phGraph_out[0];
+  assert_int_equal(
+      D->StreamBeginCaptureToGraph(C, body, NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_RELAXED),
+      CUDA_SUCCESS);
+  sweep_arm();
+  st = dlsync_conditional_node_declare(ctx, parent, node, &body, 1);
+  if (st == DLSYNC_SUCCESS)
+    st = dlsync_order(ctx, &lp, &lc);
+  sweep_disarm();
+  assert_int_equal(D->StreamEndCapture(C, &got), CUDA_SUCCESS);
+  if (dlsync_conditional_body_is_declared(ctx, body))
+    assert_int_equal(dlsync_conditional_body_remove(ctx, body), DLSYNC_SUCCESS);
+  destroy_graph(parent);
+  return st;
+}
+
 /* A library's graph run in P's capture: a child-graph node. */
 static dlsync_status scene_graph_launch(void) {
   dlsync_lane l = dlsync_lane_stream(P);
@@ -582,6 +619,7 @@ static const entry entries[] = {
     {"dlsync_conditional_body_add dlsync_conditional_body_is_declared "
      "dlsync_conditional_body_remove",
      scene_conditional_body, DLSYNC_SUCCESS, false},
+    {"dlsync_conditional_node_declare", scene_conditional_node, DLSYNC_SUCCESS, false},
     {"dlsync_graph_launch", scene_graph_launch, DLSYNC_SUCCESS, false},
     {"dlsync_device_count", scene_device_count, DLSYNC_SUCCESS, false},
     {"dlsync_device_get_info", scene_device_get_info, DLSYNC_SUCCESS, false},

@@ -120,6 +120,11 @@ static void child_calls_everything(dlsync_exchange *ex, dlsync_fence *f) {
                 "dlsync_conditional_body_remove");
   child_check(dlsync_conditional_body_is_declared(ctx, (CUgraph)0x40) == 0,
               "dlsync_conditional_body_is_declared");
+  {
+    CUgraph bodies[1] = {(CUgraph)0x42};
+    child_refused(dlsync_conditional_node_declare(ctx, (CUgraph)0x40, (CUgraphNode)0x43, bodies, 1),
+                  "dlsync_conditional_node_declare");
+  }
   child_refused(dlsync_graph_launch(ctx, (CUgraph)0x40, (CUgraphExec)0x41, &lp),
                 "dlsync_graph_launch");
   child_refused(dlsync_exchange_begin(&ex2, ctx, &lp, &lc), "dlsync_exchange_begin");

@@ -60,6 +60,8 @@
 #include "dlsync/export.h"
 #include "dlsync/status.h"
 
+#include <stddef.h>
+
 #ifdef __cplusplus
 extern "C" {
 #endif
@@ -78,6 +80,38 @@ struct CUgraph_st;
  * Threads: any thread, any number at once.
  * Capture: no driver call; safe at any time. */
 DLSYNC_API dlsync_status dlsync_conditional_body_add(dlsync_context *ctx, struct CUgraph_st *body);
+
+struct CUgraphNode_st;
+
+/* Declares every body of conditional node `node` of graph `parent` in one
+ * call: bodies[0..nbodies) (CUDA_CONDITIONAL_NODE_PARAMS.phGraph_out after
+ * cuGraphAddNode; IF: 1 or 2, WHILE: 1, SWITCH: its size). As
+ * dlsync_conditional_body_add for each body, and more: the rows that would
+ * put an event node in one of these bodies hoist it into the parent instead
+ * (a wait node ahead of the conditional node; a record node after it), at
+ * the outermost graph that admits it when the parent is itself a body
+ * declared this way. The parent must still be able to take nodes: a graph
+ * built by hand, or the graph a capture is building (the conditional node
+ * added to it by cuGraphAddNode during the capture), not yet instantiated
+ * (an executable made before the hoist does not see it: dlsync cannot tell
+ * that a graph was instantiated). Declaring a body again with the same
+ * parent and node is allowed and counts once. Remove each body
+ * (dlsync_conditional_body_remove) before the parent is destroyed.
+ * Driver calls: cuGraphNodeGetType and cuGraphGetNodes, to check the node.
+ * Returns: DLSYNC_SUCCESS, all bodies declared.
+ * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (a NULL argument or body, nbodies 0
+ *   or more than DLSYNC_CONDITIONAL_BODIES, a body given twice or equal to
+ *   the parent, `node` not a conditional node, `node` not a node of
+ *   `parent` (a conditional node of another graph), a body declared
+ *   already with another parent or node, no room left); DLSYNC_ERROR_DRIVER
+ *   (a driver call failed). Nothing is declared on failure.
+ * Threads: any thread, any number at once.
+ * Capture: legal in every mode (graph queries only). */
+DLSYNC_API dlsync_status dlsync_conditional_node_declare(dlsync_context *ctx,
+                                                         struct CUgraph_st *parent,
+                                                         struct CUgraphNode_st *node,
+                                                         struct CUgraph_st *const *bodies,
+                                                         size_t nbodies);
 
 /* Forgets a declaration made by ctx. No driver call.
  * Returns: DLSYNC_SUCCESS, the declaration gone.
