@@ -113,6 +113,16 @@
  *       and cuStreamUpdateCaptureDependencies ADD work as in any capture;
  *       the parent instantiates. Checked; JOIN and SAME_CAPTURE rely on it
  *       inside a body.
+ *   [R32 COND-HOIST] while a capture is active, nodes added by hand to its
+ *       graph (cuGraphAddNode / cuGraphAddEvent*Node: a conditional node at
+ *       the capture's dependencies, an event-wait node with none, an
+ *       event-record node after the conditional node) and an edge added to
+ *       a node already there (cuGraphAddDependencies, from the wait node to
+ *       the conditional node) are accepted; the captures (the parent's and
+ *       one into the conditional node's body) end cleanly and the parent
+ *       instantiates and launches. Checked by gpu_rules; the hoist of
+ *       dlsync_conditional_node_declare into a parent being captured relies
+ *       on it (a parent built by hand takes the same calls as any graph).
  *   [R31 EXEC-UPDATE] cuGraphExecUpdate accepts a graph whose nodes (through
  *       child graphs) have the executable's count and types, taking its
  *       events; it moves no user-object reference (the executable keeps

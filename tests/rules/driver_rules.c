@@ -899,6 +899,129 @@ done:
   return res;
 }
 
+/* The hoist (dlsync_conditional_node_declare) into a parent being
+ * captured: while stream 0 captures, an IF node added by hand to the
+ * capture's graph at its dependencies and made its dependency (R9); a
+ * capture into the IF's body on stream 1 (a memset). Into the capture's
+ * graph, by hand and while both captures are active: an event-wait node with
+ * no dependencies (cuGraphAddEventWaitNode) and an edge from it to the IF
+ * node (cuGraphAddDependencies), then an event-record node after the IF
+ * node (cuGraphAddEventRecordNode). Each call accepted, both captures end
+ * cleanly, the parent instantiates and launches, and the record node's event
+ * is complete after it. (That the wait orders the body's work: the GPU
+ * suite's hoist rows.) */
+static const char *cond_hoist_rule(const dlsync__driver *d, CUdeviceptr buf, char *why, size_t n) {
+  scope sc;
+  const char *res = "setup failed";
+  CUresult r;
+  CUstreamCaptureStatus cs;
+  cuuint64_t id;
+  CUcontext c = NULL;
+  CUgraph cg = NULL, body = NULL, got = NULL;
+  const CUgraphNode *deps = NULL;
+  const CUgraphEdgeData *edges = NULL;
+  size_t nd = 0;
+  CUgraphConditionalHandle h = 0;
+  CUgraphNodeParams p;
+  CUgraphNode cond = NULL, wait = NULL, rec = NULL, copy[8];
+  CUgraphExec x = NULL;
+  if (scope_open(&sc, d) != CUDA_SUCCESS || d->CtxGetCurrent(&c) != CUDA_SUCCESS ||
+      BEGIN(sc.s[0]) != CUDA_SUCCESS || d->MemsetD32Async(buf, 1, 1, sc.s[0]) != CUDA_SUCCESS)
+    goto done;
+  r = d->StreamGetCaptureInfo(sc.s[0], &cs, &id, &cg, &deps, &edges, &nd);
+  if (r != CUDA_SUCCESS || nd > 8) {
+    res = said(why, n, d, "cuStreamGetCaptureInfo", r, "CUDA_SUCCESS");
+    goto done;
+  }
+  memcpy(copy, deps, nd * sizeof *copy);
+  r = d->GraphConditionalHandleCreate(&h, cg, c, 1, CU_GRAPH_COND_ASSIGN_DEFAULT);
+  if (r != CUDA_SUCCESS) {
+    res =
+        said(why, n, d, "cuGraphConditionalHandleCreate on the capture's graph", r, "CUDA_SUCCESS");
+    goto done;
+  }
+  memset(&p, 0, sizeof p);
+  p.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
+  p.conditional.handle = h;
+  p.conditional.type = CU_GRAPH_COND_TYPE_IF;
+  p.conditional.size = 1;
+  p.conditional.ctx = c;
+  r = d->GraphAddNode(&cond, cg, copy, NULL, nd, &p);
+  if (r == CUDA_SUCCESS)
+    r = d->StreamUpdateCaptureDependencies(sc.s[0], &cond, NULL, 1,
+                                           CU_STREAM_SET_CAPTURE_DEPENDENCIES);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "an IF node added to the capture's graph and made its dependency", r,
+               "CUDA_SUCCESS");
+    goto done;
+  }
+  body = p.conditional.phGraph_out[0];
+  if (d->StreamBeginCaptureToGraph(sc.s[1], body, NULL, NULL, 0, CU_STREAM_CAPTURE_MODE_RELAXED) !=
+          CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 2, 1, sc.s[1]) != CUDA_SUCCESS)
+    goto done;
+  if (d->EventRecord(sc.e[0], sc.s[2]) != CUDA_SUCCESS)
+    goto done;
+  r = d->GraphAddEventWaitNode(&wait, cg, NULL, 0, sc.e[0]);
+  if (r != CUDA_SUCCESS) {
+    res =
+        said(why, n, d, "cuGraphAddEventWaitNode (no dependencies) into an active capture's graph",
+             r, "CUDA_SUCCESS");
+    goto done;
+  }
+  r = d->GraphAddDependencies(cg, &wait, &cond, NULL, 1);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d,
+               "cuGraphAddDependencies from a node added by hand to the captured IF node, the "
+               "capture active",
+               r, "CUDA_SUCCESS");
+    goto done;
+  }
+  r = d->GraphAddEventRecordNode(&rec, cg, &cond, 1, sc.e[1]);
+  if (r != CUDA_SUCCESS) {
+    res =
+        said(why, n, d, "cuGraphAddEventRecordNode after the IF node in an active capture's graph",
+             r, "CUDA_SUCCESS");
+    goto done;
+  }
+  r = d->StreamEndCapture(sc.s[1], &got);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "cuStreamEndCapture of the body's capture", r, "CUDA_SUCCESS");
+    goto done;
+  }
+  if (d->MemsetD32Async(buf, 3, 1, sc.s[0]) != CUDA_SUCCESS)
+    goto done;
+  got = NULL;
+  r = d->StreamEndCapture(sc.s[0], &got);
+  scope_keep(&sc, got);
+  if (r != CUDA_SUCCESS || got != cg) {
+    res = said(why, n, d, "cuStreamEndCapture of the parent's capture", r,
+               "CUDA_SUCCESS, the graph the nodes were added to");
+    goto done;
+  }
+  r = d->GraphInstantiateWithFlags(&x, cg, 0);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "cuGraphInstantiate of the parent with the hoisted nodes", r,
+               "CUDA_SUCCESS");
+    goto done;
+  }
+  r = d->GraphLaunch(x, sc.s[0]);
+  if (r == CUDA_SUCCESS)
+    r = d->StreamSynchronize(sc.s[0]);
+  if (r == CUDA_SUCCESS)
+    r = d->EventQuery(sc.e[1]);
+  (void)d->GraphExecDestroy(x);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "launching the parent, then its record node's event", r, "CUDA_SUCCESS");
+    goto done;
+  }
+  res = NULL;
+done:
+  end_body_capture(d, sc.s[1]);
+  scope_close(&sc);
+  return res;
+}
+
 const driver_rule driver_rules[] = {
     {"R1 JOIN", "a plain wait on an event of an active capture joins it", join_rule},
     {"R2 UNJOINED", "ending with a joined stream's work not joined back: UNJOINED", unjoined_rule},
@@ -943,6 +1066,11 @@ const driver_rule driver_rules[] = {
      "in a capture into an IF body a join and an ADD of dependencies work; the parent "
      "instantiates and launches",
      cond_body_edges_rule},
+    {"R32 COND-HOIST",
+     "into an active capture's graph holding a captured IF node: a wait node added by hand "
+     "with an edge to the IF node, a record node after it; both captures end cleanly, the parent "
+     "instantiates and launches",
+     cond_hoist_rule},
 };
 
 const size_t driver_rule_count = sizeof driver_rules / sizeof driver_rules[0];
