@@ -1951,6 +1951,265 @@ out:
   return 0;
 }
 
+/* ---- K: event nodes hoisted out of bodies (dlsync_conditional_node_declare) ---- */
+
+/* The slow producer: eight passes over 4 GiB on s, the last with v (long
+ * enough to outlast the instantiation and launch that follow). */
+static CUresult slow_produce(CUstream s, unsigned v) {
+  CUresult r = CUDA_SUCCESS;
+  for (int pass = 0; pass < 7 && r == CUDA_SUCCESS; pass++)
+    r = produce(s, big_buf, BIG_WORDS, v + 0x40000000u);
+  return r == CUDA_SUCCESS ? produce(s, big_buf, BIG_WORDS, v) : r;
+}
+
+/* With dlsync the body holds no event node and the parent exactly `waits`
+ * wait nodes and `records` record nodes. */
+static void check_hoisted(outcome *o, int t, CUgraph parent, CUgraph body, size_t waits,
+                          size_t records) {
+  if (event_nodes(body) != 0 || count_nodes(parent, CU_GRAPH_NODE_TYPE_WAIT_EVENT) != waits ||
+      count_nodes(parent, CU_GRAPH_NODE_TYPE_EVENT_RECORD) != records) {
+    note(o, "trial %d: %zu event nodes in the body; %zu wait and %zu record nodes in the parent", t,
+         event_nodes(body), count_nodes(parent, CU_GRAPH_NODE_TYPE_WAIT_EVENT),
+         count_nodes(parent, CU_GRAPH_NODE_TYPE_EVENT_RECORD));
+    o->broken++;
+  }
+}
+
+/* An eager slow producer and a consumer in a conditional node's body, the
+ * body declared with its parent (built by hand): dlsync_order hoists the wait
+ * into the parent, ahead of the conditional node. s->flags: bit 0, a WHILE
+ * node (else IF); bit 1, the body a graph lane built by hand
+ * (EAGER_TO_BUILT; else a capture into it, EAGER_TO_CAPTURE). The IF's
+ * condition is 1 at each launch and the consumer's copy is in the body; the
+ * WHILE's is 0 (no kernel here sets it: the body never runs) and the copy is
+ * a node of the parent after the WHILE node, which the hoisted wait must
+ * precede. Each of TRIALS launches of a fresh parent reads the producer's
+ * value; the parent instantiates. Control: no declaration, no order; the
+ * copy does not wait for the slow producer. */
+static int sc_hoist_eager(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  bool is_while = (s->flags & 1) != 0, built = (s->flags & 2) != 0;
+  CUstream p = NULL, b = NULL, launch = NULL;
+  dlsync_lane lp, lb;
+  CU(new_stream(&p));
+  CU(new_stream(&b));
+  CU(new_stream(&launch));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  lb = dlsync_lane_stream(b);
+  for (int t = 0; t < TRIALS; t++) {
+    CUgraph parent = NULL, body = NULL, ended = NULL;
+    CUgraphNode node = NULL, first = NULL, cp = NULL, bdeps[2];
+    unsigned v = ++value_base, got = 0;
+    CUresult r;
+    CU(D->GraphCreate(&parent, 0));
+    r = cond_node(parent, NULL, 0, is_while ? CU_GRAPH_COND_TYPE_WHILE : CU_GRAPH_COND_TYPE_IF,
+                  is_while ? 0 : 1, &node, &body);
+    if (r == CUDA_SUCCESS && is_while)
+      r = add_copy_node(&cp, parent, &node, 1, t);
+    if (r != CUDA_SUCCESS) {
+      note(o, "trial %d: the conditional node: %s", t, gpu_err(D, r));
+      o->broken++;
+      D->GraphDestroy(parent);
+      goto out;
+    }
+    if (use)
+      DS(dlsync_conditional_node_declare(E.ctx, parent, node, &body, 1));
+    CU(slow_produce(p, v));
+    if (built) {
+      CU(D->GraphAddEmptyNode(&first, body, NULL, 0));
+      bdeps[0] = first;
+      lb = dlsync_lane_graph(body, bdeps, 1, 2);
+      if (use)
+        DS(dlsync_order(E.ctx, &lp, &lb)); /* EAGER_TO_BUILT, hoisted */
+      if (!is_while)
+        CU(add_copy_node(&cp, body, lb.deps, lb.ndeps, t));
+    } else {
+      lb = dlsync_lane_stream(b);
+      CU(D->StreamBeginCaptureToGraph(b, body, NULL, NULL, 0, mode));
+      if (use)
+        DS(dlsync_order(E.ctx, &lp, &lb)); /* EAGER_TO_CAPTURE, hoisted */
+      if (is_while)
+        CU(D->MemsetD32Async(slots + (SLOTS - 1) * 4, 0, 1, b)); /* never runs */
+      else
+        CU(consume(b, big_buf, BIG_WORDS, t));
+      END_CAPTURE(b, &ended);
+    }
+    if (use)
+      check_hoisted(o, t, parent, body, 1, 0);
+    if (use)
+      DS(dlsync_conditional_body_remove(E.ctx, body));
+    r = launch_once(parent, launch, t, &got);
+    if (r != CUDA_SUCCESS) {
+      note(o, "trial %d: the parent: %s", t, gpu_err(D, r));
+      o->broken++;
+      goto out;
+    }
+    CU(D->StreamSynchronize(p));
+    o->runs++;
+    o->wrong += got != v;
+  }
+out:
+  end_leftover_capture(b);
+  D->CtxSynchronize();
+  drop_stream(p);
+  drop_stream(b);
+  drop_stream(launch);
+  return 0;
+}
+
+/* torch.cond's pattern, hoisted: the parent captured on c, an IF node added
+ * to that capture at its dependencies (and made its dependency), the body
+ * captured on b and declared with the capture's graph as its parent; an
+ * eager slow producer ordered before the body's capture (EAGER_TO_CAPTURE)
+ * gets its wait node in the parent's capture, with an edge to the IF node
+ * (gpu_rules R32). Both captures end cleanly, the parent instantiates and
+ * each launch reads the producer's value. Control: no declaration, no order. */
+static int sc_hoist_parent_capture(const scenario *s, CUstreamCaptureMode mode, bool use,
+                                   outcome *o) {
+  CUstream p = NULL, c = NULL, b = NULL, launch = NULL;
+  dlsync_lane lp, lb;
+  (void)s;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(new_stream(&b));
+  CU(new_stream(&launch));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  lb = dlsync_lane_stream(b);
+  for (int t = 0; t < TRIALS; t++) {
+    CUgraph parent = NULL, body = NULL, ended = NULL, pg = NULL;
+    CUgraphNode node = NULL;
+    CUstreamCaptureStatus cs;
+    const CUgraphNode *deps = NULL;
+    size_t nd = 0;
+    unsigned v = ++value_base, got = 0;
+    CUresult r;
+    CU(D->StreamBeginCapture(c, mode));
+    CU(D->MemsetD32Async(slots + (SLOTS - 1) * 4, 0, 1, c)); /* the parent's own work */
+    CU(D->StreamGetCaptureInfo(c, &cs, NULL, &pg, &deps, NULL, &nd));
+    r = cond_node(pg, deps, nd, CU_GRAPH_COND_TYPE_IF, 1, &node, &body);
+    if (r == CUDA_SUCCESS)
+      r = D->StreamUpdateCaptureDependencies(c, &node, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES);
+    if (r == CUDA_SUCCESS)
+      r = D->StreamBeginCaptureToGraph(b, body, NULL, NULL, 0, mode);
+    if (r != CUDA_SUCCESS) {
+      note(o, "trial %d: the IF node in the capture: %s", t, gpu_err(D, r));
+      o->broken++;
+      goto out;
+    }
+    if (use)
+      DS(dlsync_conditional_node_declare(E.ctx, pg, node, &body, 1));
+    CU(slow_produce(p, v));
+    if (use)
+      DS(dlsync_order(E.ctx, &lp, &lb)); /* hoisted into c's capture */
+    CU(consume(b, big_buf, BIG_WORDS, t));
+    END_CAPTURE(b, &ended);
+    END_CAPTURE(c, &parent);
+    if (use) {
+      check_hoisted(o, t, parent, body, 1, 0);
+      DS(dlsync_conditional_body_remove(E.ctx, body));
+    }
+    r = launch_once(parent, launch, t, &got);
+    if (r != CUDA_SUCCESS) {
+      note(o, "trial %d: the parent: %s", t, gpu_err(D, r));
+      o->broken++;
+      goto out;
+    }
+    CU(D->StreamSynchronize(p));
+    o->runs++;
+    o->wrong += got != v;
+  }
+out:
+  end_leftover_capture(b);
+  end_leftover_capture(c);
+  D->CtxSynchronize();
+  drop_stream(p);
+  drop_stream(c);
+  drop_stream(b);
+  drop_stream(launch);
+  return 0;
+}
+
+/* A slow producer in an IF body (captured on b, the condition 1 at each
+ * launch) and a consumer in another graph built by hand (CAPTURE_TO_BUILT):
+ * the record node is hoisted into the parent after the IF node, the wait
+ * node goes at the consumer's frontier. The parent launched on one stream,
+ * the consumer's graph right after on another: each of TRIALS reads the
+ * producer's value. Control: no declaration, no order; the consumer's copy
+ * does not wait for the parent. */
+static int sc_hoist_body_producer(const scenario *s, CUstreamCaptureMode mode, bool use,
+                                  outcome *o) {
+  CUstream b = NULL, s1 = NULL, s2 = NULL;
+  dlsync_lane lb;
+  (void)s;
+  CU(new_stream(&b));
+  CU(new_stream(&s1));
+  CU(new_stream(&s2));
+  CU(settle(s1));
+  lb = dlsync_lane_stream(b);
+  for (int t = 0; t < TRIALS; t++) {
+    CUgraph parent = NULL, body = NULL, ended = NULL, other = NULL;
+    CUgraphExec xp = NULL, xo = NULL;
+    CUgraphNode node = NULL, cp = NULL, odeps[2];
+    dlsync_lane lo;
+    unsigned v = ++value_base, got = 0;
+    CUresult r;
+    CU(D->GraphCreate(&parent, 0));
+    CU(D->GraphCreate(&other, 0));
+    r = cond_node(parent, NULL, 0, CU_GRAPH_COND_TYPE_IF, 1, &node, &body);
+    if (r == CUDA_SUCCESS)
+      r = D->StreamBeginCaptureToGraph(b, body, NULL, NULL, 0, mode);
+    if (r != CUDA_SUCCESS) {
+      note(o, "trial %d: the IF node and its capture: %s", t, gpu_err(D, r));
+      o->broken++;
+      drop_graph(parent, NULL);
+      drop_graph(other, NULL);
+      goto out;
+    }
+    if (use)
+      DS(dlsync_conditional_node_declare(E.ctx, parent, node, &body, 1));
+    lo = dlsync_lane_graph(other, odeps, 0, 2);
+    CU(slow_produce(b, v));
+    if (use)
+      DS(dlsync_order(E.ctx, &lb, &lo)); /* CAPTURE_TO_BUILT, the record hoisted */
+    END_CAPTURE(b, &ended);
+    CU(add_copy_node(&cp, other, lo.deps, lo.ndeps, t));
+    if (use) {
+      check_hoisted(o, t, parent, body, 0, 1);
+      DS(dlsync_conditional_body_remove(E.ctx, body));
+    }
+    r = D->GraphInstantiateWithFlags(&xp, parent, 0);
+    if (r == CUDA_SUCCESS)
+      r = D->GraphInstantiateWithFlags(&xo, other, 0);
+    if (r == CUDA_SUCCESS)
+      r = D->GraphLaunch(xp, s1);
+    if (r == CUDA_SUCCESS)
+      r = D->GraphLaunch(xo, s2);
+    if (r == CUDA_SUCCESS)
+      r = D->StreamSynchronize(s2);
+    if (r == CUDA_SUCCESS)
+      r = D->StreamSynchronize(s1);
+    if (r == CUDA_SUCCESS)
+      r = read_slot(&got, t);
+    drop_graph(parent, xp);
+    drop_graph(other, xo);
+    if (r != CUDA_SUCCESS) {
+      note(o, "trial %d: the graphs: %s", t, gpu_err(D, r));
+      o->broken++;
+      goto out;
+    }
+    o->runs++;
+    o->wrong += got != v;
+  }
+out:
+  end_leftover_capture(b);
+  D->CtxSynchronize();
+  drop_stream(b);
+  drop_stream(s1);
+  drop_stream(s2);
+  return 0;
+}
+
 /* ---- G: a library's own graph on any lane (include/dlsync/graph.h) ---- */
 
 /* The library's graph: the consumer's copy of the buffer's last word into
@@ -2328,6 +2587,18 @@ static const scenario scenarios[] = {
      DLSYNC__ROW_TWO_CAPTURES},
     {"K body refusals", "IF, WHILE bodies: 7 rows", sc_body_refusals, true, true, 0, false,
      DLSYNC__ROW_COUNT},
+    {"K hoist IF capt", "eager / IF body capture", sc_hoist_eager, true, true, 0, false,
+     DLSYNC__ROW_EAGER_TO_CAPTURE},
+    {"K hoist WHILE capt", "eager / WHILE body capture", sc_hoist_eager, true, true, 1, false,
+     DLSYNC__ROW_EAGER_TO_CAPTURE},
+    {"K hoist IF built", "eager / IF body lane", sc_hoist_eager, false, true, 2, false,
+     DLSYNC__ROW_EAGER_TO_BUILT},
+    {"K hoist WHILE blt", "eager / WHILE body lane", sc_hoist_eager, false, true, 3, false,
+     DLSYNC__ROW_EAGER_TO_BUILT},
+    {"K hoist parent cap", "eager / body, parent capt", sc_hoist_parent_capture, true, true, 0,
+     false, DLSYNC__ROW_EAGER_TO_CAPTURE},
+    {"K hoist body prod", "IF body capture / built", sc_hoist_body_producer, true, true, 0, false,
+     DLSYNC__ROW_CAPTURE_TO_BUILT},
 };
 
 /* The row's enum name without its prefix ("EAGER_EAGER"), "-" for none. */
