@@ -346,6 +346,60 @@ static void body_producer_to_capture(void **state) {
   destroy_graph(parent);
 }
 
+/* TWO_CAPTURES with the consumer in a body: an external record in the
+ * producer's capture, the wait node in the parent; and TWO_BUILT between
+ * lanes in the bodies of two parents: the record node after one conditional
+ * node, the wait node ahead of the other. */
+static void both_sides_and_other_captures(void **state) {
+  CUgraph parent, body, parent2, body2, cg;
+  CUgraphNode node, node2, rec, wait, a[2], b[2];
+  dlsync_lane lc = dlsync_lane_stream(C), lp = dlsync_lane_stream(P), la, lb;
+  (void)state;
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  node = parent_make(&parent, &body, CU_GRAPH_COND_TYPE_IF);
+  node2 = parent_make(&parent2, &body2, CU_GRAPH_COND_TYPE_WHILE);
+  declare(parent, node, body);
+  declare(parent2, node2, body2);
+  assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  assert_int_equal(fake_work_ex(P, "producer", NULL, NULL), CUDA_SUCCESS);
+  body_capture_begin(C, body);
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_SUCCESS);
+  body_capture_end(C, body);
+  cg = end_capture_ok(P);
+  rec = only_node(cg, CU_GRAPH_NODE_TYPE_EVENT_RECORD);
+  wait = only_node(parent, CU_GRAPH_NODE_TYPE_WAIT_EVENT);
+  assert_ptr_equal(fake_node_event(rec), fake_node_event(wait));
+  assert_true(fake_graph_has_edge(parent, wait, node));
+  assert_int_equal(event_nodes(body), 0);
+  /* TWO_BUILT, both lanes in bodies. */
+  a[0] = fake_graph_add_work(body, NULL, 0, "a");
+  b[0] = fake_graph_add_work(body2, NULL, 0, "b");
+  la = dlsync_lane_graph(body, a, 1, 2);
+  lb = dlsync_lane_graph(body2, b, 1, 2);
+  assert_int_equal(dlsync_order(ctx, &la, &lb), DLSYNC_SUCCESS);
+  rec = only_node(parent, CU_GRAPH_NODE_TYPE_EVENT_RECORD);
+  assert_true(fake_graph_has_edge(parent, node, rec));
+  wait = only_node(parent2, CU_GRAPH_NODE_TYPE_WAIT_EVENT);
+  assert_true(fake_graph_has_edge(parent2, wait, node2));
+  assert_ptr_equal(fake_node_event(rec), fake_node_event(wait));
+  assert_ptr_equal(la.deps[0], a[0]);
+  assert_ptr_equal(lb.deps[0], b[0]);
+  assert_int_equal(event_nodes(body) + event_nodes(body2), 0);
+  {
+    CUresult r;
+    uint64_t op1 = launch(parent, P, &r), op2;
+    assert_int_equal(r, CUDA_SUCCESS);
+    op2 = launch(parent2, C, &r);
+    assert_int_equal(r, CUDA_SUCCESS);
+    assert_true(fake_happens_before(op1, op2));
+  }
+  assert_int_equal(dlsync_conditional_body_remove(ctx, body), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_conditional_body_remove(ctx, body2), DLSYNC_SUCCESS);
+  destroy_graph(cg);
+  destroy_graph(parent2);
+  destroy_graph(parent);
+}
+
 /* ---- what cannot be hoisted ---- */
 
 /* The producer in a body and the consumer a lane on the body's own parent:
@@ -583,6 +637,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(nested_bodies, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(body_producer_to_built, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(body_producer_to_capture, fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(both_sides_and_other_captures, fixture_setup,
+                                      fixture_teardown),
       cmocka_unit_test_setup_teardown(refused_rows, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(no_add_dependencies, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(declare_bad_input, fixture_setup, fixture_teardown),

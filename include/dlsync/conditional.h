@@ -2,8 +2,10 @@
 /* dlsync: conditional nodes' bodies.
  *
  * Caller's rules:
- *  - Declare each conditional node's body (dlsync_conditional_body_add)
- *    before any dlsync call on a lane in it: CUDA has no call that says
+ *  - Declare each conditional node's bodies with the node and its parent
+ *    (dlsync_conditional_node_declare, one call per node), or each body
+ *    alone (dlsync_conditional_body_add), before any dlsync call on a lane
+ *    in it: CUDA has no call that says
  *    whether a graph is a body, so dlsync knows only what it is told.
  *  - Remove a declaration (dlsync_conditional_body_remove) before the parent
  *    graph, which owns its bodies, is destroyed: graph handles are reused,
@@ -19,8 +21,10 @@
  * far from the call that added it (observed on the driver; the GPU suite
  * checks it). So the caller, who made the conditional node, tells dlsync:
  *
+ *   cuGraphAddNode(&node, parent, deps, NULL, ndeps, &params);
  *   CUgraph body = params.conditional.phGraph_out[0];
- *   dlsync_conditional_body_add(ctx, body);
+ *   dlsync_conditional_node_declare(ctx, parent, node, &body, 1);
+ *     // or dlsync_conditional_body_add(ctx, body): the rows refuse, not hoist
  *   cuStreamBeginCaptureToGraph(s, body, NULL, NULL, 0, mode);  // or nodes by hand
  *   ... exchanges, orders, fences on s (and on streams that join s) ...
  *   cuStreamEndCapture(s, &body);
@@ -33,13 +37,21 @@
  *    capture), SAME_BUILT, one stream;
  *  - the rows that would add an event-record or event-wait node in the body
  *    (EAGER_TO_CAPTURE, EAGER_TO_BUILT, TWO_CAPTURES, CAPTURE_TO_BUILT,
- *    BUILT_TO_CAPTURE, TWO_BUILT; a fence signalled in the body or waited on
- *    there with a node) are refused at once with DLSYNC_ERROR_CONDITIONAL_BODY
- *    and a message naming the row, the lane and the body: nothing is queued,
- *    the capture stays valid, and the parent graph still instantiates. Order
- *    that work before the conditional node instead (on the parent's lane,
- *    before the body's capture begins), or bring the other stream into the
- *    body's capture (an exchange that joins it takes edges only).
+ *    BUILT_TO_CAPTURE, TWO_BUILT), for a body declared with its parent and
+ *    conditional node (dlsync_conditional_node_declare), put that node in the
+ *    parent instead: a wait node ahead of the conditional node (an edge from
+ *    it), a record node after it; for a body inside a body, in the outermost
+ *    graph that admits it. The node orders the whole conditional node, which
+ *    is never weaker. docs/design.md section 3 has the table;
+ *  - those rows, for a body declared alone (dlsync_conditional_body_add) or
+ *    by another context, or where both of the row's nodes would land in one
+ *    graph, and a fence signalled in a body or waited on there with a node,
+ *    are refused at once with DLSYNC_ERROR_CONDITIONAL_BODY and a message
+ *    naming the row, the lane and the body: nothing is queued, the capture
+ *    stays valid, and the parent graph still instantiates. Order that work
+ *    before the conditional node instead (on the parent's lane, before the
+ *    body's capture begins), or bring the other stream into the body's
+ *    capture (an exchange that joins it takes edges only).
  *
  * A body of a body (a conditional node inside a body) is declared the same
  * way. Declarations belong to the context that made them (is_declared and

@@ -24,9 +24,10 @@
  *
  * Conditional bodies (dlsync/conditional.h): where a lane's graph is a
  * declared body of a conditional node, an order that would add a record or
- * wait node there is DLSYNC_ERROR_CONDITIONAL_BODY (nothing queued, the
- * capture still valid); the edge-only rows (same stream, JOIN, the same
- * capture, the same graph) work as everywhere.
+ * wait node there puts it in the body's parent instead when the body was
+ * declared with its parent and node, and is DLSYNC_ERROR_CONDITIONAL_BODY
+ * otherwise (nothing queued, the capture still valid); the edge-only rows
+ * (same stream, JOIN, the same capture, the same graph) work as everywhere.
  */
 #ifndef DLSYNC_EXCHANGE_H
 #define DLSYNC_EXCHANGE_H

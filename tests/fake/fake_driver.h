@@ -113,7 +113,13 @@
  *       and cuStreamUpdateCaptureDependencies ADD work as in any capture;
  *       the parent instantiates. Checked; JOIN and SAME_CAPTURE rely on it
  *       inside a body.
- *   [R32 COND-HOIST] while a capture is active, nodes added by hand to its
+ *   [R31 EXEC-UPDATE] cuGraphExecUpdate accepts a graph whose nodes (through
+ *       child graphs) have the executable's count and types, taking its
+ *       events; it moves no user-object reference (the executable keeps
+ *       those of its instantiation): the fake's guess, the harsher one. Not
+ *       a gpu_rules rule: the GPU suite's "U recapture update" row prints
+ *       what the driver does with the new graph's user objects.
+ *   [R34 COND-HOIST] while a capture is active, nodes added by hand to its
  *       graph (cuGraphAddNode / cuGraphAddEvent*Node: a conditional node at
  *       the capture's dependencies, an event-wait node with none, an
  *       event-record node after the conditional node) and an edge added to
@@ -123,12 +129,6 @@
  *       instantiates and launches. Checked by gpu_rules; the hoist of
  *       dlsync_conditional_node_declare into a parent being captured relies
  *       on it (a parent built by hand takes the same calls as any graph).
- *   [R31 EXEC-UPDATE] cuGraphExecUpdate accepts a graph whose nodes (through
- *       child graphs) have the executable's count and types, taking its
- *       events; it moves no user-object reference (the executable keeps
- *       those of its instantiation): the fake's guess, the harsher one. Not
- *       a gpu_rules rule: the GPU suite's "U recapture update" row prints
- *       what the driver does with the new graph's user objects.
  */
 #ifndef DLSYNC_TESTS_FAKE_DRIVER_H
 #define DLSYNC_TESTS_FAKE_DRIVER_H
