@@ -1,7 +1,7 @@
 /* SPDX-License-Identifier: Apache-2.0 */
 /* Conditional bodies a library declares (include/dlsync/conditional.h): the
  * context's set of them (graph/body.h); the rows refuse a lane inside one
- * (rows.c, dlsync__body_guard_slow). */
+ * or hoist its event nodes into the body's parent (rows.c, dlsync__body_guard_slow). */
 #include "order/order.h"
 
 dlsync_status dlsync_conditional_body_add(dlsync_context *ctx, struct CUgraph_st *body) {

@@ -81,7 +81,7 @@ static DLSYNC__INLINE bool fast_eager_to_capture(dlsync_context *ctx, dlsync__th
   dlsync__pair p = pre_pair(pre);
   CUevent ev;
   CUresult r, wr = CUDA_SUCCESS;
-  /* No conditional-body check here (body_guard): an event is reserved for a
+  /* No conditional-body check here (BODY_GUARD): an event is reserved for a
    * capture only by an order into it that passed the check (the first
    * takes the reserve), and a graph declared a body after such an order
    * holds its wait node already. */
