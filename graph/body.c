@@ -202,8 +202,8 @@ void dlsync__bodies_forget_all(dlsync__bodies *b) {
   spin_unlock(&b->lock);
 }
 
-dlsync_status dlsync__body_refuse(const dlsync__bodies *b, const char *what,
-                                  const dlsync__lane_now *l, bool record) {
+static dlsync_status refuse(const dlsync__bodies *b, const char *what, const dlsync__lane_now *l,
+                            bool record, bool row) {
   bool capturing = l->kind == DLSYNC_LANE_CAPTURING;
   dlsync__body_where where_declared;
   if (l->kind == DLSYNC_LANE_EAGER)
@@ -223,11 +223,23 @@ dlsync_status dlsync__body_refuse(const dlsync__bodies *b, const char *what,
       "(dlsync_conditional_body_add%s), where CUDA admits no event-%s node (the "
       "parent graph would fail to instantiate). Nothing was queued; %s. Order this "
       "work before the conditional node (on the parent graph's lane), or bring the "
-      "other stream into the body's capture (edges only), or declare the body with its "
-      "parent graph and conditional node (dlsync_conditional_node_declare), which "
-      "hoists the node into the parent",
+      "other stream into the body's capture (edges only)%s",
       what, l->role, where,
       where_declared == DLSYNC__BODY_ELSEWHERE ? " in another dlsync context" : "",
       record ? "record" : "wait",
-      capturing ? "the capture is still valid" : "the graph is unchanged");
+      capturing ? "the capture is still valid" : "the graph is unchanged",
+      row && where_declared == DLSYNC__BODY_HERE
+          ? ", or declare the body with its parent graph and conditional node "
+            "(dlsync_conditional_node_declare), which hoists the node into the parent"
+          : "");
+}
+
+dlsync_status dlsync__body_refuse(const dlsync__bodies *b, const char *what,
+                                  const dlsync__lane_now *l, bool record) {
+  return refuse(b, what, l, record, false);
+}
+
+dlsync_status dlsync__body_refuse_row(const dlsync__bodies *b, const char *what,
+                                      const dlsync__lane_now *l, bool record) {
+  return refuse(b, what, l, record, true);
 }

@@ -75,5 +75,9 @@ void dlsync__bodies_forget_all(dlsync__bodies *b);
  * when the lane is eager or its graph no declared body. */
 DLSYNC__COLD dlsync_status dlsync__body_refuse(const dlsync__bodies *b, const char *what,
                                                const dlsync__lane_now *l, bool record);
+/* The same for a row of the table, whose message also names the way to
+ * have the node hoisted (dlsync_conditional_node_declare). */
+DLSYNC__COLD dlsync_status dlsync__body_refuse_row(const dlsync__bodies *b, const char *what,
+                                                   const dlsync__lane_now *l, bool record);
 
 #endif

@@ -408,9 +408,9 @@ dlsync_status dlsync__body_guard_slow(dlsync_context *ctx, pool_pick *pk, dlsync
   h.then = wt != DLSYNC__BODY_NOT && hoist_target(b, then->graph, &h.then_graph, &h.then_node);
   h.first = wf != DLSYNC__BODY_NOT && hoist_target(b, first->graph, &h.first_graph, &h.first_node);
   if (wt != DLSYNC__BODY_NOT && !h.then)
-    return dlsync__body_refuse(b, name, then, false);
+    return dlsync__body_refuse_row(b, name, then, false);
   if (wf != DLSYNC__BODY_NOT && !h.first)
-    return dlsync__body_refuse(b, name, first, true);
+    return dlsync__body_refuse_row(b, name, first, true);
   gf = h.first ? h.first_graph : lane_graph(first);
   gt = h.then ? h.then_graph : lane_graph(then);
   if (gf == gt)
@@ -418,8 +418,9 @@ dlsync_status dlsync__body_guard_slow(dlsync_context *ctx, pool_pick *pk, dlsync
                         "%s: the %s lane (graph %p) or the %s lane (graph %p) is in a conditional "
                         "node's body, and its event node would go to graph %p, where the other "
                         "side's node goes too: one graph orders with edges, not events. Nothing "
-                        "was queued; order on the parent graph's lane instead (the conditional "
-                        "node in its frontier)",
+                        "was queued; order on the parent graph's lane instead: before the "
+                        "conditional node is added, or after it (the conditional node in the "
+                        "lane's frontier)",
                         name, first->role, (void *)first->graph, then->role, (void *)then->graph,
                         (void *)gf);
   if (h.then) {

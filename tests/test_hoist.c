@@ -441,6 +441,72 @@ static void refused_rows(void **state) {
   destroy_graph(parent);
 }
 
+/* The producer in the parent's own capture and the consumer in the body's
+ * capture (TWO_CAPTURES): both nodes would go to the parent's capture graph;
+ * refused, nothing queued, both captures go on and the parent instantiates.
+ * A fence signalled in a body declared with its node is refused, its message
+ * naming no hoist (a fence has none); a body declared with its node by
+ * another context is refused the same way. */
+static void refused_parent_capture_fence_other_context(void **state) {
+  CUstream s = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  CUstreamCaptureStatus cs;
+  CUgraph cap = NULL, body, parent, parent2, body2;
+  const CUgraphNode *deps = NULL;
+  size_t ndeps = 0;
+  CUgraphNode node, node2;
+  dlsync_lane ls = dlsync_lane_stream(s), lc = dlsync_lane_stream(C), lp = dlsync_lane_stream(P);
+  dlsync_fence *f = NULL;
+  dlsync_context *c2 = NULL;
+  (void)state;
+  assert_int_equal(D->StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED), CUDA_SUCCESS);
+  assert_int_equal(fake_work_ex(s, "parent work", NULL, NULL), CUDA_SUCCESS);
+  assert_int_equal(D->StreamGetCaptureInfo(s, &cs, NULL, &cap, &deps, NULL, &ndeps), CUDA_SUCCESS);
+  node = cond_node_add(cap, CU_GRAPH_COND_TYPE_IF, deps, ndeps, &body);
+  assert_int_equal(
+      D->StreamUpdateCaptureDependencies(s, &node, NULL, 1, CU_STREAM_SET_CAPTURE_DEPENDENCIES),
+      CUDA_SUCCESS);
+  declare(cap, node, body);
+  body_capture_begin(C, body);
+  fake_log_reset();
+  assert_int_equal(dlsync_order(ctx, &ls, &lc), DLSYNC_ERROR_CONDITIONAL_BODY);
+  assert_message_has("DLSYNC__ROW_TWO_CAPTURES");
+  assert_message_has("before the conditional node is added");
+  assert_nothing_queued();
+  fake_log_reset();
+  assert_int_equal(dlsync_fence_signal(&f, ctx, &lc), DLSYNC_ERROR_CONDITIONAL_BODY);
+  assert_null(f);
+  if (strstr(dlsync_last_error(), "dlsync_conditional_node_declare") != NULL)
+    fail_msg("a fence's refusal names a hoist it cannot make: %s", dlsync_last_error());
+  assert_nothing_queued();
+  assert_int_equal(fake_capture_status(C), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  assert_int_equal(fake_capture_status(s), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  body_capture_end(C, body);
+  parent = end_capture_ok(s);
+  assert_int_equal(event_nodes(parent) + event_nodes(body), 0);
+  {
+    CUresult r;
+    (void)launch(parent, P, &r);
+    assert_int_equal(r, CUDA_SUCCESS);
+  }
+  /* Another context's declaration. */
+  assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, D), DLSYNC_SUCCESS);
+  node2 = parent_make(&parent2, &body2, CU_GRAPH_COND_TYPE_IF);
+  assert_int_equal(dlsync_conditional_node_declare(c2, parent2, node2, &body2, 1), DLSYNC_SUCCESS);
+  body_capture_begin(C, body2);
+  fake_log_reset();
+  assert_int_equal(dlsync_order(ctx, &lp, &lc), DLSYNC_ERROR_CONDITIONAL_BODY);
+  assert_message_has("in another dlsync context");
+  assert_nothing_queued();
+  body_capture_end(C, body2);
+  assert_int_equal(event_nodes(parent2), 0);
+  assert_int_equal(dlsync_conditional_body_remove(c2, body2), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_context_destroy(c2), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_conditional_body_remove(ctx, body), DLSYNC_SUCCESS);
+  destroy_graph(parent2);
+  destroy_graph(parent);
+  fake_stream_destroy(s);
+}
+
 /* A driver without cuGraphAddDependencies: the wait cannot be hoisted;
  * DLSYNC_ERROR_DRIVER_TOO_OLD naming it, nothing queued. */
 static void no_add_dependencies(void **state) {
@@ -640,6 +706,8 @@ int main(void) {
       cmocka_unit_test_setup_teardown(both_sides_and_other_captures, fixture_setup,
                                       fixture_teardown),
       cmocka_unit_test_setup_teardown(refused_rows, fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(refused_parent_capture_fence_other_context, fixture_setup,
+                                      fixture_teardown),
       cmocka_unit_test_setup_teardown(no_add_dependencies, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(declare_bad_input, fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(declare_room, fixture_setup, fixture_teardown),
