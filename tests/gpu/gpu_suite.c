@@ -2210,6 +2210,182 @@ out:
   return 0;
 }
 
+/* A memset node of value v over the big buffer, after deps. */
+static CUresult add_memset_v(CUgraphNode *n, CUgraph g, const CUgraphNode *deps, size_t nd,
+                             unsigned v) {
+  CUDA_MEMSET_NODE_PARAMS p;
+  memset(&p, 0, sizeof p);
+  p.dst = big_buf;
+  p.value = v;
+  p.elementSize = 4;
+  p.width = BIG_WORDS;
+  p.height = 1;
+  return D->GraphAddMemsetNode(n, g, deps, nd, &p, E.cuctx);
+}
+
+/* The slow producer as a chain of eight memset nodes in g (the last of
+ * value v) after *last (NULL: a root); *last is then the chain's end. */
+static CUresult slow_produce_nodes(CUgraph g, CUgraphNode *last, unsigned v) {
+  CUresult r = CUDA_SUCCESS;
+  for (int pass = 0; pass < 8 && r == CUDA_SUCCESS; pass++) {
+    CUgraphNode n = NULL;
+    r = add_memset_v(&n, g, *last != NULL ? last : NULL, *last != NULL ? 1 : 0,
+                     pass < 7 ? v + 0x40000000u : v);
+    *last = n;
+  }
+  return r;
+}
+
+/* The rows between two graphs with one lane in a body declared with its
+ * parent (s->flags & 7): 0 TWO_CAPTURES, an ordinary capture's slow producer
+ * and a consumer captured into the body; 1 TWO_CAPTURES, the producer
+ * captured into the body and the consumer an ordinary capture; 2
+ * BUILT_TO_CAPTURE, a producer graph built by hand and the consumer captured
+ * into the body; 3 TWO_BUILT, the same with the consumer a graph lane in the
+ * body; 4 TWO_BUILT, the producer a graph lane in the body and the consumer
+ * another graph built by hand. s->flags & 8: a WHILE node (condition 0, the
+ * body never runs: rows 0, 2 and 3 only, the consumer's copy a node of the
+ * parent after the WHILE node), else IF (condition 1). The producer's graph
+ * is launched on one stream, the consumer's right after on another; each of
+ * TRIALS reads the producer's value, no body holds an event node and every
+ * graph instantiates. Control: no declaration, no order. */
+static int sc_hoist_two_graphs(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  int row = (int)(s->flags & 7);
+  bool is_while = (s->flags & 8) != 0;
+  bool producer_in_body = row == 1 || row == 4;
+  CUstream p = NULL, b = NULL, s1 = NULL, s2 = NULL;
+  CU(new_stream(&p));
+  CU(new_stream(&b));
+  CU(new_stream(&s1));
+  CU(new_stream(&s2));
+  CU(settle(s1));
+  for (int t = 0; t < TRIALS; t++) {
+    CUgraph parent = NULL, body = NULL, other = NULL, ended = NULL;
+    CUgraph gp, gc;
+    CUgraphExec xp = NULL, xc = NULL;
+    CUgraphNode node = NULL, last = NULL, cp = NULL, first = NULL, ldeps[2];
+    dlsync_lane lp = dlsync_lane_stream(p), lb = dlsync_lane_stream(b), lg;
+    unsigned v = ++value_base, got = 0;
+    CUresult r;
+    CU(D->GraphCreate(&parent, 0));
+    r = cond_node(parent, NULL, 0, is_while ? CU_GRAPH_COND_TYPE_WHILE : CU_GRAPH_COND_TYPE_IF,
+                  is_while ? 0 : 1, &node, &body);
+    if (r == CUDA_SUCCESS && is_while)
+      r = add_copy_node(&cp, parent, &node, 1, t);
+    if (r != CUDA_SUCCESS) {
+      note(o, "trial %d: the conditional node: %s", t, gpu_err(D, r));
+      o->broken++;
+      D->GraphDestroy(parent);
+      goto out;
+    }
+    if (use)
+      DS(dlsync_conditional_node_declare(E.ctx, parent, node, &body, 1));
+    switch (row) {
+    case 0: /* TWO_CAPTURES: p (ordinary capture) -> b (into the body) */
+      CU(D->StreamBeginCapture(p, mode));
+      CU(slow_produce(p, v));
+      CU(D->StreamBeginCaptureToGraph(b, body, NULL, NULL, 0, mode));
+      if (use)
+        DS(dlsync_order(E.ctx, &lp, &lb));
+      if (is_while)
+        CU(D->MemsetD32Async(slots + (SLOTS - 1) * 4, 0, 1, b));
+      else
+        CU(consume(b, big_buf, BIG_WORDS, t));
+      END_CAPTURE(b, &ended);
+      END_CAPTURE(p, &other);
+      break;
+    case 1: /* TWO_CAPTURES: b (into the body) -> p (ordinary capture) */
+      CU(D->StreamBeginCaptureToGraph(b, body, NULL, NULL, 0, mode));
+      CU(slow_produce(b, v));
+      CU(D->StreamBeginCapture(p, mode));
+      CU(D->MemsetD32Async(slots + (SLOTS - 1) * 4, 0, 1, p));
+      if (use)
+        DS(dlsync_order(E.ctx, &lb, &lp));
+      CU(consume(p, big_buf, BIG_WORDS, t));
+      END_CAPTURE(p, &other);
+      END_CAPTURE(b, &ended);
+      break;
+    case 2: /* BUILT_TO_CAPTURE: a built graph -> b (into the body) */
+    case 3: /* TWO_BUILT: a built graph -> a lane in the body */
+      CU(D->GraphCreate(&other, 0));
+      CU(slow_produce_nodes(other, &last, v));
+      ldeps[0] = last;
+      lg = dlsync_lane_graph(other, ldeps, 1, 2);
+      if (row == 2) {
+        CU(D->StreamBeginCaptureToGraph(b, body, NULL, NULL, 0, mode));
+        if (use)
+          DS(dlsync_order(E.ctx, &lg, &lb));
+        if (is_while)
+          CU(D->MemsetD32Async(slots + (SLOTS - 1) * 4, 0, 1, b));
+        else
+          CU(consume(b, big_buf, BIG_WORDS, t));
+        END_CAPTURE(b, &ended);
+      } else {
+        CUgraphNode bdeps[2];
+        dlsync_lane lbody;
+        CU(D->GraphAddEmptyNode(&first, body, NULL, 0));
+        bdeps[0] = first;
+        lbody = dlsync_lane_graph(body, bdeps, 1, 2);
+        if (use)
+          DS(dlsync_order(E.ctx, &lg, &lbody));
+        if (!is_while)
+          CU(add_copy_node(&cp, body, lbody.deps, lbody.ndeps, t));
+      }
+      break;
+    default: { /* TWO_BUILT: a lane in the body -> a built graph */
+      CUgraphNode bdeps[2];
+      dlsync_lane lbody;
+      CU(slow_produce_nodes(body, &last, v));
+      bdeps[0] = last;
+      lbody = dlsync_lane_graph(body, bdeps, 1, 2);
+      CU(D->GraphCreate(&other, 0));
+      lg = dlsync_lane_graph(other, ldeps, 0, 2);
+      if (use)
+        DS(dlsync_order(E.ctx, &lbody, &lg));
+      CU(add_copy_node(&cp, other, lg.deps, lg.ndeps, t));
+      break;
+    }
+    }
+    if (use) {
+      check_hoisted(o, t, parent, body, producer_in_body ? 0 : 1, producer_in_body ? 1 : 0);
+      DS(dlsync_conditional_body_remove(E.ctx, body));
+    }
+    gp = producer_in_body ? parent : other;
+    gc = producer_in_body ? other : parent;
+    r = D->GraphInstantiateWithFlags(&xp, gp, 0);
+    if (r == CUDA_SUCCESS)
+      r = D->GraphInstantiateWithFlags(&xc, gc, 0);
+    if (r == CUDA_SUCCESS)
+      r = D->GraphLaunch(xp, s1);
+    if (r == CUDA_SUCCESS)
+      r = D->GraphLaunch(xc, s2);
+    if (r == CUDA_SUCCESS)
+      r = D->StreamSynchronize(s2);
+    if (r == CUDA_SUCCESS)
+      r = D->StreamSynchronize(s1);
+    if (r == CUDA_SUCCESS)
+      r = read_slot(&got, t);
+    drop_graph(gp, xp);
+    drop_graph(gc, xc);
+    if (r != CUDA_SUCCESS) {
+      note(o, "trial %d: the graphs: %s", t, gpu_err(D, r));
+      o->broken++;
+      goto out;
+    }
+    o->runs++;
+    o->wrong += got != v;
+  }
+out:
+  end_leftover_capture(b);
+  end_leftover_capture(p);
+  D->CtxSynchronize();
+  drop_stream(p);
+  drop_stream(b);
+  drop_stream(s1);
+  drop_stream(s2);
+  return 0;
+}
+
 /* ---- G: a library's own graph on any lane (include/dlsync/graph.h) ---- */
 
 /* The library's graph: the consumer's copy of the buffer's last word into
@@ -2599,6 +2775,22 @@ static const scenario scenarios[] = {
      false, DLSYNC__ROW_EAGER_TO_CAPTURE},
     {"K hoist body prod", "IF body capture / built", sc_hoist_body_producer, true, true, 0, false,
      DLSYNC__ROW_CAPTURE_TO_BUILT},
+    {"K hoist IF 2capt in", "capture / IF body capture", sc_hoist_two_graphs, true, true, 0, false,
+     DLSYNC__ROW_TWO_CAPTURES},
+    {"K hoist WH 2capt in", "capture / WHILE body capt", sc_hoist_two_graphs, true, true, 8, false,
+     DLSYNC__ROW_TWO_CAPTURES},
+    {"K hoist IF 2capt out", "IF body capture / capture", sc_hoist_two_graphs, true, true, 1, false,
+     DLSYNC__ROW_TWO_CAPTURES},
+    {"K hoist IF blt>capt", "built / IF body capture", sc_hoist_two_graphs, true, true, 2, false,
+     DLSYNC__ROW_BUILT_TO_CAPTURE},
+    {"K hoist WH blt>capt", "built / WHILE body capture", sc_hoist_two_graphs, true, true, 10,
+     false, DLSYNC__ROW_BUILT_TO_CAPTURE},
+    {"K hoist IF 2blt in", "built / IF body lane", sc_hoist_two_graphs, false, true, 3, false,
+     DLSYNC__ROW_TWO_BUILT},
+    {"K hoist WH 2blt in", "built / WHILE body lane", sc_hoist_two_graphs, false, true, 11, false,
+     DLSYNC__ROW_TWO_BUILT},
+    {"K hoist IF 2blt out", "IF body lane / built", sc_hoist_two_graphs, false, true, 4, false,
+     DLSYNC__ROW_TWO_BUILT},
 };
 
 /* The row's enum name without its prefix ("EAGER_EAGER"), "-" for none. */
