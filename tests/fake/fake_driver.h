@@ -119,7 +119,7 @@
  *       those of its instantiation): the fake's guess, the harsher one. Not
  *       a gpu_rules rule: the GPU suite's "U recapture update" row prints
  *       what the driver does with the new graph's user objects.
- *   [R34 COND-HOIST] while a capture is active, nodes added by hand to its
+ *   [R42 COND-HOIST] while a capture is active, nodes added by hand to its
  *       graph (cuGraphAddNode / cuGraphAddEvent*Node: a conditional node at
  *       the capture's dependencies, an event-wait node with none, an
  *       event-record node after the conditional node) and an edge added to

@@ -2062,7 +2062,7 @@ out:
  * captured on b and declared with the capture's graph as its parent; an
  * eager slow producer ordered before the body's capture (EAGER_TO_CAPTURE)
  * gets its wait node in the parent's capture, with an edge to the IF node
- * (gpu_rules R34). Both captures end cleanly, the parent instantiates and
+ * (gpu_rules R42). Both captures end cleanly, the parent instantiates and
  * each launch reads the producer's value. Control: no declaration, no order. */
 static int sc_hoist_parent_capture(const scenario *s, CUstreamCaptureMode mode, bool use,
                                    outcome *o) {

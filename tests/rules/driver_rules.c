@@ -1066,7 +1066,7 @@ const driver_rule driver_rules[] = {
      "in a capture into an IF body a join and an ADD of dependencies work; the parent "
      "instantiates and launches",
      cond_body_edges_rule},
-    {"R34 COND-HOIST",
+    {"R42 COND-HOIST",
      "into an active capture's graph holding a captured IF node: a wait node added by hand "
      "with an edge to the IF node, a record node after it; both captures end cleanly, the parent "
      "instantiates and launches",
