@@ -325,9 +325,9 @@ dlsync_status dlsync__release_book_close(dlsync__release_book *b, dlsync__releas
  * the thread naps (NAP_US, up to NAPS times) before it sleeps, so a steady
  * stream of releases never makes a system call on the releasing thread.
  *
- * Each thread is joined when this copy of the library is unloaded (its
- * destructor, below): at exit, or at the dlclose of a shared library that
- * embeds libdlsync.a, whose code the threads run. Stopping is a handshake
+ * Each thread is joined when this copy of the library is unloaded
+ * (threads_unload, below, the first of base/'s unload hooks): at exit, or at the dlclose of a
+ * shared library that embeds libdlsync.a, whose code the threads run. Stopping is a handshake
  * without timeout: the thread runs what is queued (a deleter running
  * finishes), then returns, and the unload joins it. */
 
@@ -732,10 +732,9 @@ static release_item *take_all(reclaimer *r) {
   return fifo;
 }
 
-/* The thread-exit hook that marks a thread's rings (rings_thread_exit). */
-static pthread_once_t ring_once = PTHREAD_ONCE_INIT;
-static pthread_key_t ring_key;
-static atomic_bool ring_key_ok;
+/* Set by the unload before it frees the rings: a thread that exits after
+ * that no longer touches its rings (rings_thread_exit). */
+static atomic_bool rings_gone;
 
 /* A ring's memory and the references of its current run. */
 static void ring_free(release_ring *g) {
@@ -957,6 +956,8 @@ static void reclaimer_free(reclaimer *r) {
   dlsync__free(r);
 }
 
+static void threads_unload(void);
+
 /* A new thread (drv NULL: the janitor). Called with reclaimers_lock. */
 static dlsync_status reclaimer_start(reclaimer **out, const dlsync__driver *drv, int device) {
   reclaimer *r;
@@ -974,6 +975,7 @@ static dlsync_status reclaimer_start(reclaimer **out, const dlsync__driver *drv,
     dlsync__free(r);
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "starting a reclaimer: no condition variable");
   }
+  dlsync__hooks_set(DLSYNC__HOOK_THREADS, NULL, threads_unload);
   r->drv = drv;
   r->device = device;
   atomic_init(&r->pushed, NULL);
@@ -1063,11 +1065,10 @@ static void reclaimer_stop(reclaimer *r) {
   reclaimer_free(r);
 }
 
-#if defined(__GNUC__)
 /* This copy's threads, stopped and joined when it is unloaded (at exit, or
- * at the dlclose of a library embedding libdlsync.a). In a child of fork()
- * they do not exist: nothing to do. */
-__attribute__((destructor)) static void reclaimers_unload(void) {
+ * at the dlclose of a library embedding libdlsync.a): the first unload hook
+ * (base/base.h). In a child of fork() they do not exist: nothing to do. */
+static void threads_unload(void) {
   reclaimer **all;
   reclaimer *j;
   int n;
@@ -1075,8 +1076,7 @@ __attribute__((destructor)) static void reclaimers_unload(void) {
     return;
   /* No thread-exit hook may touch a ring once the threads are joined (and
    * their rings freed). */
-  if (atomic_exchange(&ring_key_ok, false))
-    pthread_key_delete(ring_key);
+  atomic_store(&rings_gone, true);
   pthread_mutex_lock(&reclaimers_lock);
   unloaded = true;
   all = reclaimers;
@@ -1096,7 +1096,6 @@ __attribute__((destructor)) static void reclaimers_unload(void) {
   if (j != NULL)
     reclaimer_stop(j);
 }
-#endif
 
 static DLSYNC__NOINLINE void wake(reclaimer *r) {
   pthread_mutex_lock(&r->lock);
@@ -1120,13 +1119,12 @@ static inline void enqueue(reclaimer *r, release_item *it) {
 
 /* Its thread exits: each of its rings is marked, for its reclaimer to free
  * once empty (woken, so that a sleeping one does not keep it). */
-static void rings_thread_exit(void *p) {
-  dlsync__thread *t = p;
+static void rings_thread_exit(dlsync__thread *t) {
   for (int i = 0; i < DLSYNC__THREAD_RINGS; i++) {
     release_ring *g = t->rings[i];
     reclaimer *owner;
     t->rings[i] = NULL;
-    if (g == NULL)
+    if (g == NULL || atomic_load(&rings_gone))
       continue;
     owner = g->owner; /* read first: once marked, the ring may be freed at once */
     atomic_store(&g->orphaned, true);
@@ -1135,16 +1133,14 @@ static void rings_thread_exit(void *p) {
   }
 }
 
-static void ring_key_init(void) {
-  atomic_store(&ring_key_ok, pthread_key_create(&ring_key, rings_thread_exit) == 0);
-}
-
 /* The calling thread's ring for r, made and registered; NULL when it cannot
  * be (no memory, no thread-exit hook, a device past DLSYNC__THREAD_RINGS). */
 static DLSYNC__NOINLINE release_ring *ring_new(dlsync__thread *t, reclaimer *r) {
   release_ring *g;
-  pthread_once(&ring_once, ring_key_init);
-  if (!atomic_load(&ring_key_ok) || r->device < 0 || r->device >= DLSYNC__THREAD_RINGS)
+  if (r->device < 0 || r->device >= DLSYNC__THREAD_RINGS)
+    return NULL;
+  dlsync__hooks_set(DLSYNC__HOOK_RINGS, rings_thread_exit, NULL);
+  if (!dlsync__thread_exit_arm(t))
     return NULL;
   {
     unsigned char *raw = dlsync__calloc(1, sizeof *g + 64);
@@ -1152,10 +1148,6 @@ static DLSYNC__NOINLINE release_ring *ring_new(dlsync__thread *t, reclaimer *r) 
       return NULL;
     g = (release_ring *)(void *)(raw + (64 - (uintptr_t)raw % 64) % 64);
     g->memory = raw;
-  }
-  if (pthread_setspecific(ring_key, t) != 0) {
-    dlsync__free(g->memory);
-    return NULL;
   }
   atomic_init(&g->head, 0);
   atomic_init(&g->tail, 0);
