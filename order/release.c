@@ -123,31 +123,27 @@ static DLSYNC__INLINE dlsync_status stream_id_of(unsigned long long *id, const d
   return DLSYNC_SUCCESS;
 }
 
-/* Queues an eager release whose event `ev` (of `pool`) is recorded on
- * `stream`: into the calling thread's (t's) ring for the pool's GPU; an item
- * (an allocation, a pool reference, two book counts and a compare-and-swap)
- * on the ring's overflow when it is full, or on the shared queue where the
- * thread has no ring. */
-static DLSYNC__INLINE dlsync_status queue_eager(dlsync__thread *t, dlsync_context *ctx,
-                                                dlsync__pool *pool, CUevent ev, CUstream stream,
-                                                unsigned long long sid, dlsync_deleter deleter,
-                                                void *arg) {
+/* Queues an eager release (a, its event recorded): into the calling
+ * thread's (t's) ring for the pool's GPU; an item (an allocation, a pool
+ * reference, two book counts and a compare-and-swap) on the ring's overflow
+ * when it is full, or on the shared queue where the thread has no ring. */
+static DLSYNC__INLINE dlsync_status queue_eager(dlsync__thread *t, const release_args *a) {
   dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__pool *pool = a->pool;
   reclaimer *r = NULL;
   release_ring *g;
   release_item *it;
-  DLSYNC_TRY(reclaimer_for(&r, ctx->drv, dlsync__pool_device(pool)));
+  DLSYNC_TRY(reclaimer_for(&r, a->ctx->drv, dlsync__pool_device(pool)));
   g = ring_of(r, t);
-  if (DLSYNC__LIKELY(g != NULL) &&
-      DLSYNC__LIKELY(ring_push(r, g, ctx, pool, ev, stream, sid, deleter, arg)))
+  if (DLSYNC__LIKELY(g != NULL) && DLSYNC__LIKELY(ring_push(r, g, a)))
     return DLSYNC_SUCCESS;
-  it = item_new(ctx, deleter, arg, dlsync__pool_device(pool), false);
+  it = item_new(a->ctx, a->fn, a->arg, dlsync__pool_device(pool), false);
   if (DLSYNC__UNLIKELY(it == NULL))
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_release: out of memory");
   it->pool = pool;
-  it->event = ev;
-  it->stream = stream;
-  it->stream_id = sid;
+  it->event = a->event;
+  it->stream = a->stream;
+  it->stream_id = a->stream_id;
   dlsync__pool_ref(pool);
   book_add_eager(it->book);
   if (g == NULL) {
@@ -200,7 +196,10 @@ static dlsync_status release_eager(dlsync_context *ctx, const dlsync__lane_now *
     st = dlsync__fail_driver(d, cr, "cuEventRecord", "releasing on stream %p", (void *)l->stream);
     goto cleanup;
   }
-  DLSYNC_TRY(queue_eager(t, ctx, pool, ev, l->stream, sid, deleter, arg));
+  {
+    release_args a = {ctx, pool, ev, l->stream, sid, deleter, arg};
+    DLSYNC_TRY(queue_eager(t, &a));
+  }
   return DLSYNC_SUCCESS;
 cleanup:
   /* The event was recorded (or not) and is given back: a pooled event
@@ -237,7 +236,10 @@ static DLSYNC__NOINLINE dlsync_status release_general(dlsync_context *ctx, dlsyn
     DLSYNC_TRY(stream_id_of(&sid, d, l->stream));
     DLSYNC_TRY(dlsync__pool_get(&ev, pool));
     DLSYNC_CU(d, EventRecord, (ev, l->stream), "releasing on stream %p", (void *)l->stream);
-    DLSYNC_TRY(queue_eager(dlsync__thread_get(), ctx, pool, ev, l->stream, sid, deleter, arg));
+    {
+      release_args a = {ctx, pool, ev, l->stream, sid, deleter, arg};
+      DLSYNC_TRY(queue_eager(dlsync__thread_get(), &a));
+    }
     return DLSYNC_SUCCESS;
   }
   DLSYNC_TRY(reclaimer_for(&r, d, dlsync__pool_device(pool)));

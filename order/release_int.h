@@ -284,12 +284,24 @@ static DLSYNC__INLINE release_ring *ring_of(reclaimer *r, dlsync__thread *t) {
   return DLSYNC__LIKELY(g != NULL) ? g : dlsync__ring_new(t, r);
 }
 
+/* One eager release on its way to a reclaimer: what the releasing path
+ * hands from call to call (its event recorded already). */
+typedef struct release_args {
+  dlsync_context *ctx;
+  dlsync__pool *pool;           /* the event's pool */
+  CUevent event;                /* recorded after the work */
+  CUstream stream;              /* where it was recorded */
+  unsigned long long stream_id; /* its cuStreamGetId, 0 when unknown */
+  dlsync_deleter fn;
+  void *arg;
+} release_args;
+
 /* An eager release (its event recorded) into ring g of r: no allocation, no
  * atomic read-modify-write, one store that publishes the slot and a look at
  * `sleeping`. False when g is full: the caller puts it on g's overflow. */
-static DLSYNC__INLINE bool ring_push(reclaimer *r, release_ring *g, dlsync_context *ctx,
-                                     dlsync__pool *pool, CUevent ev, CUstream stream,
-                                     unsigned long long sid, dlsync_deleter fn, void *arg) {
+static DLSYNC__INLINE bool ring_push(reclaimer *r, release_ring *g, const release_args *a) {
+  dlsync__release_book *book = a->ctx->releases;
+  dlsync__pool *pool = a->pool;
   ring_slot *sl;
   unsigned head = atomic_load_explicit(&g->head, memory_order_relaxed);
   if (DLSYNC__UNLIKELY(head - g->tail_seen >= RING_SLOTS)) {
@@ -299,14 +311,14 @@ static DLSYNC__INLINE bool ring_push(reclaimer *r, release_ring *g, dlsync_conte
   }
   sl = &g->slots[head % RING_SLOTS];
   sl->pool = (uintptr_t)pool;
-  if (DLSYNC__UNLIKELY(g->book != ctx->releases || g->pool != pool)) {
+  if (DLSYNC__UNLIKELY(g->book != book || g->pool != pool)) {
     ring_drop *dr = &g->drops[head % RING_SLOTS];
     dr->book = NULL;
     dr->pool = NULL;
-    if (g->book != ctx->releases) {
-      book_ref(ctx->releases);
+    if (g->book != book) {
+      book_ref(book);
       dr->book = g->book;
-      g->book = ctx->releases;
+      g->book = book;
     }
     if (g->pool != pool) {
       dlsync__pool_ref(pool);
@@ -315,14 +327,14 @@ static DLSYNC__INLINE bool ring_push(reclaimer *r, release_ring *g, dlsync_conte
     }
     sl->pool |= RUN_STARTS;
   }
-  atomic_store_explicit(&sl->book, ctx->releases, memory_order_relaxed);
-  sl->drv = ctx->drv;
-  sl->event = ev;
-  sl->stream = stream;
-  sl->stream_id = sid;
-  sl->fn = fn;
-  sl->arg = arg;
-  /* seq_cst store and load, against idle(): see there. */
+  atomic_store_explicit(&sl->book, book, memory_order_relaxed);
+  sl->drv = a->ctx->drv;
+  sl->event = a->event;
+  sl->stream = a->stream;
+  sl->stream_id = a->stream_id;
+  sl->fn = a->fn;
+  sl->arg = a->arg;
+  /* seq_cst store and load, against idle() (release_reclaimer.c): see there. */
   atomic_store(&g->head, head + 1);
   if (DLSYNC__UNLIKELY(atomic_load(&r->sleeping)))
     dlsync__reclaimer_wake(r);
