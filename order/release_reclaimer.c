@@ -416,8 +416,10 @@ static dlsync_status reclaimer_start(reclaimer **out, const dlsync__driver *drv,
   reclaimer *r;
   *out = NULL;
   if (unloaded)
-    return dlsync__fail(DLSYNC_ERROR_INTERNAL,
-                        "starting a reclaimer while the library is being unloaded");
+    return dlsync__fail(DLSYNC_ERROR_UNLOADING,
+                        "dlsync_release: dlsync is being unloaded (another thread is in exit(), "
+                        "or the library embedding dlsync is being closed) and its reclaimer "
+                        "threads are stopped: the release is refused, its deleter will not run");
   r = dlsync__calloc(1, sizeof *r);
   if (r == NULL || pthread_mutex_init(&r->lock, NULL) != 0) {
     dlsync__free(r);

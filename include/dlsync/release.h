@@ -74,12 +74,12 @@ typedef void (*dlsync_deleter)(void *arg);
 /* Runs deleter(arg) once the work queued so far on `lane` is done (see above).
  * Returns: DLSYNC_SUCCESS; the deleter will run exactly once.
  * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (NULL context or deleter), the lane
- *   errors of dlsync_order, DLSYNC_ERROR_DRIVER, DLSYNC_ERROR_OUT_OF_MEMORY.
- *   On failure the deleter has not run and will not: the object is still the
- *   caller's.
- * Threads: any thread, any number at once; never blocks.
- * Capture: legal in every mode; it makes no call that is illegal during
- *   capture. */
+ *   errors of dlsync_order, DLSYNC_ERROR_DRIVER, DLSYNC_ERROR_OUT_OF_MEMORY;
+ *   DLSYNC_ERROR_UNLOADING when the library is being unloaded (another
+ *   thread is in exit(), or the library embedding dlsync is being closed)
+ *   and the reclaimer threads are stopped already. On failure the deleter has not run and will not:
+ * the object is still the caller's. Threads: any thread, any number at once; never blocks. Capture:
+ * legal in every mode; it makes no call that is illegal during capture. */
 DLSYNC_API dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane,
                                         dlsync_deleter deleter, void *arg);
 
