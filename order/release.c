@@ -46,6 +46,10 @@ static void release_from_graph(void *p) {
     dlsync__free(it);
     return;
   }
+  /* Its graph let it go: queued from now on, as an eager release is (flush
+   * waits for it; the stats and a context destroy count it queued). */
+  dlsync__book_graph_queued(it->book);
+  it->from_graph = false;
   enqueue(r, it);
 }
 

@@ -44,6 +44,15 @@ void dlsync__book_add_graph(dlsync__release_book *b) {
   pthread_mutex_unlock(&b->lock);
 }
 
+/* A release owned by graphs that its graph let go (its destructor ran):
+ * counted queued from now on, as an eager release is. */
+void dlsync__book_graph_queued(dlsync__release_book *b) {
+  pthread_mutex_lock(&b->lock);
+  b->pending_graph--;
+  atomic_fetch_add_explicit(&b->pending_eager, 1, memory_order_relaxed);
+  pthread_mutex_unlock(&b->lock);
+}
+
 /* A release that will not happen after all (it failed before being queued). */
 void dlsync__book_cancel(dlsync__release_book *b, bool from_graph) {
   pthread_mutex_lock(&b->lock);

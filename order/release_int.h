@@ -51,9 +51,9 @@ typedef struct release_item {
   dlsync_deleter fn;
   void *arg;
   int device;
-  int slot;        /* a reclaimer's batch: the stream's slot, -1 when synchronised alone */
-  CUresult result; /* a reclaimer's batch: its event's synchronisation */
-  bool from_graph;
+  int slot;          /* a reclaimer's batch: the stream's slot, -1 when synchronised alone */
+  CUresult result;   /* a reclaimer's batch: its event's synchronisation */
+  bool from_graph;   /* owned by graphs (false again once its graph let it go: queued) */
   atomic_bool armed; /* graph: handed over; until then the destructor only frees */
   /* A ring's slot (below): its ring and position; the book and pool whose
    * ring references end once it is done. The item is the reclaimer's. */
@@ -211,6 +211,7 @@ extern DLSYNC__HIDDEN _Atomic(reclaimer *) dlsync__fast_reclaimers[FAST_DEVICES]
 void dlsync__book_unref(dlsync__release_book *b);
 void dlsync__book_add_graph(dlsync__release_book *b);
 void dlsync__book_cancel(dlsync__release_book *b, bool from_graph);
+void dlsync__book_graph_queued(dlsync__release_book *b);
 void dlsync__book_note_failure_locked(dlsync__release_book *b, int result, const char *message);
 void dlsync__tally_commit(book_tally *t);
 void dlsync__tally_add(book_tally *t, const release_item *it);

@@ -112,7 +112,7 @@ DLSYNC_API dlsync_status dlsync_release_flush(dlsync_context *ctx);
 typedef struct dlsync_release_stats {
   size_t size;          /* sizeof(dlsync_release_stats) */
   uint32_t version;     /* DLSYNC_RELEASE_STATS_VERSION */
-  size_t pending_eager; /* waiting for their stream */
+  size_t pending_eager; /* waiting for their stream, or let go by their graph and queued */
   size_t pending_graph; /* owned by graphs still alive */
   size_t done;          /* deleters run */
   size_t sync_failures; /* cuEventSynchronize failed on the reclaimer (deleter ran anyway) */
