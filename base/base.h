@@ -175,7 +175,7 @@ typedef struct dlsync__thread {
    * reads too (no alignment beyond 8 is asked of thread-local storage: a
    * library loaded by dlopen gets its block from the loader's allocator). */
   void *spare; /* order/: one free exchange record */
-  /* order/: its release rings (order/release.c), one per device below
+  /* order/: its release rings (order/release_rings.c), one per device below
    * DLSYNC__THREAD_RINGS; NULL until it releases on that device */
   void *rings[DLSYNC__THREAD_RINGS];
   /* order/: the capture an end after a begin that found both streams in one
