@@ -84,7 +84,8 @@ DLSYNC_API dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane,
                                         dlsync_deleter deleter, void *arg);
 
 /* Waits until every eager release made so far on this context has run its
- * deleter, or is blocked (below).
+ * deleter, or is blocked (below); so does every release a graph owned that
+ * its graph has let go already (its deleter queued on the reclaimer).
  * Returns: DLSYNC_SUCCESS when no failure happened on the reclaimer thread
  *   since the previous flush.
  * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (NULL); the first failure on the
