@@ -37,7 +37,7 @@ static DLSYNC__NOINLINE void trace_signal(const dlsync_context *ctx, const dlsyn
               st == DLSYNC_SUCCESS ? "" : ": ", st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
 }
 
-/* ---- fence memory: recycled, never freed ----
+/* ---- fence memory: recycled, freed at the unload ----
  *
  * A released fence goes to the back of a FIFO and is reused only once
  * FENCE_QUARANTINE others have been released after it, so a fence used after
@@ -49,6 +49,20 @@ static DLSYNC__NOINLINE void trace_signal(const dlsync_context *ctx, const dlsyn
 static pthread_mutex_t fence_lock = PTHREAD_MUTEX_INITIALIZER;
 static dlsync_fence *fence_head, *fence_tail;
 static size_t fence_nfree;
+
+/* The unload hook (base/base.h): the released fences freed (those still
+ * referenced are the program's; the library's threads are joined by then). */
+static void fences_unload(void) {
+  pthread_mutex_lock(&fence_lock);
+  while (fence_head != NULL) {
+    dlsync_fence *f = fence_head;
+    fence_head = f->next_free;
+    dlsync__free(f);
+  }
+  fence_tail = NULL;
+  fence_nfree = 0;
+  pthread_mutex_unlock(&fence_lock);
+}
 
 static dlsync_fence *fence_alloc(void) {
   dlsync_fence *f = NULL;
@@ -62,6 +76,7 @@ static dlsync_fence *fence_alloc(void) {
   }
   pthread_mutex_unlock(&fence_lock);
   if (f == NULL) {
+    dlsync__hooks_set(DLSYNC__HOOK_FENCES, NULL, fences_unload);
     f = dlsync__calloc(1, sizeof *f);
     if (f == NULL)
       return NULL;
