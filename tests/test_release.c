@@ -1075,7 +1075,7 @@ static void a_batch_synchronises_the_newest_event_of_each_stream(void **state) {
 /* ---- the releasing threads' rings ---- */
 
 /* A thread that has released on a device before releases into its own ring
- * (order/release.c): no allocation of dlsync's, and the book counts the
+ * (order/release_rings.c): no allocation of dlsync's, and the book counts the
  * queued releases all the same (the one holding the reclaimer too). */
 static void a_release_into_the_threads_ring_allocates_nothing(void **state) {
   dlsync_lane lc = dlsync_lane_stream(C);
@@ -1110,7 +1110,7 @@ static void assert_ran_in_order(unsigned n) {
     assert_int_equal(ran_order[i], i);
 }
 
-/* More releases than a ring holds (RING_SLOTS, 4096, in order/release.c)
+/* More releases than a ring holds (RING_SLOTS, 4096, in order/release_int.h)
  * while the reclaimer is held: the rest go to the shared queue (which
  * allocates), every one succeeds, and the deleters run once each, in the
  * order the thread released; so do releases made while those in the
