@@ -93,6 +93,8 @@ static void child_calls_everything(dlsync_exchange *ex, dlsync_fence *f) {
   dlsync_exchange *ex2 = NULL;
   dlsync_fence *f2 = NULL;
   dlsync_fence_kind kind;
+  dlsync_provenance prov;
+  CUevent ev = NULL;
   dlsync_lane_state ls;
   dlsync_release_stats rs = DLSYNC_RELEASE_STATS_INIT;
   dlsync_device_info info = DLSYNC_DEVICE_INFO_INIT;
@@ -138,6 +140,11 @@ static void child_calls_everything(dlsync_exchange *ex, dlsync_fence *f) {
   child_check(strstr(dlsync_last_error(), "dlsync_fence_release") != NULL,
               "dlsync_fence_release: no message");
   child_refused(dlsync_fence_get_kind(&kind, f), "dlsync_fence_get_kind");
+  child_refused(dlsync_fence_import(&f2, ctx, (CUevent)0x42, DLSYNC_PROVENANCE_EAGER, 0, 0),
+                "dlsync_fence_import");
+  child_check(f2 == NULL, "a fence was imported in the child");
+  child_refused(dlsync_fence_export_event(&ev, f), "dlsync_fence_export_event");
+  child_refused(dlsync_fence_get_provenance(&prov, f), "dlsync_fence_get_provenance");
   child_refused(dlsync_release(ctx, &lp, count_deleter, NULL), "dlsync_release");
   child_refused(dlsync_release_flush(ctx), "dlsync_release_flush"); /* before: never returned */
   child_refused(dlsync_release_get_stats(&rs, ctx), "dlsync_release_get_stats");

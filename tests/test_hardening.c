@@ -1398,6 +1398,52 @@ static dlsync_status scene_conditional_body(void) {
   return st;
 }
 
+/* scene_fence_import_*: an eager event of the test's imported (the check's
+ * capture-mode switch and query swept), then `what` of the fence (0 nothing,
+ * 1 export its event, 2 its provenance); owned, so that its event goes with
+ * it whichever call failed. */
+static dlsync_status import_scene(int what) {
+  dlsync_fence *f = NULL;
+  dlsync_provenance prov;
+  CUevent e = NULL, out = NULL;
+  dlsync_status st = DLSYNC_SUCCESS;
+  e = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+  assert_int_equal(D->EventRecord(e, P), CUDA_SUCCESS);
+  if (what == 0)
+    sweep_arm();
+  st = dlsync_fence_import(&f, ctx, e, DLSYNC_PROVENANCE_EAGER, 0, DLSYNC_IMPORT_OWN);
+  if (what == 0) {
+    sweep_disarm();
+    assert_true((st == DLSYNC_SUCCESS) == (f != NULL));
+  } else {
+    assert_int_equal(st, DLSYNC_SUCCESS);
+    sweep_arm();
+    if (what == 1)
+      st = dlsync_fence_export_event(&out, f);
+    else
+      st = dlsync_fence_get_provenance(&prov, f);
+    sweep_disarm();
+  }
+  if (f != NULL)
+    dlsync_fence_release(f); /* the event is destroyed by the next collection */
+  else
+    assert_int_equal(D->EventDestroy(e), CUDA_SUCCESS); /* refused: still the test's */
+  dlsync__orphans_collect();
+  return st;
+}
+
+static dlsync_status scene_fence_import(void) {
+  return import_scene(0);
+}
+
+static dlsync_status scene_fence_export_event(void) {
+  return import_scene(1);
+}
+
+static dlsync_status scene_fence_get_provenance(void) {
+  return import_scene(2);
+}
+
 /* A library's graph run in P's capture: a child-graph node. */
 static dlsync_status scene_graph_launch(void) {
   dlsync_lane l = dlsync_lane_stream(P);
@@ -1437,6 +1483,9 @@ static const entry entries[] = {
     {"dlsync_fence_retain", scene_fence_retain, DLSYNC_SUCCESS, false},
     {"dlsync_fence_get_kind", scene_fence_get_kind, DLSYNC_SUCCESS, false},
     {"dlsync_fence_release", scene_fence_release, DLSYNC_SUCCESS, false},
+    {"dlsync_fence_import", scene_fence_import, DLSYNC_SUCCESS, false},
+    {"dlsync_fence_export_event", scene_fence_export_event, DLSYNC_SUCCESS, false},
+    {"dlsync_fence_get_provenance", scene_fence_get_provenance, DLSYNC_SUCCESS, false},
     {"dlsync_lane_query", scene_lane_query, DLSYNC_SUCCESS, false},
     {"dlsync_release_flush", scene_release_flush, DLSYNC_SUCCESS, false},
     {"dlsync_release_get_stats", scene_release_get_stats, DLSYNC_SUCCESS, false},
