@@ -6,7 +6,6 @@
 #include <string.h>
 
 #include "base/base.h"
-#include "dlsync/version.h"
 
 #define DLSYNC__MESSAGE_MAX 512
 
@@ -105,12 +104,4 @@ dlsync_status dlsync__fail_result(dlsync_status status, int driver_result, const
   va_end(ap);
   log_error();
   return status;
-}
-
-unsigned dlsync_version(void) {
-  return DLSYNC_VERSION;
-}
-
-const char *dlsync_version_string(void) {
-  return DLSYNC_VERSION_STRING;
 }

@@ -271,7 +271,7 @@ void dlsync__trace_row(dlsync__op op, dlsync__row row, const dlsync__lane_now *f
       st == DLSYNC_SUCCESS ? "" : ", failed: ", st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
 }
 
-/* ---- conditional bodies (include/dlsync/conditional.h) ---- */
+/* ---- the guard on declared conditional bodies ---- */
 
 dlsync_status dlsync__body_guard_slow(const dlsync__bodies *b, const dlsync__lane_now *first,
                                       const dlsync__lane_now *then) {
@@ -284,46 +284,4 @@ dlsync_status dlsync__body_guard_slow(const dlsync__bodies *b, const dlsync__lan
   if (st == DLSYNC_SUCCESS)
     st = dlsync__body_refuse(b, dlsync__row_name(row), first, true);
   return st;
-}
-
-dlsync_status dlsync_conditional_body_add(dlsync_context *ctx, struct CUgraph_st *body) {
-  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_conditional_body_add");
-  if (ctx == NULL || body == NULL)
-    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_conditional_body_add: %s is NULL",
-                        ctx == NULL ? "ctx" : "body");
-  if (!dlsync__bodies_add(&ctx->bodies, body))
-    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                        "dlsync_conditional_body_add: graph %p: %d bodies are declared already "
-                        "in this context (DLSYNC_CONDITIONAL_BODIES), or 1024 in the process; "
-                        "remove those whose parent graph is done",
-                        (void *)body, DLSYNC_CONDITIONAL_BODIES);
-  DLSYNC__LOG(DLSYNC__LOG_INFO, "graph %p declared a conditional body", (void *)body);
-  return DLSYNC_SUCCESS;
-}
-
-dlsync_status dlsync_conditional_body_remove(dlsync_context *ctx, struct CUgraph_st *body) {
-  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_conditional_body_remove");
-  if (ctx == NULL || body == NULL)
-    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_conditional_body_remove: %s is NULL",
-                        ctx == NULL ? "ctx" : "body");
-  if (!dlsync__bodies_remove(&ctx->bodies, body))
-    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                        "dlsync_conditional_body_remove: graph %p is not a declared body of "
-                        "context %p",
-                        (void *)body, (void *)ctx);
-  return DLSYNC_SUCCESS;
-}
-
-int dlsync_conditional_body_is_declared(dlsync_context *ctx, struct CUgraph_st *body) {
-  return ctx != NULL && dlsync__bodies_has_here(&ctx->bodies, body);
-}
-
-/* ---- a library's own graph on any lane (include/dlsync/graph.h) ---- */
-
-dlsync_status dlsync_graph_launch(dlsync_context *ctx, struct CUgraph_st *graph,
-                                  struct CUgraphExec_st *exec, dlsync_lane *lane) {
-  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_graph_launch");
-  if (ctx == NULL)
-    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_graph_launch: ctx is NULL");
-  return dlsync__graph_launch_at(ctx->drv, &ctx->bodies, graph, exec, lane);
 }

@@ -126,6 +126,8 @@ test)
     stage "clang-format"
     (cd "$root" && git ls-files '*.c' '*.h' '*.cpp' | xargs clang-format --dry-run --Werror)
   fi
+  stage "public functions in the files their headers map to"
+  python3 "$root/scripts/check-entry-points.py" "$root"
   stage "Release, warnings as errors"
   build "$root/build/release" -DCMAKE_BUILD_TYPE=Release -DDLSYNC_WERROR=ON
   run_ctest "$root/build/release"

@@ -54,7 +54,7 @@ fi
 mkdir -p "$build/fake"
 "$cc" -Wall -Wextra -shared -fPIC -O2 -fvisibility=hidden -D_GNU_SOURCE -DDLSYNC_STATIC_DEFINE -I"$root/include" -I"$root" \
   -I"$root/tests/fake" -isystem "$cuda_inc" -o "$build/fake/libcuda.so.1" \
-  "$root/bench/instr/fake_libcuda.c" "$root/tests/fake/fake_driver.c" "$root/driver/driver.c" \
+  "$root/bench/instr/fake_libcuda.c" "$root"/tests/fake/fake_{model,entries,api}.c "$root/driver/driver.c" \
   "$root"/base/*.c -lpthread -ldl
 "$cc" -Wall -Wextra -O2 -I"$root/include" -isystem "$cuda_inc" -o "$build/instr_rows" \
   "$root/bench/instr/instr_rows.c" -ldl

@@ -38,9 +38,10 @@
  * they are not logged, not counted, and fault injection never hits them.
  *
  * Rules. The capture rules the library's rows rest on, each tagged; the same
- * tag marks the branch of fake_driver.c that implements it. Those checked
- * against the real driver too (tests/rules/driver_rules.c: test_driver_rules
- * on the fake, gpu_rules on a GPU) say "checked".
+ * tag marks the branch of the fake (fake_model.c, fake_entries.c) that
+ * implements it. Those checked against the real driver too
+ * (tests/rules/driver_rules.c: test_driver_rules on the fake, gpu_rules on a
+ * GPU) say "checked".
  *
  *   [R1 JOIN] a stream that waits (flags 0) on an event last recorded in an
  *       active capture joins that capture (same capture id). Checked.

@@ -1,5 +1,5 @@
 /* SPDX-License-Identifier: Apache-2.0 */
-/* dlsync tests: the fake driver (fake_driver.c) as a libcuda.so.1, so that
+/* dlsync tests: the fake driver (fake_*.c) as a libcuda.so.1, so that
  * what only the default path reaches (dlsync_context_default dlopens
  * "libcuda.so.1" by name) runs without a GPU. test_context_default finds it
  * through LD_LIBRARY_PATH (tests/CMakeLists.txt); nothing else is given that

@@ -11,7 +11,7 @@
 #include "driver/driver.h"
 
 typedef struct driver_rule {
-  const char *tag;  /* "R1 JOIN", as in fake_driver.h and fake_driver.c */
+  const char *tag;  /* "R1 JOIN", as in fake_driver.h and the fake */
   const char *what; /* the rule in words */
   /* Runs the rule with the driver table d, in the calling thread's current
    * context, with `buf` 4 bytes of device memory for work. Returns NULL
