@@ -498,7 +498,9 @@ static dlsync_status import_check(const dlsync__driver *d, CUevent event, dlsync
             "entering the RELAXED capture mode to ask for event %p", (void *)event);
   r = d->EventQuery(event);
   DLSYNC_CU(d, ThreadExchangeStreamCaptureMode, (&mode),
-            "restoring this thread's capture mode after asking for event %p", (void *)event);
+            "restoring this thread's capture mode after asking for event %p (it is left "
+            "RELAXED)",
+            (void *)event);
   if (handle_error(r)) {
     st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
                       "dlsync_fence_import: event %p is not a live event (cuEventQuery: %s): "
