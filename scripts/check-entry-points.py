@@ -17,6 +17,7 @@ import sys
 
 # Public header -> the library source(s) that define its functions.
 MAP = {
+    "arrow.h": ["interop/arrow.c"],
     "conditional.h": ["order/conditional.c"],
     "context.h": ["order/context.c"],
     "dlpack.h": ["interop/dlpack.c"],

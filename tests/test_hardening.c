@@ -18,6 +18,7 @@
 
 #include "interop/dlpack_abi.h"
 #include "dlsync/version.h"
+#include "dlsync/arrow.h"
 #include "fixture.h"
 
 #define TIMEOUT_MS 5000
@@ -1444,6 +1445,66 @@ static dlsync_status scene_fence_get_provenance(void) {
   return import_scene(2);
 }
 
+static int arrow_released;
+
+static void arrow_release_cb(struct ArrowArray *a) {
+  arrow_released++;
+  a->release = NULL;
+}
+
+/* scene_arrow_*: an Arrow device array written on P, its sync_event filled
+ * (what 0), waited on from C (1), released after C's work (2), its sync
+ * dropped (3). */
+static dlsync_status arrow_scene(int what) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  struct ArrowDeviceArray a;
+  dlsync_arrow_sync sync = DLSYNC_ARROW_SYNC_INIT;
+  dlsync_status st = DLSYNC_SUCCESS;
+  memset(&a, 0, sizeof a);
+  a.device_type = ARROW_DEVICE_CUDA;
+  a.array.release = arrow_release_cb;
+  arrow_released = 0;
+  if (what == 0)
+    sweep_arm();
+  st = dlsync_arrow_sync_event(&a, &sync, ctx, &lp);
+  if (what == 0) {
+    sweep_disarm();
+    assert_true((st == DLSYNC_SUCCESS) == (sync.fence != NULL));
+  } else {
+    assert_int_equal(st, DLSYNC_SUCCESS);
+    sweep_arm();
+    if (what == 1)
+      st = dlsync_arrow_wait(ctx, &lc, &a, DLSYNC_PROVENANCE_EAGER, 0);
+    else if (what == 2)
+      st = dlsync_arrow_release(ctx, &lc, &a);
+    else
+      dlsync_arrow_sync_release(&sync);
+    sweep_disarm();
+  }
+  dlsync_arrow_sync_release(&sync);
+  if (a.array.release != NULL) /* not handed over (or refused): still ours */
+    a.array.release(&a.array);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(arrow_released, 1); /* exactly once, either way */
+  return st;
+}
+
+static dlsync_status scene_arrow_sync_event(void) {
+  return arrow_scene(0);
+}
+
+static dlsync_status scene_arrow_wait(void) {
+  return arrow_scene(1);
+}
+
+static dlsync_status scene_arrow_release(void) {
+  return arrow_scene(2);
+}
+
+static dlsync_status scene_arrow_sync_release(void) {
+  return arrow_scene(3);
+}
+
 /* A library's graph run in P's capture: a child-graph node. */
 static dlsync_status scene_graph_launch(void) {
   dlsync_lane l = dlsync_lane_stream(P);
@@ -1486,6 +1547,10 @@ static const entry entries[] = {
     {"dlsync_fence_import", scene_fence_import, DLSYNC_SUCCESS, false},
     {"dlsync_fence_export_event", scene_fence_export_event, DLSYNC_SUCCESS, false},
     {"dlsync_fence_get_provenance", scene_fence_get_provenance, DLSYNC_SUCCESS, false},
+    {"dlsync_arrow_sync_event", scene_arrow_sync_event, DLSYNC_SUCCESS, false},
+    {"dlsync_arrow_wait", scene_arrow_wait, DLSYNC_SUCCESS, false},
+    {"dlsync_arrow_release", scene_arrow_release, DLSYNC_SUCCESS, false},
+    {"dlsync_arrow_sync_release", scene_arrow_sync_release, DLSYNC_SUCCESS, false},
     {"dlsync_lane_query", scene_lane_query, DLSYNC_SUCCESS, false},
     {"dlsync_release_flush", scene_release_flush, DLSYNC_SUCCESS, false},
     {"dlsync_release_get_stats", scene_release_get_stats, DLSYNC_SUCCESS, false},
