@@ -485,7 +485,7 @@ static bool handle_error(CUresult r) {
 }
 
 /* The event's state as cuEventQuery tells it, asked in the RELAXED capture
- * interaction mode (legal during any capture: rule R31), against what the
+ * interaction mode (legal during any capture: rule R40), against what the
  * caller declared. */
 static dlsync_status import_check(const dlsync__driver *d, CUevent event, dlsync_provenance prov) {
   dlsync_status st = DLSYNC_SUCCESS;

@@ -42,7 +42,7 @@
  * arguments; then one cuEventQuery, with this thread switched to the RELAXED
  * capture interaction mode around it (cuThreadExchangeStreamCaptureMode, so
  * that the query is legal even while this or another thread captures in
- * GLOBAL mode; rule R31 of tests/fake/fake_driver.h, checked on the GPU by
+ * GLOBAL mode; rule R40 of tests/fake/fake_driver.h, checked on the GPU by
  * gpu_rules). Its answer:
  *  - CUDA_ERROR_INVALID_HANDLE (and other handle errors): not an event, or
  *    destroyed: DLSYNC_ERROR_INVALID_ARGUMENT. A destroyed handle that the
