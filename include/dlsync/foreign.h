@@ -71,11 +71,11 @@
  *  - a fence signalled in a capture or a graph built by hand: the event of its
  *    event-record node (recorded as with CU_EVENT_RECORD_EXTERNAL), so an
  *    eager wait issued after the graph's launch orders after that launch's
- *    record. Rule for the waiter: wait only after launching the graph (before
- *    it, the wait orders nothing; while its capture is still active, CUDA
- *    refuses an eager wait with CUDA_ERROR_INVALID_VALUE); from another graph
- *    use an external wait (CU_EVENT_WAIT_EXTERNAL) or an event-wait node, and
- *    launch the signalling graph first.
+ *    record. Rule for the waiter: wait only after launching the graph (a wait
+ *    issued before any launch, the capture still active or not, orders
+ *    nothing: rule R10); from another graph use an external wait
+ *    (CU_EVENT_WAIT_EXTERNAL) or an event-wait node, and launch the
+ *    signalling graph first.
  *  - an imported fence: the imported event (CAPTURED: refused, see (3)).
  * The event is dlsync's (or the importer's): only wait on it; never record,
  * synchronize-and-destroy or destroy it. It stays valid while the caller
