@@ -890,6 +890,7 @@ dlsync__held_event *dlsync__held_event_new(dlsync__pool *p, CUevent event) {
   he->event = event;
   he->drv = NULL;
   he->owned = false;
+  he->orphan = NULL;
   dlsync__pool_note_graph_owned(p);
   return he;
 }
@@ -897,27 +898,27 @@ dlsync__held_event *dlsync__held_event_new(dlsync__pool *p, CUevent event) {
 dlsync__held_event *dlsync__held_event_new_foreign(const dlsync__driver *drv, CUevent event,
                                                    bool owned) {
   dlsync__held_event *he = dlsync__malloc(sizeof *he);
+  orphan *o = NULL;
   if (he == NULL)
     return NULL;
+  if (owned && (o = dlsync__malloc(sizeof *o)) == NULL) {
+    dlsync__free(he);
+    return NULL;
+  }
   atomic_init(&he->refs, 1);
   he->pool = NULL;
   he->event = event;
   he->drv = drv;
   he->owned = owned;
+  he->orphan = o;
   return he;
 }
 
 /* An owned foreign event let go (maybe on a driver thread: no CUDA call): to
- * the orphan list, and the layer above is woken to collect it. */
-static void orphan_foreign(const dlsync__driver *drv, CUevent event) {
-  orphan *o = dlsync__malloc(sizeof *o);
-  dlsync__orphans_waker wake;
-  if (o == NULL) {
-    DLSYNC__LOG(DLSYNC__LOG_WARN,
-                "imported event %p lost: out of memory while its last holder let it go",
-                (void *)event);
-    return;
-  }
+ * the orphan list in its entry `o`. Nobody is woken (a thread making driver
+ * calls at any moment would disturb the caller's): the next collection takes
+ * it (a dlsync_fence_import, a pool growing, a context made or destroyed). */
+static void orphan_foreign(orphan *o, const dlsync__driver *drv, CUevent event) {
   o->drv = drv;
   o->event = event;
   o->pool = NULL;
@@ -926,9 +927,6 @@ static void orphan_foreign(const dlsync__driver *drv, CUevent event) {
   orphans = o;
   atomic_store_explicit(&orphans_pending, 1, memory_order_release);
   pthread_mutex_unlock(&orphan_lock);
-  wake = atomic_load_explicit(&orphans_waker, memory_order_acquire);
-  if (wake != NULL)
-    wake();
 }
 
 void dlsync__held_event_ref(dlsync__held_event *he) {
@@ -940,7 +938,7 @@ void dlsync__held_event_unref(dlsync__held_event *he) {
     return;
   if (he->pool == NULL) {
     if (he->owned)
-      orphan_foreign(he->drv, he->event);
+      orphan_foreign(he->orphan, he->drv, he->event);
     dlsync__free(he);
     return;
   }

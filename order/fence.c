@@ -487,44 +487,54 @@ static bool handle_error(CUresult r) {
 /* The event's state as cuEventQuery tells it, asked in the RELAXED capture
  * interaction mode (legal during any capture: rule R40), against what the
  * caller declared. */
+/* A driver call of the check failed: DLSYNC_ERROR_DRIVER (its capture
+ * errors say nothing of a capture here), or OUT_OF_MEMORY. */
+static dlsync_status import_check_failed(const dlsync__driver *d, CUresult r, const char *call,
+                                         const char *what, CUevent event) {
+  return dlsync__fail_driver_as(r == CUDA_ERROR_OUT_OF_MEMORY ? DLSYNC_ERROR_OUT_OF_MEMORY
+                                                              : DLSYNC_ERROR_DRIVER,
+                                d, r, call, "%s event %p", what, (void *)event);
+}
+
+/* The event's state as cuEventQuery tells it, asked in the RELAXED capture
+ * interaction mode (legal during any capture: rule R40), against what the
+ * caller declared. */
 static dlsync_status import_check(const dlsync__driver *d, CUevent event, dlsync_provenance prov) {
-  dlsync_status st = DLSYNC_SUCCESS;
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
-  CUresult r;
+  CUresult r, x;
   bool contradicts;
   if (d->EventQuery == NULL)
     return DLSYNC_SUCCESS; /* a driver without it: nothing checked */
-  DLSYNC_CU(d, ThreadExchangeStreamCaptureMode, (&mode),
-            "entering the RELAXED capture mode to ask for event %p", (void *)event);
+  x = d->ThreadExchangeStreamCaptureMode(&mode);
+  if (x != CUDA_SUCCESS)
+    return import_check_failed(d, x, "cuThreadExchangeStreamCaptureMode",
+                               "entering the RELAXED capture mode to ask for", event);
   r = d->EventQuery(event);
-  DLSYNC_CU(d, ThreadExchangeStreamCaptureMode, (&mode),
-            "restoring this thread's capture mode after asking for event %p (it is left "
-            "RELAXED)",
-            (void *)event);
-  if (handle_error(r)) {
-    st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                      "dlsync_fence_import: event %p is not a live event (cuEventQuery: %s): "
-                      "destroyed, or not an event",
-                      (void *)event, dlsync__driver_error_name(d, r));
-    goto cleanup;
-  }
-  if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY && r != CUDA_ERROR_CAPTURED_EVENT) {
-    st = dlsync__fail_driver(d, r, "cuEventQuery", "asking for imported event %p", (void *)event);
-    goto cleanup;
-  }
+  x = d->ThreadExchangeStreamCaptureMode(&mode);
+  if (x != CUDA_SUCCESS)
+    return import_check_failed(d, x, "cuThreadExchangeStreamCaptureMode",
+                               "restoring this thread's capture mode (it is left RELAXED) after "
+                               "asking for",
+                               event);
+  if (handle_error(r))
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_fence_import: event %p is not a live event (cuEventQuery: %s): "
+                        "destroyed, or not an event",
+                        (void *)event, dlsync__driver_error_name(d, r));
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY && r != CUDA_ERROR_CAPTURED_EVENT)
+    return import_check_failed(d, r, "cuEventQuery", "asking for imported", event);
   contradicts = (r == CUDA_ERROR_CAPTURED_EVENT) != (prov == DLSYNC_PROVENANCE_CAPTURED) ||
                 (r == CUDA_ERROR_NOT_READY && prov == DLSYNC_PROVENANCE_COMPLETE);
   if (contradicts)
-    st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                      "dlsync_fence_import: provenance %s contradicts the driver: cuEventQuery of "
-                      "event %p says %s (%s)",
-                      provenance_name(prov), (void *)event, dlsync__driver_error_name(d, r),
-                      r == CUDA_ERROR_CAPTURED_EVENT
-                          ? "last recorded by a plain record in a capture: CAPTURED"
-                      : r == CUDA_ERROR_NOT_READY ? "recorded eagerly or by a graph, not complete"
-                                                  : "recorded eagerly or by a graph, or never");
-cleanup:
-  return st;
+    return dlsync__fail(
+        DLSYNC_ERROR_INVALID_ARGUMENT,
+        "dlsync_fence_import: provenance %s contradicts the driver: cuEventQuery of event %p "
+        "says %s (%s)",
+        provenance_name(prov), (void *)event, dlsync__driver_error_name(d, r),
+        r == CUDA_ERROR_CAPTURED_EVENT ? "last recorded by a plain record in a capture: CAPTURED"
+        : r == CUDA_ERROR_NOT_READY    ? "recorded eagerly or by a graph, not complete"
+                                       : "recorded eagerly or by a graph, or never");
+  return DLSYNC_SUCCESS;
 }
 
 dlsync_status dlsync_fence_import(dlsync_fence **out, dlsync_context *ctx, CUevent event,
@@ -552,6 +562,9 @@ dlsync_status dlsync_fence_import(dlsync_fence **out, dlsync_context *ctx, CUeve
                         "dlsync_fence_import: capture_id %llu with provenance %s (a capture's id "
                         "for CAPTURED, 0 for the others)",
                         (unsigned long long)capture_id, provenance_name(prov));
+  /* Owned events let go since the last import are destroyed now (cuEventDestroy
+   * is legal during capture), so an importer's events do not pile up. */
+  dlsync__orphans_collect();
   DLSYNC_TRY(import_check(ctx->drv, event, prov));
   f = fence_alloc();
   if (f == NULL) {

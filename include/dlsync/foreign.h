@@ -60,9 +60,11 @@
  * record it again, while the fence or any graph that waits on it may use it
  * (a graph holds it until the graph and its executables are gone). With
  * DLSYNC_IMPORT_OWN dlsync owns it from a successful import and destroys it
- * once the last fence reference and the last graph holding it are gone
- * (shortly after, on dlsync's collecting thread: never on a driver thread).
- * On failure the event stays the caller's.
+ * once the last fence reference and the last graph holding it are gone: not
+ * on the thread that lets go (a driver thread, maybe), but at dlsync's next
+ * collection (the next dlsync_fence_import, a growing event pool, or a
+ * dlsync context made or destroyed). On failure the event stays the
+ * caller's.
  *
  * Exporting: dlsync_fence_export_event gives the event behind a fence, for
  * another runtime to wait on (cuStreamWaitEvent, cudaStreamWaitEvent, an
