@@ -175,6 +175,24 @@ static void eager_import_built_wait_is_a_wait_node_at_the_frontier(void **state)
   fake_event_destroy(e);
 }
 
+/* An owned event let go waits for the next collection, which the next
+ * import makes: an importer's events do not pile up. */
+static void owned_event_is_destroyed_by_the_next_import(void **state) {
+  CUevent e1 = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+  CUevent e2 = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+  dlsync_fence *f;
+  (void)state;
+  f = import_ok(e1, DLSYNC_PROVENANCE_EAGER, 0, DLSYNC_IMPORT_OWN);
+  dlsync_fence_release(f);
+  assert_int_equal(fake_event_get_state(e1), FAKE_EVENT_NEVER); /* not on this thread */
+  f = import_ok(e2, DLSYNC_PROVENANCE_EAGER, 0, DLSYNC_IMPORT_OWN);
+  assert_int_equal(fake_event_get_state(e1), FAKE_EVENT_INVALID);
+  assert_int_equal(fake_event_get_state(e2), FAKE_EVENT_NEVER);
+  dlsync_fence_release(f);
+  dlsync__orphans_collect();
+  assert_int_equal(fake_event_get_state(e2), FAKE_EVENT_INVALID);
+}
+
 /* ---- EXTERNAL_RECORD: an event-record node of a graph ---- */
 
 static void external_record_import_orders_after_the_launch(void **state) {
@@ -537,6 +555,7 @@ int main(void) {
       T(eager_import_eager_wait_orders_after_the_record),
       T(eager_import_capture_wait_is_an_external_wait_node),
       T(eager_import_built_wait_is_a_wait_node_at_the_frontier),
+      T(owned_event_is_destroyed_by_the_next_import),
       T(external_record_import_orders_after_the_launch),
       T(captured_import_same_capture_is_edges_only),
       T(captured_import_elsewhere_is_refused),
