@@ -872,6 +872,9 @@ static void test_captured_event_query(void **state) {
   CU_OK(D->StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
   CU_OK(D->EventRecord(e, s));
   CU_IS(D->EventQuery(e), CUDA_ERROR_CAPTURED_EVENT);
+  assert_int_equal(fake_illegal_calls(), 0); /* [R40]: an answer, the capture intact */
+  assert_int_equal(fake_capture_status(s), CU_STREAM_CAPTURE_STATUS_ACTIVE);
+  CU_IS(D->EventSynchronize(e), CUDA_ERROR_CAPTURED_EVENT);
   assert_int_equal(fake_illegal_calls(), 1);
   CU_OK(D->StreamEndCapture(s, &g));
   /* After the capture: an eager wait on it orders nothing. */

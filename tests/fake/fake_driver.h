@@ -119,6 +119,14 @@
  *       those of its instantiation): the fake's guess, the harsher one. Not
  *       a gpu_rules rule: the GPU suite's "U recapture update" row prints
  *       what the driver does with the new graph's user objects.
+ *   [R40 QUERY-CAPTURED-EVENT] a thread switched to the RELAXED interaction
+ *       mode (cuThreadExchangeStreamCaptureMode) may call cuEventQuery while
+ *       it captures in GLOBAL mode: the capture stays active. The answer
+ *       tells an event last recorded by a plain record in a capture
+ *       (CUDA_ERROR_CAPTURED_EVENT) from one recorded eagerly or by an
+ *       event-record node, or never (CUDA_SUCCESS: the fake's events are
+ *       complete at once), and neither invalidates anything. Checked;
+ *       dlsync_fence_import's provenance check relies on it.
  */
 #ifndef DLSYNC_TESTS_FAKE_DRIVER_H
 #define DLSYNC_TESTS_FAKE_DRIVER_H
@@ -223,8 +231,9 @@ const char *fake_call_log(void);
 /* Calls made while a capture forbade them (see "illegal during capture"
  * below): cuStreamQuery, cuStreamSynchronize, cuEventQuery, cuEventSynchronize,
  * cuCtxSynchronize, cuMemAlloc, cuMemcpyHtoD, cuMemcpyDtoH answered with
- * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, plus queries/synchronizations of an
- * event last recorded in a capture (CUDA_ERROR_CAPTURED_EVENT). Reset only by
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, plus synchronizations and elapsed
+ * times of an event last recorded in a capture (CUDA_ERROR_CAPTURED_EVENT;
+ * a query of one is not counted, R40). Reset only by
  * fake_reset; tests assert it stays 0. */
 unsigned fake_illegal_calls(void);
 
@@ -434,7 +443,8 @@ unsigned fake_user_object_refs(CUuserObject o);
  *    Independently of modes, synchronizing or querying a capturing stream
  *    (or cuCtxSynchronize with one in the context) is UNSUPPORTED and
  *    invalidates it, and cuEventQuery/cuEventSynchronize/cuEventElapsedTime
- *    of a CAPTURED event give CUDA_ERROR_CAPTURED_EVENT; both count too.
+ *    of a CAPTURED event give CUDA_ERROR_CAPTURED_EVENT; both count too,
+ *    except that query (R40: an answer, nothing invalidated).
  *  - cuStreamUpdateCaptureDependencies: ADD (duplicates merged) or SET; nodes
  *    not in the capture graph: CUDA_ERROR_INVALID_VALUE.
  *  - End: not capturing: ILLEGAL_STATE; not the origin: UNMATCHED; begun in

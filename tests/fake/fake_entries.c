@@ -668,14 +668,17 @@ static CUresult CUDAAPI fk_StreamWaitEvent(CUstream s, CUevent e, unsigned int f
   return leave(stream_wait_event(s, e, flags));
 }
 
-static CUresult event_sync_or_query(CUevent h) {
+static CUresult event_sync_or_query(CUevent h, bool query) {
   fevent *e = GET_EVENT(h);
   if (!e)
     return CUDA_ERROR_INVALID_HANDLE;
   if (unsafe_call_prohibited())
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (e->state == EV_CAPTURED) {
-    S.illegal++;
+    /* [R40 QUERY-CAPTURED-EVENT] a query's answer, no capture harmed: not
+     * counted as illegal (a synchronization is). */
+    if (!query)
+      S.illegal++;
     return CUDA_ERROR_CAPTURED_EVENT;
   }
   return CUDA_SUCCESS;
@@ -683,12 +686,12 @@ static CUresult event_sync_or_query(CUevent h) {
 
 static CUresult CUDAAPI fk_EventQuery(CUevent e) {
   ENTER(EventQuery);
-  return leave(event_sync_or_query(e));
+  return leave(event_sync_or_query(e, true));
 }
 
 static CUresult CUDAAPI fk_EventSynchronize(CUevent e) {
   ENTER(EventSynchronize);
-  return leave(event_sync_or_query(e));
+  return leave(event_sync_or_query(e, false));
 }
 
 static CUresult CUDAAPI fk_EventElapsedTime(float *ms, CUevent ha, CUevent hb) {

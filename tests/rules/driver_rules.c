@@ -669,6 +669,78 @@ static const char *external_pair_rule(const dlsync__driver *d, CUdeviceptr buf, 
   return res;
 }
 
+static bool eager_answer(CUresult r) {
+  return r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY;
+}
+
+/* R40: in a GLOBAL capture of this thread, with the thread switched to
+ * RELAXED: a query of an event plainly recorded in the capture, of an
+ * eagerly recorded one and of one recorded by an external record node. */
+static const char *query_captured_event_rule(const dlsync__driver *d, CUdeviceptr buf, char *why,
+                                             size_t n) {
+  scope sc;
+  const char *res = "setup failed";
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  CUevent ext = NULL;
+  CUresult q_plain, q_eager, q_ext, r;
+  bool switched = false;
+  if (scope_open(&sc, d) != CUDA_SUCCESS ||
+      d->EventCreate(&ext, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 3, 1, sc.s[2]) != CUDA_SUCCESS ||
+      d->EventRecord(sc.e[1], sc.s[2]) != CUDA_SUCCESS ||
+      d->StreamBeginCapture(sc.s[0], CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 1, 1, sc.s[0]) != CUDA_SUCCESS ||
+      d->EventRecord(sc.e[0], sc.s[0]) != CUDA_SUCCESS ||
+      d->EventRecordWithFlags(ext, sc.s[0], CU_EVENT_RECORD_EXTERNAL) != CUDA_SUCCESS)
+    goto done;
+  r = d->ThreadExchangeStreamCaptureMode(&mode);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "cuThreadExchangeStreamCaptureMode(RELAXED) during a capture", r,
+               "CUDA_SUCCESS");
+    goto done;
+  }
+  switched = true;
+  q_plain = d->EventQuery(sc.e[0]);
+  q_eager = d->EventQuery(sc.e[1]);
+  q_ext = d->EventQuery(ext);
+  r = d->ThreadExchangeStreamCaptureMode(&mode);
+  switched = r != CUDA_SUCCESS;
+  if (r != CUDA_SUCCESS || mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
+    res = "cuThreadExchangeStreamCaptureMode did not give back RELAXED when restoring";
+    goto done;
+  }
+  if (q_plain != CUDA_ERROR_CAPTURED_EVENT) {
+    res = said(why, n, d, "cuEventQuery (RELAXED) of an event plainly recorded in the capture",
+               q_plain, "CUDA_ERROR_CAPTURED_EVENT");
+    goto done;
+  }
+  if (!eager_answer(q_eager)) {
+    res = said(why, n, d, "cuEventQuery (RELAXED) of an eagerly recorded event", q_eager,
+               "CUDA_SUCCESS or CUDA_ERROR_NOT_READY");
+    goto done;
+  }
+  if (!eager_answer(q_ext)) {
+    res = said(why, n, d, "cuEventQuery (RELAXED) of an event recorded by an external record node",
+               q_ext, "CUDA_SUCCESS or CUDA_ERROR_NOT_READY");
+    goto done;
+  }
+  if (capture_status(d, sc.s[0]) != CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+    res = "the GLOBAL capture is no longer active after the queries";
+    goto done;
+  }
+  res = end_clean(&sc, sc.s[0], CU_GRAPH_NODE_TYPE_EVENT_RECORD,
+                  "the capture's graph lacks the external record node", why, n);
+done:
+  if (switched) { /* back to the thread's mode before the rule */
+    mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    (void)d->ThreadExchangeStreamCaptureMode(&mode);
+  }
+  scope_close(&sc);
+  if (ext != NULL)
+    (void)d->EventDestroy(ext);
+  return res;
+}
+
 /* A graph with one IF node (its handle made in the calling thread's
  * current context, default 1 at each launch): *parent owns it, *body is its
  * body. CUDA_SUCCESS or the first failing call's result. */
@@ -943,6 +1015,11 @@ const driver_rule driver_rules[] = {
      "in a capture into an IF body a join and an ADD of dependencies work; the parent "
      "instantiates and launches",
      cond_body_edges_rule},
+    {"R40 QUERY-CAPTURED-EVENT",
+     "with the thread switched to RELAXED during its GLOBAL capture, cuEventQuery is legal: "
+     "CAPTURED_EVENT for a plain record in the capture, SUCCESS or NOT_READY for an eager "
+     "record and for an external record node; the capture stays active and ends cleanly",
+     query_captured_event_rule},
 };
 
 const size_t driver_rule_count = sizeof driver_rules / sizeof driver_rules[0];
