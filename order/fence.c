@@ -502,9 +502,6 @@ static bool handle_error(CUresult r) {
          r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_CONTEXT_IS_DESTROYED;
 }
 
-/* The event's state as cuEventQuery tells it, asked in the RELAXED capture
- * interaction mode (legal during any capture: rule R40), against what the
- * caller declared. */
 /* A driver call of the check failed: DLSYNC_ERROR_DRIVER (its capture
  * errors say nothing of a capture here), or OUT_OF_MEMORY. */
 static dlsync_status import_check_failed(const dlsync__driver *d, CUresult r, const char *call,
@@ -515,14 +512,16 @@ static dlsync_status import_check_failed(const dlsync__driver *d, CUresult r, co
 }
 
 /* The event's state as cuEventQuery tells it, asked in the RELAXED capture
- * interaction mode (legal during any capture: rule R40), against what the
- * caller declared. */
+ * interaction mode (legal during another capture: rule R40), against what
+ * the caller declared. An event declared CAPTURED is not asked: a query of
+ * an event plainly recorded in an active capture invalidates that capture
+ * (rule R41), so its check would break what it checks. */
 static dlsync_status import_check(const dlsync__driver *d, CUevent event, dlsync_provenance prov) {
   CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
   CUresult r, x;
   bool contradicts;
-  if (d->EventQuery == NULL)
-    return DLSYNC_SUCCESS; /* a driver without it: nothing checked */
+  if (d->EventQuery == NULL || prov == DLSYNC_PROVENANCE_CAPTURED)
+    return DLSYNC_SUCCESS; /* a driver without it, or a CAPTURED event: nothing checked */
   x = d->ThreadExchangeStreamCaptureMode(&mode);
   if (x != CUDA_SUCCESS)
     return import_check_failed(d, x, "cuThreadExchangeStreamCaptureMode",
@@ -541,7 +540,7 @@ static dlsync_status import_check(const dlsync__driver *d, CUevent event, dlsync
                         (void *)event, dlsync__driver_error_name(d, r));
   if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY && r != CUDA_ERROR_CAPTURED_EVENT)
     return import_check_failed(d, r, "cuEventQuery", "asking for imported", event);
-  contradicts = (r == CUDA_ERROR_CAPTURED_EVENT) != (prov == DLSYNC_PROVENANCE_CAPTURED) ||
+  contradicts = r == CUDA_ERROR_CAPTURED_EVENT ||
                 (r == CUDA_ERROR_NOT_READY && prov == DLSYNC_PROVENANCE_COMPLETE);
   if (contradicts)
     return dlsync__fail(
@@ -549,9 +548,11 @@ static dlsync_status import_check(const dlsync__driver *d, CUevent event, dlsync
         "dlsync_fence_import: provenance %s contradicts the driver: cuEventQuery of event %p "
         "says %s (%s)",
         provenance_name(prov), (void *)event, dlsync__driver_error_name(d, r),
-        r == CUDA_ERROR_CAPTURED_EVENT ? "last recorded by a plain record in a capture: CAPTURED"
-        : r == CUDA_ERROR_NOT_READY    ? "recorded eagerly or by a graph, not complete"
-                                       : "recorded eagerly or by a graph, or never");
+        r == CUDA_ERROR_CAPTURED_EVENT
+            ? "last recorded by a plain record in a capture: declare it CAPTURED with that "
+              "capture's id; the driver invalidates that capture on such a query"
+        : r == CUDA_ERROR_NOT_READY ? "recorded eagerly or by a graph, not complete"
+                                    : "recorded eagerly or by a graph, or never");
   return DLSYNC_SUCCESS;
 }
 

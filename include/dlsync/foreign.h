@@ -38,23 +38,24 @@
  * declared conditional body is DLSYNC_ERROR_CONDITIONAL_BODY
  * (conditional.h); the edges-only wait (CAPTURED, same capture) works there.
  *
- * Checks made at import (no side effect, legal during any capture): the
- * arguments; then one cuEventQuery, with this thread switched to the RELAXED
- * capture interaction mode around it (cuThreadExchangeStreamCaptureMode, so
- * that the query is legal even while this or another thread captures in
+ * Checks made at import: the arguments; then, for EAGER, COMPLETE and
+ * EXTERNAL_RECORD, one cuEventQuery, with this thread switched to the
+ * RELAXED capture interaction mode around it (cuThreadExchangeStreamCaptureMode,
+ * so that the query is legal even while this or another thread captures in
  * GLOBAL mode; rule R40 of tests/fake/fake_driver.h, checked on the GPU by
  * gpu_rules). Its answer:
  *  - CUDA_ERROR_INVALID_HANDLE (and other handle errors): not an event, or
  *    destroyed: DLSYNC_ERROR_INVALID_ARGUMENT. A destroyed handle that the
  *    driver has reused for another event is not found.
- *  - CUDA_ERROR_CAPTURED_EVENT (last recorded by a plain record in a
- *    capture): only CAPTURED may say so; any other provenance is
- *    DLSYNC_ERROR_INVALID_ARGUMENT ("contradicts").
- *  - CUDA_SUCCESS or CUDA_ERROR_NOT_READY: CAPTURED contradicts it; COMPLETE
- *    contradicts NOT_READY.
- * Not checked (the driver cannot tell): EAGER against EXTERNAL_RECORD (an
- * event-record node leaves the event's eager state as it was), and a
- * CAPTURED event's capture id (only a wait from that capture uses it).
+ *  - CUDA_ERROR_CAPTURED_EVENT (last recorded by a plain record in an active
+ *    capture): the declaration is wrong: DLSYNC_ERROR_INVALID_ARGUMENT
+ *    ("contradicts"). The driver has then invalidated that capture (rule
+ *    R41): declare such an event CAPTURED.
+ *  - CUDA_ERROR_NOT_READY: COMPLETE contradicts it.
+ * An event declared CAPTURED is not queried (the query would invalidate its
+ * capture, R41): its provenance and capture id are taken as given. Not
+ * checked either (the driver cannot tell): EAGER against EXTERNAL_RECORD (an
+ * event-record node leaves the event's eager state as it was).
  *
  * Ownership: by default the event is borrowed: keep it alive, and do not
  * record it again, while the fence or any graph that waits on it may use it

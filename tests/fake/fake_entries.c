@@ -675,8 +675,13 @@ static CUresult event_sync_or_query(CUevent h, bool query) {
   if (unsafe_call_prohibited())
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (e->state == EV_CAPTURED) {
-    /* [R40 QUERY-CAPTURED-EVENT] a query's answer, no capture harmed: not
-     * counted as illegal (a synchronization is). */
+    /* [R41 QUERY-CAPTURED-EVENT] a query's answer is CAPTURED_EVENT, and
+     * the capture the event was recorded in, while active, is invalidated,
+     * in any capture mode of the asking thread. (A synchronization gives
+     * the same answer; what it does to the capture is not modelled.) */
+    fcapture *c = cap_find(e->cap_id);
+    if (query && c != NULL)
+      c->invalidated = true; /* not counted: the capture's end tells */
     if (!query)
       S.illegal++;
     return CUDA_ERROR_CAPTURED_EVENT;
