@@ -118,6 +118,15 @@ seeds = {
     # undeclared: the rows add event nodes (the parent need not instantiate)
     "body_undeclared": graph(0) + cond_node(0, 3, 2) + body_capture(2, 3) + order(S0, SB)
     + end_capture(2) + body_add(3) + body_check(),
+    # declared with its parent and node (body_add's byte | 128): the rows hoist their event
+    # nodes into the parent (a capture into the body, a graph lane on it), which instantiates
+    "body_hoisted": graph(0) + cond_node(0, 0) + body_add(0 | 128) + body_capture(0, 0)
+    + order(S1, S0) + end_capture(0) + push() + order(S1, body_lane(1, 0)) + body_check(),
+    # the declaration's driver calls failing in turn
+    "body_hoisted_fault": graph(0) + cond_node(0, 0) + fault(1) + body_add(0 | 128)
+    + body_capture(0, 0) + order(S1, S0) + end_capture(0) + body_check(),
+    "body_hoisted_fault_2": graph(0) + cond_node(0, 0) + fault(2) + body_add(0 | 128)
+    + body_capture(0, 0) + order(S1, S0) + end_capture(0) + body_check(),
     # declared by the other context: this one's rows and launches refuse the body all the same
     "body_other_context": graph(0) + cond_node(0, 1) + body_add(1 | 64) + body_check()
     + body_capture(0, 1) + order(S1, S0) + launch(S0, 1) + launch(S0, 0) + end_capture(0)
