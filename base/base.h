@@ -87,6 +87,13 @@ void *dlsync__calloc(size_t count, size_t size);
 void *dlsync__realloc(void *ptr, size_t size);
 char *dlsync__strdup(const char *s);
 void dlsync__free(void *ptr);
+/* A large zeroed block whose pages the system supplies, zeroed, only when
+ * first touched (an anonymous mapping: page-aligned; malloc would zero,
+ * and so touch, a block it reuses): resident memory grows as the block is
+ * used, not when it is made. Failed and counted as the others; freed with
+ * dlsync__free_untouched and the same size. */
+void *dlsync__alloc_untouched(size_t size);
+void dlsync__free_untouched(void *ptr, size_t size);
 
 /* *out = a * b; false (and *out untouched) when the product does not fit a
  * size_t. Every size computed from a count goes through it. */

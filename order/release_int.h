@@ -144,10 +144,17 @@ typedef struct reclaimer {
  * the reclaimer merges a ring's slots and its overflow by that mark, so one
  * thread's deleters run in the order it released, and the thread goes back
  * to its slots as soon as one is free. When its thread exits the ring is
- * marked; the reclaimer frees it once it is empty. */
+ * marked; the reclaimer frees it once it is empty.
+ *
+ * Memory: a ring is an anonymous mapping (dlsync__alloc_untouched) written
+ * nowhere at creation but its first cache lines, so that its pages become
+ * resident as the head first reaches them, not when the thread first
+ * releases (100 threads releasing once would otherwise hold 32 MiB). No
+ * slot is ever read before it is written: a slot is valid only in [tail,
+ * head), and a drop only where its slot carries RUN_STARTS. */
 #define RING_SLOTS 4096u /* a power of two */
 
-/* One cache line (the ring is aligned to 64 bytes): a push writes one
+/* One cache line (the ring is page-aligned): a push writes one
  * line, the reclaimer reads one. */
 typedef struct ring_slot {
   _Atomic(dlsync__release_book *) book; /* read by other threads counting a book's */
@@ -188,7 +195,6 @@ typedef struct release_ring {
   pthread_t thread;
   int device;
   atomic_bool orphaned; /* its thread has exited */
-  void *memory;         /* what was allocated (the ring is aligned inside it) */
   _Alignas(64) ring_slot slots[RING_SLOTS];
   ring_drop drops[RING_SLOTS]; /* of the slots tagged RUN_STARTS */
 } release_ring;
