@@ -298,6 +298,23 @@ extern DLSYNC__HIDDEN bool dlsync__forked;
 #define DLSYNC__IN_FORKED_CHILD() DLSYNC__UNLIKELY(dlsync__forked)
 #endif
 
+/* ---- an asymmetric fence (base/thread.c) ----
+ * A thread that publishes often and a thread that rarely goes to sleep
+ * (a Dekker pair: each stores, then loads what the other stored) need a
+ * full fence between the store and the load on each side. The frequent
+ * side may use dlsync__fence_light (a compiler barrier: no instruction)
+ * where the rare side calls dlsync__fence_heavy, which makes every thread
+ * of the process that runs now pass a full fence (Linux membarrier,
+ * private expedited). dlsync__fence_heavy_ready registers the process
+ * once; where it returns false (no membarrier, or refused), the light side
+ * must use a sequentially consistent store and load instead. */
+bool dlsync__fence_heavy_ready(void);
+/* False when the system refused it (the rare side must then not rely on it). */
+bool dlsync__fence_heavy(void);
+#ifndef __cplusplus
+#define dlsync__fence_light() atomic_signal_fence(memory_order_seq_cst)
+#endif
+
 /* DLSYNC_ERROR_NO_DRIVER with a message naming fn and why. */
 DLSYNC__COLD dlsync_status dlsync__fail_forked(const char *fn);
 

@@ -173,6 +173,7 @@ DLSYNC__NOINLINE release_ring *dlsync__ring_new(dlsync__thread *t, reclaimer *r)
   atomic_init(&g->tail, 0);
   atomic_init(&g->overflow, NULL);
   atomic_init(&g->orphaned, false);
+  g->light = dlsync__fence_heavy_ready();
   g->owner = r;
   g->thread = pthread_self();
   g->device = r->device;

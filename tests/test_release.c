@@ -1182,6 +1182,24 @@ static void a_ring_that_cannot_be_made_leaves_the_shared_queue(void **state) {
   assert_int_equal(atomic_load(&deleted), 2);
 }
 
+/* The reclaimer naps after a batch, then sleeps until a push wakes it; a
+ * ring's push publishes without a fence of its own (the reclaimer's
+ * membarrier as it falls asleep is the other half). Releases made 1 to 4 ms
+ * apart land before, during and after its fall into sleep: each one's
+ * deleter runs without any other push or flush to wake the reclaimer. */
+static void a_ring_push_wakes_a_reclaimer_falling_asleep(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C);
+  (void)state;
+  atomic_store(&deleted, 0);
+  for (int i = 0; i < 200; i++) {
+    sleep_ms(1 + i % 4);
+    assert_int_equal(dlsync_release(ctx, &lc, count_into_deleted, NULL), DLSYNC_SUCCESS);
+    assert_true(wait_for(&deleted, i + 1));
+  }
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&deleted), 200);
+}
+
 /* Resident memory (bytes) of the process: /proc/self/statm's second field. */
 static size_t resident_bytes(void) {
   unsigned long size = 0, resident = 0;
@@ -1698,6 +1716,8 @@ int main(void) {
                                       fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(a_ring_that_cannot_be_made_leaves_the_shared_queue,
                                       fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(a_ring_push_wakes_a_reclaimer_falling_asleep, fixture_setup,
+                                      fixture_teardown),
       cmocka_unit_test_setup_teardown(a_threads_ring_costs_memory_only_as_it_is_used, fixture_setup,
                                       fixture_teardown),
       cmocka_unit_test_setup_teardown(a_failed_stream_id_queues_nothing, fixture_setup,
