@@ -134,14 +134,17 @@ typedef struct reclaimer {
  * the reclaimer writes too. So a thread that releases on a device's streams
  * gets a ring of its own for that device: a single-producer single-consumer
  * queue of RING_SLOTS slots. The thread fills the slot at `head` and
- * publishes it with one release store (no fence: ring_push); the reclaimer copies the slots up to
- * `head` into its own items, runs them in its batch, and frees each slot (`tail`) once its deleter
- * has run. Nothing per release is shared but the slot and `head`: the ring holds one reference on
- * the book and one on the pool of the run of releases it is in, and a slot that begins a new run
- * carries the old run's references for the reclaimer to drop once the slot is done (every earlier
- * slot of the ring is done by then). The book's count of pending releases leaves ring releases out;
- * flush, close and the stats count them in the rings (dlsync__book_pending_eager). A device past
- * DLSYNC__THREAD_RINGS or a ring that could not be made: the shared queue.
+ * publishes it with one release store (no fence: ring_push); the reclaimer
+ * copies the slots up to `head` into its own items, runs them in its batch,
+ * and frees each slot (`tail`) once its deleter has run. Nothing per release
+ * is shared but the slot and `head`: the ring holds one reference on the
+ * book and one on the pool of the run of releases it is in, and a slot that
+ * begins a new run carries the old run's references for the reclaimer to
+ * drop once the slot is done (every earlier slot of the ring is done by
+ * then). The book's count of pending releases leaves ring releases out;
+ * flush, close and the stats count them in the rings
+ * (dlsync__book_pending_eager). A device past DLSYNC__THREAD_RINGS or a ring
+ * that could not be made: the shared queue.
  * A full ring: an item of the shared queue's kind (an allocation) pushed on
  * the ring's own overflow stack, marked with the ring position it follows;
  * the reclaimer merges a ring's slots and its overflow by that mark, so one
