@@ -7,6 +7,7 @@
 #include <stdatomic.h>
 #include <stdlib.h>
 #include <string.h>
+#include <sys/mman.h>
 
 #include "base/base.h"
 
@@ -82,6 +83,26 @@ char *dlsync__strdup(const char *s) {
 void dlsync__free(void *ptr) {
   uncount(ptr);
   free(ptr);
+}
+
+void *dlsync__alloc_untouched(size_t size) {
+  void *p;
+  if (alloc_fails())
+    return NULL;
+  p = mmap(NULL, size, PROT_READ | PROT_WRITE, MAP_PRIVATE | MAP_ANONYMOUS, -1, 0);
+  if (p == MAP_FAILED)
+    return NULL;
+  if (DLSYNC__UNLIKELY(atomic_load_explicit(&counting, memory_order_relaxed)))
+    atomic_fetch_add_explicit(&live_bytes, size, memory_order_relaxed);
+  return p;
+}
+
+void dlsync__free_untouched(void *ptr, size_t size) {
+  if (ptr == NULL)
+    return;
+  if (DLSYNC__UNLIKELY(atomic_load_explicit(&counting, memory_order_relaxed)))
+    atomic_fetch_sub_explicit(&live_bytes, size, memory_order_relaxed);
+  (void)munmap(ptr, size);
 }
 
 void dlsync__alloc_fail_nth(unsigned n) {

@@ -87,6 +87,13 @@ void *dlsync__calloc(size_t count, size_t size);
 void *dlsync__realloc(void *ptr, size_t size);
 char *dlsync__strdup(const char *s);
 void dlsync__free(void *ptr);
+/* A large zeroed block whose pages the system supplies, zeroed, only when
+ * first touched (an anonymous mapping: page-aligned; malloc would zero,
+ * and so touch, a block it reuses): resident memory grows as the block is
+ * used, not when it is made. Failed and counted as the others; freed with
+ * dlsync__free_untouched and the same size. */
+void *dlsync__alloc_untouched(size_t size);
+void dlsync__free_untouched(void *ptr, size_t size);
 
 /* *out = a * b; false (and *out untouched) when the product does not fit a
  * size_t. Every size computed from a count goes through it. */
@@ -289,6 +296,23 @@ bool dlsync__thread_exit_arm(dlsync__thread *t);
  * memory (gcc makes a load and a test of an atomic). */
 extern DLSYNC__HIDDEN bool dlsync__forked;
 #define DLSYNC__IN_FORKED_CHILD() DLSYNC__UNLIKELY(dlsync__forked)
+#endif
+
+/* ---- an asymmetric fence (base/thread.c) ----
+ * A thread that publishes often and a thread that rarely goes to sleep
+ * (a Dekker pair: each stores, then loads what the other stored) need a
+ * full fence between the store and the load on each side. The frequent
+ * side may use dlsync__fence_light (a compiler barrier: no instruction)
+ * where the rare side calls dlsync__fence_heavy, which makes every thread
+ * of the process that runs now pass a full fence (Linux membarrier,
+ * private expedited). dlsync__fence_heavy_ready registers the process
+ * once; where it returns false (no membarrier, or refused), the light side
+ * must use a sequentially consistent store and load instead. */
+bool dlsync__fence_heavy_ready(void);
+/* False when the system refused it (the rare side must then not rely on it). */
+bool dlsync__fence_heavy(void);
+#ifndef __cplusplus
+#define dlsync__fence_light() atomic_signal_fence(memory_order_seq_cst)
 #endif
 
 /* DLSYNC_ERROR_NO_DRIVER with a message naming fn and why. */

@@ -3,6 +3,11 @@
  * slots belong to the modules above; and what a child of fork() is told. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <sys/syscall.h>
+#include <unistd.h>
+#if defined(__linux__)
+#include <linux/membarrier.h>
+#endif
 
 #include "base/base.h"
 
@@ -69,6 +74,34 @@ __attribute__((destructor)) static void unload(void) {
     (void)pthread_key_delete(key);
 }
 #endif
+
+/* ---- the asymmetric fence (base/base.h) ---- */
+
+static pthread_once_t heavy_once = PTHREAD_ONCE_INIT;
+static atomic_bool heavy_ok;
+
+static void heavy_register(void) {
+#if defined(__linux__) && defined(SYS_membarrier)
+  long cmds = syscall(SYS_membarrier, MEMBARRIER_CMD_QUERY, 0, 0);
+  if (cmds >= 0 && (cmds & MEMBARRIER_CMD_PRIVATE_EXPEDITED) &&
+      syscall(SYS_membarrier, MEMBARRIER_CMD_REGISTER_PRIVATE_EXPEDITED, 0, 0) == 0)
+    atomic_store(&heavy_ok, true);
+#endif
+}
+
+bool dlsync__fence_heavy_ready(void) {
+  (void)pthread_once(&heavy_once, heavy_register);
+  return atomic_load(&heavy_ok);
+}
+
+bool dlsync__fence_heavy(void) {
+#if defined(__linux__) && defined(SYS_membarrier)
+  return atomic_load(&heavy_ok) &&
+         syscall(SYS_membarrier, MEMBARRIER_CMD_PRIVATE_EXPEDITED, 0, 0) == 0;
+#else
+  return false;
+#endif
+}
 
 /* ---- fork() ----
  * A child of fork() has one thread, a copy of the parent's memory, and no

@@ -107,8 +107,13 @@ typedef struct book_tally {
  * returns, and the unload joins it. */
 
 typedef struct reclaimer {
+  /* Read by every push, written only as the thread falls asleep or wakes:
+   * on a cache line of its own (the lock and the queue are written at each
+   * of the thread's rounds). */
+  char before[64];
+  atomic_bool sleeping; /* the thread waits on cond: a push signals it */
+  char after[64];
   _Atomic(release_item *) pushed; /* newest first; taken whole by the thread */
-  atomic_bool sleeping;           /* the thread waits on cond: a push signals it */
   pthread_mutex_t lock;
   pthread_cond_t cond;
   pthread_t thread;
@@ -129,25 +134,33 @@ typedef struct reclaimer {
  * the reclaimer writes too. So a thread that releases on a device's streams
  * gets a ring of its own for that device: a single-producer single-consumer
  * queue of RING_SLOTS slots. The thread fills the slot at `head` and
- * publishes it with one store; the reclaimer copies the slots up to `head`
- * into its own items, runs them in its batch, and frees each slot (`tail`)
- * once its deleter has run. Nothing per release is shared but the slot and
- * `head`: the ring holds one reference on the book and one on the pool of
- * the run of releases it is in, and a slot that begins a new run carries the
- * old run's references for the reclaimer to drop once the slot is done
- * (every earlier slot of the ring is done by then). The book's count of
- * pending releases leaves ring releases out; flush, close and the stats
- * count them in the rings (dlsync__book_pending_eager). A device past
- * DLSYNC__THREAD_RINGS or a ring that could not be made: the shared queue.
+ * publishes it with one release store (no fence: ring_push); the reclaimer
+ * copies the slots up to `head` into its own items, runs them in its batch,
+ * and frees each slot (`tail`) once its deleter has run. Nothing per release
+ * is shared but the slot and `head`: the ring holds one reference on the
+ * book and one on the pool of the run of releases it is in, and a slot that
+ * begins a new run carries the old run's references for the reclaimer to
+ * drop once the slot is done (every earlier slot of the ring is done by
+ * then). The book's count of pending releases leaves ring releases out;
+ * flush, close and the stats count them in the rings
+ * (dlsync__book_pending_eager). A device past DLSYNC__THREAD_RINGS or a ring
+ * that could not be made: the shared queue.
  * A full ring: an item of the shared queue's kind (an allocation) pushed on
  * the ring's own overflow stack, marked with the ring position it follows;
  * the reclaimer merges a ring's slots and its overflow by that mark, so one
  * thread's deleters run in the order it released, and the thread goes back
  * to its slots as soon as one is free. When its thread exits the ring is
- * marked; the reclaimer frees it once it is empty. */
+ * marked; the reclaimer frees it once it is empty.
+ *
+ * Memory: a ring is an anonymous mapping (dlsync__alloc_untouched) written
+ * nowhere at creation but its first cache lines, so that its pages become
+ * resident as the head first reaches them, not when the thread first
+ * releases (100 threads releasing once would otherwise hold 32 MiB). No
+ * slot is ever read before it is written: a slot is valid only in [tail,
+ * head), and a drop only where its slot carries RUN_STARTS. */
 #define RING_SLOTS 4096u /* a power of two */
 
-/* One cache line (the ring is aligned to 64 bytes): a push writes one
+/* One cache line (the ring is page-aligned): a push writes one
  * line, the reclaimer reads one. */
 typedef struct ring_slot {
   _Atomic(dlsync__release_book *) book; /* read by other threads counting a book's */
@@ -176,6 +189,7 @@ typedef struct release_ring {
   unsigned tail_seen;         /* tail as it last read it */
   dlsync__release_book *book; /* the current run's book (a reference) */
   dlsync__pool *pool;         /* the current run's pool (a reference) */
+  bool light;                 /* published without a full fence (ring_push) */
   char apart[64];             /* the reclaimer's fields on another cache line */
   /* The reclaimer's (tail is read by the releasing thread and counters). */
   atomic_uint tail;
@@ -188,7 +202,6 @@ typedef struct release_ring {
   pthread_t thread;
   int device;
   atomic_bool orphaned; /* its thread has exited */
-  void *memory;         /* what was allocated (the ring is aligned inside it) */
   _Alignas(64) ring_slot slots[RING_SLOTS];
   ring_drop drops[RING_SLOTS]; /* of the slots tagged RUN_STARTS */
 } release_ring;
@@ -335,8 +348,17 @@ static DLSYNC__INLINE bool ring_push(reclaimer *r, release_ring *g, const releas
   sl->stream_id = a->stream_id;
   sl->fn = a->fn;
   sl->arg = a->arg;
-  /* seq_cst store and load, against idle() (release_reclaimer.c): see there. */
-  atomic_store(&g->head, head + 1);
+  /* The head stored, then `sleeping` read, against idle()'s opposite
+   * (release_reclaimer.c): a full fence between them on both sides. A light
+   * ring's is the reclaimer's membarrier as it falls asleep (base/base.h),
+   * so the push's store is a plain release store and a compiler barrier;
+   * without membarrier, a sequentially consistent store. */
+  if (DLSYNC__LIKELY(g->light)) {
+    atomic_store_explicit(&g->head, head + 1, memory_order_release);
+    dlsync__fence_light();
+  } else {
+    atomic_store(&g->head, head + 1);
+  }
   if (DLSYNC__UNLIKELY(atomic_load(&r->sleeping)))
     dlsync__reclaimer_wake(r);
   return true;

@@ -303,8 +303,10 @@ static void run_janitor(release_item *batch) {
 
 /* The whole queue, oldest first. */
 static release_item *take_all(reclaimer *r) {
-  release_item *it = atomic_exchange_explicit(&r->pushed, NULL, memory_order_acquire);
-  release_item *fifo = NULL;
+  release_item *it = NULL, *fifo = NULL;
+  /* Read first: an exchange would write the line at each round. */
+  if (atomic_load_explicit(&r->pushed, memory_order_relaxed) != NULL)
+    it = atomic_exchange_explicit(&r->pushed, NULL, memory_order_acquire);
   while (it != NULL) {
     release_item *next = it->next;
     it->next = fifo;
@@ -344,8 +346,18 @@ static void idle(reclaimer *r, unsigned *naps) {
   }
   pthread_mutex_lock(&r->lock);
   atomic_store(&r->sleeping, true);
-  /* seq_cst on both sides: either a push sees `sleeping` or this sees it
-   * (a ring's push: its head stored, then `sleeping` read, both seq_cst). */
+  /* A full fence on both sides, so that either a push sees `sleeping` or
+   * this sees the push: the shared queue's push is a compare-and-swap
+   * (seq_cst), a ring's push stores its head then reads `sleeping`, seq_cst
+   * or, on a light ring (made once membarrier was registered), a release
+   * store whose fence is the membarrier made here, on the pushing thread's
+   * CPU. Should the membarrier fail, the thread does not sleep: it naps. */
+  if (r->rings != NULL && dlsync__fence_heavy_ready() && !dlsync__fence_heavy()) {
+    atomic_store(&r->sleeping, false);
+    pthread_mutex_unlock(&r->lock);
+    usleep(NAP_US);
+    return;
+  }
   if (atomic_load(&r->pushed) == NULL && !dlsync__rings_queued_locked(r) &&
       !atomic_load(&r->stopping))
     pthread_cond_wait(&r->cond, &r->lock);

@@ -27,7 +27,7 @@ void dlsync__ring_free(release_ring *g) {
     dlsync__book_unref(g->book);
   if (g->pool != NULL)
     dlsync__pool_unref(g->pool);
-  dlsync__free(g->memory);
+  dlsync__free_untouched(g, sizeof *g);
 }
 
 /* A reclaimer's item for a ring's slot: one of its spares, or a new one
@@ -164,19 +164,16 @@ DLSYNC__NOINLINE release_ring *dlsync__ring_new(dlsync__thread *t, reclaimer *r)
   dlsync__hooks_set(DLSYNC__HOOK_RINGS, rings_thread_exit, NULL);
   if (!dlsync__thread_exit_arm(t))
     return NULL;
-  {
-    unsigned char *raw = dlsync__calloc(1, sizeof *g + 64);
-    if (raw == NULL)
-      return NULL;
-    g = (release_ring *)(void *)(raw + (64 - (uintptr_t)raw % 64) % 64);
-    g->memory = raw;
-  }
+  /* Zeroed pages, supplied as the head first reaches them: its slots and
+   * drops are written before they are read (release_int.h). */
+  g = dlsync__alloc_untouched(sizeof *g);
+  if (g == NULL)
+    return NULL;
   atomic_init(&g->head, 0);
   atomic_init(&g->tail, 0);
   atomic_init(&g->overflow, NULL);
   atomic_init(&g->orphaned, false);
-  for (unsigned i = 0; i < RING_SLOTS; i++)
-    atomic_init(&g->slots[i].book, NULL);
+  g->light = dlsync__fence_heavy_ready();
   g->owner = r;
   g->thread = pthread_self();
   g->device = r->device;

@@ -17,6 +17,7 @@
 #include <stdio.h>
 #include <string.h>
 #include <time.h>
+#include <unistd.h>
 
 #include <cmocka.h>
 
@@ -1181,6 +1182,101 @@ static void a_ring_that_cannot_be_made_leaves_the_shared_queue(void **state) {
   assert_int_equal(atomic_load(&deleted), 2);
 }
 
+/* The reclaimer naps after a batch, then sleeps until a push wakes it; a
+ * ring's push publishes without a fence of its own (the reclaimer's
+ * membarrier as it falls asleep is the other half). Releases made 1 to 4 ms
+ * apart land before, during and after its fall into sleep: each one's
+ * deleter runs without any other push or flush to wake the reclaimer. */
+static void a_ring_push_wakes_a_reclaimer_falling_asleep(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C);
+  (void)state;
+  atomic_store(&deleted, 0);
+  for (int i = 0; i < 200; i++) {
+    sleep_ms(1 + i % 4);
+    assert_int_equal(dlsync_release(ctx, &lc, count_into_deleted, NULL), DLSYNC_SUCCESS);
+    assert_true(wait_for(&deleted, i + 1));
+  }
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&deleted), 200);
+}
+
+/* Resident memory (bytes) of the process: /proc/self/statm's second field. */
+static size_t resident_bytes(void) {
+  unsigned long size = 0, resident = 0;
+  FILE *f = fopen("/proc/self/statm", "r");
+  assert_non_null(f);
+  assert_int_equal(fscanf(f, "%lu %lu", &size, &resident), 2);
+  fclose(f);
+  return (size_t)resident * (size_t)sysconf(_SC_PAGESIZE);
+}
+
+/* The sanitizers' allocators and shadow memory make resident memory say
+ * nothing about the library's. */
+#if defined(__SANITIZE_ADDRESS__) || defined(__SANITIZE_THREAD__)
+#define RSS_MEANINGFUL 0
+#elif defined(__has_feature)
+#if __has_feature(address_sanitizer) || __has_feature(thread_sanitizer) || \
+    __has_feature(memory_sanitizer)
+#define RSS_MEANINGFUL 0
+#endif
+#endif
+#ifndef RSS_MEANINGFUL
+#define RSS_MEANINGFUL 1
+#endif
+
+#define FEW_RELEASERS 100
+static pthread_barrier_t releasers_started, releasers_released, releasers_measured;
+static atomic_int releasers_failed;
+
+static void *release_once_and_wait(void *arg) {
+  dlsync_lane *l = arg;
+  pthread_barrier_wait(&releasers_started);
+  if (dlsync_release(ctx, l, count_into_deleted, NULL) != DLSYNC_SUCCESS)
+    atomic_fetch_add(&releasers_failed, 1);
+  pthread_barrier_wait(&releasers_released);
+  pthread_barrier_wait(&releasers_measured); /* its ring lives until it exits */
+  return NULL;
+}
+
+/* A thread's ring costs resident memory as its slots are used, not when it
+ * is made: 100 threads making one release each, all alive (their rings
+ * too), add less than 64 KiB each (whole rings would be 330 KiB each, 32
+ * MiB). The threads are started and parked before the first measure, so
+ * their stacks are left out; nothing is timed. */
+static void a_threads_ring_costs_memory_only_as_it_is_used(void **state) {
+  dlsync_lane lc = dlsync_lane_stream(C);
+  pthread_t th[FEW_RELEASERS];
+  size_t before, after;
+  (void)state;
+  atomic_store(&deleted, 0);
+  atomic_store(&releasers_failed, 0);
+  /* The context's pool and the reclaimer made by this thread. */
+  assert_int_equal(dlsync_release(ctx, &lc, count_into_deleted, NULL), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(pthread_barrier_init(&releasers_started, NULL, FEW_RELEASERS + 1), 0);
+  assert_int_equal(pthread_barrier_init(&releasers_released, NULL, FEW_RELEASERS + 1), 0);
+  assert_int_equal(pthread_barrier_init(&releasers_measured, NULL, FEW_RELEASERS + 1), 0);
+  for (int i = 0; i < FEW_RELEASERS; i++)
+    assert_int_equal(pthread_create(&th[i], NULL, release_once_and_wait, &lc), 0);
+  before = resident_bytes();
+  pthread_barrier_wait(&releasers_started);
+  pthread_barrier_wait(&releasers_released);
+  after = resident_bytes();
+  pthread_barrier_wait(&releasers_measured);
+  for (int i = 0; i < FEW_RELEASERS; i++)
+    assert_int_equal(pthread_join(th[i], NULL), 0);
+  pthread_barrier_destroy(&releasers_started);
+  pthread_barrier_destroy(&releasers_released);
+  pthread_barrier_destroy(&releasers_measured);
+  assert_int_equal(atomic_load(&releasers_failed), 0);
+  assert_int_equal(dlsync_release_flush(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&deleted), FEW_RELEASERS + 1);
+  print_message("%d threads' first releases: %zu KiB resident more\n", FEW_RELEASERS,
+                after > before ? (after - before) / 1024 : 0);
+  if (RSS_MEANINGFUL && after > before)
+    assert_true(after - before < (size_t)FEW_RELEASERS * 64 * 1024);
+}
+
 /* cuStreamGetId failing: a status naming it, nothing queued, the event back
  * in its pool. */
 static void a_failed_stream_id_queues_nothing(void **state) {
@@ -1620,6 +1716,10 @@ int main(void) {
                                       fixture_setup, fixture_teardown),
       cmocka_unit_test_setup_teardown(a_ring_that_cannot_be_made_leaves_the_shared_queue,
                                       fixture_setup, fixture_teardown),
+      cmocka_unit_test_setup_teardown(a_ring_push_wakes_a_reclaimer_falling_asleep, fixture_setup,
+                                      fixture_teardown),
+      cmocka_unit_test_setup_teardown(a_threads_ring_costs_memory_only_as_it_is_used, fixture_setup,
+                                      fixture_teardown),
       cmocka_unit_test_setup_teardown(a_failed_stream_id_queues_nothing, fixture_setup,
                                       fixture_teardown),
       cmocka_unit_test_setup_teardown(a_threads_ring_runs_after_the_thread_exits, fixture_setup,

@@ -23,6 +23,13 @@
  *    launch). The reclaimer takes what is queued as one batch and, as events
  *    of one stream complete in order, waits only for the newest of each
  *    stream's.
+ *    Memory: a thread's ring for a GPU (4,096 slots, at most one per GPU
+ *    for its first four) reserves 324 KiB of address space, made resident
+ *    only as it is used: about 12 KiB after the thread's first release
+ *    there, 4 KiB more per 64 releases until the slots have all been used
+ *    once (256 KiB after 4,096 releases: the ring reuses them in turn), and
+ *    4 KiB per 256 slots where a release changes context or event pool.
+ *    It is freed once its thread has exited and its releases have run.
  *  - capturing stream or graph built by hand: the graph owns the object (a
  *    user object); the deleter runs once, after the graph and every
  *    executable made from it are destroyed and their launches have finished,
