@@ -186,7 +186,7 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsyn
  *    consumer lane of that graph (so they also follow that lane's work
  *    before the call).
  * Each consumer's row is the one dlsync_exchange_begin_flags would take
- * (exchange.h's table), decided from the lanes as they are at the call; the
+ * (the table at the top of this header), decided from the lanes as they are at the call; the
  * same lanes in the same states give the same calls, nodes and edges at
  * every call, so a recaptured step has the same topology (cuGraphExecUpdate
  * accepts it). Graph lanes get their new frontiers written back, one per
@@ -203,9 +203,10 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsyn
  * Errors: as dlsync_exchange_begin_flags, and DLSYNC_ERROR_INVALID_ARGUMENT,
  *   naming what was wrong, for: out or ctx NULL, n == 0, consumers NULL,
  *   n > DLSYNC_EXCHANGE_MANY_MAX, unknown flags, a consumer that is the
- *   producer (the same stream, or the same dlsync_lane), two consumers that
- *   are the same (the same stream, legacy handles alike, or the same
- *   dlsync_lane). DLSYNC_ERROR_CAPTURE_ORDER, with nothing queued, when a
+ *   producer, two consumers that are the same lane: the same stream (NULL
+ *   and CU_STREAM_LEGACY alike), the same dlsync_lane, or graph lanes of one
+ *   graph that share their frontier's array (each would write its new
+ *   frontier over the other's). DLSYNC_ERROR_CAPTURE_ORDER, with nothing queued, when a
  *   consumer is an eager stream and the producer a graph built by hand.
  *   Every lane is checked and read before anything is queued; when a later
  *   consumer fails after earlier ones were ordered, those are ordered back
