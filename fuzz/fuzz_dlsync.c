@@ -448,8 +448,8 @@ static void step(world *w, input *in) {
     dlsync_lane *a = lane_of(w, in), *b = lane_of(w, in);
     unsigned fb = take(in);
     /* 0x80: an unknown flag; else CAPTURE_STABLE (bit 0), KEEP_EDGE_DATA (bit 1). */
-    uint32_t flags = (fb & 4) ? 0x80u
-                              : (uint32_t)(fb & 1) | ((fb & 2) ? DLSYNC_EXCHANGE_KEEP_EDGE_DATA : 0);
+    uint32_t flags =
+        (fb & 4) ? 0x80u : (uint32_t)(fb & 1) | ((fb & 2) ? DLSYNC_EXCHANGE_KEEP_EDGE_DATA : 0);
     if (w->ex[s] == NULL) {
       dlsync_exchange *ex = NULL;
       dlsync_status st;
