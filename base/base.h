@@ -199,12 +199,13 @@ typedef struct dlsync__thread {
    * reads too (no alignment beyond 8 is asked of thread-local storage: a
    * library loaded by dlopen gets its block from the loader's allocator). */
   void *spare; /* order/: one free exchange record */
-  /* order/: its release rings (order/release.c), one per device below
+  /* order/: its release rings (order/release_rings.c), one per device below
    * DLSYNC__THREAD_RINGS; NULL until it releases on that device */
   void *rings[DLSYNC__THREAD_RINGS];
   /* order/: the capture an end after a begin that found both streams in one
    * capture checks the consumer against (set by that end) */
   uint64_t end_capture_id;
+  bool exit_armed;   /* base/: the key is set for this thread (dlsync__thread_exit_arm) */
   bool spare_keyed;  /* order/: the thread-exit hook that gives it back is set */
   bool end_capture;  /* order/: this thread's last exchange end found its consumer capturing */
   bool then_capture; /* order/: its last begin or order found the later lane capturing */
@@ -227,6 +228,53 @@ typedef struct dlsync__thread {
  * address again at each use (a __tls_get_addr call each, seen in the
  * memo scan); one call per entry point is cheaper. */
 dlsync__thread *dlsync__thread_get(void);
+
+/* ---- thread exit and unload, in one written order (base/thread.c) ----
+ *
+ * The library has one pthread key and one destructor, both here. A layer
+ * that keeps something per thread, or for the process, registers its hooks
+ * in its slot below (dlsync__hooks_set, before it first needs them; setting
+ * them again is harmless), and they run in the slots' order:
+ *
+ *   At the exit of a thread that armed the key (dlsync__thread_exit_arm):
+ *   each layer's thread-exit hook, top layer first: interop/ (the thread's
+ *   env-stream table), order/ (its release rings, its spare exchange
+ *   record), graph/ (its batches of events for built graphs).
+ *
+ *   At the unload of this copy of the library (at exit, or at the dlclose
+ *   of a library that embeds libdlsync.a):
+ *   1. the threads dlsync started (order/'s reclaimers and janitor) are
+ *      stopped and joined, so that their own exit hooks run while every
+ *      layer's tables and the key are still there;
+ *   2. each layer's unload hook, top layer first: interop/, order/ (the
+ *      exchange records, fence memory), graph/;
+ *   3. the key is deleted: a thread still running after that no longer runs
+ *      the exit hooks (what it holds stays, a leak only then), and no thread
+ *      arms the key again.
+ * In a child of fork() dlsync's threads do not exist: the hooks are told by
+ * DLSYNC__IN_FORKED_CHILD and do what is safe there. */
+typedef enum dlsync__hook_slot {
+  DLSYNC__HOOK_THREADS = 0, /* order/: its threads stopped and joined (unload only) */
+  DLSYNC__HOOK_INTEROP,     /* interop/: the env-stream tables */
+  DLSYNC__HOOK_RINGS,       /* order/: the release rings */
+  DLSYNC__HOOK_RECORDS,     /* order/: exchange records (a thread's spare; the pool) */
+  DLSYNC__HOOK_FENCES,      /* order/: fence memory (unload only) */
+  DLSYNC__HOOK_GRAPH,       /* graph/: the batches of events for built graphs */
+  DLSYNC__HOOKS
+} dlsync__hook_slot;
+
+typedef void (*dlsync__thread_exit_fn)(dlsync__thread *t);
+typedef void (*dlsync__unload_fn)(void);
+
+/* Registers slot's hooks (either may be NULL). */
+void dlsync__hooks_set(dlsync__hook_slot slot, dlsync__thread_exit_fn at_thread_exit,
+                       dlsync__unload_fn at_unload);
+
+/* Arms the key for the calling thread (t, its block): its exit runs the
+ * thread-exit hooks. False when it cannot be (pthread_key_create or
+ * pthread_setspecific failed, or the library is being unloaded): the caller
+ * then keeps nothing per thread that only the hook would give back. */
+bool dlsync__thread_exit_arm(dlsync__thread *t);
 
 /* ---- fork() (base/thread.c) ---- */
 

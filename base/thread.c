@@ -2,6 +2,7 @@
 /* The calling thread's block (base/base.h): one thread-local object whose
  * slots belong to the modules above; and what a child of fork() is told. */
 #include <pthread.h>
+#include <stdatomic.h>
 
 #include "base/base.h"
 
@@ -10,6 +11,64 @@ static _Thread_local dlsync__thread hot;
 dlsync__thread *dlsync__thread_get(void) {
   return &hot;
 }
+
+/* ---- thread exit and unload (the order: base/base.h) ---- */
+
+typedef struct hook_pair {
+  _Atomic(dlsync__thread_exit_fn) at_thread_exit;
+  _Atomic(dlsync__unload_fn) at_unload;
+} hook_pair;
+
+static hook_pair hooks[DLSYNC__HOOKS];
+static pthread_once_t key_once = PTHREAD_ONCE_INIT;
+static pthread_key_t key;
+static atomic_bool key_ok; /* created, and not deleted yet */
+
+void dlsync__hooks_set(dlsync__hook_slot slot, dlsync__thread_exit_fn at_thread_exit,
+                       dlsync__unload_fn at_unload) {
+  atomic_store(&hooks[slot].at_thread_exit, at_thread_exit);
+  atomic_store(&hooks[slot].at_unload, at_unload);
+}
+
+/* The key's destructor: runs on the exiting thread (its thread-local
+ * storage still there), with the key's value already NULL. */
+static void thread_exit(void *p) {
+  dlsync__thread *t = p;
+  t->exit_armed = false;
+  for (int i = 0; i < DLSYNC__HOOKS; i++) {
+    dlsync__thread_exit_fn fn = atomic_load(&hooks[i].at_thread_exit);
+    if (fn != NULL)
+      fn(t);
+  }
+}
+
+static void key_create(void) {
+  atomic_store(&key_ok, pthread_key_create(&key, thread_exit) == 0);
+}
+
+bool dlsync__thread_exit_arm(dlsync__thread *t) {
+  if (t->exit_armed)
+    return true;
+  (void)pthread_once(&key_once, key_create);
+  if (!atomic_load(&key_ok) || pthread_setspecific(key, t) != 0)
+    return false;
+  t->exit_armed = true;
+  return true;
+}
+
+#if defined(__GNUC__)
+/* The library's only destructor: at exit, or at the dlclose of a library
+ * that embeds libdlsync.a. */
+__attribute__((destructor)) static void unload(void) {
+  for (int i = 0; i < DLSYNC__HOOKS; i++) {
+    dlsync__unload_fn fn = atomic_load(&hooks[i].at_unload);
+    if (fn != NULL)
+      fn();
+  }
+  if (atomic_exchange(&key_ok, false))
+    (void)pthread_key_delete(key);
+}
+#endif
 
 /* ---- fork() ----
  * A child of fork() has one thread, a copy of the parent's memory, and no

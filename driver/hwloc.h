@@ -3,7 +3,7 @@
  *
  * dlsync never links libhwloc: libdlsync.so (and the Python wheel that
  * carries it) loads on a machine without it. The reclaimer threads of
- * release.c use hwloc only to bind themselves to the CPUs near their GPU; the
+ * order/release_reclaimer.c use hwloc only to bind themselves to the CPUs near their GPU; the
  * first use dlopens "libhwloc.so.15" (the hwloc 2.x ABI) and resolves a
  * small table of entry points. Where it is absent or too old, threads stay
  * unbound and dlsync__hwloc_status() says why. Thread-safe. */

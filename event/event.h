@@ -107,11 +107,22 @@ void dlsync__orphans_set_waker(dlsync__orphans_waker wake);
  * when the last holder lets go. */
 typedef struct dlsync__held_event {
   atomic_uint refs;
-  dlsync__pool *pool;
+  dlsync__pool *pool; /* NULL: another runtime's event (foreign) */
   CUevent event;
+  const dlsync__driver *drv; /* foreign: the driver that destroys it when owned */
+  bool owned;                /* foreign: destroyed (on the orphan list) when let go */
+  void *orphan;              /* owned: its orphan-list entry, allocated beforehand */
 } dlsync__held_event;
 /* refs = 1; counts in the pool's graph_owned and holds a pool reference. */
 dlsync__held_event *dlsync__held_event_new(dlsync__pool *pool, CUevent event);
+/* refs = 1; another runtime's event, never pooled. When the last holder lets
+ * go it is left alone (borrowed) or, when `owned`, put on the orphan list and
+ * destroyed by the next collection (dlsync__orphans_collect: no CUDA call on
+ * the letting-go thread, and no thread woken;
+ * the list's entry is allocated here, so letting go cannot fail). NULL: out
+ * of memory. */
+dlsync__held_event *dlsync__held_event_new_foreign(const dlsync__driver *drv, CUevent event,
+                                                   bool owned);
 void dlsync__held_event_ref(dlsync__held_event *he);
 void dlsync__held_event_unref(dlsync__held_event *he); /* NULL: no-op */
 

@@ -88,9 +88,12 @@ void dlsync__orphans_collect(void) {
     /* Counted as destroyed in its pool, which may still be alive (an event
      * given back while the pool could not grow), so that what the pool
      * counts as alive stays what the driver has. */
-    if (list->drv->EventDestroy(list->event) == CUDA_SUCCESS)
-      atomic_fetch_add_explicit(&list->pool->destroyed, 1, memory_order_relaxed);
-    dlsync__pool_unref(list->pool);
+    CUresult r = list->drv->EventDestroy(list->event);
+    if (list->pool != NULL) { /* NULL: an owned foreign event, counted in no pool */
+      if (r == CUDA_SUCCESS)
+        atomic_fetch_add_explicit(&list->pool->destroyed, 1, memory_order_relaxed);
+      dlsync__pool_unref(list->pool);
+    }
     dlsync__free(list);
     list = next;
   }
@@ -965,8 +968,45 @@ dlsync__held_event *dlsync__held_event_new(dlsync__pool *p, CUevent event) {
   atomic_init(&he->refs, 1);
   he->pool = p;
   he->event = event;
+  he->drv = NULL;
+  he->owned = false;
+  he->orphan = NULL;
   dlsync__pool_note_graph_owned(p);
   return he;
+}
+
+dlsync__held_event *dlsync__held_event_new_foreign(const dlsync__driver *drv, CUevent event,
+                                                   bool owned) {
+  dlsync__held_event *he = dlsync__malloc(sizeof *he);
+  orphan *o = NULL;
+  if (he == NULL)
+    return NULL;
+  if (owned && (o = dlsync__malloc(sizeof *o)) == NULL) {
+    dlsync__free(he);
+    return NULL;
+  }
+  atomic_init(&he->refs, 1);
+  he->pool = NULL;
+  he->event = event;
+  he->drv = drv;
+  he->owned = owned;
+  he->orphan = o;
+  return he;
+}
+
+/* An owned foreign event let go (maybe on a driver thread: no CUDA call): to
+ * the orphan list in its entry `o`. Nobody is woken (a thread making driver
+ * calls at any moment would disturb the caller's): the next collection takes
+ * it (a dlsync_fence_import, a pool growing, a context made or destroyed). */
+static void orphan_foreign(orphan *o, const dlsync__driver *drv, CUevent event) {
+  o->drv = drv;
+  o->event = event;
+  o->pool = NULL;
+  pthread_mutex_lock(&orphan_lock);
+  o->next = orphans;
+  orphans = o;
+  atomic_store_explicit(&orphans_pending, 1, memory_order_release);
+  pthread_mutex_unlock(&orphan_lock);
 }
 
 void dlsync__held_event_ref(dlsync__held_event *he) {
@@ -976,6 +1016,12 @@ void dlsync__held_event_ref(dlsync__held_event *he) {
 void dlsync__held_event_unref(dlsync__held_event *he) {
   if (he == NULL || atomic_fetch_sub_explicit(&he->refs, 1, memory_order_acq_rel) != 1)
     return;
+  if (he->pool == NULL) {
+    if (he->owned)
+      orphan_foreign(he->orphan, he->drv, he->event);
+    dlsync__free(he);
+    return;
+  }
   dlsync__pool_return_from_graph(he->pool, he->event);
   dlsync__free(he);
 }

@@ -2,7 +2,8 @@
 /* libFuzzer harness over the fake driver.
  *
  * Each input is a little program: bytes pick operations (dlsync_order,
- * exchange begin (one producer or many)/end, fence signal/wait/release, dlsync_release, flush),
+ * exchange begin (one producer or many)/end, fence signal/wait/release, another runtime's event
+ * imported as a fence, dlsync_release, flush),
  * their lanes (streams of both kinds, the special handles, captures begun and
  * ended, graphs built by hand with fuzzed deps and capacity, lying counts, bad lanes) and
  * their flags, conditional nodes' bodies (made in those graphs, declared
@@ -115,6 +116,7 @@ typedef struct world {
   dlsync_lane lanes[NLANES]; /* stable storage: exchanges keep pointers to graph lanes */
   dlsync_exchange *ex[NSLOTS];
   dlsync_fence *fences[NSLOTS];
+  unsigned imported; /* other runtimes' events imported (owned by dlsync since) */
   int expected[NRELEASES];
   unsigned nreleases;
   bool faulty; /* this run arms the input's fault (else: the baseline run) */
@@ -361,13 +363,42 @@ static void graph_launch(world *w, input *in) {
     check(dlsync_last_error()[0] != '\0', "a refused launch says why");
 }
 
+/* Another runtime's event, recorded on a stream (eagerly, or plainly in its
+ * capture) and imported into fence slot s with a fuzzed provenance (some
+ * contradicting the record, some unknown), owned by dlsync once imported. */
+static void import_event(world *w, input *in, unsigned s) {
+  static const dlsync_status ok[] = {DLSYNC_SUCCESS, DLSYNC_ERROR_INVALID_ARGUMENT,
+                                     DLSYNC_ERROR_DRIVER, DLSYNC_ERROR_OUT_OF_MEMORY};
+  unsigned k = take(in) % 3, p = take(in) % 6;
+  CUstream st_ = w->streams[k];
+  CUevent e;
+  dlsync_fence *f = NULL;
+  dlsync_status st;
+  if (w->fences[s] != NULL)
+    return;
+  e = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+  if (take(in) & 1)
+    (void)w->d->EventRecord(e, st_);
+  st = dlsync_fence_import(&f, w->ctx, e, (dlsync_provenance)p,
+                           p == DLSYNC_PROVENANCE_CAPTURED ? fake_capture_id(st_) : 0,
+                           DLSYNC_IMPORT_OWN);
+  note(w, st);
+  check_documented(w, st, ok, sizeof ok / sizeof ok[0], "dlsync_fence_import");
+  check((st == DLSYNC_SUCCESS) == (f != NULL), "import: *out set iff success");
+  if (f == NULL)
+    fake_event_destroy(e); /* refused: still ours */
+  else
+    w->imported++;
+  w->fences[s] = f;
+}
+
 static void step(world *w, input *in) {
   const dlsync__driver *d = w->d;
   unsigned op = take(in);
   unsigned s = take(in) % NSLOTS;
   unsigned o = op % 32;
-  if (o > 22)
-    o -= 16; /* 23..31: the first ops again */
+  if (o > 23)
+    o -= 16; /* 24..31: the first ops again */
   switch (o) {
   case 0:
   case 16:
@@ -547,6 +578,9 @@ static void step(world *w, input *in) {
   }
   case 22:
     graph_launch(w, in);
+    break;
+  case 23:
+    import_event(w, in, s);
     break;
   default:
     note(w, dlsync_release_flush(w->ctx));
@@ -736,7 +770,10 @@ static void finish(world *w) {
         "an open batch holds at most 8 events per pool");
   check(ps.graph_owned == batch,
         "no event still held by a graph or fence (but the thread's open batch)");
-  check(ps.created - ps.destroyed == fake_live_events(), "the pools count the events alive");
+  /* An imported event is no pool's: once its fence and graphs are gone it is
+   * destroyed (collected above), unless the driver refused that destroy. */
+  check(ps.created - ps.destroyed == fake_live_events() || (kept_event && w->imported > 0),
+        "the pools count the events alive");
   if (!kept_event)
     check(ps.free_events + batch == fake_live_events(),
           "every event is back in its pool (or in the thread's open batch)");

@@ -278,10 +278,6 @@ cleanup:
  * (graph.h says what a batch is.) */
 typedef dlsync__built_memo built_memo;
 
-static pthread_once_t built_once = PTHREAD_ONCE_INIT;
-static pthread_key_t built_key;
-static atomic_bool built_key_ok;
-
 /* The threads whose exit hook is set (only they keep a batch open past the
  * order that opened it), so that context destroy closes every thread's
  * batches of its pools, not only its own. The lock also guards what another
@@ -348,8 +344,11 @@ static void built_close_warn(built_memo *m, const char *when) {
                          : "no graph had taken it, so its events were given back to the pool");
 }
 
-static void built_thread_exit(void *p) {
-  graph_thread *gt = p;
+/* The thread-exit hook (base/base.h): its batches let go. */
+static void built_thread_exit(dlsync__thread *t) {
+  graph_thread *gt = dlsync__graph_thread_of(t);
+  if (!gt->built_keyed)
+    return;
   pthread_mutex_lock(&built_registry_lock);
   for (unsigned i = 0; i < DLSYNC__BUILT_MEMOS; i++) {
     built_close_warn(&gt->built[i], "a thread's exit");
@@ -359,22 +358,6 @@ static void built_thread_exit(void *p) {
   gt->built_keyed = false;
   pthread_mutex_unlock(&built_registry_lock);
 }
-
-static void built_key_init(void) {
-  atomic_store(&built_key_ok, pthread_key_create(&built_key, built_thread_exit) == 0);
-}
-
-/* When this copy of the library's destructors run (at exit; or at the
- * dlclose of a library that embeds libdlsync.a: libdlsync.so itself is never
- * unmapped), threads still running must not call a hook that may be gone:
- * the key is dropped (their open batches are then not let go, a leak only
- * then), and no thread sets it again. */
-#if defined(__GNUC__)
-__attribute__((destructor)) static void built_unload(void) {
-  if (atomic_exchange(&built_key_ok, false))
-    pthread_key_delete(built_key);
-}
-#endif
 
 /* The thread's memo of pool (of the context whose pools ps are): found, or
  * made in the slot used least recently (closing the batch it had). */
@@ -434,8 +417,8 @@ static DLSYNC__NOINLINE dlsync_status built_open(built_memo *m, graph_thread *gt
   if (box == NULL)
     return built_out_of_memory();
   if (!gt->built_keyed) {
-    (void)pthread_once(&built_once, built_key_init);
-    gt->built_keyed = atomic_load(&built_key_ok) && pthread_setspecific(built_key, gt) == 0;
+    dlsync__hooks_set(DLSYNC__HOOK_GRAPH, built_thread_exit, NULL);
+    gt->built_keyed = dlsync__thread_exit_arm(dlsync__thread_get());
     if (gt->built_keyed) {
       pthread_mutex_lock(&built_registry_lock);
       registry_add(gt);

@@ -4,9 +4,11 @@
  * the contract.
  *
  * The table is a sorted array of entries, found by binary search and grown by
- * doubling. Its header is allocated once per thread and registered with a
- * pthread key whose destructor frees it at thread exit; the entries array is
- * reallocated behind it, so the registered pointer never changes. */
+ * doubling. Its header is allocated once per thread and freed at the
+ * thread's exit by the layer's thread-exit hook (base/base.h, which runs it
+ * before the library's own threads are gone at the unload, so a deleter's
+ * table on a reclaimer is freed too); the entries array is reallocated
+ * behind it. */
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
@@ -31,9 +33,6 @@ typedef struct env_table {
 } env_table;
 
 static _Thread_local env_table *tls_table;
-static pthread_once_t key_once = PTHREAD_ONCE_INIT;
-static pthread_key_t table_key;
-static atomic_bool key_ready;
 static dlsync__env_realloc_fn env_realloc = dlsync__realloc;
 
 static void table_free(env_table *t) {
@@ -43,28 +42,14 @@ static void table_free(env_table *t) {
   dlsync__free(t);
 }
 
-/* Runs on the exiting thread. */
-static void table_destructor(void *p) {
-  if (tls_table == p)
-    tls_table = NULL;
-  table_free(p);
+/* The thread-exit hook (base/base.h): runs on the exiting thread, whose
+ * thread-local storage is still there. */
+static void table_thread_exit(dlsync__thread *thread) {
+  env_table *t = tls_table;
+  (void)thread;
+  tls_table = NULL;
+  table_free(t);
 }
-
-static void key_create(void) {
-  if (pthread_key_create(&table_key, table_destructor) == 0)
-    atomic_store(&key_ready, true);
-}
-
-/* When the library's destructors run (at exit; libdlsync.so is never
- * unmapped by dlclose: -z nodelete, but a copy linked into another library
- * may be), threads that are still running must not call a destructor that is
- * gone: drop the key (their tables are then not freed, a leak only then). */
-#if defined(__GNUC__)
-__attribute__((destructor)) static void env_unload(void) {
-  if (atomic_exchange(&key_ready, false))
-    pthread_key_delete(table_key);
-}
-#endif
 
 void dlsync__env_set_realloc(dlsync__env_realloc_fn fn) {
   env_realloc = fn != NULL ? fn : dlsync__realloc;
@@ -113,21 +98,17 @@ static dlsync_status table_get(env_table **out) {
     return DLSYNC_SUCCESS;
   }
   *out = NULL;
-  pthread_once(&key_once, key_create);
-  if (!atomic_load(&key_ready)) {
+  dlsync__hooks_set(DLSYNC__HOOK_INTEROP, table_thread_exit, NULL);
+  if (!dlsync__thread_exit_arm(dlsync__thread_get())) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
-                      "env streams: no thread-specific key for the per-thread table "
-                      "(pthread_key_create failed, or dlsync is being unloaded)");
+                      "env streams: no thread-exit hook for the per-thread table "
+                      "(pthread_key_create or pthread_setspecific failed, or dlsync is being "
+                      "unloaded)");
     goto cleanup;
   }
   t = dlsync__calloc(1, sizeof *t);
   if (t == NULL) {
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "env streams: out of memory for the table");
-    goto cleanup;
-  }
-  if (pthread_setspecific(table_key, t) != 0) {
-    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY,
-                      "env streams: pthread_setspecific failed for the per-thread table");
     goto cleanup;
   }
   tls_table = t;
@@ -218,8 +199,6 @@ void dlsync_env_stream_clear(void) {
   env_table *t = tls_table;
   if (t == NULL)
     return;
-  if (atomic_load(&key_ready))
-    pthread_setspecific(table_key, NULL);
   tls_table = NULL;
   table_free(t);
 }

@@ -61,7 +61,7 @@ static inline const dlsync__roles *dlsync__roles_of(dlsync__op op) {
   return &roles[op <= DLSYNC__OP_END ? op : DLSYNC__OP_ORDER];
 }
 
-/* An exchange record. Records are never freed: they are recycled, and the
+/* An exchange record. Records are not freed (until the unload): they are recycled, and the
  * handle given out names a record and its generation (see "Handles" below),
  * so a handle used after its end is recognised, never a touch of freed
  * memory and never the end of another exchange. */
@@ -178,8 +178,8 @@ typedef enum fast_next {
 
 /* ---- handles (handles.c) ----
  *
- * Exchange records live in chunks that are never freed (recycled, for the
- * life of the process), found by index. A handle is the record's index and
+ * Exchange records live in chunks that are never freed while the library
+ * is loaded (recycled; the unload frees them), found by index. A handle is the record's index and
  * its generation (modulo 2^40), packed into the pointer value, and the
  * record keeps the handle of its last begin; end checks it with one
  * compare-and-swap, so a second end, or an end after the record was reused

@@ -18,6 +18,7 @@ struct dlsync_fence {
   dlsync__where where;    /* CAPTURED, BUILT: where the record node is */
   CUgraph graph;          /* CAPTURED, BUILT: the graph holding the record node */
   CUgraphNode node;       /* CAPTURED, BUILT: the record node */
+  dlsync_provenance prov; /* IMPORTED: where the event was recorded */
 };
 
 /* The decision log's line for a signal: the lane's state names what was
@@ -37,7 +38,7 @@ static DLSYNC__NOINLINE void trace_signal(const dlsync_context *ctx, const dlsyn
               st == DLSYNC_SUCCESS ? "" : ": ", st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
 }
 
-/* ---- fence memory: recycled, never freed ----
+/* ---- fence memory: recycled, freed at the unload ----
  *
  * A released fence goes to the back of a FIFO and is reused only once
  * FENCE_QUARANTINE others have been released after it, so a fence used after
@@ -49,6 +50,20 @@ static DLSYNC__NOINLINE void trace_signal(const dlsync_context *ctx, const dlsyn
 static pthread_mutex_t fence_lock = PTHREAD_MUTEX_INITIALIZER;
 static dlsync_fence *fence_head, *fence_tail;
 static size_t fence_nfree;
+
+/* The unload hook (base/base.h): the released fences freed (those still
+ * referenced are the program's; the library's threads are joined by then). */
+static void fences_unload(void) {
+  pthread_mutex_lock(&fence_lock);
+  while (fence_head != NULL) {
+    dlsync_fence *f = fence_head;
+    fence_head = f->next_free;
+    dlsync__free(f);
+  }
+  fence_tail = NULL;
+  fence_nfree = 0;
+  pthread_mutex_unlock(&fence_lock);
+}
 
 static dlsync_fence *fence_alloc(void) {
   dlsync_fence *f = NULL;
@@ -62,6 +77,7 @@ static dlsync_fence *fence_alloc(void) {
   }
   pthread_mutex_unlock(&fence_lock);
   if (f == NULL) {
+    dlsync__hooks_set(DLSYNC__HOOK_FENCES, NULL, fences_unload);
     f = dlsync__calloc(1, sizeof *f);
     if (f == NULL)
       return NULL;
@@ -236,9 +252,20 @@ static dlsync_lane_state_kind fence_state(const dlsync_fence *f) {
     return DLSYNC_LANE_EAGER;
   case DLSYNC_FENCE_CAPTURED:
     return DLSYNC_LANE_CAPTURING;
+  case DLSYNC_FENCE_IMPORTED:
+    /* An external record node is waited on as a built graph's record node
+     * (armed at launch); a plain record in a capture as that capture's. */
+    return f->prov == DLSYNC_PROVENANCE_EXTERNAL_RECORD ? DLSYNC_LANE_BUILT
+           : f->prov == DLSYNC_PROVENANCE_CAPTURED      ? DLSYNC_LANE_CAPTURING
+                                                        : DLSYNC_LANE_EAGER;
   default:
     return DLSYNC_LANE_BUILT;
   }
+}
+
+/* Imported from a plain record in a capture: usable from that capture only. */
+static bool imported_captured(const dlsync_fence *f) {
+  return f->kind == DLSYNC_FENCE_IMPORTED && f->prov == DLSYNC_PROVENANCE_CAPTURED;
 }
 
 /* Reads what the classifier needs beyond the two kinds: whether the fence's
@@ -253,7 +280,9 @@ static dlsync_status fence_table_in(dlsync__table_in *in, const dlsync_fence *f,
   in->then = l->kind;
   if (l->kind == DLSYNC_LANE_EAGER && f->kind == DLSYNC_FENCE_CAPTURED)
     DLSYNC_TRY(capture_active(&in->first_pending, f));
-  if (l->kind == DLSYNC_LANE_CAPTURING && f->kind == DLSYNC_FENCE_CAPTURED)
+  if (l->kind == DLSYNC_LANE_EAGER && imported_captured(f))
+    in->first_pending = true; /* never launched as such: an eager wait orders nothing */
+  if (l->kind == DLSYNC_LANE_CAPTURING && in->first == DLSYNC_LANE_CAPTURING)
     in->same_graph = l->capture_id == f->where.capture_id; /* capture ids are unique */
   if (l->kind == DLSYNC_LANE_BUILT && f->kind == DLSYNC_FENCE_BUILT)
     DLSYNC_TRY(in_graph(&in->same_graph, f, l->graph));
@@ -280,10 +309,31 @@ static dlsync_status wait_refused(const dlsync_fence *f, const dlsync__lane_now 
                       (unsigned long long)f->where.capture_id, (void *)l->stream);
 }
 
+/* An imported plain in-capture record waited on from anywhere but its
+ * capture: nothing correct exists (foreign.h, note 3). */
+static dlsync_status wait_foreign_refused(const dlsync_fence *f, const dlsync__lane_now *l) {
+  char b[96];
+  dlsync__lane_describe(b, sizeof b, l);
+  return dlsync__fail(
+      DLSYNC_ERROR_CAPTURE_ORDER,
+      "fence %p was imported as a plain record in capture %llu: it can be waited on only from "
+      "that capture, not from %s (an eager wait orders nothing, a wait from another capture "
+      "breaks both, a wait node waits for an unrelated record); have the producer record with "
+      "CU_EVENT_RECORD_EXTERNAL and import it as DLSYNC_PROVENANCE_EXTERNAL_RECORD",
+      (const void *)f, (unsigned long long)f->where.capture_id, b);
+}
+
 /* SAME_CAPTURE: an edge from the record node, no new node. */
 static dlsync_status wait_same_capture(dlsync_fence *f, const dlsync__lane_now *l) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = f->ctx->drv;
+  if (imported_captured(f)) {
+    /* A plain wait on a record of the same capture: edges only. */
+    DLSYNC_CU(d, StreamWaitEvent, (l->stream, f->he->event, 0),
+              "waiting stream %p on imported fence %p in its capture", (void *)l->stream,
+              (void *)f);
+    goto cleanup;
+  }
   DLSYNC_CU(d, StreamUpdateCaptureDependencies,
             (l->stream, &f->node, NULL, 1, CU_STREAM_ADD_CAPTURE_DEPENDENCIES),
             "waiting stream %p on fence %p in the same capture", (void *)l->stream, (void *)f);
@@ -320,7 +370,8 @@ static DLSYNC__NOINLINE void trace_wait(const dlsync_fence *f, dlsync__row row,
               dlsync__row_name(row), (const void *)f,
               f->kind == DLSYNC_FENCE_EAGER      ? "eager"
               : f->kind == DLSYNC_FENCE_CAPTURED ? "captured"
-                                                 : "built",
+              : f->kind == DLSYNC_FENCE_BUILT    ? "built"
+                                                 : "imported",
               (unsigned long long)f->where.capture_id, (void *)f->graph, b,
               st == DLSYNC_SUCCESS ? nodes : 0, st == DLSYNC_SUCCESS ? "" : ", failed: ",
               st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
@@ -341,6 +392,10 @@ dlsync_status dlsync_fence_wait(dlsync_fence *f, dlsync_lane *lane) {
   DLSYNC_TRY(dlsync__lane_read(&l, f->ctx->drv, lane, "waiting"));
   DLSYNC_TRY(fence_table_in(&in, f, &l));
   row = dlsync__table_classify(&in);
+  if (imported_captured(f) && row != DLSYNC__ROW_SAME_CAPTURE) {
+    st = wait_foreign_refused(f, &l);
+    goto traced;
+  }
   switch (row) {
   case DLSYNC__ROW_EAGER_EAGER:
   case DLSYNC__ROW_LAUNCHED_TO_EAGER:
@@ -361,6 +416,7 @@ dlsync_status dlsync_fence_wait(dlsync_fence *f, dlsync_lane *lane) {
     nodes = 1;
     break;
   }
+traced:
   if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
     trace_wait(f, row, &l, nodes, st);
 cleanup:
@@ -423,5 +479,173 @@ dlsync_status dlsync_fence_get_kind(dlsync_fence_kind *out, const dlsync_fence *
   if (atomic_load_explicit(&f->refs, memory_order_acquire) == 0)
     return fence_released(f, "dlsync_fence_get_kind");
   *out = f->kind;
+  return DLSYNC_SUCCESS;
+}
+
+/* ---- another runtime's events (include/dlsync/foreign.h) ---- */
+
+static const char *provenance_name(dlsync_provenance p) {
+  switch (p) {
+  case DLSYNC_PROVENANCE_EAGER:
+    return "EAGER";
+  case DLSYNC_PROVENANCE_COMPLETE:
+    return "COMPLETE";
+  case DLSYNC_PROVENANCE_EXTERNAL_RECORD:
+    return "EXTERNAL_RECORD";
+  default:
+    return "CAPTURED";
+  }
+}
+
+static bool handle_error(CUresult r) {
+  return r == CUDA_ERROR_INVALID_HANDLE || r == CUDA_ERROR_INVALID_VALUE ||
+         r == CUDA_ERROR_INVALID_CONTEXT || r == CUDA_ERROR_CONTEXT_IS_DESTROYED;
+}
+
+/* A driver call of the check failed: DLSYNC_ERROR_DRIVER (its capture
+ * errors say nothing of a capture here), or OUT_OF_MEMORY. */
+static dlsync_status import_check_failed(const dlsync__driver *d, CUresult r, const char *call,
+                                         const char *what, CUevent event) {
+  return dlsync__fail_driver_as(r == CUDA_ERROR_OUT_OF_MEMORY ? DLSYNC_ERROR_OUT_OF_MEMORY
+                                                              : DLSYNC_ERROR_DRIVER,
+                                d, r, call, "%s event %p", what, (void *)event);
+}
+
+/* The event's state as cuEventQuery tells it, asked in the RELAXED capture
+ * interaction mode (legal during another capture: rule R40), against what
+ * the caller declared. An event declared CAPTURED is not asked: a query of
+ * an event plainly recorded in an active capture invalidates that capture
+ * (rule R41), so its check would break what it checks. */
+static dlsync_status import_check(const dlsync__driver *d, CUevent event, dlsync_provenance prov) {
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  CUresult r, x;
+  bool contradicts;
+  if (d->EventQuery == NULL || prov == DLSYNC_PROVENANCE_CAPTURED)
+    return DLSYNC_SUCCESS; /* a driver without it, or a CAPTURED event: nothing checked */
+  x = d->ThreadExchangeStreamCaptureMode(&mode);
+  if (x != CUDA_SUCCESS)
+    return import_check_failed(d, x, "cuThreadExchangeStreamCaptureMode",
+                               "entering the RELAXED capture mode to ask for", event);
+  r = d->EventQuery(event);
+  x = d->ThreadExchangeStreamCaptureMode(&mode);
+  if (x != CUDA_SUCCESS)
+    return import_check_failed(d, x, "cuThreadExchangeStreamCaptureMode",
+                               "restoring this thread's capture mode (it is left RELAXED) after "
+                               "asking for",
+                               event);
+  if (handle_error(r))
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_fence_import: event %p is not a live event (cuEventQuery: %s): "
+                        "destroyed, or not an event",
+                        (void *)event, dlsync__driver_error_name(d, r));
+  if (r != CUDA_SUCCESS && r != CUDA_ERROR_NOT_READY && r != CUDA_ERROR_CAPTURED_EVENT)
+    return import_check_failed(d, r, "cuEventQuery", "asking for imported", event);
+  contradicts = r == CUDA_ERROR_CAPTURED_EVENT ||
+                (r == CUDA_ERROR_NOT_READY && prov == DLSYNC_PROVENANCE_COMPLETE);
+  if (contradicts)
+    return dlsync__fail(
+        DLSYNC_ERROR_INVALID_ARGUMENT,
+        "dlsync_fence_import: provenance %s contradicts the driver: cuEventQuery of event %p "
+        "says %s (%s)",
+        provenance_name(prov), (void *)event, dlsync__driver_error_name(d, r),
+        r == CUDA_ERROR_CAPTURED_EVENT
+            ? "last recorded by a plain record in a capture: declare it CAPTURED with that "
+              "capture's id; the driver invalidates that capture on such a query"
+        : r == CUDA_ERROR_NOT_READY ? "recorded eagerly or by a graph, not complete"
+                                    : "recorded eagerly or by a graph, or never");
+  return DLSYNC_SUCCESS;
+}
+
+dlsync_status dlsync_fence_import(dlsync_fence **out, dlsync_context *ctx, CUevent event,
+                                  dlsync_provenance prov, uint64_t capture_id, unsigned int flags) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_fence_import");
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync_fence *f = NULL;
+  if (out == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_import: out is NULL");
+  *out = NULL;
+  if (ctx == NULL || event == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_import: %s is NULL",
+                        ctx == NULL ? "ctx" : "event");
+  if (prov < DLSYNC_PROVENANCE_EAGER || prov > DLSYNC_PROVENANCE_CAPTURED)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_fence_import: unknown provenance %d (EAGER, COMPLETE, "
+                        "EXTERNAL_RECORD or CAPTURED)",
+                        (int)prov);
+  if ((flags & ~DLSYNC_IMPORT_OWN) != 0)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_fence_import: unknown flags 0x%x (only DLSYNC_IMPORT_OWN)",
+                        flags & ~DLSYNC_IMPORT_OWN);
+  if ((capture_id == 0) == (prov == DLSYNC_PROVENANCE_CAPTURED))
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_fence_import: capture_id %llu with provenance %s (a capture's id "
+                        "for CAPTURED, 0 for the others)",
+                        (unsigned long long)capture_id, provenance_name(prov));
+  /* Owned events let go since the last import are destroyed now (cuEventDestroy
+   * is legal during capture), so an importer's events do not pile up. */
+  dlsync__orphans_collect();
+  DLSYNC_TRY(import_check(ctx->drv, event, prov));
+  f = fence_alloc();
+  if (f == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_fence_import: out of memory");
+    goto cleanup;
+  }
+  f->ctx = ctx;
+  f->kind = DLSYNC_FENCE_IMPORTED;
+  f->prov = prov;
+  f->where.capture_id = capture_id;
+  f->he = dlsync__held_event_new_foreign(ctx->drv, event, (flags & DLSYNC_IMPORT_OWN) != 0);
+  if (f->he == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_fence_import: out of memory");
+    goto cleanup;
+  }
+  dlsync__context_ref(ctx);
+  atomic_fetch_add_explicit(&ctx->live_fences, 1, memory_order_relaxed);
+  *out = f;
+  f = NULL;
+cleanup:
+  if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
+    dlsync__log(DLSYNC__LOG_TRACE,
+                "fence import %s: context %p, event %p (%s, capture %llu) -> "
+                "fence %p%s%s",
+                st == DLSYNC_SUCCESS ? "done" : "failed", (const void *)ctx, (void *)event,
+                provenance_name(prov), (unsigned long long)capture_id, (const void *)*out,
+                st == DLSYNC_SUCCESS ? "" : ": ",
+                st == DLSYNC_SUCCESS ? "" : dlsync_status_name(st));
+  if (f != NULL)
+    fence_recycle(f); /* no held event yet: the event stays the caller's */
+  return st;
+}
+
+dlsync_status dlsync_fence_export_event(CUevent *out, const dlsync_fence *f) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_fence_export_event");
+  if (out == NULL || f == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_export_event: %s is NULL",
+                        out == NULL ? "out" : "fence");
+  *out = NULL;
+  if (atomic_load_explicit(&f->refs, memory_order_acquire) == 0)
+    return fence_released(f, "dlsync_fence_export_event");
+  if (imported_captured(f))
+    return dlsync__fail(DLSYNC_ERROR_CAPTURE_ORDER,
+                        "dlsync_fence_export_event: fence %p was imported as a plain record in "
+                        "capture %llu; its event means something only inside that capture",
+                        (const void *)f, (unsigned long long)f->where.capture_id);
+  *out = f->he->event;
+  return DLSYNC_SUCCESS;
+}
+
+dlsync_status dlsync_fence_get_provenance(dlsync_provenance *out, const dlsync_fence *f) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_fence_get_provenance");
+  if (out == NULL || f == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_fence_get_provenance: %s is NULL",
+                        out == NULL ? "out" : "fence");
+  if (atomic_load_explicit(&f->refs, memory_order_acquire) == 0)
+    return fence_released(f, "dlsync_fence_get_provenance");
+  if (f->kind != DLSYNC_FENCE_IMPORTED)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_fence_get_provenance: fence %p was signalled by dlsync, not "
+                        "imported (dlsync_fence_get_kind says where)",
+                        (const void *)f);
+  *out = f->prov;
   return DLSYNC_SUCCESS;
 }

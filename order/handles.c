@@ -8,10 +8,6 @@ static atomic_uint ex_made; /* records made so far */
 static pthread_mutex_t ex_lock = PTHREAD_MUTEX_INITIALIZER;
 static dlsync_exchange *ex_free; /* shared free list, under ex_lock */
 
-static pthread_once_t spare_once = PTHREAD_ONCE_INIT;
-static pthread_key_t spare_key;
-static atomic_bool spare_key_ok;
-
 static void shared_put(dlsync_exchange *ex) {
   pthread_mutex_lock(&ex_lock);
   ex->next_free = ex_free;
@@ -19,26 +15,30 @@ static void shared_put(dlsync_exchange *ex) {
   pthread_mutex_unlock(&ex_lock);
 }
 
-static void spare_release(void *p) {
-  dlsync__thread *t = p;
+/* The thread-exit hook (base/base.h): the thread's spare record back to
+ * the shared list. */
+static void spare_release(dlsync__thread *t) {
   if (t->spare != NULL)
     shared_put(t->spare);
   t->spare = NULL;
   t->spare_keyed = false;
 }
 
-static void spare_key_init(void) {
-  atomic_store(&spare_key_ok, pthread_key_create(&spare_key, spare_release) == 0);
+/* The unload hook (base/base.h): the records' chunks freed. By then the
+ * library's threads are joined; a thread of the program that still used a
+ * record would be using a library that is going away. */
+static void records_unload(void) {
+  spare_release(dlsync__thread_get()); /* the unloading thread's, on the list */
+  for (unsigned c = 0; c < EX_CHUNKS; c++) {
+    dlsync_exchange *chunk = atomic_exchange(&dlsync__ex_chunks[c], NULL);
+    if (chunk != NULL)
+      dlsync__free(((void **)(void *)chunk)[-1]);
+  }
+  pthread_mutex_lock(&ex_lock);
+  ex_free = NULL;
+  atomic_store(&ex_made, 0);
+  pthread_mutex_unlock(&ex_lock);
 }
-
-/* As graph.c's built_unload: the key dropped when this copy's destructors
- * run (at exit, or at the dlclose of a library embedding libdlsync.a). */
-#if defined(__GNUC__)
-__attribute__((destructor)) static void spare_unload(void) {
-  if (atomic_exchange(&spare_key_ok, false))
-    pthread_key_delete(spare_key);
-}
-#endif
 
 dlsync_exchange *dlsync__exchange_make(void) {
   dlsync_exchange *ex = NULL, *chunk;
@@ -54,11 +54,15 @@ dlsync_exchange *dlsync__exchange_make(void) {
     goto cleanup;
   chunk = atomic_load_explicit(&dlsync__ex_chunks[i / EX_CHUNK], memory_order_relaxed);
   if (chunk == NULL) {
-    /* Never freed; aligned by hand (64 bytes more than needed). */
+    /* Freed at the unload only (records_unload); aligned by hand, with the
+     * allocation's address in the word before the chunk (64 bytes more than
+     * needed: malloc's alignment leaves at least 16 before the chunk). */
     unsigned char *raw = dlsync__calloc(1, EX_CHUNK * sizeof *chunk + 64);
     if (raw == NULL)
       goto cleanup;
-    chunk = (dlsync_exchange *)(void *)(raw + (64 - (uintptr_t)raw % 64) % 64);
+    dlsync__hooks_set(DLSYNC__HOOK_RECORDS, spare_release, records_unload);
+    chunk = (dlsync_exchange *)(void *)(raw + 64 - (uintptr_t)raw % 64);
+    ((void **)(void *)chunk)[-1] = raw;
     for (unsigned j = 0; j < EX_CHUNK; j++) {
       atomic_init(&chunk[j].handle, i + j); /* generation 0 */
       atomic_init(&chunk[j].ctx, NULL);
@@ -75,8 +79,7 @@ cleanup:
 
 void dlsync__exchange_free_slow(dlsync__thread *t, dlsync_exchange *ex) {
   if (t->spare == NULL) {
-    pthread_once(&spare_once, spare_key_init);
-    if (atomic_load(&spare_key_ok) && pthread_setspecific(spare_key, t) == 0) {
+    if (dlsync__thread_exit_arm(t)) {
       t->spare_keyed = true;
       t->spare = ex;
       return;

@@ -122,7 +122,7 @@ static inline dlsync_status dlsync__lanes_open(dlsync__lanes_opened *out, dlsync
   return dlsync__lanes_open_streams(out, ctx, a, b, ask);
 }
 
-/* ---- releases (order/release.c) ---- */
+/* ---- releases (order/release*.c; order/release_int.h says which file) ---- */
 
 typedef struct dlsync__release_book dlsync__release_book;
 dlsync_status dlsync__release_book_new(dlsync__release_book **out);

@@ -19,12 +19,15 @@ import sys
 # Public header -> the library source(s) that define its functions (fnmatch
 # patterns: a subsystem split into several files is one pattern).
 MAP = {
+    "arrow.h": ["interop/arrow.c"],
     "conditional.h": ["order/conditional.c"],
     "context.h": ["order/context.c"],
     "dlpack.h": ["interop/dlpack.c"],
     "env.h": ["interop/env.c"],
     "exchange.h": ["order/exchange.c"],
     "fence.h": ["order/fence.c"],
+    # Imported fences are fences: their functions need the fence's private layout.
+    "foreign.h": ["order/fence.c"],
     "graph.h": ["order/graph.c"],
     "lane.h": ["order/lane.c"],
     "release.h": ["order/release*.c"],

@@ -864,6 +864,26 @@ static void test_relaxed_capture_and_mode(void **state) {
   CU_OK(D->StreamDestroy(other));
 }
 
+/* [R41] A query of an event plainly recorded in an active capture, even
+ * from a thread switched to RELAXED: CAPTURED_EVENT, the capture invalidated. */
+static void test_captured_event_query_invalidates(void **state) {
+  (void)state;
+  CUstream s = mkstream(0);
+  CUevent e = mkevent();
+  CUgraph g = NULL;
+  CUstreamCaptureMode m = CU_STREAM_CAPTURE_MODE_RELAXED;
+  CU_OK(D->StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_GLOBAL));
+  CU_OK(D->EventRecord(e, s));
+  CU_OK(D->ThreadExchangeStreamCaptureMode(&m));
+  CU_IS(D->EventQuery(e), CUDA_ERROR_CAPTURED_EVENT);
+  CU_OK(D->ThreadExchangeStreamCaptureMode(&m));
+  assert_int_equal(fake_capture_status(s), CU_STREAM_CAPTURE_STATUS_INVALIDATED);
+  CU_IS(D->StreamEndCapture(s, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+  assert_null(g);
+  CU_OK(D->EventDestroy(e));
+  CU_OK(D->StreamDestroy(s));
+}
+
 static void test_captured_event_query(void **state) {
   (void)state;
   CUstream s = mkstream(0), other = mkstream(CU_STREAM_NON_BLOCKING);
@@ -871,7 +891,7 @@ static void test_captured_event_query(void **state) {
   CUgraph g = NULL;
   CU_OK(D->StreamBeginCapture(s, CU_STREAM_CAPTURE_MODE_RELAXED));
   CU_OK(D->EventRecord(e, s));
-  CU_IS(D->EventQuery(e), CUDA_ERROR_CAPTURED_EVENT);
+  CU_IS(D->EventSynchronize(e), CUDA_ERROR_CAPTURED_EVENT);
   assert_int_equal(fake_illegal_calls(), 1);
   CU_OK(D->StreamEndCapture(s, &g));
   /* After the capture: an eager wait on it orders nothing. */
@@ -1636,6 +1656,7 @@ int main(void) {
       T_(test_unsupported_thread_local_capture),
       T_(test_relaxed_capture_and_mode),
       T_(test_captured_event_query),
+      T_(test_captured_event_query_invalidates),
       T_(test_lossy_query_and_edge_data),
       T_(test_capture_info_deps_reallocated),
       T_(test_update_capture_deps_and_manual_append),

@@ -30,6 +30,7 @@
 
 #include "interop/dlpack_abi.h"
 #include "dlsync/version.h"
+#include "dlsync/arrow.h"
 #include "fixture.h"
 
 #define TIMEOUT_MS 5000
@@ -535,6 +536,116 @@ static dlsync_status scene_conditional_body(void) {
   return st;
 }
 
+/* scene_fence_import_*: an eager event of the test's imported (the check's
+ * capture-mode switch and query swept), then `what` of the fence (0 nothing,
+ * 1 export its event, 2 its provenance); owned, so that its event goes with
+ * it whichever call failed. */
+static dlsync_status import_scene(int what) {
+  dlsync_fence *f = NULL;
+  dlsync_provenance prov;
+  CUevent e = NULL, out = NULL;
+  dlsync_status st = DLSYNC_SUCCESS;
+  e = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+  assert_int_equal(D->EventRecord(e, P), CUDA_SUCCESS);
+  if (what == 0)
+    sweep_arm();
+  st = dlsync_fence_import(&f, ctx, e, DLSYNC_PROVENANCE_EAGER, 0, DLSYNC_IMPORT_OWN);
+  if (what == 0) {
+    sweep_disarm();
+    assert_true((st == DLSYNC_SUCCESS) == (f != NULL));
+  } else {
+    assert_int_equal(st, DLSYNC_SUCCESS);
+    sweep_arm();
+    if (what == 1)
+      st = dlsync_fence_export_event(&out, f);
+    else
+      st = dlsync_fence_get_provenance(&prov, f);
+    sweep_disarm();
+  }
+  if (f != NULL)
+    dlsync_fence_release(f); /* the event is destroyed by the next collection */
+  else
+    assert_int_equal(D->EventDestroy(e), CUDA_SUCCESS); /* refused: still the test's */
+  dlsync__orphans_collect();
+  return st;
+}
+
+static dlsync_status scene_fence_import(void) {
+  return import_scene(0);
+}
+
+static dlsync_status scene_fence_export_event(void) {
+  return import_scene(1);
+}
+
+static dlsync_status scene_fence_get_provenance(void) {
+  return import_scene(2);
+}
+
+static atomic_int arrow_released;
+
+static void arrow_release_cb(struct ArrowArray *a) {
+  atomic_fetch_add(&arrow_released, 1);
+  a->release = NULL;
+}
+
+/* scene_arrow_*: an Arrow device array written on P, its sync_event filled
+ * (what 0), waited on from C (1), released after C's work (2), its sync
+ * dropped (3). */
+static dlsync_status arrow_scene(int what) {
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  struct ArrowDeviceArray a;
+  dlsync_arrow_sync sync = DLSYNC_ARROW_SYNC_INIT;
+  dlsync_status st = DLSYNC_SUCCESS;
+  memset(&a, 0, sizeof a);
+  a.device_type = ARROW_DEVICE_CUDA;
+  a.array.release = arrow_release_cb;
+  atomic_store(&arrow_released, 0);
+  if (sw.kind == FAKE_FAULT_CALL) /* the reclaimer makes no call while the fault is armed */
+    gate_close();
+  if (what == 0)
+    sweep_arm();
+  st = dlsync_arrow_sync_event(&a, &sync, ctx, &lp);
+  if (what == 0) {
+    sweep_disarm();
+    assert_true((st == DLSYNC_SUCCESS) == (sync.fence != NULL));
+  } else {
+    assert_int_equal(st, DLSYNC_SUCCESS);
+    sweep_arm();
+    if (what == 1)
+      st = dlsync_arrow_wait(ctx, &lc, &a, DLSYNC_PROVENANCE_EAGER, 0);
+    else if (what == 2)
+      st = dlsync_arrow_release(ctx, &lc, &a);
+    else
+      dlsync_arrow_sync_release(&sync);
+    sweep_disarm();
+  }
+  if (sw.kind == FAKE_FAULT_CALL)
+    gate_open();
+  dlsync_arrow_sync_release(&sync);
+  if (a.array.release != NULL) /* not handed over (or refused): still ours */
+    a.array.release(&a.array);
+  releases_settle();
+  assert_int_equal(atomic_load(&arrow_released), 1); /* exactly once, either way */
+  return st;
+}
+
+static dlsync_status scene_arrow_sync_event(void) {
+  return arrow_scene(0);
+}
+
+static dlsync_status scene_arrow_wait(void) {
+  return arrow_scene(1);
+}
+
+static dlsync_status scene_arrow_release(void) {
+  return arrow_scene(2);
+}
+
+static dlsync_status scene_arrow_sync_release(void) {
+  return arrow_scene(3);
+}
+
 /* A library's graph run in P's capture: a child-graph node. */
 static dlsync_status scene_graph_launch(void) {
   dlsync_lane l = dlsync_lane_stream(P);
@@ -575,6 +686,13 @@ static const entry entries[] = {
     {"dlsync_fence_retain", scene_fence_retain, DLSYNC_SUCCESS, false},
     {"dlsync_fence_get_kind", scene_fence_get_kind, DLSYNC_SUCCESS, false},
     {"dlsync_fence_release", scene_fence_release, DLSYNC_SUCCESS, false},
+    {"dlsync_fence_import", scene_fence_import, DLSYNC_SUCCESS, false},
+    {"dlsync_fence_export_event", scene_fence_export_event, DLSYNC_SUCCESS, false},
+    {"dlsync_fence_get_provenance", scene_fence_get_provenance, DLSYNC_SUCCESS, false},
+    {"dlsync_arrow_sync_event", scene_arrow_sync_event, DLSYNC_SUCCESS, false},
+    {"dlsync_arrow_wait", scene_arrow_wait, DLSYNC_SUCCESS, false},
+    {"dlsync_arrow_release", scene_arrow_release, DLSYNC_SUCCESS, false},
+    {"dlsync_arrow_sync_release", scene_arrow_sync_release, DLSYNC_SUCCESS, false},
     {"dlsync_lane_query", scene_lane_query, DLSYNC_SUCCESS, false},
     {"dlsync_release_flush", scene_release_flush, DLSYNC_SUCCESS, false},
     {"dlsync_release_get_stats", scene_release_get_stats, DLSYNC_SUCCESS, false},

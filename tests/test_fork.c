@@ -23,6 +23,7 @@
 #include <cmocka.h>
 
 #include "interop/dlpack_abi.h"
+#include "dlsync/arrow.h"
 #include "fixture.h"
 
 #define TIMEOUT_MS 5000
@@ -93,6 +94,10 @@ static void child_calls_everything(dlsync_exchange *ex, dlsync_fence *f) {
   dlsync_exchange *ex2 = NULL;
   dlsync_fence *f2 = NULL;
   dlsync_fence_kind kind;
+  dlsync_provenance prov;
+  CUevent ev = NULL;
+  struct ArrowDeviceArray arr;
+  dlsync_arrow_sync sync = DLSYNC_ARROW_SYNC_INIT;
   dlsync_lane_state ls;
   dlsync_release_stats rs = DLSYNC_RELEASE_STATS_INIT;
   dlsync_device_info info = DLSYNC_DEVICE_INFO_INIT;
@@ -140,6 +145,21 @@ static void child_calls_everything(dlsync_exchange *ex, dlsync_fence *f) {
   child_check(strstr(dlsync_last_error(), "dlsync_fence_release") != NULL,
               "dlsync_fence_release: no message");
   child_refused(dlsync_fence_get_kind(&kind, f), "dlsync_fence_get_kind");
+  child_refused(dlsync_fence_import(&f2, ctx, (CUevent)0x42, DLSYNC_PROVENANCE_EAGER, 0, 0),
+                "dlsync_fence_import");
+  child_check(f2 == NULL, "a fence was imported in the child");
+  child_refused(dlsync_fence_export_event(&ev, f), "dlsync_fence_export_event");
+  child_refused(dlsync_fence_get_provenance(&prov, f), "dlsync_fence_get_provenance");
+  memset(&arr, 0, sizeof arr);
+  arr.device_type = ARROW_DEVICE_CUDA;
+  child_refused(dlsync_arrow_sync_event(&arr, &sync, ctx, &lp), "dlsync_arrow_sync_event");
+  child_refused(dlsync_arrow_wait(ctx, &lc, &arr, DLSYNC_PROVENANCE_EAGER, 0), "dlsync_arrow_wait");
+  child_refused(dlsync_arrow_release(ctx, &lc, &arr), "dlsync_arrow_release");
+  sync.fence = f;
+  dlsync_arrow_sync_release(&sync); /* the parent's fence: left alone */
+  child_check(strstr(dlsync_last_error(), "dlsync_arrow_sync_release") != NULL,
+              "dlsync_arrow_sync_release: no message");
+  child_check(sync.fence == f, "dlsync_arrow_sync_release let go in the child");
   child_refused(dlsync_release(ctx, &lp, count_deleter, NULL), "dlsync_release");
   child_refused(dlsync_release_flush(ctx), "dlsync_release_flush"); /* before: never returned */
   child_refused(dlsync_release_get_stats(&rs, ctx), "dlsync_release_get_stats");

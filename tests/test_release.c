@@ -454,6 +454,43 @@ static void built_lane_release_runs_after_the_graph(void **state) {
   pop_all_contexts();
 }
 
+/* A release its graph let go is queued: flush waits for its deleter, and
+ * the stats (and a context destroy) no longer call it owned by graphs. */
+static void graph_release_let_go_is_queued_and_flush_waits(void **state) {
+  CUgraph g;
+  CUgraphNode m;
+  dlsync_lane lg;
+  rec r;
+  blocking_call flush;
+  dlsync_release_stats rs;
+  (void)state;
+  rec_init(&r);
+  assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+  m = fake_graph_add_work(g, NULL, 0, "uses the tensor");
+  lg = dlsync_lane_graph(g, &m, 1, 1);
+  assert_int_equal(D->CtxPushCurrent(fake_primary_ctx(0)), CUDA_SUCCESS);
+  assert_int_equal(dlsync_release(ctx, &lg, gate_deleter, &r), DLSYNC_SUCCESS);
+  assert_int_equal(stats_of(ctx).pending_graph, 1);
+  assert_int_equal(D->GraphDestroy(g), CUDA_SUCCESS);
+  fake_run_destructors();
+  assert_true(wait_for(&r.entered, 1)); /* its deleter runs, held at the gate */
+  rs = stats_of(ctx);
+  assert_int_equal(rs.pending_graph, 0);
+  assert_int_equal(rs.pending_eager, 1);
+  blocking_start(&flush, ctx, false);
+  sleep_ms(50);
+  assert_false(blocking_returned(&flush));
+  atomic_store(&r.open, 1);
+  assert_int_equal(blocking_join(&flush), DLSYNC_SUCCESS);
+  assert_int_equal(atomic_load(&r.gate_timed_out), 0);
+  assert_int_equal(atomic_load(&r.calls), 1);
+  rs = stats_of(ctx);
+  assert_int_equal(rs.pending_eager, 0);
+  assert_int_equal(rs.pending_graph, 0);
+  assert_int_equal(rs.done, 1);
+  pop_all_contexts();
+}
+
 /* ---- shutdown and flush ---- */
 
 static void context_destroy_waits_for_eager_releases(void **state) {
@@ -1038,7 +1075,7 @@ static void a_batch_synchronises_the_newest_event_of_each_stream(void **state) {
 /* ---- the releasing threads' rings ---- */
 
 /* A thread that has released on a device before releases into its own ring
- * (order/release.c): no allocation of dlsync's, and the book counts the
+ * (order/release_rings.c): no allocation of dlsync's, and the book counts the
  * queued releases all the same (the one holding the reclaimer too). */
 static void a_release_into_the_threads_ring_allocates_nothing(void **state) {
   dlsync_lane lc = dlsync_lane_stream(C);
@@ -1073,7 +1110,7 @@ static void assert_ran_in_order(unsigned n) {
     assert_int_equal(ran_order[i], i);
 }
 
-/* More releases than a ring holds (RING_SLOTS, 4096, in order/release.c)
+/* More releases than a ring holds (RING_SLOTS, 4096, in order/release_int.h)
  * while the reclaimer is held: the rest go to the shared queue (which
  * allocates), every one succeeds, and the deleters run once each, in the
  * order the thread released; so do releases made while those in the
@@ -1555,6 +1592,7 @@ int main(void) {
       T(capture_release_runs_after_the_graph_and_its_executable),
       T(capture_release_with_inline_destructors_still_runs_on_the_reclaimer),
       T(built_lane_release_runs_after_the_graph),
+      T(graph_release_let_go_is_queued_and_flush_waits),
       T(context_destroy_waits_for_eager_releases),
       T(context_destroyed_from_its_own_deleter_returns_instead_of_hanging),
       T(context_destroy_with_a_graph_owned_release_is_busy),

@@ -23,6 +23,7 @@
 #include "dlsync/dlpack.h"
 #include "dlsync/env.h"
 #include "dlsync/fence.h"
+#include "dlsync/foreign.h"
 #include "dlsync/release.h"
 #include "dlsync/conditional.h"
 #include "dlsync/graph.h"

@@ -113,7 +113,8 @@ DLSYNC_API void dlsync_fence_release(dlsync_fence *fence);
 typedef enum dlsync_fence_kind {
   DLSYNC_FENCE_EAGER = 0,    /* an event recorded on an eager stream */
   DLSYNC_FENCE_CAPTURED = 1, /* a record node in a stream capture */
-  DLSYNC_FENCE_BUILT = 2     /* a record node in a graph built by hand */
+  DLSYNC_FENCE_BUILT = 2,    /* a record node in a graph built by hand */
+  DLSYNC_FENCE_IMPORTED = 3  /* another runtime's event (foreign.h) */
 } dlsync_fence_kind;
 
 /* Where the fence was signalled.

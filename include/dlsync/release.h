@@ -74,17 +74,18 @@ typedef void (*dlsync_deleter)(void *arg);
 /* Runs deleter(arg) once the work queued so far on `lane` is done (see above).
  * Returns: DLSYNC_SUCCESS; the deleter will run exactly once.
  * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (NULL context or deleter), the lane
- *   errors of dlsync_order, DLSYNC_ERROR_DRIVER, DLSYNC_ERROR_OUT_OF_MEMORY.
- *   On failure the deleter has not run and will not: the object is still the
- *   caller's.
- * Threads: any thread, any number at once; never blocks.
- * Capture: legal in every mode; it makes no call that is illegal during
- *   capture. */
+ *   errors of dlsync_order, DLSYNC_ERROR_DRIVER, DLSYNC_ERROR_OUT_OF_MEMORY;
+ *   DLSYNC_ERROR_UNLOADING when the library is being unloaded (another
+ *   thread is in exit(), or the library embedding dlsync is being closed)
+ *   and the reclaimer threads are stopped already. On failure the deleter has not run and will not:
+ * the object is still the caller's. Threads: any thread, any number at once; never blocks. Capture:
+ * legal in every mode; it makes no call that is illegal during capture. */
 DLSYNC_API dlsync_status dlsync_release(dlsync_context *ctx, dlsync_lane *lane,
                                         dlsync_deleter deleter, void *arg);
 
 /* Waits until every eager release made so far on this context has run its
- * deleter, or is blocked (below).
+ * deleter, or is blocked (below); so does every release a graph owned that
+ * its graph has let go already (its deleter queued on the reclaimer).
  * Returns: DLSYNC_SUCCESS when no failure happened on the reclaimer thread
  *   since the previous flush.
  * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (NULL); the first failure on the
@@ -112,7 +113,7 @@ DLSYNC_API dlsync_status dlsync_release_flush(dlsync_context *ctx);
 typedef struct dlsync_release_stats {
   size_t size;          /* sizeof(dlsync_release_stats) */
   uint32_t version;     /* DLSYNC_RELEASE_STATS_VERSION */
-  size_t pending_eager; /* waiting for their stream */
+  size_t pending_eager; /* waiting for their stream, or let go by their graph and queued */
   size_t pending_graph; /* owned by graphs still alive */
   size_t done;          /* deleters run */
   size_t sync_failures; /* cuEventSynchronize failed on the reclaimer (deleter ran anyway) */

@@ -11,6 +11,10 @@
  *    do not clear it.
  *  - DLSYNC_ERROR_INTERNAL means a bug in dlsync (a state it cannot be in):
  *    report it with its message.
+ *  - DLSYNC_ERROR_UNLOADING: the call came while this copy of dlsync is
+ *    being unloaded (another thread is in exit(), or a library that embeds
+ *    libdlsync.a is being dlclosed) and needed a thread of dlsync's, which
+ *    the unload has stopped; nothing was queued.
  *  - Nothing here calls the driver: safe at any time, during capture too.
  */
 #ifndef DLSYNC_STATUS_H
@@ -41,7 +45,9 @@ extern "C" {
   X(ERROR_INTERNAL, 12, "internal error in dlsync")                                         \
   X(ERROR_CROSS_DEVICE, 13, "the driver refused to order work between two devices")         \
   X(ERROR_CONDITIONAL_BODY, 14,                                                             \
-    "the order would put an event node in a conditional node's body, which CUDA refuses")
+    "the order would put an event node in a conditional node's body, which CUDA refuses")   \
+  X(ERROR_UNLOADING, 15,                                                                    \
+    "dlsync is being unloaded (the process exits, or the library embedding it is closed)")
 
 typedef enum dlsync_status {
 #define DLSYNC_STATUS_ENUM_(name, value, text) DLSYNC_##name = value,

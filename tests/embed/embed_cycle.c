@@ -3,7 +3,9 @@
  * unloaded again and again by tests/test_dlclose.c: each load makes a
  * context and eager releases whose deleters are slow, so that the library is
  * unloaded while its reclaimer runs them (or, with flush, while it is idle).
- * The last deleter destroys the context, from the reclaimer. */
+ * The last deleter destroys the context, from the reclaimer. Each load also
+ * begins and ends an exchange and signals and waits for a fence, so that the
+ * unload has the process-lifetime pools of those to give back. */
 #include <stdatomic.h>
 #include <time.h>
 
@@ -37,6 +39,23 @@ int embed_cycle_start(int nreleases) {
   if (stream == NULL)
     return -2;
   lane = dlsync_lane_stream(stream);
+  /* The process-lifetime pools: exchange records and fence memory. */
+  {
+    CUstream consumer = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+    dlsync_lane then = dlsync_lane_stream(consumer);
+    dlsync_exchange *ex = NULL;
+    dlsync_fence *f = NULL;
+    if (consumer == NULL)
+      return -4;
+    if (dlsync_exchange_begin(&ex, ctx, &lane, &then) != DLSYNC_SUCCESS ||
+        dlsync_exchange_end(ex) != DLSYNC_SUCCESS)
+      return -5;
+    if (dlsync_fence_signal(&f, ctx, &lane) != DLSYNC_SUCCESS ||
+        dlsync_fence_wait(f, &then) != DLSYNC_SUCCESS)
+      return -6;
+    dlsync_fence_release(f);
+    fake_stream_destroy(consumer);
+  }
   atomic_store(&left, nreleases);
   for (int i = 0; i < nreleases; i++)
     if (dlsync_release(ctx, &lane, slow_deleter, NULL) != DLSYNC_SUCCESS)

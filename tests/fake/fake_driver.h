@@ -119,6 +119,18 @@
  *       those of its instantiation): the fake's guess, the harsher one. Not
  *       a gpu_rules rule: the GPU suite's "U recapture update" row prints
  *       what the driver does with the new graph's user objects.
+ *   [R40 QUERY-IN-CAPTURE] a thread switched to the RELAXED interaction
+ *       mode (cuThreadExchangeStreamCaptureMode) may call cuEventQuery of an
+ *       event recorded eagerly or by an external record node while it
+ *       captures in GLOBAL mode: the capture stays active, the answer is
+ *       CUDA_SUCCESS (the fake's events are complete at once) or NOT_READY.
+ *       Checked; dlsync_fence_import's provenance check relies on it.
+ *   [R41 QUERY-CAPTURED-EVENT] a query of an event last recorded by a plain
+ *       record in an active capture answers CUDA_ERROR_CAPTURED_EVENT and
+ *       invalidates that capture, whatever the asking thread's mode (not
+ *       counted as an illegal call: the capture's end fails). Checked;
+ *       dlsync_fence_import never queries an
+ *       event declared CAPTURED.
  */
 #ifndef DLSYNC_TESTS_FAKE_DRIVER_H
 #define DLSYNC_TESTS_FAKE_DRIVER_H
@@ -223,8 +235,9 @@ const char *fake_call_log(void);
 /* Calls made while a capture forbade them (see "illegal during capture"
  * below): cuStreamQuery, cuStreamSynchronize, cuEventQuery, cuEventSynchronize,
  * cuCtxSynchronize, cuMemAlloc, cuMemcpyHtoD, cuMemcpyDtoH answered with
- * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, plus queries/synchronizations of an
- * event last recorded in a capture (CUDA_ERROR_CAPTURED_EVENT). Reset only by
+ * CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED, plus synchronizations and elapsed
+ * times of an event last recorded in a capture (CUDA_ERROR_CAPTURED_EVENT;
+ * a query of one is not counted but invalidates its capture, R41). Reset only by
  * fake_reset; tests assert it stays 0. */
 unsigned fake_illegal_calls(void);
 
@@ -434,7 +447,8 @@ unsigned fake_user_object_refs(CUuserObject o);
  *    Independently of modes, synchronizing or querying a capturing stream
  *    (or cuCtxSynchronize with one in the context) is UNSUPPORTED and
  *    invalidates it, and cuEventQuery/cuEventSynchronize/cuEventElapsedTime
- *    of a CAPTURED event give CUDA_ERROR_CAPTURED_EVENT; both count too.
+ *    of a CAPTURED event give CUDA_ERROR_CAPTURED_EVENT; both count too,
+ *    except that query, which invalidates the event's capture (R41).
  *  - cuStreamUpdateCaptureDependencies: ADD (duplicates merged) or SET; nodes
  *    not in the capture graph: CUDA_ERROR_INVALID_VALUE.
  *  - End: not capturing: ILLEGAL_STATE; not the origin: UNMATCHED; begun in

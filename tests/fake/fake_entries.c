@@ -668,14 +668,22 @@ static CUresult CUDAAPI fk_StreamWaitEvent(CUstream s, CUevent e, unsigned int f
   return leave(stream_wait_event(s, e, flags));
 }
 
-static CUresult event_sync_or_query(CUevent h) {
+static CUresult event_sync_or_query(CUevent h, bool query) {
   fevent *e = GET_EVENT(h);
   if (!e)
     return CUDA_ERROR_INVALID_HANDLE;
   if (unsafe_call_prohibited())
     return CUDA_ERROR_STREAM_CAPTURE_UNSUPPORTED;
   if (e->state == EV_CAPTURED) {
-    S.illegal++;
+    /* [R41 QUERY-CAPTURED-EVENT] a query's answer is CAPTURED_EVENT, and
+     * the capture the event was recorded in, while active, is invalidated,
+     * in any capture mode of the asking thread. (A synchronization gives
+     * the same answer; what it does to the capture is not modelled.) */
+    fcapture *c = cap_find(e->cap_id);
+    if (query && c != NULL)
+      c->invalidated = true; /* not counted: the capture's end tells */
+    if (!query)
+      S.illegal++;
     return CUDA_ERROR_CAPTURED_EVENT;
   }
   return CUDA_SUCCESS;
@@ -683,12 +691,12 @@ static CUresult event_sync_or_query(CUevent h) {
 
 static CUresult CUDAAPI fk_EventQuery(CUevent e) {
   ENTER(EventQuery);
-  return leave(event_sync_or_query(e));
+  return leave(event_sync_or_query(e, true));
 }
 
 static CUresult CUDAAPI fk_EventSynchronize(CUevent e) {
   ENTER(EventSynchronize);
-  return leave(event_sync_or_query(e));
+  return leave(event_sync_or_query(e, false));
 }
 
 static CUresult CUDAAPI fk_EventElapsedTime(float *ms, CUevent ha, CUevent hb) {

@@ -2269,7 +2269,297 @@ out:
   return 0;
 }
 
-/* ---- F: one producer, three consumers, and the join back
+/* ---- F: another runtime's event of unknown provenance, imported ----
+ *
+ * A foreign producer (a communication library, say) writes the buffer and
+ * hands over only an event, recorded one of three ways; the consumer imports
+ * it with that provenance (dlsync_fence_import) and waits on it from one
+ * lane state. The control is what such a consumer does without dlsync:
+ * nothing in a capture (the producer's event may be of another capture), a
+ * plain wait elsewhere. s->flags: FOREIGN(provenance, consumer). */
+enum { F_EAGER, F_EXTERNAL, F_CAPTURED };     /* how the producer recorded */
+enum { C_EAGER, C_CAPTURE, C_BUILT, C_SAME }; /* the consumer's lane */
+#define FOREIGN(prov, cons) ((uint32_t)(prov)*4u + (uint32_t)(cons))
+
+/* The consumer's half, for one graph g2 to be built: a capture of c or a
+ * graph built by hand, waiting on f (use) and copying the buffer's last word
+ * into `slot`. */
+static int foreign_consumer_graph(CUgraph *g2, int cons, CUstream c, CUstreamCaptureMode mode,
+                                  dlsync_fence *f, bool use, int slot, outcome *o) {
+  dlsync_lane lc = dlsync_lane_stream(c), lg;
+  CUgraphNode deps[2], copy = NULL;
+  *g2 = NULL;
+  if (cons == C_CAPTURE) {
+    CU(D->StreamBeginCapture(c, mode));
+    if (use)
+      DS(dlsync_fence_wait(f, &lc));
+    CU(consume(c, big_buf, BIG_WORDS, slot));
+    END_CAPTURE(c, g2);
+  } else {
+    CU(D->GraphCreate(g2, 0));
+    lg = dlsync_lane_graph(*g2, deps, 0, 2);
+    if (use)
+      DS(dlsync_fence_wait(f, &lg));
+    CU(add_copy_node(&copy, *g2, lg.deps, lg.ndeps, slot));
+  }
+  return 0;
+out:
+  if (cons == C_CAPTURE) {
+    CUgraph junk = NULL;
+    D->StreamEndCapture(c, &junk);
+    drop_graph(junk, NULL);
+  }
+  return 1;
+}
+
+/* Eager record on p each trial; the consumer eager, in a capture (the
+ * import made while that capture is active: R40's query) or a built graph. */
+static int foreign_eager(int cons, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL;
+  CUevent e = NULL;
+  dlsync_lane lc;
+  dlsync_fence *f = NULL;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(D->EventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  CU(settle(p));
+  lc = dlsync_lane_stream(c);
+  for (int t = 0; t < TRIALS; t++) {
+    CUgraph g2 = NULL;
+    unsigned v = ++value_base, got = 0;
+    CU(produce(p, big_buf, BIG_WORDS, v));
+    CU(D->EventRecord(e, p)); /* the foreign runtime's record */
+    if (cons == C_EAGER) {
+      if (use) {
+        DS(dlsync_fence_import(&f, E.ctx, e, DLSYNC_PROVENANCE_EAGER, 0, 0));
+        DS(dlsync_fence_wait(f, &lc));
+      }
+      CU(consume(c, big_buf, BIG_WORDS, t));
+      CU(D->StreamSynchronize(c));
+      CU(read_slot(&got, t));
+    } else {
+      if (cons == C_CAPTURE && use) {
+        /* Imported while c captures in `mode` on this thread. */
+        CU(D->StreamBeginCapture(c, mode));
+        DS(dlsync_fence_import(&f, E.ctx, e, DLSYNC_PROVENANCE_EAGER, 0, 0));
+        DS(dlsync_fence_wait(f, &lc));
+        CU(consume(c, big_buf, BIG_WORDS, t));
+        END_CAPTURE(c, &g2);
+      } else {
+        if (use)
+          DS(dlsync_fence_import(&f, E.ctx, e, DLSYNC_PROVENANCE_EAGER, 0, 0));
+        if (foreign_consumer_graph(&g2, cons, c, mode, f, use, t, o) != 0)
+          goto out;
+      }
+      CU(launch_once(g2, c, t, &got));
+    }
+    dlsync_fence_release(f);
+    f = NULL;
+    CU(D->StreamSynchronize(p));
+    o->runs++;
+    o->wrong += got != v;
+  }
+out:
+  if (o->broken > 0 && c != NULL) { /* a failure inside the consumer's capture */
+    CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+    CUgraph junk = NULL;
+    if (D->StreamIsCapturing(c, &cs) == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE &&
+        D->StreamEndCapture(c, &junk) == CUDA_SUCCESS)
+      drop_graph(junk, NULL);
+  }
+  D->CtxSynchronize();
+  dlsync_fence_release(f);
+  if (e != NULL)
+    D->EventDestroy(e);
+  drop_stream(p);
+  drop_stream(c);
+  return 0;
+}
+
+/* The producer's graph, captured in `mode`, ends with an external record of
+ * e; each replay changes its memset value. */
+static int foreign_external(int cons, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL, launch = NULL;
+  CUevent e = NULL;
+  CUgraph g1 = NULL, g2 = NULL;
+  CUgraphExec x1 = NULL, x2 = NULL;
+  dlsync_lane lc;
+  dlsync_fence *f = NULL;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(new_stream(&launch));
+  CU(D->EventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  CU(settle(p));
+  lc = dlsync_lane_stream(c);
+  CU(D->StreamBeginCapture(p, mode));
+  CU(produce(p, big_buf, BIG_WORDS, 7));
+  CU(D->EventRecordWithFlags(e, p, CU_EVENT_RECORD_EXTERNAL));
+  END_CAPTURE(p, &g1);
+  CU(D->GraphInstantiateWithFlags(&x1, g1, 0));
+  if (use)
+    DS(dlsync_fence_import(&f, E.ctx, e, DLSYNC_PROVENANCE_EXTERNAL_RECORD, 0, 0));
+  if (cons == C_EAGER) {
+    for (int k = 0; k < REPLAYS; k++) {
+      unsigned v = ++value_base, got = 0;
+      CU(set_memset_value(g1, x1, v));
+      CU(D->GraphLaunch(x1, launch));
+      if (use)
+        DS(dlsync_fence_wait(f, &lc)); /* after the launch */
+      CU(consume(c, big_buf, BIG_WORDS, 1));
+      CU(D->StreamSynchronize(c));
+      CU(D->StreamSynchronize(launch));
+      CU(read_slot(&got, 1));
+      o->runs++;
+      o->wrong += got != v;
+    }
+  } else {
+    if (foreign_consumer_graph(&g2, cons, c, mode, f, use, 0, o) != 0)
+      goto out;
+    CU(D->GraphInstantiateWithFlags(&x2, g2, 0));
+    replay(o, g1, x1, launch, x2, c, 0);
+  }
+out:
+  D->CtxSynchronize();
+  dlsync_fence_release(f);
+  drop_graph(g1, x1);
+  drop_graph(g2, x2);
+  if (e != NULL)
+    D->EventDestroy(e);
+  drop_stream(p);
+  drop_stream(c);
+  drop_stream(launch);
+  return 0;
+}
+
+/* A plain record of e inside p's capture. From that same capture (c joined
+ * at its start): edges, replayed. From anywhere else dlsync refuses and both
+ * captures end cleanly (one run); the control's plain wait joins or merges
+ * the captures, or (built) orders nothing. */
+static int foreign_captured(int cons, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL, launch = NULL;
+  CUevent e = NULL, fork = NULL, join = NULL;
+  CUgraph g1 = NULL, g2 = NULL;
+  CUgraphExec x1 = NULL, x2 = NULL;
+  CUgraphNode deps[2], wait = NULL, copy = NULL;
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  dlsync_lane lc, lg;
+  dlsync_fence *f = NULL;
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(new_stream(&launch));
+  CU(D->EventCreate(&e, CU_EVENT_DISABLE_TIMING));
+  CU(D->EventCreate(&fork, CU_EVENT_DISABLE_TIMING));
+  CU(D->EventCreate(&join, CU_EVENT_DISABLE_TIMING));
+  CU(settle(p));
+  lc = dlsync_lane_stream(c);
+  CU(D->StreamBeginCapture(p, mode));
+  if (cons == C_SAME) {
+    CU(D->EventRecord(fork, p));
+    CU(D->StreamWaitEvent(c, fork, 0)); /* c joins p's capture before the producer */
+  }
+  CU(produce(p, big_buf, BIG_WORDS, 7));
+  CU(D->EventRecord(e, p)); /* the foreign runtime's plain record */
+  CU(D->StreamGetCaptureInfo(p, &cs, &id, NULL, NULL, NULL, NULL));
+  if (use)
+    DS(dlsync_fence_import(&f, E.ctx, e, DLSYNC_PROVENANCE_CAPTURED, id, 0));
+  if (cons == C_SAME) {
+    if (use)
+      DS(dlsync_fence_wait(f, &lc));
+    CU(consume(c, big_buf, BIG_WORDS, 0));
+    CU(D->EventRecord(join, c));
+    CU(D->StreamWaitEvent(p, join, 0));
+    END_CAPTURE(p, &g1);
+    CU(D->GraphInstantiateWithFlags(&x1, g1, 0));
+    replay(o, g1, x1, launch, NULL, launch, 0);
+    goto out;
+  }
+  if (cons == C_CAPTURE)
+    CU(D->StreamBeginCapture(c, mode));
+  if (cons == C_BUILT) {
+    CU(D->GraphCreate(&g2, 0));
+    lg = dlsync_lane_graph(g2, deps, 0, 2);
+  }
+  if (use) {
+    /* Refused, nothing queued: the consumer's lane goes on unharmed. */
+    DS_EXPECT(dlsync_fence_wait(f, cons == C_BUILT ? &lg : &lc), DLSYNC_ERROR_CAPTURE_ORDER);
+    if (cons == C_BUILT) {
+      CU(add_copy_node(&copy, g2, NULL, 0, 0));
+      if (count_nodes(g2, CU_GRAPH_NODE_TYPE_WAIT_EVENT) != 0) {
+        note(o, "a wait node was added after the refusal");
+        o->broken++;
+      }
+    } else {
+      CU(consume(c, big_buf, BIG_WORDS, 0));
+    }
+    if (cons == C_CAPTURE) {
+      END_CAPTURE(c, &g2);
+      if (count_nodes(g2, CU_GRAPH_NODE_TYPE_WAIT_EVENT) != 0) {
+        note(o, "a wait node was added after the refusal");
+        o->broken++;
+      }
+    }
+    END_CAPTURE(p, &g1);
+    o->runs++;
+    goto out;
+  }
+  /* The control: a plain wait (eager: c joins p's capture, which then ends
+   * UNJOINED; another capture: MERGE) or, in a built graph, a wait node on
+   * an event whose last record was in a capture (orders nothing, or fails). */
+  if (cons == C_BUILT) {
+    CU(D->GraphAddEventWaitNode(&wait, g2, NULL, 0, e));
+    CU(add_copy_node(&copy, g2, &wait, 1, 0));
+  } else {
+    CU(D->StreamWaitEvent(c, e, 0));
+    CU(consume(c, big_buf, BIG_WORDS, 0));
+  }
+  if (cons == C_CAPTURE)
+    END_CAPTURE(c, &g2);
+  END_CAPTURE(p, &g1);
+  CU(D->GraphInstantiateWithFlags(&x1, g1, 0));
+  if (cons == C_BUILT) {
+    CU(D->GraphInstantiateWithFlags(&x2, g2, 0));
+    replay(o, g1, x1, launch, x2, c, 0);
+  } else {
+    o->runs++;
+  }
+out:
+  if (o->broken > 0) {
+    CUgraph junk = NULL;
+    if (D->StreamIsCapturing(c, &cs) == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE &&
+        D->StreamEndCapture(c, &junk) == CUDA_SUCCESS)
+      drop_graph(junk, NULL);
+    junk = NULL;
+    if (D->StreamIsCapturing(p, &cs) == CUDA_SUCCESS && cs != CU_STREAM_CAPTURE_STATUS_NONE &&
+        D->StreamEndCapture(p, &junk) == CUDA_SUCCESS)
+      drop_graph(junk, NULL);
+  }
+  D->CtxSynchronize();
+  dlsync_fence_release(f);
+  drop_graph(g1, x1);
+  drop_graph(g2, x2);
+  if (e != NULL)
+    D->EventDestroy(e);
+  if (fork != NULL)
+    D->EventDestroy(fork);
+  if (join != NULL)
+    D->EventDestroy(join);
+  drop_stream(p);
+  drop_stream(c);
+  drop_stream(launch);
+  return 0;
+}
+
+static int sc_foreign(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  int prov = (int)(s->flags / 4), cons = (int)(s->flags % 4);
+  if (prov == F_EAGER)
+    return foreign_eager(cons, mode, use, o);
+  if (prov == F_EXTERNAL)
+    return foreign_external(cons, mode, use, o);
+  return foreign_captured(cons, mode, use, o);
+}
+
+/* ---- A and C: one producer, three consumers, and the join back
  * (dlsync_exchange_begin_fanout) ---- */
 
 #define FAN 3
@@ -2418,7 +2708,7 @@ out:
   return 0;
 }
 
-/* ---- K: a PDL pair across an exchange (DLSYNC_EXCHANGE_KEEP_EDGE_DATA) ----
+/* ---- C: a PDL pair across an exchange (DLSYNC_EXCHANGE_KEEP_EDGE_DATA) ----
  * Two kernels (PTX, JIT-compiled by the driver for sm_90): `primary` writes a
  * value to buf[0]; `secondary`, which waits for its programmatic dependency
  * (griddepcontrol.wait), copies buf[0] to out[0]. In one capture, p launches
@@ -2604,13 +2894,13 @@ static const scenario scenarios[] = {
     {"A many eager", "eager p, q, p / eager", sc_many_eager, false, true, 0, false,
      DLSYNC__ROW_EAGER_EAGER},
     {"C many join", "capturing p, q / eager", sc_many_join, true, true, 0, false, DLSYNC__ROW_JOIN},
-    {"F fanout eager", "eager p / eager c1, c2, c3", sc_fanout_eager, false, true, 0, false,
+    {"A fanout eager", "eager p / eager c1, c2, c3", sc_fanout_eager, false, true, 0, false,
      DLSYNC__ROW_EAGER_EAGER},
-    {"F fanout stable", "eager p / eager c1..c3, STABLE", sc_fanout_eager, false, true,
+    {"A fanout stable", "eager p / eager c1..c3, STABLE", sc_fanout_eager, false, true,
      DLSYNC_EXCHANGE_CAPTURE_STABLE, false, DLSYNC__ROW_EAGER_EAGER},
-    {"F fanout join", "capturing p / eager c1..c3", sc_fanout_capture, true, true, 0, false,
+    {"C fanout join", "capturing p / eager c1..c3", sc_fanout_capture, true, true, 0, false,
      DLSYNC__ROW_JOIN},
-    {"K pdl across an exchange", "capturing p / same capture, KEEP_EDGE_DATA", sc_pdl_edge, true,
+    {"C pdl across an exchange", "capturing p / same capture, KEEP_EDGE_DATA", sc_pdl_edge, true,
      true, 0, false, DLSYNC__ROW_SAME_CAPTURE},
     {"C join", "capturing / eager", sc_join, true, true, 0, false, DLSYNC__ROW_JOIN},
     {"C join warm", "capturing / eager, fast path", sc_join, true, true, 0, true, DLSYNC__ROW_JOIN},
@@ -2662,6 +2952,26 @@ static const scenario scenarios[] = {
      DLSYNC__ROW_TWO_CAPTURES},
     {"K body refusals", "IF, WHILE bodies: 7 rows", sc_body_refusals, true, true, 0, false,
      DLSYNC__ROW_COUNT},
+    {"F eager/eager", "foreign eager / eager", sc_foreign, false, true, FOREIGN(F_EAGER, C_EAGER),
+     false, DLSYNC__ROW_EAGER_EAGER},
+    {"F eager/capture", "foreign eager / capturing", sc_foreign, true, true,
+     FOREIGN(F_EAGER, C_CAPTURE), false, DLSYNC__ROW_EAGER_TO_CAPTURE},
+    {"F eager/built", "foreign eager / built", sc_foreign, false, true, FOREIGN(F_EAGER, C_BUILT),
+     false, DLSYNC__ROW_EAGER_TO_BUILT},
+    {"F external/eager", "foreign ext. record / eager", sc_foreign, true, true,
+     FOREIGN(F_EXTERNAL, C_EAGER), false, DLSYNC__ROW_LAUNCHED_TO_EAGER},
+    {"F external/capture", "foreign ext. record / capture", sc_foreign, true, true,
+     FOREIGN(F_EXTERNAL, C_CAPTURE), false, DLSYNC__ROW_BUILT_TO_CAPTURE},
+    {"F external/built", "foreign ext. record / built", sc_foreign, true, true,
+     FOREIGN(F_EXTERNAL, C_BUILT), false, DLSYNC__ROW_TWO_BUILT},
+    {"F captured/same", "foreign in capture / same", sc_foreign, true, true,
+     FOREIGN(F_CAPTURED, C_SAME), false, DLSYNC__ROW_SAME_CAPTURE},
+    {"F captured/eager", "foreign in capture / eager", sc_foreign, true, true,
+     FOREIGN(F_CAPTURED, C_EAGER), false, DLSYNC__ROW_REFUSE_CAPTURE_TO_EAGER},
+    {"F captured/other", "foreign in capture / other", sc_foreign, true, true,
+     FOREIGN(F_CAPTURED, C_CAPTURE), false, DLSYNC__ROW_COUNT},
+    {"F captured/built", "foreign in capture / built", sc_foreign, true, true,
+     FOREIGN(F_CAPTURED, C_BUILT), false, DLSYNC__ROW_COUNT},
 };
 
 /* The row's enum name without its prefix ("EAGER_EAGER"), "-" for none. */

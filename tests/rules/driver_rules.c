@@ -669,6 +669,122 @@ static const char *external_pair_rule(const dlsync__driver *d, CUdeviceptr buf, 
   return res;
 }
 
+static bool eager_answer(CUresult r) {
+  return r == CUDA_SUCCESS || r == CUDA_ERROR_NOT_READY;
+}
+
+/* R40: in a GLOBAL capture of this thread, with the thread switched to
+ * RELAXED: a query of an eagerly recorded event and of one recorded by an
+ * external record node of the capture answers as for an eager event, and the
+ * capture stays active and ends cleanly. */
+static const char *query_in_capture_rule(const dlsync__driver *d, CUdeviceptr buf, char *why,
+                                         size_t n) {
+  scope sc;
+  const char *res = "setup failed";
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  CUevent ext = NULL;
+  CUresult q_eager, q_ext, r;
+  bool switched = false;
+  if (scope_open(&sc, d) != CUDA_SUCCESS ||
+      d->EventCreate(&ext, CU_EVENT_DISABLE_TIMING) != CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 3, 1, sc.s[2]) != CUDA_SUCCESS ||
+      d->EventRecord(sc.e[1], sc.s[2]) != CUDA_SUCCESS ||
+      d->StreamBeginCapture(sc.s[0], CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 1, 1, sc.s[0]) != CUDA_SUCCESS ||
+      d->EventRecordWithFlags(ext, sc.s[0], CU_EVENT_RECORD_EXTERNAL) != CUDA_SUCCESS)
+    goto done;
+  r = d->ThreadExchangeStreamCaptureMode(&mode);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "cuThreadExchangeStreamCaptureMode(RELAXED) during a capture", r,
+               "CUDA_SUCCESS");
+    goto done;
+  }
+  switched = true;
+  q_eager = d->EventQuery(sc.e[1]);
+  q_ext = d->EventQuery(ext);
+  r = d->ThreadExchangeStreamCaptureMode(&mode);
+  switched = r != CUDA_SUCCESS;
+  if (r != CUDA_SUCCESS || mode != CU_STREAM_CAPTURE_MODE_RELAXED) {
+    res = "cuThreadExchangeStreamCaptureMode did not give back RELAXED when restoring";
+    goto done;
+  }
+  if (!eager_answer(q_eager)) {
+    res = said(why, n, d, "cuEventQuery (RELAXED) of an eagerly recorded event", q_eager,
+               "CUDA_SUCCESS or CUDA_ERROR_NOT_READY");
+    goto done;
+  }
+  if (!eager_answer(q_ext)) {
+    res = said(why, n, d, "cuEventQuery (RELAXED) of an event recorded by an external record node",
+               q_ext, "CUDA_SUCCESS or CUDA_ERROR_NOT_READY");
+    goto done;
+  }
+  if (capture_status(d, sc.s[0]) != CU_STREAM_CAPTURE_STATUS_ACTIVE) {
+    res = "the GLOBAL capture is no longer active after the queries";
+    goto done;
+  }
+  res = end_clean(&sc, sc.s[0], CU_GRAPH_NODE_TYPE_EVENT_RECORD,
+                  "the capture's graph lacks the external record node", why, n);
+done:
+  if (switched) { /* back to the thread's mode before the rule */
+    mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    (void)d->ThreadExchangeStreamCaptureMode(&mode);
+  }
+  scope_close(&sc);
+  if (ext != NULL)
+    (void)d->EventDestroy(ext);
+  return res;
+}
+
+/* R41: a query of an event plainly recorded in an active capture, even by a
+ * thread switched to RELAXED: CUDA_ERROR_CAPTURED_EVENT, and that capture is
+ * invalidated (so dlsync never queries an event declared CAPTURED). */
+static const char *query_captured_event_rule(const dlsync__driver *d, CUdeviceptr buf, char *why,
+                                             size_t n) {
+  scope sc;
+  const char *res = "setup failed";
+  CUstreamCaptureMode mode = CU_STREAM_CAPTURE_MODE_RELAXED;
+  CUresult q_plain, r;
+  bool switched = false;
+  if (scope_open(&sc, d) != CUDA_SUCCESS ||
+      d->StreamBeginCapture(sc.s[0], CU_STREAM_CAPTURE_MODE_GLOBAL) != CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 1, 1, sc.s[0]) != CUDA_SUCCESS ||
+      d->EventRecord(sc.e[0], sc.s[0]) != CUDA_SUCCESS)
+    goto done;
+  r = d->ThreadExchangeStreamCaptureMode(&mode);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "cuThreadExchangeStreamCaptureMode(RELAXED) during a capture", r,
+               "CUDA_SUCCESS");
+    goto done;
+  }
+  switched = true;
+  q_plain = d->EventQuery(sc.e[0]);
+  r = d->ThreadExchangeStreamCaptureMode(&mode);
+  switched = r != CUDA_SUCCESS;
+  if (q_plain != CUDA_ERROR_CAPTURED_EVENT) {
+    res = said(why, n, d, "cuEventQuery (RELAXED) of an event plainly recorded in the capture",
+               q_plain, "CUDA_ERROR_CAPTURED_EVENT");
+    goto done;
+  }
+  if (capture_status(d, sc.s[0]) != CU_STREAM_CAPTURE_STATUS_INVALIDATED) {
+    res = "the capture is not invalidated after the query of its plainly recorded event";
+    goto done;
+  }
+  res = NULL;
+done:
+  if (switched) {
+    mode = CU_STREAM_CAPTURE_MODE_GLOBAL;
+    (void)d->ThreadExchangeStreamCaptureMode(&mode);
+  }
+  {
+    CUgraph g = NULL;
+    if (capture_status(d, sc.s[0]) != CU_STREAM_CAPTURE_STATUS_NONE &&
+        d->StreamEndCapture(sc.s[0], &g) == CUDA_SUCCESS && g != NULL)
+      (void)d->GraphDestroy(g);
+  }
+  scope_close(&sc);
+  return res;
+}
+
 /* A graph with one IF node (its handle made in the calling thread's
  * current context, default 1 at each launch): *parent owns it, *body is its
  * body. CUDA_SUCCESS or the first failing call's result. */
@@ -1015,7 +1131,16 @@ const driver_rule driver_rules[] = {
      "in a capture into an IF body a join and an ADD of dependencies work; the parent "
      "instantiates and launches",
      cond_body_edges_rule},
-    {"R34 EDGE-DATA-BACK",
+    {"R40 QUERY-IN-CAPTURE",
+     "with the thread switched to RELAXED during its GLOBAL capture, cuEventQuery of an eager "
+     "record and of an external record node answers SUCCESS or NOT_READY; the capture stays "
+     "active and ends cleanly",
+     query_in_capture_rule},
+    {"R41 QUERY-CAPTURED-EVENT",
+     "cuEventQuery of an event plainly recorded in an active capture (the thread switched to "
+     "RELAXED): CAPTURED_EVENT, and that capture is invalidated",
+     query_captured_event_rule},
+    {"R42 EDGE-DATA-BACK",
      "the edge data a capture query gives is taken back, with its dependencies, by an ADD of "
      "them on another stream of the capture, and the next node's edges carry it",
      edge_data_back_rule},
