@@ -463,20 +463,32 @@ static void a_later_failure_orders_the_earlier_back(void **state) {
 
 /* ---- fault injection: every driver call and allocation ---- */
 
-typedef enum scene { SCENE_EAGER, SCENE_JOIN, SCENE_MIXED, SCENE_STABLE, SCENE_COUNT } scene;
+typedef enum scene {
+  SCENE_EAGER,
+  SCENE_JOIN,
+  SCENE_MIXED,
+  SCENE_STABLE,
+  SCENE_KEEP,
+  SCENE_COUNT
+} scene;
 
 static fake_fault sweep_kind = FAKE_FAULT_CALL;
 
 /* One fan-out and join of the scene with fault n (0: none); true when the
  * fault was reached. SCENE_MIXED: the producer captures, C is eager (joins),
- * Q is in the capture (edges) and R in another capture (a wait node). */
+ * Q is in the capture (edges) and R in another capture (a wait node).
+ * SCENE_KEEP: C and Q in the producer's capture, DLSYNC_EXCHANGE_KEEP_EDGE_DATA
+ * (the query of the producer's edge data, the updates with it, both ways). */
 static bool run_with_fault(scene sc, unsigned n) {
   dlsync_lane lp = dlsync_lane_stream(P);
   dlsync_lane lcs[3] = {dlsync_lane_stream(C), dlsync_lane_stream(Q), dlsync_lane_stream(R)};
   dlsync_exchange *ex = NULL;
   CUevent fork = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
   dlsync_status sb, se = DLSYNC_SUCCESS, want_end = DLSYNC_SUCCESS;
-  bool capture = sc == SCENE_JOIN || sc == SCENE_MIXED;
+  bool capture = sc == SCENE_JOIN || sc == SCENE_MIXED || sc == SCENE_KEEP;
+  uint32_t flags = sc == SCENE_STABLE ? DLSYNC_EXCHANGE_CAPTURE_STABLE
+                   : sc == SCENE_KEEP ? DLSYNC_EXCHANGE_KEEP_EDGE_DATA
+                                      : 0;
   bool reached;
   size_t nc = sc == SCENE_MIXED ? 3 : 2;
   if (capture)
@@ -487,11 +499,15 @@ static bool run_with_fault(scene sc, unsigned n) {
     assert_int_equal(D->StreamBeginCapture(R, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
     want_end = DLSYNC_ERROR_CAPTURE_ORDER; /* R's order back */
   }
+  if (sc == SCENE_KEEP) {
+    assert_int_equal(D->EventRecord(fork, P), CUDA_SUCCESS);
+    assert_int_equal(D->StreamWaitEvent(C, fork, 0), CUDA_SUCCESS);
+    assert_int_equal(D->StreamWaitEvent(Q, fork, 0), CUDA_SUCCESS);
+  }
   fake_work(P, "produce", NULL);
   if (n > 0)
     fake_fail_fault(sweep_kind, n);
-  sb = dlsync_exchange_begin_fanout(&ex, ctx, &lp, lcs, nc,
-                                    sc == SCENE_STABLE ? DLSYNC_EXCHANGE_CAPTURE_STABLE : 0);
+  sb = dlsync_exchange_begin_fanout(&ex, ctx, &lp, lcs, nc, flags);
   if (sb == DLSYNC_SUCCESS) {
     assert_non_null(ex);
     fake_work(C, "consume", NULL);
@@ -518,6 +534,12 @@ static bool run_with_fault(scene sc, unsigned n) {
   if (capture) {
     CUgraph g = NULL;
     CUresult er;
+    if (sc == SCENE_KEEP) { /* joined back by hand too (a failed end leaves them) */
+      (void)D->EventRecord(fork, Q);
+      (void)D->StreamWaitEvent(P, fork, 0);
+      (void)D->EventRecord(fork, C);
+      (void)D->StreamWaitEvent(P, fork, 0);
+    }
     if (sc == SCENE_MIXED) {
       (void)D->EventRecord(fork, Q);
       (void)D->StreamWaitEvent(P, fork, 0);
