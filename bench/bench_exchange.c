@@ -980,6 +980,149 @@ static void run_launch(void) {
   }
 }
 
+/* ---- one producer, three consumers, and the join back ----
+ * dlsync_exchange_begin_fanout + end against the same calls by hand (one
+ * record on the producer, a wait per consumer, a record per consumer and the
+ * producer's wait on each), eager and inside a capture, with dlsync's floor:
+ * the driver calls dlsync must make (eager: the raw calls and a status query
+ * per lane at begin, two per consumer at end; CAPTURE_STABLE: the begin's
+ * only). In a capture the consumers join it at the batch's first fan-out and
+ * stay in it (a joined stream leaves with the capture's end, R11), so every
+ * later one is SAME_CAPTURE: the floor is then each lane's status and full
+ * query, an ADD of the producer's dependencies to each consumer's, and at
+ * end each consumer's full query and an ADD back, no event. */
+#define FAN_N 3
+#define FAN_OPS 500
+static CUstream fan_c[FAN_N];
+static CUevent fan_ev[FAN_N + 1];
+
+typedef enum fan_side {
+  FAN_BY_HAND,
+  FAN_FLOOR,
+  FAN_FLOOR_STABLE,
+  FAN_FLOOR_CAPTURE,
+  FAN_DLSYNC,
+  FAN_DLSYNC_STABLE
+} fan_side;
+
+static inline __attribute__((always_inline)) void fan_op(fan_side side) {
+  dlsync_lane lp, lcs[FAN_N];
+  dlsync_exchange *ex;
+  switch (side) {
+  case FAN_DLSYNC:
+  case FAN_DLSYNC_STABLE:
+    lp = dlsync_lane_stream(P);
+    for (int i = 0; i < FAN_N; i++)
+      lcs[i] = dlsync_lane_stream(fan_c[i]);
+    CHECK(dlsync_exchange_begin_fanout(&ex, E.ctx, &lp, lcs, FAN_N,
+                                       side == FAN_DLSYNC_STABLE ? DLSYNC_EXCHANGE_CAPTURE_STABLE
+                                                                 : 0) == DLSYNC_SUCCESS,
+          "begin_fanout");
+    CHECK(dlsync_exchange_end(ex) == DLSYNC_SUCCESS, "end");
+    return;
+  case FAN_FLOOR_CAPTURE:
+    q_is(P);
+    (void)q_full(P);
+    for (int i = 0; i < FAN_N; i++) {
+      q_is(fan_c[i]);
+      (void)q_full(fan_c[i]);
+    }
+    for (int i = 0; i < FAN_N; i++)
+      add_set(P, fan_c[i]);
+    for (int i = FAN_N; i-- > 0;)
+      add_set(fan_c[i], P);
+    return;
+  default:
+    break;
+  }
+  if (side != FAN_BY_HAND) {
+    q_is(P);
+    for (int i = 0; i < FAN_N; i++)
+      q_is(fan_c[i]);
+  }
+  CHECK(D->EventRecord(fan_ev[0], P) == CUDA_SUCCESS, "record");
+  for (int i = 0; i < FAN_N; i++)
+    CHECK(D->StreamWaitEvent(fan_c[i], fan_ev[0], 0) == CUDA_SUCCESS, "wait");
+  for (int i = FAN_N; i-- > 0;) {
+    if (side == FAN_FLOOR) {
+      q_is(fan_c[i]);
+      q_is(P);
+    }
+    rec_wait(fan_ev[i + 1], fan_c[i], P);
+  }
+}
+
+/* ns per fan-out and join (median of BATCHES batches of FAN_OPS); in a
+ * capture, each batch a fresh capture of P holding one node. */
+static double time_fan(fan_side side, bool capture) {
+  double t[BATCHES];
+  for (int b = 0; b < BATCHES; b++) {
+    CUgraph g = NULL;
+    double t0;
+    if (capture) {
+      CHECK(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
+      CHECK(D->MemsetD32Async(scale_buf, 1, 1, P) == CUDA_SUCCESS, "memset");
+    }
+    t0 = gpu_now_ns();
+    for (int i = 0; i < FAN_OPS; i++)
+      fan_op(side);
+    t[b] = (gpu_now_ns() - t0) / FAN_OPS;
+    if (capture) {
+      CHECK(D->StreamEndCapture(P, &g) == CUDA_SUCCESS, "end capture");
+      D->GraphDestroy(g);
+    }
+  }
+  return median(t, BATCHES);
+}
+
+/* One line: dlsync against by hand (target <= 1.25), and the floor. */
+static void fan_line(const char *what, fan_side ds_side, fan_side floor_side, bool capture,
+                     fan_side hand_side) {
+  double ds[ROW_ROUNDS], hand[ROW_ROUNDS], fl[ROW_ROUNDS], r[ROW_ROUNDS], rf[ROW_ROUNDS];
+  (void)time_fan(ds_side, capture);      /* warm */
+  for (int k = 0; k < ROW_ROUNDS; k++) { /* each side first in every other round */
+    if (k % 2 == 0)
+      ds[k] = time_fan(ds_side, capture);
+    hand[k] = time_fan(hand_side, capture);
+    fl[k] = time_fan(floor_side, capture);
+    if (k % 2 != 0)
+      ds[k] = time_fan(ds_side, capture);
+    r[k] = ds[k] / hand[k];
+    rf[k] = fl[k] / hand[k];
+  }
+  {
+    double m = median(r, ROW_ROUNDS), mf = median(rf, ROW_ROUNDS);
+    printf("%-44s %10.1f %10.1f %8.2f %s [%.2f-%.2f]\n", what, median(ds, ROW_ROUNDS),
+           median(hand, ROW_ROUNDS), m, m <= 1.25 ? "<= 1.25 ok" : "<= 1.25 MISSED", r[0],
+           r[ROW_ROUNDS - 1]);
+    printf("%-44s %10.1f %10.1f %8.2f [%.2f-%.2f] (the floor: the queries dlsync must make)\n",
+           "  its floor vs by hand", median(fl, ROW_ROUNDS), median(hand, ROW_ROUNDS), mf, rf[0],
+           rf[ROW_ROUNDS - 1]);
+  }
+}
+
+static void run_fanout(void) {
+  for (int i = 0; i < FAN_N; i++)
+    CHECK(D->StreamCreate(&fan_c[i], CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS, "stream");
+  for (int i = 0; i <= FAN_N; i++)
+    CHECK(D->EventCreate(&fan_ev[i], CU_EVENT_DISABLE_TIMING) == CUDA_SUCCESS, "event");
+  printf("\nfan-out to %d consumers and the join back (host ns per fan-out+join; medians over %d "
+         "paired rounds of %d batches of %d; by hand: one record on the producer, a wait per "
+         "consumer, then a record per consumer and the producer's wait; in one capture the "
+         "consumers are in it after the first, SAME_CAPTURE)\n",
+         FAN_N, ROW_ROUNDS, BATCHES, FAN_OPS);
+  printf("%-44s %10s %10s %8s %s\n", "measure", "dlsync", "by hand", "ratio", "target");
+  fan_line("begin_fanout+end, eager vs by hand", FAN_DLSYNC, FAN_FLOOR, false, FAN_BY_HAND);
+  fan_line("  with CAPTURE_STABLE vs by hand", FAN_DLSYNC_STABLE, FAN_FLOOR_STABLE, false,
+           FAN_BY_HAND);
+  fan_line("begin_fanout+end, one capture vs by hand", FAN_DLSYNC, FAN_FLOOR_CAPTURE, true,
+           FAN_BY_HAND);
+  for (int i = 0; i <= FAN_N; i++)
+    D->EventDestroy(fan_ev[i]);
+  for (int i = 0; i < FAN_N; i++)
+    D->StreamDestroy(fan_c[i]);
+}
+
 static void print_rows(const row_result *res) {
   char rest[64] = "";
   if (row_rest_us > 0)
@@ -1604,6 +1747,7 @@ int main(void) {
          rc_us / rb_us, rc_us / rb_us <= 1.05 ? "<= 1.05 ok" : "<= 1.05 MISSED");
   printf("%-44s %10zu %10zu\n", "  nodes in the two graphs", nc, nb);
   print_rows(rows);
+  run_fanout();
   run_capture_add();
   run_two_captures_flags();
   run_split();

@@ -505,15 +505,20 @@ static void step(world *w, input *in) {
   case 7: {
     dlsync_lane *a = lane_of(w, in), *b = lane_of(w, in);
     unsigned fb = take(in);
-    uint32_t flags = (fb & 4) ? 2u : (uint32_t)(fb & 1); /* 2: an unknown flag */
+    /* 0x80: an unknown flag; else CAPTURE_STABLE (bit 0), KEEP_EDGE_DATA (bit 1). */
+    uint32_t flags =
+        (fb & 4) ? 0x80u : (uint32_t)(fb & 1) | ((fb & 2) ? DLSYNC_EXCHANGE_KEEP_EDGE_DATA : 0);
     if (w->ex[s] == NULL) {
       dlsync_exchange *ex = NULL;
       dlsync_status st;
-      if (fb & 8) { /* many producers: a run of lanes from a (0 to 3 of them) */
+      if (fb & 8) { /* many producers (or consumers): a run of lanes from a (0 to 3 of them) */
         size_t first = (size_t)(a - w->lanes), n = (fb >> 4) % 4;
         if (n > NLANES - first)
           n = NLANES - first;
-        st = dlsync_exchange_begin_many(&ex, w->ctx, a, n, b, flags);
+        if (fb & 64) /* one producer b, consumers a.. (b among them, or duplicates: refused) */
+          st = dlsync_exchange_begin_fanout(&ex, w->ctx, b, a, n, flags);
+        else
+          st = dlsync_exchange_begin_many(&ex, w->ctx, a, n, b, flags);
       } else {
         st = dlsync_exchange_begin_flags(&ex, w->ctx, a, b, flags);
       }

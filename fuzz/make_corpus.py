@@ -57,6 +57,14 @@ seeds = {
     "exchange_many": order(S0, S1) + begin(0, S0, SB, 8 | (2 << 4)) + work(2) + end(0),
     "exchange_many_capture": begin_capture(0) + order(S0, S1) + begin(0, S0, SB, 8 | (2 << 4))
     + work(2) + end(0) + end_capture(0, True, 2),
+    # begin_fanout (flags byte | 64): producer stream 2, consumers lanes[0..2) (streams 0, 1)
+    "exchange_fanout": order(S0, S1) + begin(0, S0, SB, 8 | 64 | (2 << 4)) + work(0) + end(0),
+    "exchange_fanout_capture": begin_capture(2) + order(S0, S1) + begin(0, S0, SB, 8 | 64 | (2 << 4))
+    + work(0) + work(1) + end(0) + end_capture(2, True, 0),
+    # DLSYNC_EXCHANGE_KEEP_EDGE_DATA (flags byte 2): stream 1 joins stream 0's capture, then an
+    # exchange in the capture (SAME_CAPTURE) keeps the edge data
+    "exchange_keep_edges": begin_capture(0) + begin(1, S0, S1) + begin(2, S0, S1, 2) + work(1)
+    + end(2) + end(1) + end_capture(0, True, 1),
     "exchange_capture_join": begin_capture(0) + begin(1, S0, S1) + work(1) + end(1) + end_capture(0, True, 1),
     "exchange_two_captures": begin_capture(0) + begin_capture(1, 0) + begin(0, S0, S1) + end(0)
     + end_capture(1) + end_capture(0),

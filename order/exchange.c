@@ -46,7 +46,7 @@ static DLSYNC__INLINE void pre_init(fast_pre *pre, dlsync__op op, dlsync_lane *f
  * noted, the row classified and carried out; step (may be NULL) says which
  * row it was. */
 static dlsync_status order_general(dlsync__thread *t, dlsync_context *ctx, fast_pre *pre,
-                                   dlsync__op op, dlsync__order_step *step) {
+                                   dlsync__op op, dlsync__order_step *step, bool keep_edges) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync__order_step local;
   pool_pick pool;
@@ -60,6 +60,7 @@ static dlsync_status order_general(dlsync__thread *t, dlsync_context *ctx, fast_
     goto cleanup;
   step->op = op;
   step->first_pending = false;
+  step->keep_edges = keep_edges;
   pool = dlsync__pick_of(&pre->opened);
   DLSYNC_TRY(dlsync__order_row(ctx, step, &pool, &pre->opened.a, &pre->opened.b));
 cleanup:
@@ -86,8 +87,55 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
       return st;
     pre_init(&pre, DLSYNC__OP_ORDER, first, then, NULL); /* nothing read */
   }
-  st = order_general(t, ctx, &pre, DLSYNC__OP_ORDER, NULL);
+  st = order_general(t, ctx, &pre, DLSYNC__OP_ORDER, NULL, false);
   return st;
+}
+
+/* Unknown flag bits: DLSYNC_ERROR_INVALID_ARGUMENT naming the call. */
+static dlsync_status refuse_flags(const char *fn, uint32_t flags) {
+  if ((flags & ~DLSYNC_EXCHANGE_FLAGS_ALL) == 0)
+    return DLSYNC_SUCCESS;
+  return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                      "%s: unknown flags 0x%x (known: DLSYNC_EXCHANGE_CAPTURE_STABLE = 0x%x, "
+                      "DLSYNC_EXCHANGE_KEEP_EDGE_DATA = 0x%x)",
+                      fn, (unsigned)(flags & ~DLSYNC_EXCHANGE_FLAGS_ALL),
+                      (unsigned)DLSYNC_EXCHANGE_CAPTURE_STABLE,
+                      (unsigned)DLSYNC_EXCHANGE_KEEP_EDGE_DATA);
+}
+
+/* A begun exchange's record, as begin found the lanes and carried out the
+ * row (the producer and consumer lanes the caller gave; p, c: as read). */
+static void exchange_fill(dlsync_exchange *ex, dlsync_lane *producer, dlsync_lane *consumer,
+                          const dlsync__lane_now *p, const dlsync__lane_now *c, dlsync__row row,
+                          uint32_t flags) {
+  ex->bits = 0;
+  ex->producer_stream = producer->stream;
+  ex->consumer_stream = consumer->stream;
+  if (producer->kind == DLSYNC_LANE_GRAPH || consumer->kind == DLSYNC_LANE_GRAPH) {
+    ex->bits |= EX_REFS;
+    ex->producer_ref = producer->kind == DLSYNC_LANE_GRAPH ? producer : NULL;
+    ex->consumer_ref = consumer->kind == DLSYNC_LANE_GRAPH ? consumer : NULL;
+  }
+  if (dlsync__row_nodes(row) == 2) /* a record node and a wait node */
+    ex->bits |= EX_CROSS;
+  ex->producer_where = dlsync__lane_where(p);
+  ex->consumer_where = dlsync__lane_where(c);
+  /* What end may trust: two eager streams, a consumer that joined the
+   * producer's capture, or two streams of one capture; each way end's plain
+   * record and wait are right. */
+  if ((flags & DLSYNC_EXCHANGE_CAPTURE_STABLE) &&
+      (row == DLSYNC__ROW_EAGER_EAGER || row == DLSYNC__ROW_JOIN ||
+       row == DLSYNC__ROW_SAME_CAPTURE))
+    ex->bits |= EX_STABLE;
+  /* A consumer that joined the producer's capture, or two streams of one
+   * capture: both in the producer's capture now, so end asks the consumer
+   * alone, and adds its dependencies to the producer's. */
+  if (row == DLSYNC__ROW_JOIN || row == DLSYNC__ROW_SAME_CAPTURE) {
+    ex->bits |= EX_ONE_CAPTURE;
+    ex->capture_id = p->capture_id;
+  }
+  if (flags & DLSYNC_EXCHANGE_KEEP_EDGE_DATA)
+    ex->bits |= EX_KEEP_EDGES;
 }
 
 /* Everything but the fast path (kept out of line so that the fast path's
@@ -101,18 +149,14 @@ static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsyn
   dlsync_lane *producer = pre->first, *consumer = pre->then;
   dlsync__lane_now *p = &pre->opened.a, *c = &pre->opened.b;
   dlsync__order_step step;
-  bool stable = (flags & DLSYNC_EXCHANGE_CAPTURE_STABLE) != 0;
   if (out == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_begin: out is NULL");
   *out = NULL;
   if (ctx == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_begin: ctx is NULL");
-  if ((flags & ~(uint32_t)DLSYNC_EXCHANGE_CAPTURE_STABLE) != 0)
-    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                        "dlsync_exchange_begin_flags: unknown flags 0x%x (known: "
-                        "DLSYNC_EXCHANGE_CAPTURE_STABLE = 0x%x)",
-                        (unsigned)(flags & ~(uint32_t)DLSYNC_EXCHANGE_CAPTURE_STABLE),
-                        (unsigned)DLSYNC_EXCHANGE_CAPTURE_STABLE);
+  st = refuse_flags("dlsync_exchange_begin_flags", flags);
+  if (st != DLSYNC_SUCCESS)
+    return st;
   t = dlsync__thread_get();
   ex = exchange_alloc(t);
   if (ex == NULL) {
@@ -121,37 +165,15 @@ static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsyn
   }
   ex->bits = 0;
   step.row = DLSYNC__ROW_SAME_STREAM;
-  DLSYNC_TRY(order_general(t, ctx, pre, DLSYNC__OP_BEGIN, &step));
+  DLSYNC_TRY(order_general(t, ctx, pre, DLSYNC__OP_BEGIN, &step,
+                           (flags & DLSYNC_EXCHANGE_KEEP_EDGE_DATA) != 0));
   if (pre->opened.same) {
     ex->bits = EX_SAME; /* its end has nothing to do */
     *out = exchange_publish(ex, ctx);
     ex = NULL;
     goto cleanup;
   }
-  ex->producer_stream = producer->stream;
-  ex->consumer_stream = consumer->stream;
-  if (producer->kind == DLSYNC_LANE_GRAPH || consumer->kind == DLSYNC_LANE_GRAPH) {
-    ex->bits |= EX_REFS;
-    ex->producer_ref = producer->kind == DLSYNC_LANE_GRAPH ? producer : NULL;
-    ex->consumer_ref = consumer->kind == DLSYNC_LANE_GRAPH ? consumer : NULL;
-  }
-  if (dlsync__row_nodes(step.row) == 2) /* a record node and a wait node */
-    ex->bits |= EX_CROSS;
-  ex->producer_where = dlsync__lane_where(p);
-  ex->consumer_where = dlsync__lane_where(c);
-  /* What end may trust: two eager streams, a consumer that joined the
-   * producer's capture, or two streams of one capture; each way end's plain
-   * record and wait are right. */
-  if (stable && (step.row == DLSYNC__ROW_EAGER_EAGER || step.row == DLSYNC__ROW_JOIN ||
-                 step.row == DLSYNC__ROW_SAME_CAPTURE))
-    ex->bits |= EX_STABLE;
-  /* A consumer that joined the producer's capture, or two streams of one
-   * capture: both in the producer's capture now, so end asks the consumer
-   * alone, and adds its dependencies to the producer's. */
-  if (step.row == DLSYNC__ROW_JOIN || step.row == DLSYNC__ROW_SAME_CAPTURE) {
-    ex->bits |= EX_ONE_CAPTURE;
-    ex->capture_id = p->capture_id;
-  }
+  exchange_fill(ex, producer, consumer, p, c, step.row, flags);
   *out = exchange_publish(ex, ctx);
   ex = NULL;
 cleanup:
@@ -352,12 +374,7 @@ dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsync_context *
                         "dlsync_exchange_begin_many: producers is NULL (n = %zu)", n);
   if (n == 1)
     return dlsync_exchange_begin_flags(out, ctx, &producers[0], consumer, flags);
-  if ((flags & ~(uint32_t)DLSYNC_EXCHANGE_CAPTURE_STABLE) != 0)
-    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                        "dlsync_exchange_begin_many: unknown flags 0x%x (known: "
-                        "DLSYNC_EXCHANGE_CAPTURE_STABLE = 0x%x)",
-                        (unsigned)(flags & ~(uint32_t)DLSYNC_EXCHANGE_CAPTURE_STABLE),
-                        (unsigned)DLSYNC_EXCHANGE_CAPTURE_STABLE);
+  DLSYNC_TRY(refuse_flags("dlsync_exchange_begin_many", flags));
   /* Every lane checked before anything is queued. */
   DLSYNC_TRY(dlsync__lane_check(consumer, "consumer"));
   for (size_t i = 0; i < n; i++) {
@@ -401,6 +418,313 @@ cleanup:
     (void)end_parts(parts, nparts);
     kept_restore(&k);
   }
+  dlsync__free(parts);
+  return st;
+}
+
+/* ---- one producer, many consumers ---- */
+
+/* A consumer of a fan-out as begin read it, its row, and its part (the
+ * record its end uses, published once it is ordered). */
+typedef struct fan_consumer {
+  dlsync__lane_now now;
+  dlsync__row row;
+  dlsync_exchange *rec; /* allocated before anything is queued */
+  char role[32];
+} fan_consumer;
+
+#define FAN_INLINE 8
+
+/* Two lanes of a fan-out that are one: the same stream (legacy handles
+ * alike), the same dlsync_lane, or graph lanes of one graph sharing their
+ * frontier's array (each would write its new frontier over the other's). */
+static bool same_fan_lane(const dlsync_lane *a, const dlsync_lane *b) {
+  if (a->kind == DLSYNC_LANE_GRAPH && b->kind == DLSYNC_LANE_GRAPH && a->graph == b->graph &&
+      a->deps != NULL && a->deps == b->deps)
+    return true;
+  return same_producer(a, b);
+}
+
+/* The lanes' fields, the producer among the consumers, and two consumers
+ * that are one lane: refused before any driver call. */
+static dlsync_status fanout_check(dlsync_lane *producer, dlsync_lane *consumers, size_t n) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  char role[32];
+  DLSYNC_TRY(dlsync__lane_check(producer, "producer"));
+  for (size_t i = 0; i < n; i++) {
+    snprintf(role, sizeof role, "consumer %zu", i);
+    DLSYNC_TRY(dlsync__lane_check(&consumers[i], role));
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (same_fan_lane(producer, &consumers[i]))
+      return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                          "dlsync_exchange_begin_fanout: consumer %zu is the producer (%s %p): a "
+                          "lane is already ordered after itself; leave it out",
+                          i, consumers[i].kind == DLSYNC_LANE_STREAM ? "stream" : "graph lane",
+                          consumers[i].kind == DLSYNC_LANE_STREAM ? (void *)consumers[i].stream
+                                                                  : (void *)&consumers[i]);
+    for (size_t j = 0; j < i; j++)
+      if (same_fan_lane(&consumers[j], &consumers[i]))
+        return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                            "dlsync_exchange_begin_fanout: consumers %zu and %zu are the same "
+                            "lane (%s %p): give each consumer once",
+                            j, i, consumers[i].kind == DLSYNC_LANE_STREAM ? "stream" : "graph lane",
+                            consumers[i].kind == DLSYNC_LANE_STREAM ? (void *)consumers[i].stream
+                                                                    : (void *)&consumers[i]);
+  }
+cleanup:
+  return st;
+}
+
+/* The consumer's part published: its end orders the producer after it. */
+static void fan_publish(dlsync_exchange **parts, size_t *nparts, fan_consumer *fc,
+                        dlsync_context *ctx, dlsync_lane *producer, dlsync_lane *consumer,
+                        const dlsync__lane_now *pn, dlsync__row row, uint32_t flags) {
+  exchange_fill(fc->rec, producer, consumer, pn, &fc->now, row, flags);
+  parts[(*nparts)++] = exchange_publish(fc->rec, ctx);
+  fc->rec = NULL;
+}
+
+/* EAGER_EAGER and JOIN consumers: one event of the producer's pool recorded
+ * (plain) on the producer once, and each consumer's plain wait on it (a
+ * capturing producer's: each consumer joins its capture). The pool may come
+ * from the memo unchecked: the record says whether the event is of the
+ * producer's context; then the memo is forgotten and an event of the right
+ * pool taken, as in dlsync__row_record_wait. */
+static dlsync_status fan_plain(dlsync_context *ctx, dlsync_lane *producer, dlsync_lane *consumers,
+                               fan_consumer *fan, size_t n, const dlsync__lane_now *pn,
+                               dlsync_exchange **parts, size_t *nparts, uint32_t flags) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = ctx->drv;
+  pool_pick pk;
+  CUevent ev = NULL;
+  bool lent = false;
+  CUresult r;
+  dlsync__pair p;
+  dlsync__roles rl;
+  pk.pool = NULL;
+  pk.from_memo = false;
+  pk.stream = producer->stream;
+  pk.role = "producer";
+  pk.t = NULL;
+  DLSYNC_TRY(
+      dlsync__pool_for_stream(&pk.pool, &pk.from_memo, &ctx->pools, producer->stream, "producer"));
+  DLSYNC_TRY(dlsync__pool_borrow(&ev, &lent, &ctx->pools, pk.pool));
+  r = d->EventRecord(ev, producer->stream);
+  if (r != CUDA_SUCCESS && pk.from_memo && context_mismatch(r)) {
+    dlsync__pool_unborrow(pk.pool, ev, lent);
+    ev = NULL;
+    DLSYNC_TRY(dlsync__repick_pool(ctx, &pk));
+    DLSYNC_TRY(dlsync__pool_borrow(&ev, &lent, &ctx->pools, pk.pool));
+    r = d->EventRecord(ev, producer->stream);
+  }
+  if (r != CUDA_SUCCESS) {
+    p.first = producer->stream;
+    p.then = NULL;
+    rl.first = "producer";
+    rl.then = NULL;
+    st = dlsync__fail_record(d, r, p, &rl);
+    goto cleanup;
+  }
+  for (size_t i = 0; i < n; i++) {
+    if (fan[i].row != DLSYNC__ROW_EAGER_EAGER && fan[i].row != DLSYNC__ROW_JOIN)
+      continue;
+    r = d->StreamWaitEvent(consumers[i].stream, ev, 0);
+    if (r != CUDA_SUCCESS) {
+      p.first = producer->stream;
+      p.then = consumers[i].stream;
+      rl.first = "producer";
+      rl.then = fan[i].role;
+      st = dlsync__fail_wait(ctx, r, p, &rl);
+      goto cleanup;
+    }
+    fan_publish(parts, nparts, &fan[i], ctx, producer, &consumers[i], pn, fan[i].row, flags);
+  }
+cleanup:
+  if (ev != NULL)
+    dlsync__pool_unborrow(pk.pool, ev, lent);
+  return st;
+}
+
+/* A consumer whose row adds nodes (or a graph lane's SAME_BUILT): its own
+ * order, by the general path, the lanes read again (the producer's frontier
+ * moves with each node added). A consumer in a graph that an earlier one's
+ * order gave its wait node takes edges from that consumer instead. */
+static dlsync_status fan_graph(dlsync_context *ctx, dlsync_lane *producer, dlsync_lane *consumers,
+                               fan_consumer *fan, size_t i, dlsync__row *row, uint32_t flags) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__lanes_opened opened;
+  dlsync__order_step step;
+  pool_pick pk;
+  if (dlsync__row_nodes(fan[i].row) > 0) {
+    dlsync__where wi = dlsync__lane_where(&fan[i].now);
+    for (size_t j = 0; j < i; j++) {
+      dlsync__where wj = dlsync__lane_where(&fan[j].now);
+      if (dlsync__row_nodes(fan[j].row) > 0 && dlsync__where_same(&wj, &wi)) {
+        *row = fan[i].row;
+        return dlsync_order(ctx, &consumers[j], &consumers[i]);
+      }
+    }
+  }
+  opened.read = false;
+  DLSYNC_TRY(dlsync__order_lanes(ctx, DLSYNC__OP_BEGIN, producer, &consumers[i], &opened));
+  step.op = DLSYNC__OP_BEGIN;
+  step.first_pending = false;
+  step.keep_edges = (flags & DLSYNC_EXCHANGE_KEEP_EDGE_DATA) != 0;
+  step.row = fan[i].row;
+  pk = dlsync__pick_of(&opened);
+  DLSYNC_TRY(dlsync__order_row(ctx, &step, &pk, &opened.a, &opened.b));
+  *row = step.row;
+cleanup:
+  return st;
+}
+
+/* Reads the producer and every consumer, classifies each pair, refuses
+ * (nothing queued) a row that cannot be carried out, and checks the room of
+ * built lanes that get a node. */
+static dlsync_status fan_read(dlsync_context *ctx, dlsync_lane *producer, dlsync_lane *consumers,
+                              fan_consumer *fan, size_t n, dlsync__lane_now *pn) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__driver *d = ctx->drv;
+  bool record_node = false;
+  DLSYNC_TRY(dlsync__lane_read(pn, d, producer, "producer"));
+  for (size_t i = 0; i < n; i++)
+    DLSYNC_TRY(dlsync__lane_read(&fan[i].now, d, &consumers[i], fan[i].role));
+  for (size_t i = 0; i < n; i++) {
+    fan[i].row = classify_now(DLSYNC__OP_BEGIN, pn, &fan[i].now, false);
+    if (fan[i].row == DLSYNC__ROW_REFUSE_BUILT_TO_EAGER) {
+      st = dlsync__row_refuse_built_to_eager(pn, &fan[i].now);
+      goto cleanup;
+    }
+    if (dlsync__row_nodes(fan[i].row) > 0) {
+      record_node = record_node || dlsync__row_nodes(fan[i].row) == 2;
+      if (fan[i].now.kind == DLSYNC_LANE_BUILT)
+        DLSYNC_TRY(dlsync__lane_fit(&consumers[i], 1, fan[i].role, "the wait node"));
+    }
+  }
+  if (record_node && pn->kind == DLSYNC_LANE_BUILT)
+    DLSYNC_TRY(dlsync__lane_fit(producer, 1, "producer", "the record node"));
+cleanup:
+  return st;
+}
+
+dlsync_status dlsync_exchange_begin_fanout(dlsync_exchange **out, dlsync_context *ctx,
+                                           dlsync_lane *producer, dlsync_lane *consumers, size_t n,
+                                           uint32_t flags) {
+  DLSYNC__REFUSE_IN_FORKED_CHILD("dlsync_exchange_begin_fanout");
+  dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__thread *t = NULL;
+  dlsync_exchange *ex = NULL;
+  dlsync_exchange **parts = NULL;
+  size_t nparts = 0, nplain = 0;
+  fan_consumer fan_inline[FAN_INLINE], *fan = NULL;
+  dlsync__lane_now pn;
+  if (out == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_begin_fanout: out is NULL");
+  *out = NULL;
+  if (ctx == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_begin_fanout: ctx is NULL");
+  if (n == 0 || n > DLSYNC_EXCHANGE_MANY_MAX)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_exchange_begin_fanout: %zu consumers (1 to %d)", n,
+                        DLSYNC_EXCHANGE_MANY_MAX);
+  if (consumers == NULL)
+    return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
+                        "dlsync_exchange_begin_fanout: consumers is NULL (n = %zu)", n);
+  st = refuse_flags("dlsync_exchange_begin_fanout", flags);
+  if (st == DLSYNC_SUCCESS)
+    st = fanout_check(producer, consumers, n);
+  if (st != DLSYNC_SUCCESS)
+    return st;
+  if (n == 1)
+    return dlsync_exchange_begin_flags(out, ctx, producer, &consumers[0], flags);
+  /* Everything allocated before anything is queued: the consumers' reads,
+   * their parts (records) and the array that keeps them. */
+  fan = n <= FAN_INLINE ? fan_inline : dlsync__calloc(n, sizeof *fan);
+  parts = dlsync__calloc(n, sizeof *parts); /* n <= DLSYNC_EXCHANGE_MANY_MAX */
+  if (fan == NULL || parts == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_exchange_begin_fanout: out of memory");
+    goto cleanup;
+  }
+  t = dlsync__thread_get();
+  for (size_t i = 0; i < n; i++) {
+    fan[i].rec = NULL;
+    snprintf(fan[i].role, sizeof fan[i].role, "consumer %zu", i);
+  }
+  ex = exchange_alloc(t);
+  for (size_t i = 0; i < n && ex != NULL; i++)
+    if ((fan[i].rec = exchange_alloc(t)) == NULL) {
+      exchange_free(t, ex);
+      ex = NULL;
+    }
+  if (ex == NULL) {
+    st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "dlsync_exchange_begin_fanout: out of memory");
+    goto cleanup;
+  }
+  /* Every lane read and every pair classified; the refusals say so before
+   * anything is queued. */
+  DLSYNC_TRY(fan_read(ctx, producer, consumers, fan, n, &pn));
+  /* Consumers in the producer's capture: edges only, the producer's
+   * dependencies added to each (before any call on the producer's stream,
+   * so its array, when too long to have been copied, is still valid). */
+  for (size_t i = 0; i < n; i++) {
+    if (fan[i].row != DLSYNC__ROW_SAME_CAPTURE)
+      continue;
+    st = (flags & DLSYNC_EXCHANGE_KEEP_EDGE_DATA)
+             ? dlsync__row_same_capture_keep(ctx->drv, &pn, &fan[i].now)
+             : dlsync__row_same_capture(ctx->drv, &pn, &fan[i].now);
+    if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
+      dlsync__trace_row(DLSYNC__OP_BEGIN, fan[i].row, &pn, &fan[i].now, st);
+    if (st != DLSYNC_SUCCESS)
+      goto cleanup;
+    fan_publish(parts, &nparts, &fan[i], ctx, producer, &consumers[i], &pn, fan[i].row, flags);
+  }
+  /* Eager consumers (and eager ones of a capture, which join it): one
+   * record, a wait each. */
+  for (size_t i = 0; i < n; i++)
+    nplain += fan[i].row == DLSYNC__ROW_EAGER_EAGER || fan[i].row == DLSYNC__ROW_JOIN;
+  if (nplain > 0) {
+    st = fan_plain(ctx, producer, consumers, fan, n, &pn, parts, &nparts, flags);
+    if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
+      for (size_t i = 0; i < n; i++)
+        if (fan[i].row == DLSYNC__ROW_EAGER_EAGER || fan[i].row == DLSYNC__ROW_JOIN)
+          dlsync__trace_row(DLSYNC__OP_BEGIN, fan[i].row, &pn, &fan[i].now, st);
+    if (st != DLSYNC_SUCCESS)
+      goto cleanup;
+  }
+  /* The rows with nodes, one consumer graph at a time. */
+  for (size_t i = 0; i < n; i++) {
+    dlsync__row row = fan[i].row;
+    if (row == DLSYNC__ROW_SAME_CAPTURE || row == DLSYNC__ROW_EAGER_EAGER ||
+        row == DLSYNC__ROW_JOIN)
+      continue;
+    DLSYNC_TRY(fan_graph(ctx, producer, consumers, fan, i, &row, flags));
+    fan_publish(parts, &nparts, &fan[i], ctx, producer, &consumers[i], &pn, row, flags);
+  }
+  ex->bits = EX_MANY;
+  ex->many = parts;
+  ex->nmany = nparts;
+  if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
+    dlsync__log(DLSYNC__LOG_TRACE, "begin_fanout: %zu consumers (%zu by one event)", n, nplain);
+  *out = exchange_publish(ex, ctx);
+  ex = NULL;
+  parts = NULL;
+  nparts = 0;
+cleanup:
+  if (nparts > 0) {
+    /* Order back what was ordered; the error stays the first failure's. */
+    kept_error k;
+    kept_save(&k, st);
+    (void)end_parts(parts, nparts);
+    kept_restore(&k);
+  }
+  if (t != NULL) {
+    exchange_free(t, ex);
+    for (size_t i = 0; fan != NULL && i < n; i++)
+      exchange_free(t, fan[i].rec);
+  }
+  if (fan != fan_inline)
+    dlsync__free(fan);
   dlsync__free(parts);
   return st;
 }
@@ -453,6 +777,7 @@ static DLSYNC__NOINLINE dlsync_status end_general(dlsync__thread *t, dlsync_exch
     goto cleanup;
   step.op = DLSYNC__OP_END;
   step.first_pending = false;
+  step.keep_edges = (bits & EX_KEEP_EDGES) != 0;
   if (ex->bits & EX_CROSS) {
     dlsync__where pw = dlsync__lane_where(p), cw = dlsync__lane_where(c);
     step.first_pending = dlsync__where_same(&pw, &ex->producer_where) &&
@@ -483,7 +808,7 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
    * found both in one capture, EX_ONE_CAPTURE), or, when begin may be
    * trusted (DLSYNC_EXCHANGE_CAPTURE_STABLE), eager or one capture as begin
    * found them (no query). */
-  if (DLSYNC__LIKELY((bits & (EX_SAME | EX_MANY | EX_REFS)) == 0)) {
+  if (DLSYNC__LIKELY((bits & (EX_SAME | EX_MANY | EX_REFS | EX_KEEP_EDGES)) == 0)) {
     fast_query q;
     if (DLSYNC__LIKELY((bits & (EX_STABLE | EX_ONE_CAPTURE)) == 0)) {
       q = t->end_capture ? FAST_QUERY_BOTH : FAST_QUERY_BOTH_EAGER;

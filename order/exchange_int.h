@@ -110,6 +110,9 @@ enum {
    * capture only when the capture ends, with all its streams, and capture
    * ids are never reused (design.md R11). */
   EX_ONE_CAPTURE = 32,
+  /* DLSYNC_EXCHANGE_KEEP_EDGE_DATA: end takes the general path, whose
+   * SAME_CAPTURE row keeps the consumer's edge data. */
+  EX_KEEP_EDGES = 64,
 };
 
 /* The pool to take an event from, as dlsync__lanes_open found it: the
@@ -264,6 +267,9 @@ typedef struct dlsync__order_step {
   /* OP_END: begin put a record node in the producer's graph and a wait node
    * in the consumer's, and both lanes are still where begin found them. */
   bool first_pending;
+  /* SAME_CAPTURE hands first's edge data on to then's dependencies
+   * (DLSYNC_EXCHANGE_KEEP_EDGE_DATA); false: full edges. */
+  bool keep_edges;
   dlsync__row row; /* out: the row carried out */
 } dlsync__order_step;
 

@@ -105,7 +105,9 @@ dlsync_status dlsync__order_graph_fast(dlsync_context *ctx, dlsync__thread *t, d
       return st;
     if (stream_lane == then) /* the hint for the fast path's queries */
       t->then_capture = b.kind != DLSYNC_LANE_EAGER;
-  } else {
+  } else if (first->graph != then->graph) {
+    /* Two graphs: an event of the thread's current context; one graph
+     * (SAME_BUILT) takes edges and no event. */
     st = dlsync__pool_for_current(&pk.pool, &ctx->pools, "both lanes are graph lanes");
     if (st != DLSYNC_SUCCESS)
       return st;
@@ -117,5 +119,6 @@ dlsync_status dlsync__order_graph_fast(dlsync_context *ctx, dlsync__thread *t, d
   /* The table's row and its function, as on the general path. */
   step.op = DLSYNC__OP_ORDER;
   step.first_pending = false;
+  step.keep_edges = false;
   return order_row_inline(ctx, &step, &pk, &a, &b, false); /* TRACE: not here (above) */
 }

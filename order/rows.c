@@ -154,6 +154,48 @@ cleanup:
   return st;
 }
 
+/* The driver's answer for first's stream with edge data is valid until the
+ * next call on that stream; the update is a call on then's. A capture of
+ * first that ended or changed since its read is said so by the query (an
+ * update into another capture would be refused anyway: its nodes are not of
+ * then's graph). */
+dlsync_status dlsync__row_same_capture_keep(const dlsync__driver *d, dlsync__lane_now *first,
+                                            dlsync__lane_now *then) {
+  CUstreamCaptureStatus cs = CU_STREAM_CAPTURE_STATUS_NONE;
+  cuuint64_t id = 0;
+  const CUgraphNode *deps = NULL;
+  const CUgraphEdgeData *edges = NULL;
+  size_t n = 0;
+  dlsync__roles rl = dlsync__roles_of_lanes(first, then);
+  dlsync_status st;
+  CUresult r = d->StreamGetCaptureInfo(first->stream, &cs, &id, NULL, &deps, &edges, &n);
+  if (r != CUDA_SUCCESS) {
+    st = dlsync__fail_driver(d, r, "cuStreamGetCaptureInfo",
+                             "%s stream %p, read again for its edge data", first->role,
+                             (void *)first->stream);
+    dlsync__fail_nothing_queued();
+    return st;
+  }
+  if (cs != CU_STREAM_CAPTURE_STATUS_ACTIVE || id != first->capture_id)
+    return dlsync__fail(
+        cs == CU_STREAM_CAPTURE_STATUS_INVALIDATED ? DLSYNC_ERROR_CAPTURE_INVALIDATED
+                                                   : DLSYNC_ERROR_INVALID_LANE,
+        "%s stream %p left capture %llu (%s) while %s stream %p was being "
+        "ordered after it; nothing was queued",
+        first->role, (void *)first->stream, (unsigned long long)first->capture_id,
+        cs == CU_STREAM_CAPTURE_STATUS_INVALIDATED ? "invalidated" : "ended on another thread",
+        then->role, (void *)then->stream);
+  if (n == 0)
+    return DLSYNC_SUCCESS;
+  /* The driver takes non-const arrays that it only reads. */
+  r = d->StreamUpdateCaptureDependencies(then->stream, (CUgraphNode *)(uintptr_t)deps,
+                                         (CUgraphEdgeData *)(uintptr_t)edges, n,
+                                         CU_STREAM_ADD_CAPTURE_DEPENDENCIES);
+  if (r == CUDA_SUCCESS)
+    return DLSYNC_SUCCESS;
+  return dlsync__fail_add(d, r, dlsync__pair_of(first, then), &rl, n);
+}
+
 /* A node of a frontier, and where it stands: a frontier's nodes are kept in
  * their order, duplicates found by sorting (n log n: a frontier may hold
  * tens of thousands of nodes). */

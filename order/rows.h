@@ -50,6 +50,11 @@ dlsync_status dlsync__row_record_wait(dlsync_context *ctx, pool_pick *pk, dlsync
  * when too many to have been copied). */
 dlsync_status dlsync__row_same_capture(const dlsync__driver *d, dlsync__lane_now *first,
                                        dlsync__lane_now *then);
+/* SAME_CAPTURE keeping first's edge data (DLSYNC_EXCHANGE_KEEP_EDGE_DATA):
+ * first's dependencies read again with their edge data, handed to then's
+ * with it. */
+dlsync_status dlsync__row_same_capture_keep(const dlsync__driver *d, dlsync__lane_now *first,
+                                            dlsync__lane_now *then);
 /* SAME_BUILT: then's frontier takes first's (a union, no duplicates). */
 dlsync_status dlsync__row_same_built(dlsync__lane_now *first, dlsync__lane_now *then);
 /* The refusals: DLSYNC_ERROR_CAPTURE_ORDER, nothing queued. */
@@ -365,7 +370,8 @@ static DLSYNC__INLINE dlsync_status order_row_inline(dlsync_context *ctx, dlsync
     st = dlsync__row_record_wait(ctx, pk, first, then);
     break;
   case DLSYNC__ROW_SAME_CAPTURE:
-    st = dlsync__row_same_capture(ctx->drv, first, then);
+    st = step->keep_edges ? dlsync__row_same_capture_keep(ctx->drv, first, then)
+                          : dlsync__row_same_capture(ctx->drv, first, then);
     break;
   case DLSYNC__ROW_EAGER_TO_CAPTURE:
     st = row_eager_to_capture(ctx, pk, first, then);

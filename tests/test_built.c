@@ -315,6 +315,28 @@ static void each_order_retains_even_into_the_same_graph(void **state) {
  * record node in one and the wait node in the other share the event, and
  * every event stays owned until both graphs are gone, whichever goes
  * first. */
+/* Two lanes of one graph built by hand (SAME_BUILT) take edges and no event:
+ * no current CUDA context is needed, on either path. */
+static void two_lanes_of_one_graph_need_no_current_context(void **state) {
+  built b;
+  CUgraphNode other[4];
+  dlsync_lane lo;
+  CUcontext cur = (CUcontext)0x1;
+  (void)state;
+  built_make(&b);
+  other[0] = fake_graph_add_work(b.g, NULL, 0, "other");
+  lo = dlsync_lane_graph(b.g, other, 1, 4);
+  assert_int_equal(D->CtxGetCurrent(&cur), CUDA_SUCCESS);
+  assert_null(cur);
+  fake_log_reset();
+  if (dlsync_order(ctx, &b.lane, &lo) != DLSYNC_SUCCESS)
+    fail_msg("%s", dlsync_last_error());
+  assert_int_equal(lo.ndeps, 2);
+  assert_true(lo.deps[1] == b.own);
+  assert_int_equal(fake_graph_count_nodes(b.g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), 0);
+  destroy_graph(b.g);
+}
+
 static void two_built_retains_in_both_graphs(void **state) {
   enum { K = 4 }; /* orders a round: batches of 1, 1 and 2, then one of 4 */
   (void)state;
@@ -1371,6 +1393,7 @@ int main(void) {
       T(a_batch_lives_while_any_graph_that_took_it_lives),
       T(each_order_retains_even_into_the_same_graph),
       T(two_built_retains_in_both_graphs),
+      T(two_lanes_of_one_graph_need_no_current_context),
       T(capture_graph_retains_once_per_capture_and_batch),
       T(a_thread_exit_closes_its_batch),
       T(context_destroy_closes_the_callers_batch),

@@ -246,6 +246,48 @@ static void the_many_guard_orders_every_producer() {
   close_fake();
 }
 
+static void the_fanout_guard_orders_every_consumer() {
+  open_fake();
+  CUstream Q = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  uint64_t produce = fake_work(P, "produce", nullptr), c1, c2, mutate;
+  {
+    const dlsync::stream_t consumers[] = {C, Q};
+    dlsync::exchange_fanout ex(P, consumers, 2, 0, ctx);
+    CHECK(ex.ok() && ex.active());
+    c1 = fake_work(C, "consume 1", nullptr);
+    c2 = fake_work(Q, "consume 2", nullptr);
+  }
+  mutate = fake_work(P, "mutate", nullptr);
+  CHECK(fake_happens_before(produce, c1) && fake_happens_before(produce, c2));
+  CHECK(fake_happens_before(c1, mutate) && fake_happens_before(c2, mutate));
+  {
+    dlsync::stream_t many[65];
+    for (auto &m : many)
+      m = C;
+    dlsync::exchange_fanout ex(P, many, 65, 0, ctx);
+    CHECK(ex.status() == DLSYNC_ERROR_INVALID_ARGUMENT && !ex.active());
+    CHECK(std::strstr(ex.message(), "more than 64") != nullptr);
+    dlsync::exchange_fanout none(P, static_cast<const dlsync::stream_t *>(nullptr), 2, 0, ctx);
+    CHECK(none.status() == DLSYNC_ERROR_INVALID_ARGUMENT && !none.active());
+    CHECK(std::strstr(none.message(), "consumers is NULL") != nullptr);
+    const dlsync::stream_t dup[] = {C, C};
+    dlsync::exchange_fanout twice(P, dup, 2, 0, ctx);
+    CHECK(twice.status() == DLSYNC_ERROR_INVALID_ARGUMENT && !twice.active());
+  }
+#if DLSYNC_HPP_EXCEPTIONS
+  bool threw = false;
+  try {
+    const dlsync::stream_t self[] = {P};
+    dlsync::exchange_fanout ex(dlsync::throw_on_error, P, self, 1, 0, ctx);
+  } catch (const dlsync::error &e) {
+    threw = e.status() == DLSYNC_ERROR_INVALID_ARGUMENT;
+  }
+  CHECK(threw);
+#endif
+  fake_stream_destroy(Q);
+  close_fake();
+}
+
 static void capturing_says_when_it_cannot_answer() {
   dlsync_context *none = nullptr;
   bool yes = true;
@@ -297,6 +339,7 @@ static void the_many_guard_refuses_null_producers() {
 int main() {
   guard_orders_both_ways_and_ends_in_its_destructor();
   the_many_guard_orders_every_producer();
+  the_fanout_guard_orders_every_consumer();
   capturing_says_when_it_cannot_answer();
   without_the_guard_nothing_is_ordered();
   explicit_end_returns_the_status_once();

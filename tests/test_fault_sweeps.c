@@ -261,6 +261,21 @@ static dlsync_status scene_exchange_begin_many(void) {
   return st;
 }
 
+static dlsync_status scene_exchange_begin_fanout(void) {
+  CUstream q = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  dlsync_lane lp = dlsync_lane_stream(P);
+  dlsync_lane lcs[2] = {dlsync_lane_stream(C), dlsync_lane_stream(q)};
+  dlsync_exchange *ex = NULL;
+  dlsync_status st;
+  sweep_arm();
+  st = dlsync_exchange_begin_fanout(&ex, ctx, &lp, lcs, 2, 0);
+  sweep_disarm();
+  if (st == DLSYNC_SUCCESS)
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+  fake_stream_destroy(q);
+  return st;
+}
+
 static dlsync_status scene_exchange_end(void) {
   dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
   dlsync_exchange *ex = NULL;
@@ -701,6 +716,7 @@ static const entry entries[] = {
     {"dlsync_release", scene_release, DLSYNC_SUCCESS, false},
     {"dlsync_exchange_begin_flags", scene_exchange_begin_flags, DLSYNC_SUCCESS, false},
     {"dlsync_exchange_begin_many", scene_exchange_begin_many, DLSYNC_SUCCESS, false},
+    {"dlsync_exchange_begin_fanout", scene_exchange_begin_fanout, DLSYNC_SUCCESS, false},
     {"dlsync_exchange_end", scene_exchange_end, DLSYNC_SUCCESS, false},
     {"dlsync_fence_signal", scene_fence_signal, DLSYNC_SUCCESS, false},
     {"dlsync_fence_wait", scene_fence_wait, DLSYNC_SUCCESS, false},

@@ -136,6 +136,8 @@ static void child_calls_everything(dlsync_exchange *ex, dlsync_fence *f) {
   child_refused(dlsync_exchange_begin_flags(&ex2, ctx, &lp, &lc, 0), "dlsync_exchange_begin_flags");
   child_refused(dlsync_exchange_begin_many(&ex2, ctx, producers, 2, &lc, 0),
                 "dlsync_exchange_begin_many");
+  child_refused(dlsync_exchange_begin_fanout(&ex2, ctx, &lc, producers, 1, 0),
+                "dlsync_exchange_begin_fanout");
   child_check(ex2 == NULL, "an exchange was begun in the child");
   child_refused(dlsync_exchange_end(ex), "dlsync_exchange_end");
   child_refused(dlsync_fence_signal(&f2, ctx, &lp), "dlsync_fence_signal");

@@ -382,6 +382,62 @@ private:
   }
 };
 
+/* ---- one producer, many consumers ---- */
+
+/* dlsync_exchange_begin_fanout as a guard: every consumer waits for the
+ * producer's earlier work (eager: one event recorded once); the end (the
+ * join) orders the producer's later work after each consumer's. Lanes are
+ * copied as by begin (stream lanes); graph lanes must outlive the end. */
+class [[nodiscard]] exchange_fanout : public begun {
+public:
+  exchange_fanout() noexcept = default;
+  [[nodiscard]] exchange_fanout(dlsync_lane &producer, dlsync_lane *consumers, std::size_t n,
+                                uint32_t flags = 0, dlsync_context *ctx = nullptr) noexcept {
+    start(producer, consumers, n, flags, ctx);
+  }
+  /* Streams: up to 64 consumers (more: DLSYNC_ERROR_INVALID_ARGUMENT). A
+   * NULL consumers array is refused as dlsync_exchange_begin_fanout refuses
+   * it. */
+  [[nodiscard]] exchange_fanout(stream_t producer, const stream_t *consumers, std::size_t n,
+                                uint32_t flags = 0, dlsync_context *ctx = nullptr) noexcept {
+    dlsync_lane lanes[64];
+    dlsync_lane p = stream_lane(producer);
+    if (consumers == nullptr) {
+      start(p, nullptr, n, flags, ctx); /* the C call's refusal and message */
+      return;
+    }
+    if (n > 64) {
+      refuse(DLSYNC_ERROR_INVALID_ARGUMENT,
+             "dlsync::exchange_fanout: more than 64 consumer streams; pass lanes instead");
+      return;
+    }
+    for (std::size_t i = 0; i < n; i++)
+      lanes[i] = stream_lane(consumers[i]);
+    start(p, lanes, n, flags, ctx);
+  }
+#if DLSYNC_HPP_EXCEPTIONS
+  [[nodiscard]] exchange_fanout(throw_on_error_t, dlsync_lane &producer, dlsync_lane *consumers,
+                                std::size_t n, uint32_t flags = 0, dlsync_context *ctx = nullptr)
+      : exchange_fanout(producer, consumers, n, flags, ctx) {
+    if (!ok())
+      throw error(status(), message());
+  }
+  [[nodiscard]] exchange_fanout(throw_on_error_t, stream_t producer, const stream_t *consumers,
+                                std::size_t n, uint32_t flags = 0, dlsync_context *ctx = nullptr)
+      : exchange_fanout(producer, consumers, n, flags, ctx) {
+    if (!ok())
+      throw error(status(), message());
+  }
+#endif
+private:
+  void start(dlsync_lane &producer, dlsync_lane *consumers, std::size_t n, uint32_t flags,
+             dlsync_context *ctx) noexcept {
+    if (ctx == nullptr && note(dlsync_context_default(&ctx)) != DLSYNC_SUCCESS)
+      return;
+    note(dlsync_exchange_begin_fanout(&handle_, ctx, &producer, consumers, n, flags));
+  }
+};
+
 /* ---- fences ---- */
 
 /* A shared reference to a dlsync_fence: copies retain, destruction releases. */

@@ -104,8 +104,28 @@ typedef enum dlsync_exchange_flag {
    * producer began capturing, end's wait on an eager event invalidates its
    * capture. Without the flag, end asks again and refuses the first case with
    * DLSYNC_ERROR_CAPTURE_ORDER and orders the second with a wait node. */
-  DLSYNC_EXCHANGE_CAPTURE_STABLE = 1u << 0
+  DLSYNC_EXCHANGE_CAPTURE_STABLE = 1u << 0,
+  /* Keep the edge data of the producer's capture (CUgraphEdgeData: a
+   * programmatic, PDL, edge between two kernels) where the order adds no node:
+   * when both lanes are streams of one capture (the SAME_CAPTURE row, at
+   * begin and at end), the consumer's next node depends on the producer's
+   * last nodes through edges of the type the producer's stream would give
+   * its own next node. Without the flag those edges are full edges: safe,
+   * but the overlap a programmatic edge allows is lost. Opt-in, for a
+   * programmatic edge makes the consumer's kernel start before the
+   * producer's has finished: only a consumer whose first kernel waits for
+   * it (cudaGridDependencySynchronize, griddepcontrol.wait) reads correct
+   * data then, which dlsync cannot know across a library boundary. Every
+   * other row makes full edges whatever the flag (docs/design.md: "Edge
+   * data"). It costs one cuStreamGetCaptureInfo more per SAME_CAPTURE order
+   * (the producer's dependencies read again with their edge data) and takes
+   * the general path. */
+  DLSYNC_EXCHANGE_KEEP_EDGE_DATA = 1u << 1
 } dlsync_exchange_flag;
+
+/* Every flag of dlsync_exchange_flag. */
+#define DLSYNC_EXCHANGE_FLAGS_ALL \
+  ((uint32_t)DLSYNC_EXCHANGE_CAPTURE_STABLE | (uint32_t)DLSYNC_EXCHANGE_KEEP_EDGE_DATA)
 
 /* dlsync_exchange_begin with flags (dlsync_exchange_flag bits).
  * Returns: as dlsync_exchange_begin.
@@ -147,6 +167,58 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsy
 DLSYNC_API dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsync_context *ctx,
                                                     dlsync_lane *producers, size_t n,
                                                     dlsync_lane *consumer, uint32_t flags);
+
+/* One producer, many consumers, and the join back: a fork and its join, as
+ * a graph compiler emits them (one tensor read by kernels on several
+ * streams, or an FFI handler given several auxiliary streams). Orders each
+ * consumer lane of `consumers[0..n)` after the work `producer` queued so
+ * far, with the fewest calls, nodes and edges the table allows:
+ *  - eager producer, eager consumers (EAGER_EAGER): ONE pooled event
+ *    recorded on the producer, one cuStreamWaitEvent per consumer;
+ *  - capturing producer, eager consumers (JOIN): the same one plain record
+ *    and one wait each: each consumer joins the producer's capture (its
+ *    work until end is captured and replays with the graph);
+ *  - consumers in the producer's capture (SAME_CAPTURE): edges only, one
+ *    cuStreamUpdateCaptureDependencies per consumer, no event;
+ *  - consumers in another capture or a graph built by hand, or a producer
+ *    that is a graph lane (the rows that add nodes): one record node in the
+ *    producer's graph and one wait node per distinct consumer graph; further
+ *    consumers in a graph that got its wait node take edges from the first
+ *    consumer lane of that graph (so they also follow that lane's work
+ *    before the call).
+ * Each consumer's row is the one dlsync_exchange_begin_flags would take
+ * (the table at the top of this header), decided from the lanes as they are at the call; the
+ * same lanes in the same states give the same calls, nodes and edges at
+ * every call, so a recaptured step has the same topology (cuGraphExecUpdate
+ * accepts it). Graph lanes get their new frontiers written back, one per
+ * consumer (XLA's per-stream frontiers).
+ * The matching dlsync_exchange_end is the join: it orders the producer's
+ * later work after each consumer's work since begin, newest consumer first,
+ * as each pair's dlsync_exchange_end would (one event per distinct consumer
+ * stream eager: its record and the producer's wait; edges only in one
+ * capture), and reports the first failure (it still ends all; a driver's
+ * failure before a DLSYNC_ERROR_CAPTURE_ORDER refusal).
+ * n == 1 is dlsync_exchange_begin_flags (after the checks below). Graph
+ * lanes are kept by pointer until end, as in dlsync_exchange_begin.
+ * Returns: DLSYNC_SUCCESS and *out the handle for dlsync_exchange_end.
+ * Errors: as dlsync_exchange_begin_flags, and DLSYNC_ERROR_INVALID_ARGUMENT,
+ *   naming what was wrong, for: out or ctx NULL, n == 0, consumers NULL,
+ *   n > DLSYNC_EXCHANGE_MANY_MAX, unknown flags, a consumer that is the
+ *   producer, two consumers that are the same lane: the same stream (NULL
+ *   and CU_STREAM_LEGACY alike), the same dlsync_lane, or graph lanes of one
+ *   graph that share their frontier's array (each would write its new
+ *   frontier over the other's). DLSYNC_ERROR_CAPTURE_ORDER, with nothing queued, when a
+ *   consumer is an eager stream and the producer a graph built by hand.
+ *   Every lane is checked and read before anything is queued; when a later
+ *   consumer fails after earlier ones were ordered, those are ordered back
+ *   (as end would, so no capture is left with unjoined work) and *out is
+ *   NULL.
+ * Threads: any number at once on one context; the handle is used by one
+ *   thread at a time (end may run on another thread).
+ * Capture: legal in every mode; it never breaks a capture. */
+DLSYNC_API dlsync_status dlsync_exchange_begin_fanout(dlsync_exchange **out, dlsync_context *ctx,
+                                                      dlsync_lane *producer, dlsync_lane *consumers,
+                                                      size_t n, uint32_t flags);
 
 /* Orders the producer's later work after the consumer's work since begin
  * (dlsync_order(ctx, consumer, producer)) and frees the handle, whatever the

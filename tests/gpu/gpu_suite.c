@@ -15,6 +15,7 @@
  * be able to fail). One table is printed at the end; exit 0 when all pass,
  * 1 otherwise, 77 where no GPU is found.
  */
+#include <dlfcn.h>
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
@@ -2993,6 +2994,331 @@ static int sc_foreign(const scenario *s, CUstreamCaptureMode mode, bool use, out
   return foreign_captured(cons, mode, use, o);
 }
 
+/* ---- A and C: one producer, three consumers, and the join back
+ * (dlsync_exchange_begin_fanout) ---- */
+
+#define FAN 3
+
+/* An eager producer and three eager consumers, each copying the buffer's
+ * last word into its slot; no host sync between trials: the join back keeps
+ * trial t+1's memset from overwriting the buffer before trial t's copies
+ * have read it. Control: no order; stale reads. */
+static int sc_fanout_eager(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c[FAN] = {NULL, NULL, NULL};
+  unsigned want[TRIALS / 2];
+  dlsync_lane lp, lcs[FAN];
+  (void)mode;
+  CU(new_stream(&p));
+  for (int i = 0; i < FAN; i++)
+    CU(new_stream(&c[i]));
+  CU(settle(p));
+  lp = dlsync_lane_stream(p);
+  for (int i = 0; i < FAN; i++)
+    lcs[i] = dlsync_lane_stream(c[i]);
+  for (int t = 0; t < TRIALS / 2; t++) {
+    dlsync_exchange *ex = NULL;
+    want[t] = ++value_base;
+    CU(produce(p, big_buf, BIG_WORDS, want[t]));
+    if (use)
+      DS(dlsync_exchange_begin_fanout(&ex, E.ctx, &lp, lcs, FAN, s->flags));
+    for (int i = 0; i < FAN; i++)
+      CU(consume(c[i], big_buf, BIG_WORDS, FAN * t + i));
+    if (use)
+      DS(dlsync_exchange_end(ex));
+  }
+  CU(D->CtxSynchronize());
+  for (int t = 0; t < TRIALS / 2; t++)
+    for (int i = 0; i < FAN; i++) {
+      unsigned got = 0;
+      CU(read_slot(&got, FAN * t + i));
+      o->runs++;
+      o->wrong += got != want[t];
+    }
+out:
+  D->CtxSynchronize();
+  drop_stream(p);
+  for (int i = 0; i < FAN; i++)
+    drop_stream(c[i]);
+  return 0;
+}
+
+/* One capture of the step: p captures the memset, the three eager consumers
+ * are ordered after it (each joins p's capture) and copy into slots
+ * 0..FAN-1, the end joins them back; the capture must end cleanly. */
+static int fanout_capture_step(outcome *o, CUstream p, CUstream *c, CUstreamCaptureMode mode,
+                               bool use, uint32_t flags, CUgraph *g) {
+  dlsync_lane lp = dlsync_lane_stream(p), lcs[FAN];
+  dlsync_exchange *ex = NULL;
+  for (int i = 0; i < FAN; i++)
+    lcs[i] = dlsync_lane_stream(c[i]);
+  CU(D->StreamBeginCapture(p, mode));
+  CU(produce(p, big_buf, BIG_WORDS, ++value_base));
+  if (use)
+    DS(dlsync_exchange_begin_fanout(&ex, E.ctx, &lp, lcs, FAN, flags));
+  for (int i = 0; i < FAN; i++)
+    CU(consume(c[i], big_buf, BIG_WORDS, i));
+  if (use) {
+    dlsync_status st = dlsync_exchange_end(ex);
+    ex = NULL;
+    DS(st);
+  }
+  END_CAPTURE(p, g);
+  return 0;
+out:
+  if (ex != NULL)
+    (void)dlsync_exchange_end(ex);
+  end_leftover_capture(p);
+  return -1;
+}
+
+/* The step captured TRIALS / 4 times: the first instantiated, each later
+ * one applied to that executable with cuGraphExecUpdate (same nodes: no
+ * event node, FAN copies, one memset), then launched REPLAYS / 5 times with
+ * a new memset value each; every consumer's slot must hold it. Control
+ * (no order): the copies run eagerly at capture time, outside the graph, and
+ * the slots keep stale values. */
+static int sc_fanout_capture(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, launch = NULL, c[FAN] = {NULL, NULL, NULL};
+  CUgraph g = NULL, g0 = NULL;
+  CUgraphExec x = NULL;
+  CU(new_stream(&p));
+  CU(new_stream(&launch));
+  for (int i = 0; i < FAN; i++)
+    CU(new_stream(&c[i]));
+  CU(settle(p));
+  for (int k = 0; k < TRIALS / 4; k++) {
+    if (fanout_capture_step(o, p, c, mode, use, s->flags, &g) != 0)
+      goto out;
+    if (use && (count_nodes(g, CU_GRAPH_NODE_TYPE_EVENT_RECORD) != 0 ||
+                count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT) != 0 ||
+                count_nodes(g, CU_GRAPH_NODE_TYPE_MEMCPY) != FAN ||
+                count_nodes(g, CU_GRAPH_NODE_TYPE_MEMSET) != 1)) {
+      note(o, "step %d: %zu record, %zu wait, %zu memcpy, %zu memset nodes (want 0, 0, %d, 1)", k,
+           count_nodes(g, CU_GRAPH_NODE_TYPE_EVENT_RECORD),
+           count_nodes(g, CU_GRAPH_NODE_TYPE_WAIT_EVENT), count_nodes(g, CU_GRAPH_NODE_TYPE_MEMCPY),
+           count_nodes(g, CU_GRAPH_NODE_TYPE_MEMSET), FAN);
+      o->broken++;
+    }
+    if (k == 0) {
+      CU(D->GraphInstantiateWithFlags(&x, g, 0));
+      g0 = g; /* kept: set_memset_value finds the memset node in it */
+      g = NULL;
+    } else {
+      CUgraphExecUpdateResultInfo info;
+      CUresult r;
+      memset(&info, 0, sizeof info);
+      r = D->GraphExecUpdate(x, g, &info);
+      if (r != CUDA_SUCCESS) {
+        note(o, "step %d: cuGraphExecUpdate: %s (update result %d)", k, gpu_err(D, r),
+             (int)info.result);
+        o->broken++;
+        goto out;
+      }
+      CU(D->GraphDestroy(g));
+      g = NULL;
+    }
+    CU(D->CtxSynchronize());
+    for (int r = 0; r < REPLAYS / 5; r++) {
+      unsigned v = ++value_base;
+      /* The update kept g0's node handles valid for the executable. */
+      CU(set_memset_value(g0, x, v));
+      CU(D->GraphLaunch(x, launch));
+      CU(D->StreamSynchronize(launch));
+      for (int i = 0; i < FAN; i++) {
+        unsigned got = 0;
+        CU(read_slot(&got, i));
+        o->runs++;
+        o->wrong += got != v;
+      }
+    }
+  }
+out:
+  D->CtxSynchronize();
+  drop_graph(g, NULL);
+  drop_graph(g0, x);
+  drop_stream(p);
+  drop_stream(launch);
+  for (int i = 0; i < FAN; i++)
+    drop_stream(c[i]);
+  return 0;
+}
+
+/* ---- C: a PDL pair across an exchange (DLSYNC_EXCHANGE_KEEP_EDGE_DATA) ----
+ * Two kernels (PTX, JIT-compiled by the driver for sm_90): `primary` writes a
+ * value to buf[0]; `secondary`, which waits for its programmatic dependency
+ * (griddepcontrol.wait), copies buf[0] to out[0]. In one capture, p launches
+ * the primary and makes its next dependency programmatic (the edge data a
+ * PDL launch after it would carry); c, forked into the capture, is ordered
+ * after p by an exchange and launches the secondary. With the flag, the edge
+ * primary -> secondary read back with cuGraphGetEdges is programmatic and
+ * every launch copies the right value; the control (the same exchange
+ * without the flag) makes it a full edge, counted as wrong. The kernel entry
+ * points are looked up in libcuda directly (dlsync's table has none). */
+static const char pdl_ptx[] = ".version 7.8\n"
+                              ".target sm_90\n"
+                              ".address_size 64\n"
+                              ".visible .entry primary(.param .u64 p_buf, .param .u32 p_val)\n"
+                              "{\n"
+                              "  .reg .b64 %rd<2>;\n"
+                              "  .reg .b32 %r<2>;\n"
+                              "  ld.param.u64 %rd1, [p_buf];\n"
+                              "  ld.param.u32 %r1, [p_val];\n"
+                              "  cvta.to.global.u64 %rd1, %rd1;\n"
+                              "  st.global.u32 [%rd1], %r1;\n"
+                              "  ret;\n"
+                              "}\n"
+                              ".visible .entry secondary(.param .u64 p_buf, .param .u64 p_out)\n"
+                              "{\n"
+                              "  .reg .b64 %rd<3>;\n"
+                              "  .reg .b32 %r<2>;\n"
+                              "  griddepcontrol.wait;\n"
+                              "  ld.param.u64 %rd1, [p_buf];\n"
+                              "  ld.param.u64 %rd2, [p_out];\n"
+                              "  cvta.to.global.u64 %rd1, %rd1;\n"
+                              "  cvta.to.global.u64 %rd2, %rd2;\n"
+                              "  ld.global.u32 %r1, [%rd1];\n"
+                              "  st.global.u32 [%rd2], %r1;\n"
+                              "  ret;\n"
+                              "}\n";
+
+typedef CUresult (*pfn_module_load_data)(CUmodule *, const void *);
+typedef CUresult (*pfn_module_get_function)(CUfunction *, CUmodule, const char *);
+typedef CUresult (*pfn_module_unload)(CUmodule);
+typedef CUresult (*pfn_launch_kernel)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                      unsigned, unsigned, CUstream, void **, void **);
+
+/* The type of the one edge between two kernel nodes of g (-1: none, -2: the
+ * graph could not be read). */
+static int kernel_edge_type(CUgraph g) {
+  CUgraphNode from[64], to[64];
+  CUgraphEdgeData data[64];
+  size_t n = 64;
+  if (D->GraphGetEdges(g, from, to, data, &n) != CUDA_SUCCESS || n > 64)
+    return -2;
+  for (size_t i = 0; i < n; i++) {
+    CUgraphNodeType a, b;
+    if (D->GraphNodeGetType(from[i], &a) == CUDA_SUCCESS &&
+        D->GraphNodeGetType(to[i], &b) == CUDA_SUCCESS && a == CU_GRAPH_NODE_TYPE_KERNEL &&
+        b == CU_GRAPH_NODE_TYPE_KERNEL)
+      return (int)data[i].type;
+  }
+  return -1;
+}
+
+static int sc_pdl_edge(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
+  CUstream p = NULL, c = NULL, launch = NULL;
+  CUevent fork = NULL;
+  CUgraph g = NULL;
+  CUgraphExec x = NULL;
+  CUmodule mod = NULL;
+  CUfunction fp = NULL, fs = NULL;
+  void *lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  pfn_module_load_data load = NULL;
+  pfn_module_get_function get = NULL;
+  pfn_module_unload unload = NULL;
+  pfn_launch_kernel kernel = NULL;
+  dlsync_lane lp, lc;
+  dlsync_exchange *ex = NULL;
+  CUgraphNode primary_deps[8];
+  CUgraphEdgeData pdl;
+  const CUgraphNode *deps = NULL;
+  const CUgraphEdgeData *edges = NULL;
+  CUstreamCaptureStatus cs;
+  cuuint64_t id;
+  size_t nd = 0;
+  unsigned v = 0;
+  CUdeviceptr out = slots;
+  void *pargs[2], *sargs[2];
+  int type;
+  (void)s;
+  if (lib != NULL) {
+    *(void **)&load = dlsym(lib, "cuModuleLoadData");
+    *(void **)&get = dlsym(lib, "cuModuleGetFunction");
+    *(void **)&unload = dlsym(lib, "cuModuleUnload");
+    *(void **)&kernel = dlsym(lib, "cuLaunchKernel");
+  }
+  if (load == NULL || get == NULL || unload == NULL || kernel == NULL) {
+    note(o, "libcuda's module and launch entry points not found");
+    o->broken++;
+    goto out;
+  }
+  CU(load(&mod, pdl_ptx));
+  CU(get(&fp, mod, "primary"));
+  CU(get(&fs, mod, "secondary"));
+  CU(new_stream(&p));
+  CU(new_stream(&c));
+  CU(new_stream(&launch));
+  CU(D->EventCreate(&fork, CU_EVENT_DISABLE_TIMING));
+  lp = dlsync_lane_stream(p);
+  lc = dlsync_lane_stream(c);
+  v = ++value_base;
+  pargs[0] = &big_buf;
+  pargs[1] = &v;
+  sargs[0] = &big_buf;
+  sargs[1] = &out;
+  CU(D->StreamBeginCapture(p, mode));
+  CU(D->EventRecord(fork, p));
+  CU(D->StreamWaitEvent(c, fork, 0)); /* c joins p's capture */
+  CU(kernel(fp, 1, 1, 1, 1, 1, 1, 0, p, pargs, NULL));
+  /* p's next dependency on the primary: programmatic. */
+  CU(D->StreamGetCaptureInfo(p, &cs, &id, NULL, &deps, &edges, &nd));
+  if (nd != 1) {
+    note(o, "the primary's stream has %zu dependencies, want 1", nd);
+    o->broken++;
+    goto out;
+  }
+  primary_deps[0] = deps[0];
+  memset(&pdl, 0, sizeof pdl);
+  pdl.type = CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+  pdl.from_port = CU_GRAPH_KERNEL_NODE_PORT_PROGRAMMATIC;
+  CU(D->StreamUpdateCaptureDependencies(p, primary_deps, &pdl, 1,
+                                        CU_STREAM_SET_CAPTURE_DEPENDENCIES));
+  DS(dlsync_exchange_begin_flags(&ex, E.ctx, &lp, &lc, use ? DLSYNC_EXCHANGE_KEEP_EDGE_DATA : 0));
+  CU(kernel(fs, 1, 1, 1, 1, 1, 1, 0, c, sargs, NULL));
+  {
+    dlsync_status st = dlsync_exchange_end(ex);
+    ex = NULL;
+    DS(st);
+  }
+  END_CAPTURE(p, &g);
+  type = kernel_edge_type(g);
+  if (type < 0) {
+    note(o, "no edge between the two kernel nodes (%d)", type);
+    o->broken++;
+    goto out;
+  }
+  o->runs++;
+  o->wrong += type != CU_GRAPH_DEPENDENCY_TYPE_PROGRAMMATIC;
+  CU(D->GraphInstantiateWithFlags(&x, g, 0));
+  for (int r = 0; r < REPLAYS / 5; r++) {
+    unsigned got = 0;
+    CU(D->MemsetD32Async(big_buf, 0, 1, launch));
+    CU(D->MemsetD32Async(out, 0, 1, launch));
+    CU(D->GraphLaunch(x, launch));
+    CU(D->StreamSynchronize(launch));
+    CU(read_slot(&got, 0));
+    o->runs++;
+    o->wrong += got != v;
+  }
+out:
+  if (ex != NULL)
+    (void)dlsync_exchange_end(ex);
+  if (p != NULL)
+    end_leftover_capture(p);
+  D->CtxSynchronize();
+  drop_graph(g, x);
+  drop_stream(p);
+  drop_stream(c);
+  drop_stream(launch);
+  if (fork)
+    D->EventDestroy(fork);
+  if (mod != NULL)
+    unload(mod);
+  if (lib != NULL)
+    dlclose(lib);
+  return 0;
+}
+
 static const scenario scenarios[] = {
     {"A same stream", "stream S / S", sc_same_stream, false, false, 0, false,
      DLSYNC__ROW_SAME_STREAM},
@@ -3003,6 +3329,14 @@ static const scenario scenarios[] = {
     {"A many eager", "eager p, q, p / eager", sc_many_eager, false, true, 0, false,
      DLSYNC__ROW_EAGER_EAGER},
     {"C many join", "capturing p, q / eager", sc_many_join, true, true, 0, false, DLSYNC__ROW_JOIN},
+    {"A fanout eager", "eager p / eager c1, c2, c3", sc_fanout_eager, false, true, 0, false,
+     DLSYNC__ROW_EAGER_EAGER},
+    {"A fanout stable", "eager p / eager c1..c3, STABLE", sc_fanout_eager, false, true,
+     DLSYNC_EXCHANGE_CAPTURE_STABLE, false, DLSYNC__ROW_EAGER_EAGER},
+    {"C fanout join", "capturing p / eager c1..c3", sc_fanout_capture, true, true, 0, false,
+     DLSYNC__ROW_JOIN},
+    {"C pdl across an exchange", "capturing p / same capture, KEEP_EDGE_DATA", sc_pdl_edge, true,
+     true, 0, false, DLSYNC__ROW_SAME_CAPTURE},
     {"C join", "capturing / eager", sc_join, true, true, 0, false, DLSYNC__ROW_JOIN},
     {"C join warm", "capturing / eager, fast path", sc_join, true, true, 0, true, DLSYNC__ROW_JOIN},
     {"C join stable", "capturing / eager, STABLE", sc_join, true, true,

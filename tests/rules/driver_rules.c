@@ -1134,6 +1134,74 @@ static const char *cond_hoist_rule(const dlsync__driver *d, CUdeviceptr buf, cha
   res = NULL;
 done:
   end_body_capture(d, sc.s[1]);
+/* The edge data cuStreamGetCaptureInfo gives for a stream's dependencies is
+ * taken back, with them, by cuStreamUpdateCaptureDependencies (ADD) on
+ * another stream of the capture, and the next node there depends on them
+ * through edges of that data (all default here: a memset node cannot have a
+ * programmatic edge). (What DLSYNC_EXCHANGE_KEEP_EDGE_DATA's SAME_CAPTURE
+ * does.) */
+static const char *edge_data_back_rule(const dlsync__driver *d, CUdeviceptr buf, char *why,
+                                       size_t n) {
+  scope sc;
+  const char *res = "setup failed";
+  CUstreamCaptureStatus cs;
+  cuuint64_t id;
+  const CUgraphNode *deps = NULL;
+  const CUgraphEdgeData *edges = NULL;
+  CUgraphNode m = NULL, mine[1], x = NULL, from[32], to[32];
+  CUgraphEdgeData mine_data[1], data[32];
+  size_t nd = 0, ne = 32;
+  CUgraph g = NULL;
+  CUresult r;
+  int found = 0;
+  memset(mine_data, 0, sizeof mine_data);
+  if (scope_open(&sc, d) != CUDA_SUCCESS || BEGIN(sc.s[0]) != CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 1, 1, sc.s[0]) != CUDA_SUCCESS ||
+      d->EventRecord(sc.e[0], sc.s[0]) != CUDA_SUCCESS ||
+      d->StreamWaitEvent(sc.s[1], sc.e[0], 0) != CUDA_SUCCESS ||
+      d->MemsetD32Async(buf, 2, 1, sc.s[0]) != CUDA_SUCCESS)
+    goto done;
+  r = d->StreamGetCaptureInfo(sc.s[0], &cs, &id, NULL, &deps, &edges, &nd);
+  if (r != CUDA_SUCCESS || cs != CU_STREAM_CAPTURE_STATUS_ACTIVE || nd != 1) {
+    res = r != CUDA_SUCCESS
+              ? said(why, n, d, "cuStreamGetCaptureInfo with edge data", r, "CUDA_SUCCESS")
+              : "the capturing stream does not have one dependency";
+    goto done;
+  }
+  m = mine[0] = deps[0];
+  if (edges != NULL)
+    mine_data[0] = edges[0];
+  r = d->StreamUpdateCaptureDependencies(sc.s[1], mine, mine_data, 1,
+                                         CU_STREAM_ADD_CAPTURE_DEPENDENCIES);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "cuStreamUpdateCaptureDependencies (ADD) with the query's edge data", r,
+               "CUDA_SUCCESS");
+    goto done;
+  }
+  if (d->MemsetD32Async(buf, 3, 1, sc.s[1]) != CUDA_SUCCESS ||
+      deps_of(d, sc.s[1], &deps, &x) != 1 || d->EventRecord(sc.e[1], sc.s[1]) != CUDA_SUCCESS ||
+      d->StreamWaitEvent(sc.s[0], sc.e[1], 0) != CUDA_SUCCESS)
+    goto done;
+  r = d->StreamEndCapture(sc.s[0], &g);
+  scope_keep(&sc, g);
+  if (r != CUDA_SUCCESS) {
+    res = said(why, n, d, "cuStreamEndCapture", r, "CUDA_SUCCESS");
+    goto done;
+  }
+  r = d->GraphGetEdges(g, from, to, data, &ne);
+  if (r != CUDA_SUCCESS || ne > 32) {
+    res = r != CUDA_SUCCESS ? said(why, n, d, "cuGraphGetEdges", r, "CUDA_SUCCESS")
+                            : "more edges than expected";
+    goto done;
+  }
+  for (size_t i = 0; i < ne; i++)
+    if (from[i] == m && to[i] == x)
+      found =
+          1 + (data[i].type == mine_data[0].type && data[i].from_port == mine_data[0].from_port);
+  res = found == 2   ? NULL
+        : found == 1 ? "the edge into the next node does not carry the edge data handed over"
+                     : "the next node does not depend on the dependency handed over";
+done:
   scope_close(&sc);
   return res;
 }
@@ -1196,6 +1264,10 @@ const driver_rule driver_rules[] = {
      "with an edge to the IF node, a record node after it; both captures end cleanly, the parent "
      "instantiates and launches",
      cond_hoist_rule},
+    {"R43 EDGE-DATA-BACK",
+     "the edge data a capture query gives is taken back, with its dependencies, by an ADD of "
+     "them on another stream of the capture, and the next node's edges carry it",
+     edge_data_back_rule},
 };
 
 const size_t driver_rule_count = sizeof driver_rules / sizeof driver_rules[0];
