@@ -1134,6 +1134,10 @@ static const char *cond_hoist_rule(const dlsync__driver *d, CUdeviceptr buf, cha
   res = NULL;
 done:
   end_body_capture(d, sc.s[1]);
+  scope_close(&sc);
+  return res;
+}
+
 /* The edge data cuStreamGetCaptureInfo gives for a stream's dependencies is
  * taken back, with them, by cuStreamUpdateCaptureDependencies (ADD) on
  * another stream of the capture, and the next node there depends on them
