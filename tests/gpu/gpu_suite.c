@@ -3459,7 +3459,7 @@ int main(int argc, char **argv) {
   int rc = gpu_env_init(&E);
   int failed = 0, total = 0;
   const char *only = argc > 1 ? argv[1] : NULL;
-  char lines[128][220];
+  static char lines[512][240]; /* a line per scenario and mode */
   int nlines = 0;
   int driver_version = 0;
   if (rc != 0)
@@ -3494,6 +3494,11 @@ int main(int argc, char **argv) {
     int nmodes = s->modes ? 3 : 1;
     if (only != NULL && strstr(s->name, only) == NULL)
       continue;
+    if (nlines + nmodes > (int)(sizeof lines / sizeof lines[0])) {
+      printf("FAIL: more scenario lines than the table holds (%zu)\n",
+             sizeof lines / sizeof lines[0]);
+      return 1;
+    }
     if (dev1_ctx == NULL && strncmp(s->name, "2 GPUs", 6) == 0) {
       snprintf(lines[nlines++], sizeof lines[0], "%-18s %-26s %-30s %-12s   (skipped: one GPU)",
                s->name, s->row, row_label(s), "-");
