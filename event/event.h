@@ -61,9 +61,14 @@ dlsync_status dlsync__pool_check(dlsync__pool **pool, dlsync__pools *ps, CUstrea
 dlsync_status dlsync__pool_get(CUevent *out, dlsync__pool *pool);
 void dlsync__pool_put(dlsync__pool *pool, CUevent event);
 /* The trimming period of a pool that keeps `kept` events: its free events
- * that stayed unused (free) over that many takes and returns, past `kept`,
- * are destroyed by the next return. */
+ * that stayed unused (free) over a period of at least that many takes and
+ * returns AND dlsync__pool_trim_period_ns nanoseconds (1 s), past `kept`,
+ * are destroyed by the next return. The time bound keeps a burst's working
+ * set (the events a burst of releases has in flight, taken again by the next
+ * burst) from being destroyed and made again within the burst; tests set it
+ * to 0 (the op count alone) or very long (no trimming). */
 #define DLSYNC__POOL_TRIM_OPS(kept) ((size_t)(kept)*4 > 256 ? (size_t)(kept)*4 : (size_t)256)
+extern uint64_t dlsync__pool_trim_period_ns;
 /* dlsync__pool_put of n events under one lock (a reclaimer's batch), the
  * pool keeping up to `extra` free events past its limit (the events a
  * releasing burst will take again at once; without them each release past

@@ -10,6 +10,7 @@
  */
 #include <stdlib.h>
 #include <string.h>
+#include <time.h>
 
 #include "event/event.h"
 
@@ -27,7 +28,8 @@ struct dlsync__pool {
    * and returns since then (see pool_trim_locked). */
   size_t low;
   size_t ops;
-  bool dead; /* the context is destroyed */
+  uint64_t since_ns; /* when the period began (CLOCK_MONOTONIC_COARSE) */
+  bool dead;         /* the context is destroyed */
   /* Two counts in one word, so that an event given to a graph costs one
    * atomic add: the low 32 bits the references (the context's, one per
    * event held by a graph or fence, one per orphan), the high 32 bits the
@@ -53,6 +55,20 @@ typedef struct orphan {
   CUevent event;
   dlsync__pool *pool; /* a reference held: its destroy is counted there */
 } orphan;
+
+uint64_t dlsync__pool_trim_period_ns = 1000000000u;
+
+/* The clock of the trimming periods, read on returns only (a few ns: the
+ * coarse clock is read from the vDSO without a system call). */
+static uint64_t trim_clock_ns(void) {
+  struct timespec ts;
+#ifdef CLOCK_MONOTONIC_COARSE
+  if (clock_gettime(CLOCK_MONOTONIC_COARSE, &ts) != 0)
+#endif
+    if (clock_gettime(CLOCK_MONOTONIC, &ts) != 0)
+      return 0;
+  return (uint64_t)ts.tv_sec * 1000000000u + (uint64_t)ts.tv_nsec;
+}
 
 static pthread_mutex_t orphan_lock = PTHREAD_MUTEX_INITIALIZER;
 static orphan *orphans;
@@ -167,6 +183,7 @@ dlsync_status dlsync__pool_for_cuctx(dlsync__pool **out, dlsync__pools *ps, CUco
     st = dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "creating an event pool: out of memory");
     goto cleanup;
   }
+  p->since_ns = trim_clock_ns(); /* the first trimming period */
   {
     CUcontext popped = NULL;
     CUresult r = ps->drv->CtxPushCurrent(cuctx);
@@ -371,19 +388,20 @@ static void destroy_events(dlsync__pool *p, const CUevent *events, size_t n) {
  * destroyed. Made on returns only: they come from threads that may call CUDA
  * (never from a graph's destructor), and cuEventDestroy is allowed during
  * capture. */
-static inline bool trim_due_locked(const dlsync__pool *p) {
-  return p->ops >= DLSYNC__POOL_TRIM_OPS(p->kept);
+static inline bool trim_due_locked(const dlsync__pool *p, uint64_t now) {
+  return p->ops >= DLSYNC__POOL_TRIM_OPS(p->kept) &&
+         now - p->since_ns >= dlsync__pool_trim_period_ns;
 }
 
 /* Destroys the events that stayed free past p->kept, in runs of 64 (the lock
  * is never held long), and starts the next period. */
-static DLSYNC__NOINLINE void pool_trim(dlsync__pool *p) {
+static DLSYNC__NOINLINE void pool_trim(dlsync__pool *p, uint64_t now) {
   CUevent out[64];
   size_t n;
   do {
     n = 0;
     dlsync__spin_lock(&p->lock);
-    if (!trim_due_locked(p) || p->dead) {
+    if (!trim_due_locked(p, now) || p->dead) {
       dlsync__spin_unlock(&p->lock);
       return;
     }
@@ -394,6 +412,7 @@ static DLSYNC__NOINLINE void pool_trim(dlsync__pool *p) {
     if (n < 64) { /* done: the next period */
       p->ops = 0;
       p->low = p->nfree;
+      p->since_ns = now;
     }
     dlsync__spin_unlock(&p->lock);
     destroy_events(p, out, n);
@@ -402,33 +421,35 @@ static DLSYNC__NOINLINE void pool_trim(dlsync__pool *p) {
 
 void dlsync__pool_put(dlsync__pool *p, CUevent event) {
   bool kept, trim;
+  uint64_t now = trim_clock_ns();
   dlsync__spin_lock(&p->lock);
   /* A dead pool (its context destroyed, e.g. from a deleter while releases
    * were queued) keeps nothing: the event is destroyed here. */
   kept = !p->dead && keep_locked(p, event, true);
   p->ops++;
-  trim = trim_due_locked(p);
+  trim = trim_due_locked(p, now);
   dlsync__spin_unlock(&p->lock);
   if (!kept)
     destroy_events(p, &event, 1);
   if (DLSYNC__UNLIKELY(trim))
-    pool_trim(p);
+    pool_trim(p, now);
 }
 
 void dlsync__pool_put_many(dlsync__pool *p, const CUevent *events, size_t n, size_t extra) {
   size_t kept = 0;
   bool trim;
+  uint64_t now = trim_clock_ns();
   dlsync__spin_lock(&p->lock);
   if (!p->dead)
     while (kept < n && (p->nfree < p->kept + extra || p->nfree < p->kept) &&
            keep_locked(p, events[kept], false))
       kept++;
   p->ops += n;
-  trim = trim_due_locked(p);
+  trim = trim_due_locked(p, now);
   dlsync__spin_unlock(&p->lock);
   destroy_events(p, events + kept, n - kept);
   if (trim)
-    pool_trim(p);
+    pool_trim(p, now);
 }
 
 /* ---- scratch events ----

@@ -317,8 +317,10 @@ static void a_burst_of_events_is_trimmed_toward_events_kept(void **state) {
   CUevent *evs = calloc(BURST, sizeof *evs);
   CUstream s;
   size_t given = 0, created;
+  uint64_t period = dlsync__pool_trim_period_ns;
   (void)state;
   assert_non_null(evs);
+  dlsync__pool_trim_period_ns = 0; /* the op count alone: no clock in the test */
   cfg.events_kept = KEPT;
   assert_int_equal(dlsync__context_create_with_driver(&ctx, &cfg, fake_driver()), DLSYNC_SUCCESS);
   s = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
@@ -364,6 +366,51 @@ static void a_burst_of_events_is_trimmed_toward_events_kept(void **state) {
   assert_int_equal(fake_live_events(), 0);
   fake_stream_destroy(s);
   free(evs);
+  dlsync__pool_trim_period_ns = period;
+}
+
+/* Within a trimming period (time, not only takes and returns) a burst's
+ * working set is kept: releases that keep BURST events in flight, taken
+ * and given back over many more than DLSYNC__POOL_TRIM_OPS operations,
+ * create no event after the first burst and destroy none. (The period is
+ * set very long here, so that the test does not depend on the clock.) */
+static void a_burst_in_its_period_is_not_trimmed(void **state) {
+  enum { KEPT = 16, BURST = 2000 };
+  dlsync_context_config cfg = DLSYNC_CONTEXT_CONFIG_INIT;
+  dlsync_context *ctx = NULL;
+  dlsync__pool *pool = NULL;
+  dlsync__pool_stats ps;
+  CUevent *evs = calloc(BURST, sizeof *evs);
+  CUstream s;
+  size_t given = 0, created = 0;
+  uint64_t period = dlsync__pool_trim_period_ns;
+  (void)state;
+  assert_non_null(evs);
+  dlsync__pool_trim_period_ns = UINT64_MAX / 2;
+  cfg.events_kept = KEPT;
+  assert_int_equal(dlsync__context_create_with_driver(&ctx, &cfg, fake_driver()), DLSYNC_SUCCESS);
+  s = fake_stream_create(0, CU_STREAM_NON_BLOCKING);
+  assert_int_equal(dlsync__pool_for_stream(&pool, NULL, &ctx->pools, s, "test"), DLSYNC_SUCCESS);
+  for (int round = 0; round < 20; round++) {
+    for (size_t i = 0; i < BURST; i++)
+      assert_int_equal(dlsync__pool_get(&evs[i], pool), DLSYNC_SUCCESS);
+    for (size_t i = 0; i < BURST; i += 64) {
+      size_t n = BURST - i < 64 ? BURST - i : 64;
+      given += n;
+      dlsync__pool_put_many(pool, &evs[i], n, given);
+    }
+    dlsync__pool_stats_get(&ps, &ctx->pools);
+    if (round == 0)
+      created = ps.created;
+    assert_int_equal(ps.created, created); /* no event made again */
+    assert_int_equal(ps.destroyed, 0);     /* none trimmed within the period */
+    assert_int_equal(ps.free_events, BURST);
+  }
+  assert_int_equal(dlsync_context_destroy(ctx), DLSYNC_SUCCESS);
+  assert_int_equal(fake_live_events(), 0);
+  fake_stream_destroy(s);
+  free(evs);
+  dlsync__pool_trim_period_ns = period;
 }
 
 int main(void) {
@@ -386,6 +433,7 @@ int main(void) {
       cmocka_unit_test_setup_teardown(empty_driver_path_is_invalid_argument, setup, teardown),
       cmocka_unit_test_setup_teardown(a_burst_of_events_is_trimmed_toward_events_kept, setup,
                                       teardown),
+      cmocka_unit_test_setup_teardown(a_burst_in_its_period_is_not_trimmed, setup, teardown),
   };
   int rc = cmocka_run_group_tests(tests, NULL, NULL);
   fake_shutdown();
