@@ -267,7 +267,7 @@ step "dlsync.testing from the installed wheel: its pytest plugin by its entry po
 # and its cases skip with the reason (no GPU, no PyTorch here).
 run "$work/venv/bin/python" -m pip install -q pytest
 cp "$src/python/tests/test_testing_cpu.py" "$work/pytests/"
-(cd "$work/pytests" && env -u DLSYNC_LIBRARY PYTHONDONTWRITEBYTECODE=1 \
+(cd "$work/pytests" && env -u DLSYNC_LIBRARY PYTHONDONTWRITEBYTECODE=1 DLSYNC_SOURCE_ROOT="$src" \
   "$work/venv/bin/python" -m unittest -v test_testing_cpu) >"$work/testing.log" 2>&1 ||
   { echo "FAILED: test_testing_cpu on the installed wheel" >&2; tail -n 40 "$work/testing.log" >&2; exit 1; }
 if grep -q "skipped 'pytest is not installed'" "$work/testing.log"; then

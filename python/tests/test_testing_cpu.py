@@ -13,6 +13,10 @@ import unittest
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.join(HERE, "..")
+# The source tree (pyproject.toml, the GPU suite's conftest.py): beside this
+# file in a checkout; DLSYNC_SOURCE_ROOT where the test runs from a copy
+# (scripts/install-check.sh runs it against the installed wheel).
+SOURCE_ROOT = os.environ.get("DLSYNC_SOURCE_ROOT") or os.path.join(HERE, "..", "..")
 sys.path.insert(0, PYTHON_DIR)
 import dlsync.testing as dt  # noqa: E402
 from dlsync.testing import report as rp  # noqa: E402
@@ -1127,7 +1131,7 @@ def _pyproject_entry_points(group):
     """``name = value`` lines of pyproject.toml's [project.entry-points.<group>]."""
     header = f"[project.entry-points.{group}]"
     lines, inside = [], False
-    with open(os.path.join(PYTHON_DIR, "..", "pyproject.toml")) as f:
+    with open(os.path.join(SOURCE_ROOT, "pyproject.toml")) as f:
         for line in f:
             line = line.strip()
             if line.startswith("["):
@@ -1205,14 +1209,14 @@ class GpuSuiteMemory(unittest.TestCase):
     def conftest(self):
         import importlib.util
 
-        path = os.path.join(HERE, "gpu", "conftest.py")
+        path = os.path.join(SOURCE_ROOT, "python", "tests", "gpu", "conftest.py")
         spec = importlib.util.spec_from_file_location("dlsync_gpu_conftest", path)
         module = importlib.util.module_from_spec(spec)
         spec.loader.exec_module(module)
         return module
 
     def test_jax_is_told_not_to_preallocate_before_it_can_be_imported(self):
-        conftest = os.path.join(HERE, "gpu", "conftest.py")
+        conftest = os.path.join(SOURCE_ROOT, "python", "tests", "gpu", "conftest.py")
         code = ("import importlib.util, os, sys\n"
                 f"spec = importlib.util.spec_from_file_location('c', {conftest!r})\n"
                 "spec.loader.exec_module(importlib.util.module_from_spec(spec))\n"
