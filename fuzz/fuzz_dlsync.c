@@ -295,11 +295,11 @@ static void body_declare(world *w, input *in, bool add) {
     /* Its two driver calls (the node's type, the parent's nodes) and its
      * allocation may meet the input's fault. */
     static const dlsync_status nok[] = {DLSYNC_SUCCESS, DLSYNC_ERROR_INVALID_ARGUMENT,
-                                        DLSYNC_ERROR_DRIVER};
+                                        DLSYNC_ERROR_DRIVER, DLSYNC_ERROR_OUT_OF_MEMORY};
     st = dlsync_conditional_node_declare(ctx, w->graphs[w->bodies[b].parent], w->bodies[b].node, &g,
                                          1);
     note(w, st);
-    check_documented(w, st, nok, 3, "dlsync_conditional_node_declare");
+    check_documented(w, st, nok, 4, "dlsync_conditional_node_declare");
     check(st == DLSYNC_SUCCESS ||
               strstr(dlsync_last_error(), "dlsync_conditional_node_declare") != NULL,
           "a refused declaration names the call");

@@ -38,14 +38,28 @@ int dlsync_conditional_body_is_declared(dlsync_context *ctx, struct CUgraph_st *
 
 /* Whether `node` is one of `parent`'s nodes (cuda.h 13.0 has no call that
  * names a node's graph: the parent's nodes are read and searched). */
+/* The check's graph queries: a failure is DLSYNC_ERROR_DRIVER
+ * (DLSYNC_ERROR_OUT_OF_MEMORY for the driver's), whatever code the driver
+ * gives: a graph query has no capture to report on. */
+#define QUERY_CU(d, name, args, ...)                                                            \
+  do {                                                                                          \
+    CUresult q_r_ = (d)->name args;                                                             \
+    if (q_r_ != CUDA_SUCCESS) {                                                                 \
+      st = dlsync__fail_driver_as(q_r_ == CUDA_ERROR_OUT_OF_MEMORY ? DLSYNC_ERROR_OUT_OF_MEMORY \
+                                                                   : DLSYNC_ERROR_DRIVER,       \
+                                  (d), q_r_, "cu" #name, __VA_ARGS__);                          \
+      goto cleanup;                                                                             \
+    }                                                                                           \
+  } while (0)
+
 static dlsync_status node_in_graph(const dlsync__driver *d, CUgraph parent, CUgraphNode node,
                                    bool *found) {
   dlsync_status st = DLSYNC_SUCCESS;
   CUgraphNode *nodes = NULL;
   size_t n = 0, bytes = 0;
   *found = false;
-  DLSYNC_CU(d, GraphGetNodes, (parent, NULL, &n),
-            "dlsync_conditional_node_declare: counting the nodes of graph %p", (void *)parent);
+  QUERY_CU(d, GraphGetNodes, (parent, NULL, &n),
+           "dlsync_conditional_node_declare: counting the nodes of graph %p", (void *)parent);
   if (n == 0)
     goto cleanup;
   if (!dlsync__mul_size(n, sizeof *nodes, &bytes) || (nodes = dlsync__malloc(bytes)) == NULL) {
@@ -54,8 +68,8 @@ static dlsync_status node_in_graph(const dlsync__driver *d, CUgraph parent, CUgr
                       n, (void *)parent);
     goto cleanup;
   }
-  DLSYNC_CU(d, GraphGetNodes, (parent, nodes, &n),
-            "dlsync_conditional_node_declare: reading the nodes of graph %p", (void *)parent);
+  QUERY_CU(d, GraphGetNodes, (parent, nodes, &n),
+           "dlsync_conditional_node_declare: reading the nodes of graph %p", (void *)parent);
   for (size_t i = 0; i < n && !*found; i++)
     *found = nodes[i] == node;
 cleanup:
@@ -108,10 +122,10 @@ dlsync_status dlsync_conditional_node_declare(dlsync_context *ctx, struct CUgrap
                           (void *)parent);
   }
   d = ctx->drv;
-  DLSYNC_CU(d, GraphNodeGetType, (node, &type),
-            "dlsync_conditional_node_declare: node %p of graph %p (a destroyed or not-a-node "
-            "handle?); nothing was declared",
-            (void *)node, (void *)parent);
+  QUERY_CU(d, GraphNodeGetType, (node, &type),
+           "dlsync_conditional_node_declare: node %p of graph %p (a destroyed or not-a-node "
+           "handle?); nothing was declared",
+           (void *)node, (void *)parent);
   if (type != CU_GRAPH_NODE_TYPE_CONDITIONAL) {
     st = dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
                       "dlsync_conditional_node_declare: node %p is of type %d, not a conditional "

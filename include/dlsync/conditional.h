@@ -116,7 +116,8 @@ struct CUgraphNode_st;
  *   the parent, `node` not a conditional node, `node` not a node of
  *   `parent` (a conditional node of another graph), a body declared
  *   already with another parent or node, no room left); DLSYNC_ERROR_DRIVER
- *   (a driver call failed). Nothing is declared on failure.
+ *   (a driver call failed, whatever its code); DLSYNC_ERROR_OUT_OF_MEMORY.
+ *   Nothing is declared on failure.
  * Threads: any thread, any number at once.
  * Capture: legal in every mode (graph queries only). */
 DLSYNC_API dlsync_status dlsync_conditional_node_declare(dlsync_context *ctx,
