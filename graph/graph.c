@@ -646,7 +646,7 @@ static DLSYNC__COLD dlsync_status child_refused(const dlsync__driver *d, CUresul
     }
     if (cond + alloc + freed > 0)
       return dlsync__fail_driver_as(
-          DLSYNC_ERROR_INVALID_ARGUMENT, d, r, "cuGraphAddChildGraphNode",
+          DLSYNC_ERROR_INVALID_ARGUMENT, &(dlsync__driver_call){d, r, "cuGraphAddChildGraphNode"},
           "graph %p cannot run as a child graph in the %s lane's graph %p: it holds %d "
           "conditional, %d memory-allocation and %d memory-free node(s), which CUDA does not "
           "admit in a child graph; nothing was added. Launch its executable on an eager stream "

@@ -52,7 +52,7 @@ dlsync_status dlsync__fail_wait(dlsync_context *ctx, CUresult r, dlsync__pair p,
   }
   if (df >= 0 && dt >= 0 && df != dt) {
     return dlsync__fail_driver_as(
-        DLSYNC_ERROR_CROSS_DEVICE, d, r, "cuStreamWaitEvent",
+        DLSYNC_ERROR_CROSS_DEVICE, &(dlsync__driver_call){d, r, "cuStreamWaitEvent"},
         "%s stream %p on device %d waiting for %s stream %p on device %d: the driver refused to "
         "order work across the two devices",
         roles->then, (void *)p.then, dt, roles->first, (void *)p.first, df);
