@@ -227,7 +227,7 @@ static dlsync_status hold_take_reserve(CUevent *out, graph_thread *gt, dlsync__p
       mine = &gt->memo[i];
   if (mine != NULL && mine->taken > 1)
     want = mine->taken < DLSYNC__HOLD_RESERVE ? mine->taken : DLSYNC__HOLD_RESERVE;
-  st = dlsync__hold_take_some(got, want, &n, pool, m->hold, m->life);
+  st = dlsync__hold_take_some(got, want, &n, pool, (dlsync__hold_life){m->hold, m->life});
   if (st != DLSYNC_SUCCESS || n == 0)
     return st;
   *out = got[0];
@@ -259,7 +259,8 @@ dlsync_status dlsync__graph_capture_event_slow(CUevent *out, dlsync__thread *t,
     DLSYNC_TRY(hold_for(&ma, gt, ps, pool, a));
     if (b != NULL) {
       DLSYNC_TRY(hold_for(&mb, gt, ps, pool, b));
-      DLSYNC_TRY(dlsync__hold_take(out, pool, ma.hold, ma.life, mb.hold, mb.life));
+      DLSYNC_TRY(dlsync__hold_take(out, pool, (dlsync__hold_life){ma.hold, ma.life},
+                                   (dlsync__hold_life){mb.hold, mb.life}));
     } else {
       DLSYNC_TRY(hold_take_reserve(out, gt, pool, &ma));
     }
@@ -428,7 +429,8 @@ static DLSYNC__NOINLINE dlsync_status built_open(built_memo *m, graph_thread *gt
   if (gt->built_keyed && m->taken > 1)
     want = m->taken < DLSYNC__BUILT_BATCH ? m->taken : DLSYNC__BUILT_BATCH;
   DLSYNC_TRY(dlsync__hold_new(&h, &life, pool));
-  DLSYNC_TRY(dlsync__hold_take_some(got, want, &n, pool, h, life)); /* a new hold: never stale */
+  DLSYNC_TRY(dlsync__hold_take_some(got, want, &n, pool,
+                                    (dlsync__hold_life){h, life})); /* a new hold: never stale */
   box->destroy = hold_destroy;
   box->ptr = h;
   box->next = NULL;

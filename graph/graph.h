@@ -257,7 +257,8 @@ static DLSYNC__INLINE dlsync_status dlsync__graph_capture_event(CUevent *out, dl
   mb = dlsync__hold_find(gt, ps->generation, pool, b->capture_id);
   if (DLSYNC__UNLIKELY(ma == NULL || mb == NULL))
     return dlsync__graph_capture_event_slow(out, t, ps, pool, a, b);
-  st = dlsync__hold_take(out, pool, ma->hold, ma->life, mb->hold, mb->life);
+  st = dlsync__hold_take(out, pool, (dlsync__hold_life){ma->hold, ma->life},
+                         (dlsync__hold_life){mb->hold, mb->life});
   if (DLSYNC__LIKELY(*out != NULL) || st != DLSYNC_SUCCESS)
     return st;
   return dlsync__graph_capture_event_slow(out, t, ps, pool, a, b); /* not live any more */
