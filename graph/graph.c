@@ -89,15 +89,15 @@ cleanup:
 }
 
 dlsync_status dlsync__graph_hold(const dlsync__driver *d, CUgraph *graphs, int ngraphs,
-                                 void (*destroy)(void *), void *ptr, bool *taken) {
+                                 dlsync__graph_object obj, bool *taken) {
   dlsync_status st;
   hold_box *box = dlsync__malloc(sizeof *box);
   *taken = false;
   if (box == NULL)
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an object to graph %p: out of memory",
                         (void *)graphs[0]);
-  box->destroy = destroy;
-  box->ptr = ptr;
+  box->destroy = obj.destroy;
+  box->ptr = obj.ptr;
   st = hold_give(d, graphs, ngraphs, box, taken);
   if (!*taken)
     dlsync__free(box);
@@ -113,7 +113,8 @@ dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_eve
   dlsync_status st;
   bool taken = false;
   dlsync__held_event_ref(he);
-  st = dlsync__graph_hold(d, graphs, ngraphs, held_event_destroy, he, &taken);
+  st = dlsync__graph_hold(d, graphs, ngraphs, (dlsync__graph_object){held_event_destroy, he},
+                          &taken);
   if (!taken)
     dlsync__held_event_unref(he);
   return st;
@@ -165,7 +166,7 @@ static DLSYNC__NOINLINE dlsync_status hold_make(hold_ref *out, graph_thread *gt,
   CUgraph graph = lane->graph;
   hold_memo *m;
   DLSYNC_TRY(dlsync__hold_new(&h, &life, pool));
-  st = dlsync__graph_hold(ps->drv, &graph, 1, hold_destroy, h, &taken);
+  st = dlsync__graph_hold(ps->drv, &graph, 1, (dlsync__graph_object){hold_destroy, h}, &taken);
   if (!taken)
     dlsync__hold_release(h); /* empty: nothing to give back */
   /* taken with an error: the graph did not take it, and its destructor gave
@@ -561,9 +562,12 @@ size_t dlsync__graph_built_unused(const dlsync__pools *ps) {
   return n;
 }
 
-dlsync_status dlsync__graph_event_node_failed(const dlsync__driver *d, CUresult r, CUgraph graph,
-                                              const CUgraphNode *deps, size_t ndeps, bool record,
-                                              const char *role) {
+dlsync_status dlsync__graph_event_node_failed(const dlsync__driver *d, CUresult r,
+                                              const dlsync__lane_now *l, const CUgraphNode *deps,
+                                              bool record) {
+  CUgraph graph = l->graph;
+  size_t ndeps = l->ndeps;
+  const char *role = l->role;
   dlsync_status st =
       dlsync__fail_driver(d, r, record ? "cuGraphAddEventRecordNode" : "cuGraphAddEventWaitNode",
                           "%s lane, graph %p, after %zu node(s)", role, (void *)graph, ndeps);

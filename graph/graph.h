@@ -23,13 +23,12 @@ extern "C" {
 /* out (may be NULL): the node it added. */
 dlsync_status dlsync__graph_append_event_node(const dlsync__driver *d, dlsync__lane_now *lane,
                                               CUevent event, bool record, CUgraphNode *out);
-/* A failed cuGraphAddEvent*Node (the error, and whether a dependency is
- * from another graph), and a failed cuStreamUpdateCaptureDependencies after
- * it (cold, graph.c). */
+/* A failed cuGraphAddEvent*Node after deps[0..l->ndeps) in l's graph (the
+ * error, and whether a dependency is from another graph), and a failed
+ * cuStreamUpdateCaptureDependencies after it (cold, graph.c). */
 DLSYNC__COLD dlsync_status dlsync__graph_event_node_failed(const dlsync__driver *d, CUresult r,
-                                                           CUgraph graph, const CUgraphNode *deps,
-                                                           size_t ndeps, bool record,
-                                                           const char *role);
+                                                           const dlsync__lane_now *l,
+                                                           const CUgraphNode *deps, bool record);
 DLSYNC__COLD dlsync_status dlsync__graph_capture_set_failed(const dlsync__driver *d, CUresult r,
                                                             const dlsync__lane_now *lane);
 /* dlsync__graph_append_event for a capturing lane, inline (the capture rows
@@ -45,7 +44,7 @@ static inline dlsync_status dlsync__graph_append_capture_event(const dlsync__dri
   CUresult r = record ? d->GraphAddEventRecordNode(&node, l->graph, deps, l->ndeps, event)
                       : d->GraphAddEventWaitNode(&node, l->graph, deps, l->ndeps, event);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS))
-    return dlsync__graph_event_node_failed(d, r, l->graph, deps, l->ndeps, record, l->role);
+    return dlsync__graph_event_node_failed(d, r, l, deps, record);
   r = d->StreamUpdateCaptureDependencies(l->stream, &node, NULL, 1,
                                          CU_STREAM_SET_CAPTURE_DEPENDENCIES);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS))
@@ -67,7 +66,7 @@ static inline dlsync_status dlsync__graph_append_built_event(const dlsync__drive
   CUresult r = record ? d->GraphAddEventRecordNode(&node, l->graph, l->deps, l->ndeps, event)
                       : d->GraphAddEventWaitNode(&node, l->graph, l->deps, l->ndeps, event);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS))
-    return dlsync__graph_event_node_failed(d, r, l->graph, l->deps, l->ndeps, record, l->role);
+    return dlsync__graph_event_node_failed(d, r, l, l->deps, record);
   lane->deps[0] = node;
   lane->ndeps = 1;
   l->deps = (const CUgraphNode *)lane->deps;
@@ -93,13 +92,19 @@ dlsync_status dlsync__graph_launch_at(const dlsync__driver *d, const struct dlsy
                                       CUgraph graph, CUgraphExec exec, dlsync_lane *lane);
 /* Adds one node to a graph lane's frontier (no node added to the graph). */
 dlsync_status dlsync__graph_lane_add_dep(dlsync__lane_now *lane, CUgraphNode node);
-/* Gives `ptr` to the graphs: one user object (destructor `destroy`, run on a
- * driver thread, no CUDA calls) that each graph holds a reference to. Once
- * *taken is true the destructor owns ptr and runs exactly once, when every
- * graph and executable holding it is gone (at once if none took it); while
- * false, ptr is still the caller's. */
+/* What a graph is given: ptr, and its destructor (passed by value: two
+ * registers). */
+typedef struct dlsync__graph_object {
+  void (*destroy)(void *);
+  void *ptr;
+} dlsync__graph_object;
+/* Gives `obj.ptr` to the graphs: one user object (destructor `obj.destroy`,
+ * run on a driver thread, no CUDA calls) that each graph holds a reference
+ * to. Once *taken is true the destructor owns ptr and runs exactly once,
+ * when every graph and executable holding it is gone (at once if none took
+ * it); while false, ptr is still the caller's. */
 dlsync_status dlsync__graph_hold(const dlsync__driver *d, CUgraph *graphs, int ngraphs,
-                                 void (*destroy)(void *), void *ptr, bool *taken);
+                                 dlsync__graph_object obj, bool *taken);
 /* The graphs hold a reference to `he` (taken from the caller's count of
  * one; the caller keeps its own). */
 dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_event *he,
