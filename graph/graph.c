@@ -249,13 +249,12 @@ static DLSYNC__COLD dlsync_status hold_lost(const dlsync__lane_now *lane) {
                       lane->role, (unsigned long long)lane->capture_id, (void *)lane->graph);
 }
 
-dlsync_status dlsync__graph_capture_event_slow(CUevent *out, const dlsync__event_source *src,
-                                               const dlsync__lane_now *a,
-                                               const dlsync__lane_now *b) {
+dlsync_status dlsync__graph_capture_event_slow(CUevent *out, dlsync__thread *t,
+                                               const dlsync__pools *ps, dlsync__pool *pool,
+                                               dlsync__lane_pair ab) {
   dlsync_status st = DLSYNC_SUCCESS;
-  const dlsync__pools *ps = src->ps;
-  dlsync__pool *pool = src->pool;
-  graph_thread *gt = dlsync__graph_thread_of(src->t);
+  const dlsync__lane_now *a = ab.a, *b = ab.b;
+  graph_thread *gt = dlsync__graph_thread_of(t);
   for (int tries = 0; tries < 2; tries++) {
     hold_ref ma, mb = {NULL, 0, 0};
     DLSYNC_TRY(hold_for(&ma, gt, ps, pool, a));
@@ -473,25 +472,24 @@ static DLSYNC__COLD dlsync_status built_release_failed(const dlsync__driver *d, 
                              "was queued)");
 }
 
-dlsync_status dlsync__graph_built_event_slow(CUevent *out, const dlsync__event_source *src,
-                                             dlsync__lane_now *const *lanes, int nlanes) {
+dlsync_status dlsync__graph_built_event_slow(CUevent *out, dlsync__thread *t,
+                                             const dlsync__pools *ps, dlsync__pool *pool,
+                                             dlsync__lane_list ls) {
   dlsync_status st = DLSYNC_SUCCESS;
-  const dlsync__pools *ps = src->ps;
-  dlsync__pool *pool = src->pool;
   const dlsync__driver *d = ps->drv;
-  graph_thread *gt = dlsync__graph_thread_of(src->t);
+  graph_thread *gt = dlsync__graph_thread_of(t);
   built_memo *m = built_memo_for(gt, ps, pool);
-  dlsync__built_retained got = {
-      NULL, CUDA_SUCCESS}; /* took: a graph that retained the batch in this call */
+  CUgraph took = NULL; /* a graph that retained the batch in this call */
   CUevent ev;
   *out = NULL;
   if (DLSYNC__UNLIKELY(m->nreserve == 0))
     DLSYNC_TRY(built_open(m, gt, ps, pool));
   ev = m->reserve[--m->nreserve];
   {
-    const dlsync__lane_now *refused = dlsync__graph_built_retain(d, m, lanes, nlanes, &got);
+    CUresult r = CUDA_SUCCESS;
+    const dlsync__lane_now *refused = dlsync__graph_built_retain(d, m, ls, &took, &r);
     if (DLSYNC__UNLIKELY(refused != NULL)) {
-      st = dlsync__graph_built_retain_failed(d, got.r, refused);
+      st = dlsync__graph_built_retain_failed(d, r, refused);
       goto cleanup;
     }
   }
@@ -500,8 +498,8 @@ cleanup:
   /* The batch's last event taken: the thread lets go of it now, so that its
    * events come back as soon as their graphs are gone. */
   if (m->nreserve == 0 && m->uo != NULL) {
-    bool stays = m->retained && got.took == NULL; /* if refused: nowhere to move it */
-    CUresult r = built_close(m, d, got.took);
+    bool stays = m->retained && took == NULL; /* if refused: nowhere to move it */
+    CUresult r = built_close(m, d, took);
     if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
       if (st == DLSYNC_SUCCESS) {
         st = built_release_failed(d, r);

@@ -233,31 +233,34 @@ static inline CUevent dlsync__graph_capture_event_reserved(dlsync__thread *t,
   return m->reserve[--m->nreserve];
 }
 
-/* Where a graph's event comes from: the calling thread's block, the
- * context's pools, and the pool of them the event is of. */
-typedef struct dlsync__event_source {
-  dlsync__thread *t;
-  const dlsync__pools *ps;
-  dlsync__pool *pool;
-} dlsync__event_source;
+/* The captures an event goes into: a's, and b's too when b is non-NULL
+ * (passed by value: two registers). */
+typedef struct dlsync__lane_pair {
+  const dlsync__lane_now *a, *b;
+} dlsync__lane_pair;
+/* The lanes whose graphs an event goes into: lanes[0..n) (passed by value:
+ * two registers). */
+typedef struct dlsync__lane_list {
+  dlsync__lane_now *const *lanes;
+  int n;
+} dlsync__lane_list;
 
 /* dlsync__graph_capture_event without an event at hand (reserved, or a
  * live hold remembered for a and b): makes the holds, then takes. */
-dlsync_status dlsync__graph_capture_event_slow(CUevent *out, const dlsync__event_source *src,
-                                               const dlsync__lane_now *a,
-                                               const dlsync__lane_now *b);
+dlsync_status dlsync__graph_capture_event_slow(CUevent *out, dlsync__thread *t,
+                                               const dlsync__pools *ps, dlsync__pool *pool,
+                                               dlsync__lane_pair ab);
 
-/* An event of src->pool that a's capture holds, and b's too when b is
+/* An event of `pool` that ab.a's capture holds, and ab.b's too when ab.b is
  * non-NULL (another capture): it returns to the pool once their graphs are
- * gone. For one capture, from the thread's reserve when it has one
- * (dlsync__graph_capture_event_reserved). */
-static DLSYNC__INLINE dlsync_status dlsync__graph_capture_event(CUevent *out,
-                                                                const dlsync__event_source *src,
-                                                                const dlsync__lane_now *a,
-                                                                const dlsync__lane_now *b) {
-  dlsync__thread *t = src->t;
-  const dlsync__pools *ps = src->ps;
-  dlsync__pool *pool = src->pool;
+ * gone. t:
+ * the calling thread's block. For one capture, from the thread's reserve
+ * when it has one (dlsync__graph_capture_event_reserved). */
+static DLSYNC__INLINE dlsync_status dlsync__graph_capture_event(CUevent *out, dlsync__thread *t,
+                                                                const dlsync__pools *ps,
+                                                                dlsync__pool *pool,
+                                                                dlsync__lane_pair ab) {
+  const dlsync__lane_now *a = ab.a, *b = ab.b;
   dlsync__graph_thread *gt = dlsync__graph_thread_of(t);
   const dlsync__hold_memo *ma, *mb;
   dlsync_status st;
@@ -265,20 +268,20 @@ static DLSYNC__INLINE dlsync_status dlsync__graph_capture_event(CUevent *out,
     *out = dlsync__graph_capture_event_reserved(t, ps, pool, a->capture_id);
     if (DLSYNC__LIKELY(*out != NULL))
       return DLSYNC_SUCCESS;
-    return dlsync__graph_capture_event_slow(out, src, a, NULL);
+    return dlsync__graph_capture_event_slow(out, t, ps, pool, ab);
   }
   ma = dlsync__hold_find(gt, ps->generation, pool, a->capture_id);
   mb = dlsync__hold_find(gt, ps->generation, pool, b->capture_id);
   if (DLSYNC__UNLIKELY(ma == NULL || mb == NULL))
-    return dlsync__graph_capture_event_slow(out, src, a, b);
+    return dlsync__graph_capture_event_slow(out, t, ps, pool, ab);
   st = dlsync__hold_take(out, pool, (dlsync__hold_life){ma->hold, ma->life},
                          (dlsync__hold_life){mb->hold, mb->life});
   if (DLSYNC__LIKELY(*out != NULL) || st != DLSYNC_SUCCESS)
     return st;
-  return dlsync__graph_capture_event_slow(out, src, a, b); /* not live any more */
+  return dlsync__graph_capture_event_slow(out, t, ps, pool, ab); /* not live any more */
 }
 
-/* An event of src->pool for the graphs of lanes[0..nlanes) (at most 2: built
+/* An event of `pool` for the graphs of ls.lanes[0..ls.n) (at most 2: built
  * lanes, and capturing ones whose row puts a node in a built graph; eager
  * lanes are skipped), from the thread's open batch of that pool (made when
  * it has none): each of those graphs retains the batch's user object. On
@@ -286,27 +289,21 @@ static DLSYNC__INLINE dlsync_status dlsync__graph_capture_event(CUevent *out,
  * go with it; the event, if taken, stays unused in the batch and comes back
  * with it. The inline part takes an event from a batch that has more left;
  * the _slow part opens a batch, or takes its last event and closes it. */
-dlsync_status dlsync__graph_built_event_slow(CUevent *out, const dlsync__event_source *src,
-                                             dlsync__lane_now *const *lanes, int nlanes);
+dlsync_status dlsync__graph_built_event_slow(CUevent *out, dlsync__thread *t,
+                                             const dlsync__pools *ps, dlsync__pool *pool,
+                                             dlsync__lane_list ls);
 DLSYNC__COLD dlsync_status dlsync__graph_built_retain_failed(const dlsync__driver *d, CUresult r,
                                                              const dlsync__lane_now *l);
-/* What dlsync__graph_built_retain did: the last graph that retained the
- * batch (unchanged when none), and the driver's result of a refusal. */
-typedef struct dlsync__built_retained {
-  CUgraph took;
-  CUresult r;
-} dlsync__built_retained;
-/* Each graph of lanes[0..nlanes) retains m's batch (eager lanes none; a
- * capture's graph once per capture and batch). out->took: the last graph
- * that did (unchanged when none). Returns the lane whose graph refused
- * (out->r: the driver's result), NULL when all took it. */
+/* Each graph of ls.lanes[0..ls.n) retains m's batch (eager lanes none; a
+ * capture's graph once per capture and batch). *took: the last graph that
+ * did (unchanged when none). Returns the lane whose graph refused (*r: the
+ * driver's result), NULL when all took it. */
 static inline const dlsync__lane_now *dlsync__graph_built_retain(const dlsync__driver *d,
                                                                  dlsync__built_memo *m,
-                                                                 dlsync__lane_now *const *lanes,
-                                                                 int nlanes,
-                                                                 dlsync__built_retained *out) {
-  CUgraph *took = &out->took;
-  CUresult *r = &out->r;
+                                                                 dlsync__lane_list ls,
+                                                                 CUgraph *took, CUresult *r) {
+  dlsync__lane_now *const *lanes = ls.lanes;
+  int nlanes = ls.n;
   for (int i = 0; i < nlanes; i++) {
     const dlsync__lane_now *l = lanes[i];
     if (l->kind == DLSYNC_LANE_EAGER ||
@@ -322,11 +319,10 @@ static inline const dlsync__lane_now *dlsync__graph_built_retain(const dlsync__d
   }
   return NULL;
 }
-static inline dlsync_status dlsync__graph_built_event(CUevent *out, const dlsync__event_source *src,
-                                                      dlsync__lane_now *const *lanes, int nlanes) {
-  const dlsync__pools *ps = src->ps;
-  dlsync__pool *pool = src->pool;
-  dlsync__graph_thread *gt = dlsync__graph_thread_of(src->t);
+static inline dlsync_status dlsync__graph_built_event(CUevent *out, dlsync__thread *t,
+                                                      const dlsync__pools *ps, dlsync__pool *pool,
+                                                      dlsync__lane_list ls) {
+  dlsync__graph_thread *gt = dlsync__graph_thread_of(t);
   for (unsigned k = 0; k < DLSYNC__BUILT_MEMOS; k++) {
     dlsync__built_memo *m = &gt->built[k];
     if (m->pool != pool || m->generation != ps->generation)
@@ -335,18 +331,19 @@ static inline dlsync_status dlsync__graph_built_event(CUevent *out, const dlsync
      * left (the last one closes it: the slow path). */
     if (DLSYNC__UNLIKELY(m->nreserve < 2))
       break;
-    dlsync__built_retained got = {NULL, CUDA_SUCCESS};
+    CUgraph took = NULL;
+    CUresult r = CUDA_SUCCESS;
     const dlsync__lane_now *refused;
     gt->built_last = k;
     *out = m->reserve[--m->nreserve];
-    refused = dlsync__graph_built_retain(ps->drv, m, lanes, nlanes, &got);
+    refused = dlsync__graph_built_retain(ps->drv, m, ls, &took, &r);
     if (DLSYNC__UNLIKELY(refused != NULL)) {
       *out = NULL; /* unused, in the batch: back with it */
-      return dlsync__graph_built_retain_failed(ps->drv, got.r, refused);
+      return dlsync__graph_built_retain_failed(ps->drv, r, refused);
     }
     return DLSYNC_SUCCESS;
   }
-  return dlsync__graph_built_event_slow(out, src, lanes, nlanes);
+  return dlsync__graph_built_event_slow(out, t, ps, pool, ls);
 }
 /* Closes every thread's open batches of the pools `ps` (each thread's
  * reference dropped: their unused events come back once their graphs are

@@ -386,8 +386,8 @@ static dlsync_status hoist(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now 
   } else {
     lanes[nl++] = then;
   }
-  DLSYNC_TRY(dlsync__graph_built_event(
-      &ev, &(dlsync__event_source){pick_thread(pk), &ctx->pools, pk->pool}, lanes, nl));
+  DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool,
+                                       (dlsync__lane_list){lanes, nl}));
   if (h->first) {
     DLSYNC_CU(d, GraphAddEventRecordNode, (&rec, h->first_graph, &h->first_node, 1, ev),
               "%s: the %s lane's graph %p is a conditional node's body; adding its record node "

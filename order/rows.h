@@ -195,13 +195,13 @@ static DLSYNC__INLINE dlsync_status row_eager_to_capture(dlsync_context *ctx, po
   CUevent ev = NULL;
   CUresult r, wr = CUDA_SUCCESS;
   BODY_GUARD(ctx, pk, first, then);
-  DLSYNC_TRY(dlsync__graph_capture_event(
-      &ev, &(dlsync__event_source){pick_thread(pk), &ctx->pools, pk->pool}, then, NULL));
+  DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool,
+                                         (dlsync__lane_pair){then, NULL}));
   r = row_eager_to_capture_calls(d, ev, p, &wr);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
     DLSYNC_TRY(dlsync__repick_pool(ctx, pk));
-    DLSYNC_TRY(dlsync__graph_capture_event(
-        &ev, &(dlsync__event_source){pick_thread(pk), &ctx->pools, pk->pool}, then, NULL));
+    DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool,
+                                           (dlsync__lane_pair){then, NULL}));
     r = row_eager_to_capture_calls(d, ev, p, &wr);
   }
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS || wr != CUDA_SUCCESS)) {
@@ -229,13 +229,13 @@ static DLSYNC__INLINE dlsync_status row_eager_to_built(dlsync_context *ctx, pool
   CUevent ev = NULL;
   CUresult r;
   BODY_GUARD(ctx, pk, first, then);
-  DLSYNC_TRY(dlsync__graph_built_event(
-      &ev, &(dlsync__event_source){pick_thread(pk), &ctx->pools, pk->pool}, &then, 1));
+  DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool,
+                                       (dlsync__lane_list){&then, 1}));
   r = d->EventRecord(ev, first->stream);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
     DLSYNC_TRY(dlsync__repick_pool(ctx, pk));
-    DLSYNC_TRY(dlsync__graph_built_event(
-        &ev, &(dlsync__event_source){pick_thread(pk), &ctx->pools, pk->pool}, &then, 1));
+    DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool,
+                                         (dlsync__lane_list){&then, 1}));
     r = d->EventRecord(ev, first->stream);
   }
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
@@ -264,8 +264,8 @@ static DLSYNC__INLINE dlsync_status row_two_captures(dlsync_context *ctx, pool_p
   CUevent ev = NULL;
   BODY_GUARD(ctx, pk, first, then);
   DLSYNC_TRY(check_memo_pool(ctx, pk)); /* no dependencies handed over: none read again */
-  DLSYNC_TRY(dlsync__graph_capture_event(
-      &ev, &(dlsync__event_source){pick_thread(pk), &ctx->pools, pk->pool}, first, then));
+  DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool,
+                                         (dlsync__lane_pair){first, then}));
   DLSYNC_CU(d, EventRecordWithFlags, (ev, first->stream, CU_EVENT_RECORD_EXTERNAL),
             "%s stream %p is capturing (capture %llu); adding an event-record node for %s "
             "stream %p (capture %llu)",
@@ -297,8 +297,8 @@ static DLSYNC__INLINE dlsync_status row_two_graphs(dlsync_context *ctx, pool_pic
   DLSYNC_TRY(verify_pool(ctx, pk, first, then));
   lanes[0] = first;
   lanes[1] = then;
-  DLSYNC_TRY(dlsync__graph_built_event(
-      &ev, &(dlsync__event_source){pick_thread(pk), &ctx->pools, pk->pool}, lanes, 2));
+  DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool,
+                                       (dlsync__lane_list){lanes, 2}));
   DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, first, ev, true));
   DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, then, ev, false));
 cleanup:
@@ -321,8 +321,8 @@ static DLSYNC__INLINE dlsync_status row_capture_to_built(dlsync_context *ctx, po
   DLSYNC_TRY(check_memo_pool(ctx, pk)); /* then is built: no dependencies read again */
   lanes[0] = first;
   lanes[1] = then;
-  DLSYNC_TRY(dlsync__graph_built_event(
-      &ev, &(dlsync__event_source){pick_thread(pk), &ctx->pools, pk->pool}, lanes, 2));
+  DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool,
+                                       (dlsync__lane_list){lanes, 2}));
   r = d->EventRecordWithFlags(ev, first->stream, CU_EVENT_RECORD_EXTERNAL);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
     st = dlsync__fail_external_record_for_graph(d, r, first, then);

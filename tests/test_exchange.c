@@ -1454,10 +1454,9 @@ static void event_for_stale_capture(dlsync__lane_now *lane, dlsync_lane *lc, uin
   lane->lane = lc;
   lane->role = "then";
   fake_log_reset();
-  assert_int_equal(
-      dlsync__graph_capture_event(
-          &ev, &(dlsync__event_source){dlsync__thread_get(), &ctx->pools, pool}, lane, NULL),
-      DLSYNC_SUCCESS);
+  assert_int_equal(dlsync__graph_capture_event(&ev, dlsync__thread_get(), &ctx->pools, pool,
+                                               (dlsync__lane_pair){lane, NULL}),
+                   DLSYNC_SUCCESS);
   assert_non_null(ev);
   assert_int_equal(fake_call_count("cuUserObjectCreate"), 1); /* a new hold */
 }
