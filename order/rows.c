@@ -358,6 +358,7 @@ typedef struct hoist_plan {
   CUgraphNode first_node; /* ... after this conditional node */
   CUgraph then_graph;     /* then: the wait node's graph ... */
   CUgraphNode then_node;  /* ... ahead of this conditional node */
+  const char *row;        /* the row's name, for messages */
 } hoist_plan;
 
 /* The row with its event node(s) moved out of the body: a record node
@@ -366,8 +367,9 @@ typedef struct hoist_plan {
  * that is not in a body as the row does it. One event, from a batch that
  * every graph given a node retains. */
 static dlsync_status hoist(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
-                           dlsync__lane_now *then, const hoist_plan *h, const char *row) {
+                           dlsync__lane_now *then, const hoist_plan *h) {
   dlsync_status st = DLSYNC_SUCCESS;
+  const char *row = h->row;
   const dlsync__driver *d = ctx->drv;
   dlsync__lane_now pf, pt, *lanes[2];
   int nl = 0;
@@ -473,5 +475,6 @@ dlsync_status dlsync__body_guard_slow(dlsync_context *ctx, pool_pick *pk, dlsync
       return st;
   }
   *done = true;
-  return hoist(ctx, pk, first, then, &h, name);
+  h.row = name;
+  return hoist(ctx, pk, first, then, &h);
 }

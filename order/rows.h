@@ -351,15 +351,22 @@ static DLSYNC__INLINE dlsync__row classify_now(dlsync__op op, const dlsync__lane
   return dlsync__table_classify(&in);
 }
 
+/* The two lanes of a row, first and then. */
+typedef struct row_lanes {
+  dlsync__lane_now *first, *then;
+} row_lanes;
+
 /* Classify, then carry out the row by its function. Inline into the graph
  * lanes' path (dlsync__order_graph_fast), where the op is known, and into
- * dlsync__order_row for the general path. may_trace: false where the caller
+ * dlsync__order_row for the general path (lanes: first and then, by value:
+ * inline, they stay in registers). may_trace: false where the caller
  * found the decision log below TRACE already (its level is set once,
  * base/log.c), which spares a second look. */
 static DLSYNC__INLINE dlsync_status order_row_inline(dlsync_context *ctx, dlsync__order_step *step,
-                                                     pool_pick *pk, dlsync__lane_now *first,
-                                                     dlsync__lane_now *then, bool may_trace) {
+                                                     pool_pick *pk, row_lanes lanes,
+                                                     bool may_trace) {
   dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__lane_now *first = lanes.first, *then = lanes.then;
   dlsync__row row = classify_now(step->op, first, then, step->first_pending);
   step->row = row;
   if (dlsync__row_nodes(row) > 0) {
