@@ -56,12 +56,18 @@ extern "C" {
 DLSYNC__COLD dlsync_status dlsync__fail(dlsync_status status, const char *fmt, ...)
     DLSYNC__PRINTF(2, 3);
 
-/* The general form: the message is prefix (may be NULL), then fmt, then
- * suffix (may be NULL); driver_result is what dlsync_last_driver_result
- * reports. The driver layer builds its messages with it. */
-DLSYNC__COLD dlsync_status dlsync__fail_with(dlsync_status status, int driver_result,
-                                             const char *prefix, const char *suffix,
-                                             const char *fmt, va_list ap) DLSYNC__PRINTF(5, 0);
+/* The general form: the message is site->prefix (may be NULL), then fmt,
+ * then site->suffix (may be NULL); site->driver_result is what
+ * dlsync_last_driver_result reports. The driver layer builds its messages
+ * with it. */
+typedef struct dlsync__fail_site {
+  dlsync_status status;
+  int driver_result;
+  const char *prefix;
+  const char *suffix;
+} dlsync__fail_site;
+DLSYNC__COLD dlsync_status dlsync__fail_with(const dlsync__fail_site *site, const char *fmt,
+                                             va_list ap) DLSYNC__PRINTF(2, 0);
 
 /* dlsync__fail with a driver result: a failure seen elsewhere (another
  * thread, an earlier call) reported again with its CUresult. */

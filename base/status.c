@@ -88,15 +88,14 @@ dlsync_status dlsync__fail(dlsync_status status, const char *fmt, ...) {
   return status;
 }
 
-dlsync_status dlsync__fail_with(dlsync_status status, int driver_result, const char *prefix,
-                                const char *suffix, const char *fmt, va_list ap) {
-  set_message(status, driver_result, prefix, fmt, ap);
-  if (suffix != NULL) {
+dlsync_status dlsync__fail_with(const dlsync__fail_site *site, const char *fmt, va_list ap) {
+  set_message(site->status, site->driver_result, site->prefix, fmt, ap);
+  if (site->suffix != NULL) {
     size_t len = strlen(last_error.message);
-    snprintf(last_error.message + len, sizeof last_error.message - len, "%s", suffix);
+    snprintf(last_error.message + len, sizeof last_error.message - len, "%s", site->suffix);
   }
   log_error();
-  return status;
+  return site->status;
 }
 
 dlsync_status dlsync__fail_result(dlsync_status status, int driver_result, const char *fmt, ...) {

@@ -76,7 +76,7 @@ static dlsync_status load_one(dlsync__driver *t, const char *path, bool support)
   }
   r = t->Init(0);
   if (r != CUDA_SUCCESS) {
-    st = dlsync__fail_driver_as(DLSYNC_ERROR_NO_DRIVER, t, r, "cuInit",
+    st = dlsync__fail_driver_as(DLSYNC_ERROR_NO_DRIVER, &(dlsync__driver_call){t, r, "cuInit"},
                                 "%s was loaded but could not initialise: no usable GPU, or the "
                                 "driver and kernel module disagree",
                                 path);
@@ -209,34 +209,35 @@ static dlsync_status status_of_result(CUresult r) {
   }
 }
 
-static dlsync_status fail_driverv(dlsync_status status, const dlsync__driver *d, CUresult result,
-                                  const char *call, const char *fmt, va_list ap)
-    DLSYNC__PRINTF(5, 0);
-static dlsync_status fail_driverv(dlsync_status status, const dlsync__driver *d, CUresult result,
-                                  const char *call, const char *fmt, va_list ap) {
+static dlsync_status fail_driverv(dlsync_status status, const dlsync__driver_call *c,
+                                  const char *fmt, va_list ap) DLSYNC__PRINTF(3, 0);
+static dlsync_status fail_driverv(dlsync_status status, const dlsync__driver_call *c,
+                                  const char *fmt, va_list ap) {
   char prefix[160];
   bool context = fmt != NULL && fmt[0] != '\0';
-  snprintf(prefix, sizeof prefix, "%s failed: %s%s", call, dlsync__driver_error_name(d, result),
-           context ? " (" : "");
-  return dlsync__fail_with(status, (int)result, prefix, context ? ")" : NULL, fmt, ap);
+  snprintf(prefix, sizeof prefix, "%s failed: %s%s", c->call,
+           dlsync__driver_error_name(c->d, c->result), context ? " (" : "");
+  dlsync__fail_site site = {status, (int)c->result, prefix, context ? ")" : NULL};
+  return dlsync__fail_with(&site, fmt, ap);
 }
 
 dlsync_status dlsync__fail_driver(const dlsync__driver *d, CUresult result, const char *call,
                                   const char *fmt, ...) {
+  dlsync__driver_call c = {d, result, call};
   dlsync_status st;
   va_list ap;
   va_start(ap, fmt);
-  st = fail_driverv(status_of_result(result), d, result, call, fmt, ap);
+  st = fail_driverv(status_of_result(result), &c, fmt, ap);
   va_end(ap);
   return st;
 }
 
-dlsync_status dlsync__fail_driver_as(dlsync_status status, const dlsync__driver *d, CUresult result,
-                                     const char *call, const char *fmt, ...) {
+dlsync_status dlsync__fail_driver_as(dlsync_status status, const dlsync__driver_call *c,
+                                     const char *fmt, ...) {
   dlsync_status st;
   va_list ap;
   va_start(ap, fmt);
-  st = fail_driverv(status, d, result, call, fmt, ap);
+  st = fail_driverv(status, c, fmt, ap);
   va_end(ap);
   return st;
 }

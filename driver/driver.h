@@ -187,10 +187,15 @@ DLSYNC__COLD dlsync_status dlsync__fail_driver(const dlsync__driver *d, CUresult
     DLSYNC__PRINTF(4, 5);
 
 /* The same message, reported as `status` whatever the result ("this driver
- * call failed: report it as status X"). */
-DLSYNC__COLD dlsync_status dlsync__fail_driver_as(dlsync_status status, const dlsync__driver *d,
-                                                  CUresult result, const char *call,
-                                                  const char *fmt, ...) DLSYNC__PRINTF(5, 6);
+ * call failed: report it as status X"). The call that failed: */
+typedef struct dlsync__driver_call {
+  const dlsync__driver *d;
+  CUresult result;
+  const char *call; /* its name, "cuInit" */
+} dlsync__driver_call;
+DLSYNC__COLD dlsync_status dlsync__fail_driver_as(dlsync_status status,
+                                                  const dlsync__driver_call *c, const char *fmt,
+                                                  ...) DLSYNC__PRINTF(3, 4);
 
 /* DLSYNC_CU(d, StreamWaitEvent, (s, e, 0), "fmt", args...): calls
  * d->StreamWaitEvent(s, e, 0); on failure sets `st` to the failure, named

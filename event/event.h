@@ -155,20 +155,26 @@ dlsync_status dlsync__hold_new(dlsync__hold **out, uint64_t *gen, dlsync__pool *
 /* Gives back everything the hold holds and ends its life (no CUDA call: a
  * driver thread may call it, from a user object's destructor). */
 void dlsync__hold_release(dlsync__hold *h);
-/* Takes an event of `pool` into h1 (life g1), and also into h2 (life g2)
- * when h2 is non-NULL: the event then comes back once both are given back.
- * Both holds must be of `pool`. DLSYNC_SUCCESS with *out NULL: h1 or h2 is
- * not in that life any more (given back, or made again), nothing taken. */
-dlsync_status dlsync__hold_take(CUevent *out, dlsync__pool *pool, dlsync__hold *h1, uint64_t g1,
-                                dlsync__hold *h2, uint64_t g2);
-/* Takes up to `max` events of `pool` into h (life gen) at once, under one
+/* A hold in one of its lives (passed by value: two registers). */
+typedef struct dlsync__hold_life {
+  dlsync__hold *hold;
+  uint64_t life;
+} dlsync__hold_life;
+/* Takes an event of `pool` into a.hold (life a.life), and also into b.hold
+ * (life b.life) when b.hold is non-NULL: the event then comes back once both
+ * are given back. Both holds must be of `pool`. DLSYNC_SUCCESS with *out
+ * NULL: a or b is not in that life any more (given back, or made again),
+ * nothing taken. */
+dlsync_status dlsync__hold_take(CUevent *out, dlsync__pool *pool, dlsync__hold_life a,
+                                dlsync__hold_life b);
+/* Takes up to `max` events of `pool` into h.hold (life h.life) at once, under one
  * lock: out[0..*n), in the order they came off the free list (at least one,
  * made when none is free). *n = 0 with DLSYNC_SUCCESS: h is not in that
  * life any more, nothing taken. For a thread that keeps the rest for its
  * next orders into the same capture (graph.h): each is the hold's from now
  * on, used or not, and comes back with it. */
 dlsync_status dlsync__hold_take_some(CUevent *out, size_t max, size_t *n, dlsync__pool *pool,
-                                     dlsync__hold *h, uint64_t gen);
+                                     dlsync__hold_life h);
 typedef struct dlsync__pool_stats {
   size_t free_events; /* in the pool now */
   size_t created;     /* cuEventCreate calls made */

@@ -725,8 +725,9 @@ static DLSYNC__INLINE bool hold_put_locked(dlsync__pool *p, CUevent ev, dlsync__
 /* hold_take when the pool has no free event, or a pair is needed and none
  * is free: made outside the lock, then taken. */
 static DLSYNC__NOINLINE dlsync_status hold_take_slow(CUevent *out, dlsync__pool *p,
-                                                     dlsync__hold *h1, uint64_t g1,
-                                                     dlsync__hold *h2, uint64_t g2) {
+                                                     dlsync__hold_life a, dlsync__hold_life b) {
+  dlsync__hold *h1 = a.hold, *h2 = b.hold;
+  uint64_t g1 = a.life, g2 = b.life;
   dlsync_status st = DLSYNC_SUCCESS;
   CUevent ev = NULL;
   hold_pair *pr = NULL;
@@ -769,8 +770,10 @@ cleanup:
   return st;
 }
 
-dlsync_status dlsync__hold_take(CUevent *out, dlsync__pool *p, dlsync__hold *h1, uint64_t g1,
-                                dlsync__hold *h2, uint64_t g2) {
+dlsync_status dlsync__hold_take(CUevent *out, dlsync__pool *p, dlsync__hold_life a,
+                                dlsync__hold_life b) {
+  dlsync__hold *h1 = a.hold, *h2 = b.hold;
+  uint64_t g1 = a.life, g2 = b.life;
   CUevent ev;
   hold_pair *pr = NULL;
   *out = NULL;
@@ -781,7 +784,7 @@ dlsync_status dlsync__hold_take(CUevent *out, dlsync__pool *p, dlsync__hold *h1,
   }
   if (DLSYNC__UNLIKELY(p->nfree == 0 || (h2 != NULL && p->free_pairs == NULL))) {
     dlsync__spin_unlock(&p->lock);
-    return hold_take_slow(out, p, h1, g1, h2, g2);
+    return hold_take_slow(out, p, a, b);
   }
   ev = p->free_events[p->nfree - 1];
   if (h2 != NULL)
@@ -800,7 +803,9 @@ dlsync_status dlsync__hold_take(CUevent *out, dlsync__pool *p, dlsync__hold *h1,
 }
 
 dlsync_status dlsync__hold_take_some(CUevent *out, size_t max, size_t *n, dlsync__pool *p,
-                                     dlsync__hold *h, uint64_t gen) {
+                                     dlsync__hold_life hl) {
+  dlsync__hold *h = hl.hold;
+  uint64_t gen = hl.life;
   size_t k = 0;
   *n = 0;
   dlsync__spin_lock(&p->lock);
@@ -812,7 +817,7 @@ dlsync_status dlsync__hold_take_some(CUevent *out, size_t max, size_t *n, dlsync
     dlsync_status st;
     dlsync__spin_unlock(&p->lock);
     out[0] = NULL;
-    st = hold_take_slow(out, p, h, gen, NULL, 0);
+    st = hold_take_slow(out, p, hl, (dlsync__hold_life){NULL, 0});
     *n = out[0] != NULL ? 1 : 0;
     return st;
   }

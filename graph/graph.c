@@ -89,15 +89,15 @@ cleanup:
 }
 
 dlsync_status dlsync__graph_hold(const dlsync__driver *d, CUgraph *graphs, int ngraphs,
-                                 void (*destroy)(void *), void *ptr, bool *taken) {
+                                 dlsync__graph_object obj, bool *taken) {
   dlsync_status st;
   hold_box *box = dlsync__malloc(sizeof *box);
   *taken = false;
   if (box == NULL)
     return dlsync__fail(DLSYNC_ERROR_OUT_OF_MEMORY, "giving an object to graph %p: out of memory",
                         (void *)graphs[0]);
-  box->destroy = destroy;
-  box->ptr = ptr;
+  box->destroy = obj.destroy;
+  box->ptr = obj.ptr;
   st = hold_give(d, graphs, ngraphs, box, taken);
   if (!*taken)
     dlsync__free(box);
@@ -113,7 +113,8 @@ dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_eve
   dlsync_status st;
   bool taken = false;
   dlsync__held_event_ref(he);
-  st = dlsync__graph_hold(d, graphs, ngraphs, held_event_destroy, he, &taken);
+  st = dlsync__graph_hold(d, graphs, ngraphs, (dlsync__graph_object){held_event_destroy, he},
+                          &taken);
   if (!taken)
     dlsync__held_event_unref(he);
   return st;
@@ -165,7 +166,7 @@ static DLSYNC__NOINLINE dlsync_status hold_make(hold_ref *out, graph_thread *gt,
   CUgraph graph = lane->graph;
   hold_memo *m;
   DLSYNC_TRY(dlsync__hold_new(&h, &life, pool));
-  st = dlsync__graph_hold(ps->drv, &graph, 1, hold_destroy, h, &taken);
+  st = dlsync__graph_hold(ps->drv, &graph, 1, (dlsync__graph_object){hold_destroy, h}, &taken);
   if (!taken)
     dlsync__hold_release(h); /* empty: nothing to give back */
   /* taken with an error: the graph did not take it, and its destructor gave
@@ -227,7 +228,7 @@ static dlsync_status hold_take_reserve(CUevent *out, graph_thread *gt, dlsync__p
       mine = &gt->memo[i];
   if (mine != NULL && mine->taken > 1)
     want = mine->taken < DLSYNC__HOLD_RESERVE ? mine->taken : DLSYNC__HOLD_RESERVE;
-  st = dlsync__hold_take_some(got, want, &n, pool, m->hold, m->life);
+  st = dlsync__hold_take_some(got, want, &n, pool, (dlsync__hold_life){m->hold, m->life});
   if (st != DLSYNC_SUCCESS || n == 0)
     return st;
   *out = got[0];
@@ -250,16 +251,17 @@ static DLSYNC__COLD dlsync_status hold_lost(const dlsync__lane_now *lane) {
 
 dlsync_status dlsync__graph_capture_event_slow(CUevent *out, dlsync__thread *t,
                                                const dlsync__pools *ps, dlsync__pool *pool,
-                                               const dlsync__lane_now *a,
-                                               const dlsync__lane_now *b) {
+                                               dlsync__lane_pair ab) {
   dlsync_status st = DLSYNC_SUCCESS;
+  const dlsync__lane_now *a = ab.a, *b = ab.b;
   graph_thread *gt = dlsync__graph_thread_of(t);
   for (int tries = 0; tries < 2; tries++) {
     hold_ref ma, mb = {NULL, 0, 0};
     DLSYNC_TRY(hold_for(&ma, gt, ps, pool, a));
     if (b != NULL) {
       DLSYNC_TRY(hold_for(&mb, gt, ps, pool, b));
-      DLSYNC_TRY(dlsync__hold_take(out, pool, ma.hold, ma.life, mb.hold, mb.life));
+      DLSYNC_TRY(dlsync__hold_take(out, pool, (dlsync__hold_life){ma.hold, ma.life},
+                                   (dlsync__hold_life){mb.hold, mb.life}));
     } else {
       DLSYNC_TRY(hold_take_reserve(out, gt, pool, &ma));
     }
@@ -428,7 +430,8 @@ static DLSYNC__NOINLINE dlsync_status built_open(built_memo *m, graph_thread *gt
   if (gt->built_keyed && m->taken > 1)
     want = m->taken < DLSYNC__BUILT_BATCH ? m->taken : DLSYNC__BUILT_BATCH;
   DLSYNC_TRY(dlsync__hold_new(&h, &life, pool));
-  DLSYNC_TRY(dlsync__hold_take_some(got, want, &n, pool, h, life)); /* a new hold: never stale */
+  DLSYNC_TRY(dlsync__hold_take_some(got, want, &n, pool,
+                                    (dlsync__hold_life){h, life})); /* a new hold: never stale */
   box->destroy = hold_destroy;
   box->ptr = h;
   box->next = NULL;
@@ -471,7 +474,7 @@ static DLSYNC__COLD dlsync_status built_release_failed(const dlsync__driver *d, 
 
 dlsync_status dlsync__graph_built_event_slow(CUevent *out, dlsync__thread *t,
                                              const dlsync__pools *ps, dlsync__pool *pool,
-                                             dlsync__lane_now *const *lanes, int nlanes) {
+                                             dlsync__lane_list ls) {
   dlsync_status st = DLSYNC_SUCCESS;
   const dlsync__driver *d = ps->drv;
   graph_thread *gt = dlsync__graph_thread_of(t);
@@ -484,7 +487,7 @@ dlsync_status dlsync__graph_built_event_slow(CUevent *out, dlsync__thread *t,
   ev = m->reserve[--m->nreserve];
   {
     CUresult r = CUDA_SUCCESS;
-    const dlsync__lane_now *refused = dlsync__graph_built_retain(d, m, lanes, nlanes, &took, &r);
+    const dlsync__lane_now *refused = dlsync__graph_built_retain(d, m, ls, &took, &r);
     if (DLSYNC__UNLIKELY(refused != NULL)) {
       st = dlsync__graph_built_retain_failed(d, r, refused);
       goto cleanup;
@@ -559,9 +562,12 @@ size_t dlsync__graph_built_unused(const dlsync__pools *ps) {
   return n;
 }
 
-dlsync_status dlsync__graph_event_node_failed(const dlsync__driver *d, CUresult r, CUgraph graph,
-                                              const CUgraphNode *deps, size_t ndeps, bool record,
-                                              const char *role) {
+dlsync_status dlsync__graph_event_node_failed(const dlsync__driver *d, CUresult r,
+                                              const dlsync__lane_now *l, const CUgraphNode *deps,
+                                              bool record) {
+  CUgraph graph = l->graph;
+  size_t ndeps = l->ndeps;
+  const char *role = l->role;
   dlsync_status st =
       dlsync__fail_driver(d, r, record ? "cuGraphAddEventRecordNode" : "cuGraphAddEventWaitNode",
                           "%s lane, graph %p, after %zu node(s)", role, (void *)graph, ndeps);
@@ -646,7 +652,7 @@ static DLSYNC__COLD dlsync_status child_refused(const dlsync__driver *d, CUresul
     }
     if (cond + alloc + freed > 0)
       return dlsync__fail_driver_as(
-          DLSYNC_ERROR_INVALID_ARGUMENT, d, r, "cuGraphAddChildGraphNode",
+          DLSYNC_ERROR_INVALID_ARGUMENT, &(dlsync__driver_call){d, r, "cuGraphAddChildGraphNode"},
           "graph %p cannot run as a child graph in the %s lane's graph %p: it holds %d "
           "conditional, %d memory-allocation and %d memory-free node(s), which CUDA does not "
           "admit in a child graph; nothing was added. Launch its executable on an eager stream "

@@ -23,13 +23,12 @@ extern "C" {
 /* out (may be NULL): the node it added. */
 dlsync_status dlsync__graph_append_event_node(const dlsync__driver *d, dlsync__lane_now *lane,
                                               CUevent event, bool record, CUgraphNode *out);
-/* A failed cuGraphAddEvent*Node (the error, and whether a dependency is
- * from another graph), and a failed cuStreamUpdateCaptureDependencies after
- * it (cold, graph.c). */
+/* A failed cuGraphAddEvent*Node after deps[0..l->ndeps) in l's graph (the
+ * error, and whether a dependency is from another graph), and a failed
+ * cuStreamUpdateCaptureDependencies after it (cold, graph.c). */
 DLSYNC__COLD dlsync_status dlsync__graph_event_node_failed(const dlsync__driver *d, CUresult r,
-                                                           CUgraph graph, const CUgraphNode *deps,
-                                                           size_t ndeps, bool record,
-                                                           const char *role);
+                                                           const dlsync__lane_now *l,
+                                                           const CUgraphNode *deps, bool record);
 DLSYNC__COLD dlsync_status dlsync__graph_capture_set_failed(const dlsync__driver *d, CUresult r,
                                                             const dlsync__lane_now *lane);
 /* dlsync__graph_append_event for a capturing lane, inline (the capture rows
@@ -45,7 +44,7 @@ static inline dlsync_status dlsync__graph_append_capture_event(const dlsync__dri
   CUresult r = record ? d->GraphAddEventRecordNode(&node, l->graph, deps, l->ndeps, event)
                       : d->GraphAddEventWaitNode(&node, l->graph, deps, l->ndeps, event);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS))
-    return dlsync__graph_event_node_failed(d, r, l->graph, deps, l->ndeps, record, l->role);
+    return dlsync__graph_event_node_failed(d, r, l, deps, record);
   r = d->StreamUpdateCaptureDependencies(l->stream, &node, NULL, 1,
                                          CU_STREAM_SET_CAPTURE_DEPENDENCIES);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS))
@@ -67,7 +66,7 @@ static inline dlsync_status dlsync__graph_append_built_event(const dlsync__drive
   CUresult r = record ? d->GraphAddEventRecordNode(&node, l->graph, l->deps, l->ndeps, event)
                       : d->GraphAddEventWaitNode(&node, l->graph, l->deps, l->ndeps, event);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS))
-    return dlsync__graph_event_node_failed(d, r, l->graph, l->deps, l->ndeps, record, l->role);
+    return dlsync__graph_event_node_failed(d, r, l, l->deps, record);
   lane->deps[0] = node;
   lane->ndeps = 1;
   l->deps = (const CUgraphNode *)lane->deps;
@@ -93,13 +92,19 @@ dlsync_status dlsync__graph_launch_at(const dlsync__driver *d, const struct dlsy
                                       CUgraph graph, CUgraphExec exec, dlsync_lane *lane);
 /* Adds one node to a graph lane's frontier (no node added to the graph). */
 dlsync_status dlsync__graph_lane_add_dep(dlsync__lane_now *lane, CUgraphNode node);
-/* Gives `ptr` to the graphs: one user object (destructor `destroy`, run on a
- * driver thread, no CUDA calls) that each graph holds a reference to. Once
- * *taken is true the destructor owns ptr and runs exactly once, when every
- * graph and executable holding it is gone (at once if none took it); while
- * false, ptr is still the caller's. */
+/* What a graph is given: ptr, and its destructor (passed by value: two
+ * registers). */
+typedef struct dlsync__graph_object {
+  void (*destroy)(void *);
+  void *ptr;
+} dlsync__graph_object;
+/* Gives `obj.ptr` to the graphs: one user object (destructor `obj.destroy`,
+ * run on a driver thread, no CUDA calls) that each graph holds a reference
+ * to. Once *taken is true the destructor owns ptr and runs exactly once,
+ * when every graph and executable holding it is gone (at once if none took
+ * it); while false, ptr is still the caller's. */
 dlsync_status dlsync__graph_hold(const dlsync__driver *d, CUgraph *graphs, int ngraphs,
-                                 void (*destroy)(void *), void *ptr, bool *taken);
+                                 dlsync__graph_object obj, bool *taken);
 /* The graphs hold a reference to `he` (taken from the caller's count of
  * one; the caller keeps its own). */
 dlsync_status dlsync__graph_hold_event(const dlsync__driver *d, dlsync__held_event *he,
@@ -228,22 +233,34 @@ static inline CUevent dlsync__graph_capture_event_reserved(dlsync__thread *t,
   return m->reserve[--m->nreserve];
 }
 
+/* The captures an event goes into: a's, and b's too when b is non-NULL
+ * (passed by value: two registers). */
+typedef struct dlsync__lane_pair {
+  const dlsync__lane_now *a, *b;
+} dlsync__lane_pair;
+/* The lanes whose graphs an event goes into: lanes[0..n) (passed by value:
+ * two registers). */
+typedef struct dlsync__lane_list {
+  dlsync__lane_now *const *lanes;
+  int n;
+} dlsync__lane_list;
+
 /* dlsync__graph_capture_event without an event at hand (reserved, or a
  * live hold remembered for a and b): makes the holds, then takes. */
 dlsync_status dlsync__graph_capture_event_slow(CUevent *out, dlsync__thread *t,
                                                const dlsync__pools *ps, dlsync__pool *pool,
-                                               const dlsync__lane_now *a,
-                                               const dlsync__lane_now *b);
+                                               dlsync__lane_pair ab);
 
-/* An event of `pool` that a's capture holds, and b's too when b is non-NULL
- * (another capture): it returns to the pool once their graphs are gone. t:
+/* An event of `pool` that ab.a's capture holds, and ab.b's too when ab.b is
+ * non-NULL (another capture): it returns to the pool once their graphs are
+ * gone. t:
  * the calling thread's block. For one capture, from the thread's reserve
  * when it has one (dlsync__graph_capture_event_reserved). */
 static DLSYNC__INLINE dlsync_status dlsync__graph_capture_event(CUevent *out, dlsync__thread *t,
                                                                 const dlsync__pools *ps,
                                                                 dlsync__pool *pool,
-                                                                const dlsync__lane_now *a,
-                                                                const dlsync__lane_now *b) {
+                                                                dlsync__lane_pair ab) {
+  const dlsync__lane_now *a = ab.a, *b = ab.b;
   dlsync__graph_thread *gt = dlsync__graph_thread_of(t);
   const dlsync__hold_memo *ma, *mb;
   dlsync_status st;
@@ -251,19 +268,20 @@ static DLSYNC__INLINE dlsync_status dlsync__graph_capture_event(CUevent *out, dl
     *out = dlsync__graph_capture_event_reserved(t, ps, pool, a->capture_id);
     if (DLSYNC__LIKELY(*out != NULL))
       return DLSYNC_SUCCESS;
-    return dlsync__graph_capture_event_slow(out, t, ps, pool, a, NULL);
+    return dlsync__graph_capture_event_slow(out, t, ps, pool, ab);
   }
   ma = dlsync__hold_find(gt, ps->generation, pool, a->capture_id);
   mb = dlsync__hold_find(gt, ps->generation, pool, b->capture_id);
   if (DLSYNC__UNLIKELY(ma == NULL || mb == NULL))
-    return dlsync__graph_capture_event_slow(out, t, ps, pool, a, b);
-  st = dlsync__hold_take(out, pool, ma->hold, ma->life, mb->hold, mb->life);
+    return dlsync__graph_capture_event_slow(out, t, ps, pool, ab);
+  st = dlsync__hold_take(out, pool, (dlsync__hold_life){ma->hold, ma->life},
+                         (dlsync__hold_life){mb->hold, mb->life});
   if (DLSYNC__LIKELY(*out != NULL) || st != DLSYNC_SUCCESS)
     return st;
-  return dlsync__graph_capture_event_slow(out, t, ps, pool, a, b); /* not live any more */
+  return dlsync__graph_capture_event_slow(out, t, ps, pool, ab); /* not live any more */
 }
 
-/* An event of `pool` for the graphs of lanes[0..nlanes) (at most 2: built
+/* An event of `pool` for the graphs of ls.lanes[0..ls.n) (at most 2: built
  * lanes, and capturing ones whose row puts a node in a built graph; eager
  * lanes are skipped), from the thread's open batch of that pool (made when
  * it has none): each of those graphs retains the batch's user object. On
@@ -273,16 +291,19 @@ static DLSYNC__INLINE dlsync_status dlsync__graph_capture_event(CUevent *out, dl
  * the _slow part opens a batch, or takes its last event and closes it. */
 dlsync_status dlsync__graph_built_event_slow(CUevent *out, dlsync__thread *t,
                                              const dlsync__pools *ps, dlsync__pool *pool,
-                                             dlsync__lane_now *const *lanes, int nlanes);
+                                             dlsync__lane_list ls);
 DLSYNC__COLD dlsync_status dlsync__graph_built_retain_failed(const dlsync__driver *d, CUresult r,
                                                              const dlsync__lane_now *l);
-/* Each graph of lanes[0..nlanes) retains m's batch (eager lanes none; a
+/* Each graph of ls.lanes[0..ls.n) retains m's batch (eager lanes none; a
  * capture's graph once per capture and batch). *took: the last graph that
  * did (unchanged when none). Returns the lane whose graph refused (*r: the
  * driver's result), NULL when all took it. */
-static inline const dlsync__lane_now *
-dlsync__graph_built_retain(const dlsync__driver *d, dlsync__built_memo *m,
-                           dlsync__lane_now *const *lanes, int nlanes, CUgraph *took, CUresult *r) {
+static inline const dlsync__lane_now *dlsync__graph_built_retain(const dlsync__driver *d,
+                                                                 dlsync__built_memo *m,
+                                                                 dlsync__lane_list ls,
+                                                                 CUgraph *took, CUresult *r) {
+  dlsync__lane_now *const *lanes = ls.lanes;
+  int nlanes = ls.n;
   for (int i = 0; i < nlanes; i++) {
     const dlsync__lane_now *l = lanes[i];
     if (l->kind == DLSYNC_LANE_EAGER ||
@@ -300,7 +321,7 @@ dlsync__graph_built_retain(const dlsync__driver *d, dlsync__built_memo *m,
 }
 static inline dlsync_status dlsync__graph_built_event(CUevent *out, dlsync__thread *t,
                                                       const dlsync__pools *ps, dlsync__pool *pool,
-                                                      dlsync__lane_now *const *lanes, int nlanes) {
+                                                      dlsync__lane_list ls) {
   dlsync__graph_thread *gt = dlsync__graph_thread_of(t);
   for (unsigned k = 0; k < DLSYNC__BUILT_MEMOS; k++) {
     dlsync__built_memo *m = &gt->built[k];
@@ -315,14 +336,14 @@ static inline dlsync_status dlsync__graph_built_event(CUevent *out, dlsync__thre
     const dlsync__lane_now *refused;
     gt->built_last = k;
     *out = m->reserve[--m->nreserve];
-    refused = dlsync__graph_built_retain(ps->drv, m, lanes, nlanes, &took, &r);
+    refused = dlsync__graph_built_retain(ps->drv, m, ls, &took, &r);
     if (DLSYNC__UNLIKELY(refused != NULL)) {
       *out = NULL; /* unused, in the batch: back with it */
       return dlsync__graph_built_retain_failed(ps->drv, r, refused);
     }
     return DLSYNC_SUCCESS;
   }
-  return dlsync__graph_built_event_slow(out, t, ps, pool, lanes, nlanes);
+  return dlsync__graph_built_event_slow(out, t, ps, pool, ls);
 }
 /* Closes every thread's open batches of the pools `ps` (each thread's
  * reference dropped: their unused events come back once their graphs are

@@ -55,7 +55,7 @@ dlsync_status dlsync__context_create_with_driver(dlsync_context **out,
   {
     CUresult r = drv->Init(0);
     if (r != CUDA_SUCCESS) {
-      st = dlsync__fail_driver_as(DLSYNC_ERROR_NO_DRIVER, drv, r, "cuInit",
+      st = dlsync__fail_driver_as(DLSYNC_ERROR_NO_DRIVER, &(dlsync__driver_call){drv, r, "cuInit"},
                                   "the driver (%s) could not initialise: no usable GPU, or the "
                                   "driver and kernel module disagree",
                                   drv->origin != NULL ? drv->origin : "?");

@@ -41,13 +41,14 @@ static DLSYNC__INLINE void pre_init(fast_pre *pre, dlsync__op op, dlsync_lane *f
   pre->ex = ex;
 }
 
-/* The general path of dlsync_order and begin: the lanes opened (what the
- * fast path read is not read again), the hint for the fast path's queries
+/* The general path of dlsync_order and begin (pre->op): the lanes opened
+ * (what the fast path read is not read again), the hint for the fast path's queries
  * noted, the row classified and carried out; step (may be NULL) says which
  * row it was. */
 static dlsync_status order_general(dlsync__thread *t, dlsync_context *ctx, fast_pre *pre,
-                                   dlsync__op op, dlsync__order_step *step, bool keep_edges) {
+                                   dlsync__order_step *step, bool keep_edges) {
   dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__op op = pre->op;
   dlsync__order_step local;
   pool_pick pool;
   if (step == NULL)
@@ -87,7 +88,7 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
       return st;
     pre_init(&pre, DLSYNC__OP_ORDER, first, then, NULL); /* nothing read */
   }
-  st = order_general(t, ctx, &pre, DLSYNC__OP_ORDER, NULL, false);
+  st = order_general(t, ctx, &pre, NULL, false);
   return st;
 }
 
@@ -103,11 +104,19 @@ static dlsync_status refuse_flags(const char *fn, uint32_t flags) {
                       (unsigned)DLSYNC_EXCHANGE_KEEP_EDGE_DATA);
 }
 
+/* The two sides of a begun exchange: the producer and consumer lanes the
+ * caller gave, and p, c: as read. */
+typedef struct exchange_sides {
+  dlsync_lane *producer, *consumer;
+  const dlsync__lane_now *p, *c;
+} exchange_sides;
+
 /* A begun exchange's record, as begin found the lanes and carried out the
- * row (the producer and consumer lanes the caller gave; p, c: as read). */
-static void exchange_fill(dlsync_exchange *ex, dlsync_lane *producer, dlsync_lane *consumer,
-                          const dlsync__lane_now *p, const dlsync__lane_now *c, dlsync__row row,
+ * row. */
+static void exchange_fill(dlsync_exchange *ex, const exchange_sides *sides, dlsync__row row,
                           uint32_t flags) {
+  dlsync_lane *producer = sides->producer, *consumer = sides->consumer;
+  const dlsync__lane_now *p = sides->p, *c = sides->c;
   ex->bits = 0;
   ex->producer_stream = producer->stream;
   ex->consumer_stream = consumer->stream;
@@ -165,15 +174,14 @@ static DLSYNC__NOINLINE dlsync_status begin_general(dlsync_exchange **out, dlsyn
   }
   ex->bits = 0;
   step.row = DLSYNC__ROW_SAME_STREAM;
-  DLSYNC_TRY(order_general(t, ctx, pre, DLSYNC__OP_BEGIN, &step,
-                           (flags & DLSYNC_EXCHANGE_KEEP_EDGE_DATA) != 0));
+  DLSYNC_TRY(order_general(t, ctx, pre, &step, (flags & DLSYNC_EXCHANGE_KEEP_EDGE_DATA) != 0));
   if (pre->opened.same) {
     ex->bits = EX_SAME; /* its end has nothing to do */
     *out = exchange_publish(ex, ctx);
     ex = NULL;
     goto cleanup;
   }
-  exchange_fill(ex, producer, consumer, p, c, step.row, flags);
+  exchange_fill(ex, &(exchange_sides){producer, consumer, p, c}, step.row, flags);
   *out = exchange_publish(ex, ctx);
   ex = NULL;
 cleanup:
@@ -184,9 +192,10 @@ cleanup:
 /* begin_general before the fast path has read anything. */
 static DLSYNC__INLINE dlsync_status begin_unread(dlsync_exchange **out, dlsync_context *ctx,
                                                  dlsync_lane *producer, dlsync_lane *consumer,
-                                                 uint32_t flags, fast_pre *pre) {
-  pre_init(pre, DLSYNC__OP_BEGIN, producer, consumer, NULL);
-  return begin_general(out, ctx, pre, flags);
+                                                 uint32_t flags) {
+  fast_pre pre;
+  pre_init(&pre, DLSYNC__OP_BEGIN, producer, consumer, NULL);
+  return begin_general(out, ctx, &pre, flags);
 }
 
 dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context *ctx,
@@ -203,7 +212,7 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
   if (DLSYNC__UNLIKELY(out == NULL || ctx == NULL ||
                        (flags & ~(uint32_t)DLSYNC_EXCHANGE_CAPTURE_STABLE) != 0 ||
                        !plain_stream_lane(producer) || !plain_stream_lane(consumer)))
-    return begin_unread(out, ctx, producer, consumer, flags, &pre);
+    return begin_unread(out, ctx, producer, consumer, flags);
   t = dlsync__thread_get();
   ex = t->spare;
   if (DLSYNC__UNLIKELY(ex == NULL)) {
@@ -212,14 +221,14 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
     exchange_free(t, dlsync__exchange_make()); /* the thread's spare from now on */
     ex = t->spare;
     if (ex == NULL)
-      return begin_unread(out, ctx, producer, consumer, flags, &pre);
+      return begin_unread(out, ctx, producer, consumer, flags);
   }
   if (DLSYNC__UNLIKELY(producer->stream == consumer->stream)) {
     /* SAME_STREAM: already ordered; one status query, for its errors. */
     CUstreamCaptureStatus cs;
     CUresult r;
     if (dlsync__is_special_stream(producer->stream) || dlsync__log_on(DLSYNC__LOG_TRACE))
-      return begin_unread(out, ctx, producer, consumer, flags, &pre);
+      return begin_unread(out, ctx, producer, consumer, flags);
     r = ctx->drv->StreamIsCapturing(producer->stream, &cs);
     *out = NULL;
     if (r != CUDA_SUCCESS)
@@ -433,6 +442,21 @@ typedef struct fan_consumer {
   char role[32];
 } fan_consumer;
 
+/* One fan-out being begun: the caller's arguments, the consumers as read
+ * (fan[0..n)), the producer as read (pn), and the consumers' parts published
+ * so far (parts[0..nparts)). */
+typedef struct fan_job {
+  dlsync_context *ctx;
+  dlsync_lane *producer;
+  dlsync_lane *consumers;
+  size_t n;
+  uint32_t flags;
+  fan_consumer *fan;
+  dlsync__lane_now *pn;
+  dlsync_exchange **parts;
+  size_t nparts;
+} fan_job;
+
 #define FAN_INLINE 8
 
 /* Two lanes of a fan-out that are one: the same stream (legacy handles
@@ -476,12 +500,12 @@ cleanup:
   return st;
 }
 
-/* The consumer's part published: its end orders the producer after it. */
-static void fan_publish(dlsync_exchange **parts, size_t *nparts, fan_consumer *fc,
-                        dlsync_context *ctx, dlsync_lane *producer, dlsync_lane *consumer,
-                        const dlsync__lane_now *pn, dlsync__row row, uint32_t flags) {
-  exchange_fill(fc->rec, producer, consumer, pn, &fc->now, row, flags);
-  parts[(*nparts)++] = exchange_publish(fc->rec, ctx);
+/* Consumer i's part published: its end orders the producer after it. */
+static void fan_publish(fan_job *job, size_t i, dlsync__row row) {
+  fan_consumer *fc = &job->fan[i];
+  exchange_sides sides = {job->producer, &job->consumers[i], job->pn, &fc->now};
+  exchange_fill(fc->rec, &sides, row, job->flags);
+  job->parts[job->nparts++] = exchange_publish(fc->rec, job->ctx);
   fc->rec = NULL;
 }
 
@@ -491,10 +515,12 @@ static void fan_publish(dlsync_exchange **parts, size_t *nparts, fan_consumer *f
  * from the memo unchecked: the record says whether the event is of the
  * producer's context; then the memo is forgotten and an event of the right
  * pool taken, as in dlsync__row_record_wait. */
-static dlsync_status fan_plain(dlsync_context *ctx, dlsync_lane *producer, dlsync_lane *consumers,
-                               fan_consumer *fan, size_t n, const dlsync__lane_now *pn,
-                               dlsync_exchange **parts, size_t *nparts, uint32_t flags) {
+static dlsync_status fan_plain(fan_job *job) {
   dlsync_status st = DLSYNC_SUCCESS;
+  dlsync_context *ctx = job->ctx;
+  dlsync_lane *producer = job->producer, *consumers = job->consumers;
+  const fan_consumer *fan = job->fan;
+  size_t n = job->n;
   const dlsync__driver *d = ctx->drv;
   pool_pick pk;
   CUevent ev = NULL;
@@ -538,7 +564,7 @@ static dlsync_status fan_plain(dlsync_context *ctx, dlsync_lane *producer, dlsyn
       st = dlsync__fail_wait(ctx, r, p, &rl);
       goto cleanup;
     }
-    fan_publish(parts, nparts, &fan[i], ctx, producer, &consumers[i], pn, fan[i].row, flags);
+    fan_publish(job, i, fan[i].row);
   }
 cleanup:
   if (ev != NULL)
@@ -550,9 +576,12 @@ cleanup:
  * order, by the general path, the lanes read again (the producer's frontier
  * moves with each node added). A consumer in a graph that an earlier one's
  * order gave its wait node takes edges from that consumer instead. */
-static dlsync_status fan_graph(dlsync_context *ctx, dlsync_lane *producer, dlsync_lane *consumers,
-                               fan_consumer *fan, size_t i, dlsync__row *row, uint32_t flags) {
+static dlsync_status fan_graph(const fan_job *job, size_t i, dlsync__row *row) {
   dlsync_status st = DLSYNC_SUCCESS;
+  dlsync_context *ctx = job->ctx;
+  dlsync_lane *producer = job->producer, *consumers = job->consumers;
+  const fan_consumer *fan = job->fan;
+  uint32_t flags = job->flags;
   dlsync__lanes_opened opened;
   dlsync__order_step step;
   pool_pick pk;
@@ -582,9 +611,13 @@ cleanup:
 /* Reads the producer and every consumer, classifies each pair, refuses
  * (nothing queued) a row that cannot be carried out, and checks the room of
  * built lanes that get a node. */
-static dlsync_status fan_read(dlsync_context *ctx, dlsync_lane *producer, dlsync_lane *consumers,
-                              fan_consumer *fan, size_t n, dlsync__lane_now *pn) {
+static dlsync_status fan_read(const fan_job *job) {
   dlsync_status st = DLSYNC_SUCCESS;
+  dlsync_context *ctx = job->ctx;
+  dlsync_lane *producer = job->producer, *consumers = job->consumers;
+  fan_consumer *fan = job->fan;
+  size_t n = job->n;
+  dlsync__lane_now *pn = job->pn;
   const dlsync__driver *d = ctx->drv;
   bool record_node = false;
   DLSYNC_TRY(dlsync__lane_read(pn, d, producer, "producer"));
@@ -616,9 +649,10 @@ dlsync_status dlsync_exchange_begin_fanout(dlsync_exchange **out, dlsync_context
   dlsync__thread *t = NULL;
   dlsync_exchange *ex = NULL;
   dlsync_exchange **parts = NULL;
-  size_t nparts = 0, nplain = 0;
+  size_t nplain = 0;
   fan_consumer fan_inline[FAN_INLINE], *fan = NULL;
   dlsync__lane_now pn;
+  fan_job job = {ctx, producer, consumers, n, flags, NULL, &pn, NULL, 0};
   if (out == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "dlsync_exchange_begin_fanout: out is NULL");
   *out = NULL;
@@ -663,7 +697,9 @@ dlsync_status dlsync_exchange_begin_fanout(dlsync_exchange **out, dlsync_context
   }
   /* Every lane read and every pair classified; the refusals say so before
    * anything is queued. */
-  DLSYNC_TRY(fan_read(ctx, producer, consumers, fan, n, &pn));
+  job.fan = fan;
+  job.parts = parts;
+  DLSYNC_TRY(fan_read(&job));
   /* Consumers in the producer's capture: edges only, the producer's
    * dependencies added to each (before any call on the producer's stream,
    * so its array, when too long to have been copied, is still valid). */
@@ -677,14 +713,14 @@ dlsync_status dlsync_exchange_begin_fanout(dlsync_exchange **out, dlsync_context
       dlsync__trace_row(DLSYNC__OP_BEGIN, fan[i].row, &pn, &fan[i].now, st);
     if (st != DLSYNC_SUCCESS)
       goto cleanup;
-    fan_publish(parts, &nparts, &fan[i], ctx, producer, &consumers[i], &pn, fan[i].row, flags);
+    fan_publish(&job, i, fan[i].row);
   }
   /* Eager consumers (and eager ones of a capture, which join it): one
    * record, a wait each. */
   for (size_t i = 0; i < n; i++)
     nplain += fan[i].row == DLSYNC__ROW_EAGER_EAGER || fan[i].row == DLSYNC__ROW_JOIN;
   if (nplain > 0) {
-    st = fan_plain(ctx, producer, consumers, fan, n, &pn, parts, &nparts, flags);
+    st = fan_plain(&job);
     if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
       for (size_t i = 0; i < n; i++)
         if (fan[i].row == DLSYNC__ROW_EAGER_EAGER || fan[i].row == DLSYNC__ROW_JOIN)
@@ -698,24 +734,24 @@ dlsync_status dlsync_exchange_begin_fanout(dlsync_exchange **out, dlsync_context
     if (row == DLSYNC__ROW_SAME_CAPTURE || row == DLSYNC__ROW_EAGER_EAGER ||
         row == DLSYNC__ROW_JOIN)
       continue;
-    DLSYNC_TRY(fan_graph(ctx, producer, consumers, fan, i, &row, flags));
-    fan_publish(parts, &nparts, &fan[i], ctx, producer, &consumers[i], &pn, row, flags);
+    DLSYNC_TRY(fan_graph(&job, i, &row));
+    fan_publish(&job, i, row);
   }
   ex->bits = EX_MANY;
   ex->many = parts;
-  ex->nmany = nparts;
+  ex->nmany = job.nparts;
   if (DLSYNC__UNLIKELY(dlsync__log_on(DLSYNC__LOG_TRACE)))
     dlsync__log(DLSYNC__LOG_TRACE, "begin_fanout: %zu consumers (%zu by one event)", n, nplain);
   *out = exchange_publish(ex, ctx);
   ex = NULL;
   parts = NULL;
-  nparts = 0;
+  job.nparts = 0;
 cleanup:
-  if (nparts > 0) {
+  if (job.nparts > 0) {
     /* Order back what was ordered; the error stays the first failure's. */
     kept_error k;
     kept_save(&k, st);
-    (void)end_parts(parts, nparts);
+    (void)end_parts(parts, job.nparts);
     kept_restore(&k);
   }
   if (t != NULL) {

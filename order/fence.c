@@ -506,9 +506,9 @@ static bool handle_error(CUresult r) {
  * errors say nothing of a capture here), or OUT_OF_MEMORY. */
 static dlsync_status import_check_failed(const dlsync__driver *d, CUresult r, const char *call,
                                          const char *what, CUevent event) {
-  return dlsync__fail_driver_as(r == CUDA_ERROR_OUT_OF_MEMORY ? DLSYNC_ERROR_OUT_OF_MEMORY
-                                                              : DLSYNC_ERROR_DRIVER,
-                                d, r, call, "%s event %p", what, (void *)event);
+  return dlsync__fail_driver_as(
+      r == CUDA_ERROR_OUT_OF_MEMORY ? DLSYNC_ERROR_OUT_OF_MEMORY : DLSYNC_ERROR_DRIVER,
+      &(dlsync__driver_call){d, r, call}, "%s event %p", what, (void *)event);
 }
 
 /* The event's state as cuEventQuery tells it, asked in the RELAXED capture

@@ -8,7 +8,7 @@
 
 dlsync_status dlsync__order_row(dlsync_context *ctx, dlsync__order_step *step, pool_pick *pk,
                                 dlsync__lane_now *first, dlsync__lane_now *then) {
-  return order_row_inline(ctx, step, pk, first, then, true);
+  return order_row_inline(ctx, step, pk, (row_lanes){first, then}, true);
 }
 
 dlsync_status dlsync__order_lanes(dlsync_context *ctx, dlsync__op op, dlsync_lane *first,
@@ -120,5 +120,6 @@ dlsync_status dlsync__order_graph_fast(dlsync_context *ctx, dlsync__thread *t, d
   step.op = DLSYNC__OP_ORDER;
   step.first_pending = false;
   step.keep_edges = false;
-  return order_row_inline(ctx, &step, &pk, &a, &b, false); /* TRACE: not here (above) */
+  /* TRACE: not here (above) */
+  return order_row_inline(ctx, &step, &pk, (row_lanes){&a, &b}, false);
 }

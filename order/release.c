@@ -253,7 +253,8 @@ static DLSYNC__NOINLINE dlsync_status release_general(dlsync_context *ctx, dlsyn
     goto cleanup;
   }
   dlsync__book_add_graph(it->book);
-  st = dlsync__graph_hold(ctx->drv, &l->graph, 1, release_from_graph, it, &taken);
+  st = dlsync__graph_hold(ctx->drv, &l->graph, 1, (dlsync__graph_object){release_from_graph, it},
+                          &taken);
   if (taken) {
     /* From here the destructor owns the item (and its book entry). On
      * failure no graph holds it and the destructor has run or will run

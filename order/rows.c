@@ -52,7 +52,7 @@ dlsync_status dlsync__fail_wait(dlsync_context *ctx, CUresult r, dlsync__pair p,
   }
   if (df >= 0 && dt >= 0 && df != dt) {
     return dlsync__fail_driver_as(
-        DLSYNC_ERROR_CROSS_DEVICE, d, r, "cuStreamWaitEvent",
+        DLSYNC_ERROR_CROSS_DEVICE, &(dlsync__driver_call){d, r, "cuStreamWaitEvent"},
         "%s stream %p on device %d waiting for %s stream %p on device %d: the driver refused to "
         "order work across the two devices",
         roles->then, (void *)p.then, dt, roles->first, (void *)p.first, df);
@@ -358,6 +358,7 @@ typedef struct hoist_plan {
   CUgraphNode first_node; /* ... after this conditional node */
   CUgraph then_graph;     /* then: the wait node's graph ... */
   CUgraphNode then_node;  /* ... ahead of this conditional node */
+  const char *row;        /* the row's name, for messages */
 } hoist_plan;
 
 /* The row with its event node(s) moved out of the body: a record node
@@ -366,8 +367,9 @@ typedef struct hoist_plan {
  * that is not in a body as the row does it. One event, from a batch that
  * every graph given a node retains. */
 static dlsync_status hoist(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now *first,
-                           dlsync__lane_now *then, const hoist_plan *h, const char *row) {
+                           dlsync__lane_now *then, const hoist_plan *h) {
   dlsync_status st = DLSYNC_SUCCESS;
+  const char *row = h->row;
   const dlsync__driver *d = ctx->drv;
   dlsync__lane_now pf, pt, *lanes[2];
   int nl = 0;
@@ -386,7 +388,8 @@ static dlsync_status hoist(dlsync_context *ctx, pool_pick *pk, dlsync__lane_now 
   } else {
     lanes[nl++] = then;
   }
-  DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, lanes, nl));
+  DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool,
+                                       (dlsync__lane_list){lanes, nl}));
   if (h->first) {
     DLSYNC_CU(d, GraphAddEventRecordNode, (&rec, h->first_graph, &h->first_node, 1, ev),
               "%s: the %s lane's graph %p is a conditional node's body; adding its record node "
@@ -472,5 +475,6 @@ dlsync_status dlsync__body_guard_slow(dlsync_context *ctx, pool_pick *pk, dlsync
       return st;
   }
   *done = true;
-  return hoist(ctx, pk, first, then, &h, name);
+  h.row = name;
+  return hoist(ctx, pk, first, then, &h);
 }

@@ -195,12 +195,13 @@ static DLSYNC__INLINE dlsync_status row_eager_to_capture(dlsync_context *ctx, po
   CUevent ev = NULL;
   CUresult r, wr = CUDA_SUCCESS;
   BODY_GUARD(ctx, pk, first, then);
-  DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, then, NULL));
+  DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool,
+                                         (dlsync__lane_pair){then, NULL}));
   r = row_eager_to_capture_calls(d, ev, p, &wr);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
     DLSYNC_TRY(dlsync__repick_pool(ctx, pk));
-    DLSYNC_TRY(
-        dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, then, NULL));
+    DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool,
+                                           (dlsync__lane_pair){then, NULL}));
     r = row_eager_to_capture_calls(d, ev, p, &wr);
   }
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS || wr != CUDA_SUCCESS)) {
@@ -228,11 +229,13 @@ static DLSYNC__INLINE dlsync_status row_eager_to_built(dlsync_context *ctx, pool
   CUevent ev = NULL;
   CUresult r;
   BODY_GUARD(ctx, pk, first, then);
-  DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, &then, 1));
+  DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool,
+                                       (dlsync__lane_list){&then, 1}));
   r = d->EventRecord(ev, first->stream);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS) && pk->from_memo && context_mismatch(r)) {
     DLSYNC_TRY(dlsync__repick_pool(ctx, pk));
-    DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, &then, 1));
+    DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool,
+                                         (dlsync__lane_list){&then, 1}));
     r = d->EventRecord(ev, first->stream);
   }
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
@@ -261,7 +264,8 @@ static DLSYNC__INLINE dlsync_status row_two_captures(dlsync_context *ctx, pool_p
   CUevent ev = NULL;
   BODY_GUARD(ctx, pk, first, then);
   DLSYNC_TRY(check_memo_pool(ctx, pk)); /* no dependencies handed over: none read again */
-  DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, first, then));
+  DLSYNC_TRY(dlsync__graph_capture_event(&ev, pick_thread(pk), &ctx->pools, pk->pool,
+                                         (dlsync__lane_pair){first, then}));
   DLSYNC_CU(d, EventRecordWithFlags, (ev, first->stream, CU_EVENT_RECORD_EXTERNAL),
             "%s stream %p is capturing (capture %llu); adding an event-record node for %s "
             "stream %p (capture %llu)",
@@ -293,7 +297,8 @@ static DLSYNC__INLINE dlsync_status row_two_graphs(dlsync_context *ctx, pool_pic
   DLSYNC_TRY(verify_pool(ctx, pk, first, then));
   lanes[0] = first;
   lanes[1] = then;
-  DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, lanes, 2));
+  DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool,
+                                       (dlsync__lane_list){lanes, 2}));
   DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, first, ev, true));
   DLSYNC_TRY(dlsync__graph_append_event(ctx->drv, then, ev, false));
 cleanup:
@@ -316,7 +321,8 @@ static DLSYNC__INLINE dlsync_status row_capture_to_built(dlsync_context *ctx, po
   DLSYNC_TRY(check_memo_pool(ctx, pk)); /* then is built: no dependencies read again */
   lanes[0] = first;
   lanes[1] = then;
-  DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool, lanes, 2));
+  DLSYNC_TRY(dlsync__graph_built_event(&ev, pick_thread(pk), &ctx->pools, pk->pool,
+                                       (dlsync__lane_list){lanes, 2}));
   r = d->EventRecordWithFlags(ev, first->stream, CU_EVENT_RECORD_EXTERNAL);
   if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
     st = dlsync__fail_external_record_for_graph(d, r, first, then);
@@ -345,15 +351,22 @@ static DLSYNC__INLINE dlsync__row classify_now(dlsync__op op, const dlsync__lane
   return dlsync__table_classify(&in);
 }
 
+/* The two lanes of a row, first and then. */
+typedef struct row_lanes {
+  dlsync__lane_now *first, *then;
+} row_lanes;
+
 /* Classify, then carry out the row by its function. Inline into the graph
  * lanes' path (dlsync__order_graph_fast), where the op is known, and into
- * dlsync__order_row for the general path. may_trace: false where the caller
+ * dlsync__order_row for the general path (lanes: first and then, by value:
+ * inline, they stay in registers). may_trace: false where the caller
  * found the decision log below TRACE already (its level is set once,
  * base/log.c), which spares a second look. */
 static DLSYNC__INLINE dlsync_status order_row_inline(dlsync_context *ctx, dlsync__order_step *step,
-                                                     pool_pick *pk, dlsync__lane_now *first,
-                                                     dlsync__lane_now *then, bool may_trace) {
+                                                     pool_pick *pk, row_lanes lanes,
+                                                     bool may_trace) {
   dlsync_status st = DLSYNC_SUCCESS;
+  dlsync__lane_now *first = lanes.first, *then = lanes.then;
   dlsync__row row = classify_now(step->op, first, then, step->first_pending);
   step->row = row;
   if (dlsync__row_nodes(row) > 0) {

@@ -168,6 +168,8 @@ test)
   fi
   stage "public functions in the files their headers map to"
   python3 "$root/scripts/check-entry-points.py" "$root"
+  stage "no library function over 5 parameters"
+  python3 "$root/scripts/check-params.py" "$root"
   stage "docs: relative links and their anchors; generated tables current"
   python3 "$root/scripts/check-links.py" "$root"
   python3 "$root/scripts/results-tables.py" --check

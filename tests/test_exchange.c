@@ -1275,27 +1275,39 @@ static void a_hold_takes_only_in_its_own_life(void **state) {
   assert_int_equal(D->StreamGetCtx(P, &cu), CUDA_SUCCESS);
   assert_int_equal(dlsync__pool_for_cuctx(&pool, &ctx->pools, cu), DLSYNC_SUCCESS);
   assert_int_equal(dlsync__hold_new(&h, &life, pool), DLSYNC_SUCCESS);
-  assert_int_equal(dlsync__hold_take(&ev, pool, h, life, NULL, 0), DLSYNC_SUCCESS);
+  assert_int_equal(
+      dlsync__hold_take(&ev, pool, (dlsync__hold_life){h, life}, (dlsync__hold_life){NULL, 0}),
+      DLSYNC_SUCCESS);
   assert_non_null(ev);
   dlsync__pool_stats_get(&ps, &ctx->pools);
   assert_int_equal(ps.graph_owned, 1);
   dlsync__hold_release(h);
   dlsync__pool_stats_get(&ps, &ctx->pools);
   assert_int_equal(ps.graph_owned, 0);
-  assert_int_equal(dlsync__hold_take(&ev, pool, h, life, NULL, 0), DLSYNC_SUCCESS);
+  assert_int_equal(
+      dlsync__hold_take(&ev, pool, (dlsync__hold_life){h, life}, (dlsync__hold_life){NULL, 0}),
+      DLSYNC_SUCCESS);
   assert_null(ev); /* given back: stale */
   assert_int_equal(dlsync__hold_new(&h2, &life2, pool), DLSYNC_SUCCESS);
   assert_ptr_equal(h2, h); /* recycled */
   assert_true(life2 != life);
-  assert_int_equal(dlsync__hold_take(&ev, pool, h, life, NULL, 0), DLSYNC_SUCCESS);
+  assert_int_equal(
+      dlsync__hold_take(&ev, pool, (dlsync__hold_life){h, life}, (dlsync__hold_life){NULL, 0}),
+      DLSYNC_SUCCESS);
   assert_null(ev); /* its old life */
   assert_int_equal(dlsync__hold_new(&h3, &life3, pool), DLSYNC_SUCCESS);
-  assert_int_equal(dlsync__hold_take(&ev, pool, h2, life2, NULL, 0), DLSYNC_SUCCESS);
+  assert_int_equal(
+      dlsync__hold_take(&ev, pool, (dlsync__hold_life){h2, life2}, (dlsync__hold_life){NULL, 0}),
+      DLSYNC_SUCCESS);
   assert_non_null(ev);
-  assert_int_equal(dlsync__hold_take(&pair, pool, h2, life2, h3, life3), DLSYNC_SUCCESS);
+  assert_int_equal(dlsync__hold_take(&pair, pool, (dlsync__hold_life){h2, life2},
+                                     (dlsync__hold_life){h3, life3}),
+                   DLSYNC_SUCCESS);
   assert_non_null(pair);
   assert_ptr_not_equal(pair, ev);
-  assert_int_equal(dlsync__hold_take(&ev, pool, h3, life3, h, life), DLSYNC_SUCCESS);
+  assert_int_equal(
+      dlsync__hold_take(&ev, pool, (dlsync__hold_life){h3, life3}, (dlsync__hold_life){h, life}),
+      DLSYNC_SUCCESS);
   assert_null(ev); /* one of the two stale: nothing taken */
   dlsync__pool_stats_get(&ps, &ctx->pools);
   assert_int_equal(ps.graph_owned, 2);
@@ -1442,9 +1454,9 @@ static void event_for_stale_capture(dlsync__lane_now *lane, dlsync_lane *lc, uin
   lane->lane = lc;
   lane->role = "then";
   fake_log_reset();
-  assert_int_equal(
-      dlsync__graph_capture_event(&ev, dlsync__thread_get(), &ctx->pools, pool, lane, NULL),
-      DLSYNC_SUCCESS);
+  assert_int_equal(dlsync__graph_capture_event(&ev, dlsync__thread_get(), &ctx->pools, pool,
+                                               (dlsync__lane_pair){lane, NULL}),
+                   DLSYNC_SUCCESS);
   assert_non_null(ev);
   assert_int_equal(fake_call_count("cuUserObjectCreate"), 1); /* a new hold */
 }
