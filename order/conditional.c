@@ -47,7 +47,7 @@ int dlsync_conditional_body_is_declared(dlsync_context *ctx, struct CUgraph_st *
     if (q_r_ != CUDA_SUCCESS) {                                                                 \
       st = dlsync__fail_driver_as(q_r_ == CUDA_ERROR_OUT_OF_MEMORY ? DLSYNC_ERROR_OUT_OF_MEMORY \
                                                                    : DLSYNC_ERROR_DRIVER,       \
-                                  (d), q_r_, "cu" #name, __VA_ARGS__);                          \
+                                  &(dlsync__driver_call){(d), q_r_, "cu" #name}, __VA_ARGS__);  \
       goto cleanup;                                                                             \
     }                                                                                           \
   } while (0)
