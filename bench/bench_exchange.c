@@ -986,9 +986,9 @@ static void run_launch(void) {
  * producer's wait on each), eager and inside a capture, with dlsync's floor:
  * the driver calls dlsync must make (eager: the raw calls and a status query
  * per lane at begin, two per consumer at end; CAPTURE_STABLE: the begin's
- * only). In a capture the consumers join it at the batch's first fan-out and
- * stay in it (a joined stream leaves with the capture's end, R11), so every
- * later one is SAME_CAPTURE: the floor is then each lane's status and full
+ * only). In a capture the consumers are joined to it before each timed batch
+ * and stay in it (a joined stream leaves with the capture's end, R11), so
+ * every fan-out there is SAME_CAPTURE: the floor is then each lane's status and full
  * query, an ADD of the producer's dependencies to each consumer's, and at
  * end each consumer's full query and an ADD back, no event. */
 #define FAN_N 3
@@ -1062,6 +1062,12 @@ static double time_fan(fan_side side, bool capture) {
     if (capture) {
       CHECK(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
       CHECK(D->MemsetD32Async(scale_buf, 1, 1, P) == CUDA_SUCCESS, "memset");
+      /* The consumers join the capture before the timed part, so that every
+       * side times SAME_CAPTURE (the floor's ADD into a stream not in the
+       * capture would be refused: R14). */
+      CHECK(D->EventRecord(fan_ev[0], P) == CUDA_SUCCESS, "record");
+      for (int i = 0; i < FAN_N; i++)
+        CHECK(D->StreamWaitEvent(fan_c[i], fan_ev[0], 0) == CUDA_SUCCESS, "join");
     }
     t0 = gpu_now_ns();
     for (int i = 0; i < FAN_OPS; i++)
@@ -1594,6 +1600,14 @@ int main(void) {
       D->EventDestroy(kev[i]);
     so.context_destroy(so.ctx);
     base.context_destroy(base.ctx);
+    dlsync_context_destroy(E.ctx);
+    return 0;
+  }
+
+  if (getenv("DLSYNC_BENCH_FANOUT_ONLY") != NULL) { /* the fan-out rows alone */
+    CHECK(D->MemAlloc(&scale_buf, 8) == CUDA_SUCCESS, "alloc");
+    run_fanout();
+    D->MemFree(scale_buf);
     dlsync_context_destroy(E.ctx);
     return 0;
   }
