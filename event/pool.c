@@ -381,27 +381,36 @@ static void destroy_events(dlsync__pool *p, const CUevent *events, size_t n) {
 
 /* Trimming. A pool may hold more free events than it keeps (p->kept): the
  * releases' returns keep every event of a burst for the releases that
- * follow, and graphs give back what they held. Every DLSYNC__POOL_TRIM_OPS
- * takes and returns, the events that stayed free all the while (p->low of
- * them: the free list is last in, first out, so those at its bottom were
- * never taken) are not the pool's working set: those past p->kept are
- * destroyed. Made on returns only: they come from threads that may call CUDA
+ * follow, and graphs give back what they held. Once a period has seen
+ * DLSYNC__POOL_TRIM_OPS takes and returns and lasted
+ * dlsync__pool_trim_period_ns, the events that stayed free all the while
+ * (p->low of them: the free list is last in, first out, so those at its
+ * bottom were never taken) are not the pool's working set: those past
+ * p->kept are destroyed. Made on returns only: they come from threads that may call CUDA
  * (never from a graph's destructor), and cuEventDestroy is allowed during
  * capture. */
-static inline bool trim_due_locked(const dlsync__pool *p, uint64_t now) {
-  return p->ops >= DLSYNC__POOL_TRIM_OPS(p->kept) &&
-         now - p->since_ns >= dlsync__pool_trim_period_ns;
+static inline bool trim_due_locked(const dlsync__pool *p) {
+  return p->ops >= DLSYNC__POOL_TRIM_OPS(p->kept);
 }
 
 /* Destroys the events that stayed free past p->kept, in runs of 64 (the lock
- * is never held long), and starts the next period. */
-static DLSYNC__NOINLINE void pool_trim(dlsync__pool *p, uint64_t now) {
+ * is never held long), and starts the next period. Reached once every
+ * DLSYNC__POOL_TRIM_OPS takes and returns: the clock is read here, never on a
+ * take or a return; a period that has not lasted dlsync__pool_trim_period_ns
+ * yet counts its operations again and keeps its low mark. */
+static DLSYNC__NOINLINE void pool_trim(dlsync__pool *p) {
+  uint64_t now = trim_clock_ns();
   CUevent out[64];
   size_t n;
   do {
     n = 0;
     dlsync__spin_lock(&p->lock);
-    if (!trim_due_locked(p, now) || p->dead) {
+    if (!trim_due_locked(p) || p->dead) {
+      dlsync__spin_unlock(&p->lock);
+      return;
+    }
+    if (now - p->since_ns < dlsync__pool_trim_period_ns) { /* not a whole period yet */
+      p->ops = 0;
       dlsync__spin_unlock(&p->lock);
       return;
     }
@@ -421,35 +430,33 @@ static DLSYNC__NOINLINE void pool_trim(dlsync__pool *p, uint64_t now) {
 
 void dlsync__pool_put(dlsync__pool *p, CUevent event) {
   bool kept, trim;
-  uint64_t now = trim_clock_ns();
   dlsync__spin_lock(&p->lock);
   /* A dead pool (its context destroyed, e.g. from a deleter while releases
    * were queued) keeps nothing: the event is destroyed here. */
   kept = !p->dead && keep_locked(p, event, true);
   p->ops++;
-  trim = trim_due_locked(p, now);
+  trim = trim_due_locked(p);
   dlsync__spin_unlock(&p->lock);
   if (!kept)
     destroy_events(p, &event, 1);
   if (DLSYNC__UNLIKELY(trim))
-    pool_trim(p, now);
+    pool_trim(p);
 }
 
 void dlsync__pool_put_many(dlsync__pool *p, const CUevent *events, size_t n, size_t extra) {
   size_t kept = 0;
   bool trim;
-  uint64_t now = trim_clock_ns();
   dlsync__spin_lock(&p->lock);
   if (!p->dead)
     while (kept < n && (p->nfree < p->kept + extra || p->nfree < p->kept) &&
            keep_locked(p, events[kept], false))
       kept++;
   p->ops += n;
-  trim = trim_due_locked(p, now);
+  trim = trim_due_locked(p);
   dlsync__spin_unlock(&p->lock);
   destroy_events(p, events + kept, n - kept);
   if (trim)
-    pool_trim(p, now);
+    pool_trim(p);
 }
 
 /* ---- scratch events ----
