@@ -38,7 +38,7 @@ CUDA driver but the exchange and its capture query.
 
 from __future__ import annotations
 
-from typing import Any, List, NamedTuple, Optional
+from typing import Any, Dict, List, NamedTuple, Optional, Tuple
 
 from . import _exchange, _producers, _scope
 from ._backend import active as _b
@@ -59,11 +59,11 @@ class Interface(NamedTuple):
     """A checked CAI dict. ``stream``: the producer's stream handle, or None
     when the dict says no synchronisation is needed."""
 
-    shape: tuple
+    shape: Tuple[int, ...]
     typestr: str
     ptr: int
     readonly: bool
-    strides: Optional[tuple]
+    strides: Optional[Tuple[int, ...]]
     descr: Any
     version: int
     stream: Optional[int]
@@ -84,7 +84,7 @@ def only_cai(obj: Any) -> bool:
     return not isinstance(obj, int) and not hasattr(obj, "__dlpack__") and has_cai(obj)
 
 
-def _ints(value: Any, key: str, what: str) -> tuple:
+def _ints(value: Any, key: str, what: str) -> Tuple[int, ...]:
     if not isinstance(value, (tuple, list)):
         raise TypeError(f"{_key(key)} must be a tuple of ints ({what}), "
                         f"not {type(value).__name__} {value!r}")
@@ -246,7 +246,7 @@ class CaiExport:
         self._born = next(_exchange.ticks)
 
     @property
-    def __cuda_array_interface__(self) -> dict:
+    def __cuda_array_interface__(self) -> Dict[str, Any]:
         # hasattr(x, "__cuda_array_interface__") (Numba's is_cuda_array) would
         # read an AttributeError raised inside as "no interface": say it.
         try:
@@ -254,7 +254,7 @@ class CaiExport:
         except AttributeError as e:
             raise TypeError(f"dlsync.wrap(..., consumer=...).{ATTR}: {e}") from e
 
-    def _export(self) -> dict:
+    def _export(self) -> Dict[str, Any]:
         obj = self._obj
         if not has_cai(obj):
             raise TypeError(f"dlsync.wrap(..., consumer=...): {type(obj).__name__} exposes no "
@@ -311,7 +311,7 @@ class CaiExport:
                 "`with dlsync.scope():` so that the consumer is joined back into the capture "
                 "before it ends",
             )
-        if stack and _scope._Wrapped._covered(self, stack[-1], producer, consumer):
+        if stack and _scope.covered_since(self._born, stack[-1], producer, consumer):
             return
         if stack:
             _exchange._Exchange(producer, consumer, into=stack[-1])

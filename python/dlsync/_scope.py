@@ -82,6 +82,14 @@ def _export_no_sync(obj: Any, device_id: int, kwargs: Dict[str, Any]) -> Any:
     return obj.__dlpack__(stream=-1, **kwargs)
 
 
+def covered_since(born: int, mine: List[Any], producer: int, consumer: int) -> bool:
+    """Whether a scope's exchanges ``mine`` hold one from ``producer`` to
+    ``consumer`` begun after tick ``born`` (a wrap's making), and so after the
+    work that produced it: wraps made together share one exchange."""
+    return any(ex.began > born and ex._lanes[0].stream == producer and
+               ex._lanes[1].stream == consumer for ex in mine)
+
+
 class _Wrapped:
     """What :func:`wrap` returns: a DLPack producer that orders the
     consumer's stream after the real producer's, the capture-aware way."""
@@ -150,11 +158,7 @@ class _Wrapped:
         return _export_no_sync(self._obj, int(device_id), kwargs)
 
     def _covered(self, mine: List[Any], producer: int, consumer: int) -> bool:
-        """Whether this scope already has an exchange from ``producer`` to
-        ``consumer`` begun after this wrap was made, and so after the work
-        that produced it: wraps made together share one exchange."""
-        return any(ex.began > self._born and ex._lanes[0].stream == producer and
-                   ex._lanes[1].stream == consumer for ex in mine)
+        return covered_since(self._born, mine, producer, consumer)
 
     def _refuse_in_capture(self, streams: List[Any]) -> None:
         """dlsync.Error (DLSYNC_ERROR_CAPTURE_ORDER) when any of ``streams``
@@ -182,7 +186,7 @@ class _Wrapped:
         return self._obj.__dlpack__(stream=consumer, **kwargs)
 
 
-def wrap(obj: Any, producer: Any = None, consumer: Any = None, writable: bool = False) -> Any:
+def wrap(obj: Any, producer: Any = None, consumer: Any = None, writable: bool = False) -> object:
     """A DLPack producer for ``from_dlpack`` consumers that orders the
     producer's stream before the stream the consumer asks for,
     capture-aware, and asks the real producer for its capsule without a

@@ -1,4 +1,6 @@
 # SPDX-License-Identifier: Apache-2.0
+# mypy: allow-untyped-decorators
+# (pytest's decorators are untyped where pytest is not installed for the checker)
 """pytest plugin: capture conformance in a kernel library's tests.
 
 Installed with dlsync, its entry point (``pytest11``, named as the module:
@@ -40,7 +42,7 @@ import sys
 import tempfile
 from typing import Any, Callable, Dict, Generator, List, Tuple
 
-import pytest
+import pytest  # type: ignore[import-not-found, unused-ignore]
 
 MARKER = "capture_modes"
 _OPTIONS = ("replays", "compile", "neighbour", "rtol", "atol", "slow_producer_ms", "reference",
@@ -160,7 +162,7 @@ def _isolate_reason(item: pytest.Item) -> str:
 
     unclean = item.config.stash[_UNCLEAN] + list(_restore.UNCLEAN)
     if unclean:
-        return "an earlier case left state that could not be restored: " + unclean[0]
+        return "an earlier case left state that could not be restored: " + str(unclean[0])
     return ""
 
 
