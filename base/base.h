@@ -194,11 +194,12 @@ static inline void dlsync__spin_unlock(atomic_int *l) {
  * stream->pool memo and scratch events in `event` (dlsync__event_thread,
  * event/event.h, which checks that it fits); graph/ the holds of the
  * thread's last captures and its batches of events for built graphs in
- * `graph` (graph/graph.h checks it); order/ keeps one
- * free exchange handle in `spare` and its release rings in `rings`. */
+ * `graph` (graph/graph.h checks it); order/ its spare exchange record,
+ * its release rings and what its last calls found captured in `order`
+ * (order/order.h checks it). */
 #define DLSYNC__THREAD_EVENT_BYTES 400
 #define DLSYNC__THREAD_GRAPH_BYTES 1504
-#define DLSYNC__THREAD_RINGS 4
+#define DLSYNC__THREAD_ORDER_BYTES 56
 
 #if defined(__GNUC__)
 /* A type that may view another object's bytes (the slots below). */
@@ -208,23 +209,16 @@ static inline void dlsync__spin_unlock(atomic_int *l) {
 #endif
 
 typedef struct dlsync__thread {
-  /* order/'s fields first, beside event/'s memo keys, which every fast path
-   * reads too (no alignment beyond 8 is asked of thread-local storage: a
-   * library loaded by dlopen gets its block from the loader's allocator). */
-  void *spare; /* order/: one free exchange record */
-  /* order/: its release rings (order/release_rings.c), one per device below
-   * DLSYNC__THREAD_RINGS; NULL until it releases on that device */
-  void *rings[DLSYNC__THREAD_RINGS];
-  /* order/: the capture an end after a begin that found both streams in one
-   * capture checks the consumer against (set by that end) */
-  uint64_t end_capture_id;
-  bool exit_armed;   /* base/: the key is set for this thread (dlsync__thread_exit_arm) */
-  bool spare_keyed;  /* order/: the thread-exit hook that gives it back is set */
-  bool end_capture;  /* order/: this thread's last exchange end found its consumer capturing */
-  bool then_capture; /* order/: its last begin or order found the later lane capturing */
-  /* order/: its last begin or order that found the later lane capturing
-   * found the earlier one capturing too */
-  bool first_capture;
+  /* order/: its per-thread block, first, beside event/'s memo keys: every
+   * fast path reads both (no alignment beyond 8 is asked of thread-local
+   * storage: a library loaded by dlopen gets its block from the loader's
+   * allocator). */
+  union {
+    unsigned char bytes[DLSYNC__THREAD_ORDER_BYTES];
+    void *align_p;
+    uint64_t align_u;
+  } order;
+  bool exit_armed; /* base/: the key is set for this thread (dlsync__thread_exit_arm) */
   union {
     unsigned char bytes[DLSYNC__THREAD_EVENT_BYTES];
     void *align_p;

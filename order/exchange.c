@@ -13,9 +13,9 @@
 
 void dlsync__order_hints_reset(void) {
   dlsync__thread *t = dlsync__thread_get();
-  t->end_capture = false;
-  t->then_capture = false;
-  t->first_capture = false;
+  dlsync__order_thread_of(t)->end_capture = false;
+  dlsync__order_thread_of(t)->then_capture = false;
+  dlsync__order_thread_of(t)->first_capture = false;
 }
 
 static bool plain_stream_lane(const dlsync_lane *l) {
@@ -56,7 +56,7 @@ static dlsync_status order_general(dlsync__thread *t, dlsync_context *ctx, fast_
   pre->opened.read = pre->have;
   DLSYNC_TRY(dlsync__order_lanes(ctx, op, pre->first, pre->then, &pre->opened));
   if (pre->then->kind == DLSYNC_LANE_STREAM) /* the hint for the fast path's queries */
-    t->then_capture = pre->opened.b.kind != DLSYNC_LANE_EAGER;
+    dlsync__order_thread_of(t)->then_capture = pre->opened.b.kind != DLSYNC_LANE_EAGER;
   if (pre->opened.same)
     goto cleanup;
   step->op = op;
@@ -78,8 +78,9 @@ dlsync_status dlsync_order(dlsync_context *ctx, dlsync_lane *first, dlsync_lane 
   t = dlsync__thread_get();
   if (plain_stream_lane(first) && plain_stream_lane(then)) {
     pre_init(&pre, DLSYNC__OP_ORDER, first, then, NULL);
-    st = order_fast(t, ctx, streams_pair(first, then),
-                    t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, &pre);
+    st = order_fast(
+        t, ctx, streams_pair(first, then),
+        dlsync__order_thread_of(t)->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, &pre);
     if (st != DLSYNC__GENERAL)
       return st;
   } else {
@@ -214,12 +215,12 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
                        !plain_stream_lane(producer) || !plain_stream_lane(consumer)))
     return begin_unread(out, ctx, producer, consumer, flags);
   t = dlsync__thread_get();
-  ex = t->spare;
+  ex = dlsync__order_thread_of(t)->spare;
   if (DLSYNC__UNLIKELY(ex == NULL)) {
     /* The thread's record is in use (dlsync_exchange_begin_many, or an
      * exchange not ended yet): one from the shared list, same fast path. */
     exchange_free(t, dlsync__exchange_make()); /* the thread's spare from now on */
-    ex = t->spare;
+    ex = dlsync__order_thread_of(t)->spare;
     if (ex == NULL)
       return begin_unread(out, ctx, producer, consumer, flags);
   }
@@ -236,7 +237,7 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
                                  "producer (and consumer) "
                                  "stream %p",
                                  (void *)producer->stream);
-    t->spare = NULL;
+    dlsync__order_thread_of(t)->spare = NULL;
     ex->bits = EX_SAME;
     *out = exchange_publish(ex, ctx);
     return DLSYNC_SUCCESS;
@@ -248,13 +249,15 @@ dlsync_status dlsync_exchange_begin_flags(dlsync_exchange **out, dlsync_context 
   /* From here on the streams ordered (pair), not the lanes, which pre
    * holds for the general path: fewer values kept across the driver calls. */
   pair = streams_pair(producer, consumer);
-  st = order_fast(t, ctx, pair, t->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN, &pre);
+  st = order_fast(t, ctx, pair,
+                  dlsync__order_thread_of(t)->then_capture ? FAST_QUERY_THEN_FULL : FAST_QUERY_THEN,
+                  &pre);
   if (st == DLSYNC__GENERAL)
     return begin_general(out, ctx, &pre, flags);
   *out = NULL;
   if (DLSYNC__UNLIKELY(st != DLSYNC_SUCCESS))
     return st;
-  t->spare = NULL;
+  dlsync__order_thread_of(t)->spare = NULL;
   ex->producer_stream = pair.first;
   ex->consumer_stream = pair.then;
   *out = exchange_publish(ex, ctx);
@@ -847,13 +850,13 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
   if (DLSYNC__LIKELY((bits & (EX_SAME | EX_MANY | EX_REFS | EX_KEEP_EDGES)) == 0)) {
     fast_query q;
     if (DLSYNC__LIKELY((bits & (EX_STABLE | EX_ONE_CAPTURE)) == 0)) {
-      q = t->end_capture ? FAST_QUERY_BOTH : FAST_QUERY_BOTH_EAGER;
+      q = dlsync__order_thread_of(t)->end_capture ? FAST_QUERY_BOTH : FAST_QUERY_BOTH_EAGER;
     } else if (bits & EX_ONE_CAPTURE) {
       /* With CAPTURE_STABLE too: the query gives the consumer's
        * dependencies, which the producer takes (cheaper than a record and
        * a wait, which need no query). */
       q = FAST_QUERY_FIRST_IN;
-      t->end_capture_id = ex->capture_id;
+      dlsync__order_thread_of(t)->end_capture_id = ex->capture_id;
     } else {
       q = FAST_QUERY_NONE;
     }

@@ -206,9 +206,9 @@ DLSYNC__NOINLINE void dlsync__exchange_free_slow(dlsync__thread *t, dlsync_excha
 DLSYNC__COLD dlsync_exchange *dlsync__exchange_refused(dlsync_exchange *handle, dlsync_status *st);
 
 static DLSYNC__INLINE dlsync_exchange *exchange_alloc(dlsync__thread *t) {
-  if (DLSYNC__LIKELY(t->spare != NULL)) {
-    dlsync_exchange *ex = t->spare;
-    t->spare = NULL;
+  if (DLSYNC__LIKELY(dlsync__order_thread_of(t)->spare != NULL)) {
+    dlsync_exchange *ex = dlsync__order_thread_of(t)->spare;
+    dlsync__order_thread_of(t)->spare = NULL;
     return ex;
   }
   return dlsync__exchange_make();
@@ -218,8 +218,9 @@ static DLSYNC__INLINE dlsync_exchange *exchange_alloc(dlsync__thread *t) {
 static DLSYNC__INLINE void exchange_free(dlsync__thread *t, dlsync_exchange *ex) {
   if (ex == NULL)
     return;
-  if (DLSYNC__LIKELY(t->spare == NULL && t->spare_keyed)) {
-    t->spare = ex;
+  if (DLSYNC__LIKELY(dlsync__order_thread_of(t)->spare == NULL &&
+                     dlsync__order_thread_of(t)->spare_keyed)) {
+    dlsync__order_thread_of(t)->spare = ex;
     return;
   }
   dlsync__exchange_free_slow(t, ex);

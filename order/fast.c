@@ -125,7 +125,7 @@ static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *t
   *st = DLSYNC_SUCCESS;
   dlsync__lane_query(&ct, d, p->then);
   if (DLSYNC__LIKELY(dlsync__capture_info_eager(&ct))) {
-    th->then_capture = false;
+    dlsync__order_thread_of(th)->then_capture = false;
     *plain = true;
     return true;
   }
@@ -133,12 +133,12 @@ static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *t
     *st = dlsync__lane_take(&pre->opened.b, d, pre->then, pre_roles(pre)->then, &ct); /* why not */
     return true;
   }
-  th->then_capture = true;
+  dlsync__order_thread_of(th)->then_capture = true;
   /* `first`: while this thread's orders find it eager (the hint), its
    * status is enough to go on (EAGER_TO_CAPTURE), one cuStreamIsCapturing
    * where a full query costs more; when it captures, its full query after
    * all (one call more, once: the hint turns). */
-  if (DLSYNC__LIKELY(!th->first_capture)) {
+  if (DLSYNC__LIKELY(!dlsync__order_thread_of(th)->first_capture)) {
     CUstreamCaptureStatus fs;
     CUresult r = d->StreamIsCapturing(p->first, &fs);
     if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
@@ -153,10 +153,10 @@ static DLSYNC__INLINE bool fast_then_full(dlsync_context *ctx, dlsync__thread *t
       pre->have = true;
       return fast_graph_rows(ctx, th, pre, st);
     }
-    th->first_capture = true;
+    dlsync__order_thread_of(th)->first_capture = true;
   }
   dlsync__lane_query(&cf, d, p->first);
-  th->first_capture = !dlsync__capture_info_eager(&cf);
+  dlsync__order_thread_of(th)->first_capture = !dlsync__capture_info_eager(&cf);
   if (dlsync__capture_info_active(&cf) && cf.id == ct.id) { /* SAME_CAPTURE */
     if (pre->ex != NULL) {
       pre->ex->bits |= EX_ONE_CAPTURE;
@@ -202,10 +202,9 @@ fast_next dlsync__fast_then_queries(dlsync__thread *t, dlsync_context *ctx, fast
  * capture (SAME_CAPTURE, the end of a join: first's dependencies, from that
  * query, are added to then's by the row's call), for one more query of
  * `then`. With one_capture (FAST_QUERY_FIRST_IN: an end whose begin found
- * both streams in capture t->end_capture_id, EX_ONE_CAPTURE), `first` still
- * in that capture is enough: so is `then` (docs/design.md R11), and it is not
- * asked. For FAST_QUERY_BOTH_EAGER `first` was found capturing by its status
- * query already. */
+ * both streams in capture dlsync__order_thread_of(t)->end_capture_id, EX_ONE_CAPTURE), `first`
+ * still in that capture is enough: so is `then` (docs/design.md R11), and it is not asked. For
+ * FAST_QUERY_BOTH_EAGER `first` was found capturing by its status query already. */
 static DLSYNC__INLINE fast_next end_queries(dlsync__thread *t, const dlsync__driver *d,
                                             dlsync__pair pv, bool one_capture, dlsync_status *st) {
   const dlsync__pair *p = &pv;
@@ -221,9 +220,9 @@ static DLSYNC__INLINE fast_next end_queries(dlsync__thread *t, const dlsync__dri
     *st = dlsync__fast_query_failed(d, r, true, p->first, roles->first);
     return FAST_DONE;
   }
-  t->end_capture = cs != CU_STREAM_CAPTURE_STATUS_NONE;
+  dlsync__order_thread_of(t)->end_capture = cs != CU_STREAM_CAPTURE_STATUS_NONE;
   if (cs == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
-    if (!one_capture || id_first != t->end_capture_id) {
+    if (!one_capture || id_first != dlsync__order_thread_of(t)->end_capture_id) {
       r = d->StreamGetCaptureInfo(p->then, &cs, &id_then, NULL, NULL, NULL, NULL);
       if (r != CUDA_SUCCESS) {
         *st = dlsync__fast_query_failed(d, r, true, p->then, roles->then);

@@ -18,17 +18,15 @@
  * which says so); tests/test_decision_table.c checks that both rows are
  * plain. `query` says which streams to ask about: FAST_QUERY_THEN (its
  * status; when it captures, it in full and `first` too, or only first's
- * status while t->first_capture says it is eager; FAST_QUERY_THEN_FULL: its full
- * query at once, the cheaper order while this thread's begins find
- * capturing consumers, noted in t->then_capture), both
- * (FAST_QUERY_BOTH: both eager, or both in one capture, SAME_CAPTURE, as at
- * the end of a join: first's full query, then then's status or full query;
- * FAST_QUERY_BOTH_EAGER: the same rows, asked in the order cheapest when
- * both are eager: first's status query, and only when it captures the full
- * queries of FAST_QUERY_BOTH) or none (FAST_QUERY_NONE: the caller knows
- * they are eager or share a capture). The two BOTH modes note in
- * t->end_capture whether `first` was capturing: the end picks its mode by
- * it (every mode checks what it must, only the number of queries differs).
+ * status while dlsync__order_thread_of(t)->first_capture says it is eager; FAST_QUERY_THEN_FULL:
+ * its full query at once, the cheaper order while this thread's begins find capturing consumers,
+ * noted in dlsync__order_thread_of(t)->then_capture), both (FAST_QUERY_BOTH: both eager, or both in
+ * one capture, SAME_CAPTURE, as at the end of a join: first's full query, then then's status or
+ * full query; FAST_QUERY_BOTH_EAGER: the same rows, asked in the order cheapest when both are
+ * eager: first's status query, and only when it captures the full queries of FAST_QUERY_BOTH) or
+ * none (FAST_QUERY_NONE: the caller knows they are eager or share a capture). The two BOTH modes
+ * note in dlsync__order_thread_of(t)->end_capture whether `first` was capturing: the end picks its
+ * mode by it (every mode checks what it must, only the number of queries differs).
  *
  * Returns how the order went when it carried it out, DLSYNC__GENERAL when
  * the general path must (a stream that is capturing when it must not be, a
@@ -75,7 +73,7 @@ static DLSYNC__INLINE dlsync_status order_fast(dlsync__thread *t, dlsync_context
     if (DLSYNC__LIKELY(cs == CU_STREAM_CAPTURE_STATUS_NONE)) {
       query = FAST_QUERY_THEN;
     } else {
-      t->end_capture = true;
+      dlsync__order_thread_of(t)->end_capture = true;
       query = FAST_QUERY_BOTH;
     }
   }
@@ -86,10 +84,10 @@ static DLSYNC__INLINE dlsync_status order_fast(dlsync__thread *t, dlsync_context
     }
     if (DLSYNC__UNLIKELY(cs != CU_STREAM_CAPTURE_STATUS_NONE)) {
       /* FAST_QUERY_THEN comes from a begin or order whose thread found
-       * eager consumers (t->then_capture false) or from an end (no lanes):
+       * eager consumers (dlsync__order_thread_of(t)->then_capture false) or from an end (no lanes):
        * only a capture changes the hint. */
       if (pre != NULL)
-        t->then_capture = true;
+        dlsync__order_thread_of(t)->then_capture = true;
       /* Both in one capture (SAME_CAPTURE, as every exchange after the
        * first inside a capture) is plain too. */
       if (cs != CU_STREAM_CAPTURE_STATUS_ACTIVE)

@@ -104,7 +104,7 @@ dlsync_status dlsync__order_graph_fast(dlsync_context *ctx, dlsync__thread *t, d
     if (st != DLSYNC_SUCCESS)
       return st;
     if (stream_lane == then) /* the hint for the fast path's queries */
-      t->then_capture = b.kind != DLSYNC_LANE_EAGER;
+      dlsync__order_thread_of(t)->then_capture = b.kind != DLSYNC_LANE_EAGER;
   } else if (first->graph != then->graph) {
     /* Two graphs: an event of the thread's current context; one graph
      * (SAME_BUILT) takes edges and no event. */

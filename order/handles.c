@@ -18,10 +18,10 @@ static void shared_put(dlsync_exchange *ex) {
 /* The thread-exit hook (base/base.h): the thread's spare record back to
  * the shared list. */
 static void spare_release(dlsync__thread *t) {
-  if (t->spare != NULL)
-    shared_put(t->spare);
-  t->spare = NULL;
-  t->spare_keyed = false;
+  if (dlsync__order_thread_of(t)->spare != NULL)
+    shared_put(dlsync__order_thread_of(t)->spare);
+  dlsync__order_thread_of(t)->spare = NULL;
+  dlsync__order_thread_of(t)->spare_keyed = false;
 }
 
 /* The unload hook (base/base.h): the records' chunks freed. By then the
@@ -78,10 +78,10 @@ cleanup:
 }
 
 void dlsync__exchange_free_slow(dlsync__thread *t, dlsync_exchange *ex) {
-  if (t->spare == NULL) {
+  if (dlsync__order_thread_of(t)->spare == NULL) {
     if (dlsync__thread_exit_arm(t)) {
-      t->spare_keyed = true;
-      t->spare = ex;
+      dlsync__order_thread_of(t)->spare_keyed = true;
+      dlsync__order_thread_of(t)->spare = ex;
       return;
     }
   }

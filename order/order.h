@@ -19,6 +19,31 @@
 extern "C" {
 #endif
 
+/* ---- this layer's part of the calling thread's block (base/base.h) ---- */
+
+#define DLSYNC__THREAD_RINGS 4
+
+typedef struct DLSYNC__MAY_ALIAS dlsync__order_thread {
+  void *spare; /* one free exchange record (handles.c) */
+  /* its release rings (release_rings.c), one per device below
+   * DLSYNC__THREAD_RINGS; NULL until it releases on that device */
+  void *rings[DLSYNC__THREAD_RINGS];
+  /* the capture an end after a begin that found both streams in one capture
+   * checks the consumer against (set by that end) */
+  uint64_t end_capture_id;
+  bool spare_keyed;   /* the thread-exit hook that gives `spare` back is set */
+  bool end_capture;   /* this thread's last exchange end found its consumer capturing */
+  bool then_capture;  /* its last begin or order found the later lane capturing */
+  bool first_capture; /* ... and found the earlier one capturing too */
+} dlsync__order_thread;
+
+_Static_assert(sizeof(dlsync__order_thread) <= DLSYNC__THREAD_ORDER_BYTES,
+               "order/'s per-thread block does not fit its slot in dlsync__thread");
+
+static inline dlsync__order_thread *dlsync__order_thread_of(dlsync__thread *t) {
+  return (dlsync__order_thread *)(void *)t->order.bytes;
+}
+
 /* ---- context (order/context.c) ---- */
 
 struct dlsync_context {

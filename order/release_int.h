@@ -294,7 +294,7 @@ static DLSYNC__INLINE release_ring *ring_of(reclaimer *r, dlsync__thread *t) {
   release_ring *g;
   if (DLSYNC__UNLIKELY(r->device < 0 || r->device >= DLSYNC__THREAD_RINGS))
     return NULL;
-  g = t->rings[r->device];
+  g = dlsync__order_thread_of(t)->rings[r->device];
   return DLSYNC__LIKELY(g != NULL) ? g : dlsync__ring_new(t, r);
 }
 

@@ -143,9 +143,9 @@ bool dlsync__rings_queued_locked(const reclaimer *r) {
  * once empty (woken, so that a sleeping one does not keep it). */
 static void rings_thread_exit(dlsync__thread *t) {
   for (int i = 0; i < DLSYNC__THREAD_RINGS; i++) {
-    release_ring *g = t->rings[i];
+    release_ring *g = dlsync__order_thread_of(t)->rings[i];
     reclaimer *owner;
-    t->rings[i] = NULL;
+    dlsync__order_thread_of(t)->rings[i] = NULL;
     if (g == NULL || atomic_load(&dlsync__rings_gone))
       continue;
     owner = g->owner; /* read first: once marked, the ring may be freed at once */
@@ -181,6 +181,6 @@ DLSYNC__NOINLINE release_ring *dlsync__ring_new(dlsync__thread *t, reclaimer *r)
   g->next = r->rings;
   r->rings = g;
   pthread_mutex_unlock(&r->lock);
-  t->rings[r->device] = g;
+  dlsync__order_thread_of(t)->rings[r->device] = g;
   return g;
 }
