@@ -864,9 +864,16 @@ dlsync_status dlsync_exchange_end(dlsync_exchange *handle) {
     p.first = ex->consumer_stream;
     p.then = ex->producer_stream;
     st = order_fast(t, ctx, p, q, NULL); /* an end has the streams only: no lanes to read */
-    if (st != DLSYNC__GENERAL) {
+    if (DLSYNC__LIKELY(st == DLSYNC_SUCCESS)) {
       exchange_free(t, ex);
-      return DLSYNC__LIKELY(st == DLSYNC_SUCCESS) ? st : end_failed(st, bits);
+      return st;
+    }
+    if (st != DLSYNC__GENERAL) {
+      /* The bits read again here, not kept from above: the fast path's
+       * registers are not spent on a failure's message. */
+      bits = ex->bits;
+      exchange_free(t, ex);
+      return end_failed(st, bits);
     }
   } else if (bits & EX_MANY) {
     return end_many(t, ex);
