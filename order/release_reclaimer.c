@@ -11,6 +11,13 @@
 
 #define NAP_US 50u
 #define NAPS 40u
+/* A batch smaller than this is followed by a nap before the next is taken:
+ * while releases trickle in, the thread gathers them for NAP_US instead of
+ * taking each few as they come, so that its driver calls (a capture-mode
+ * exchange and a synchronisation a batch) and its touches of the rings and
+ * the pools the releasing threads use come once per batch, not once per few
+ * releases. A deleter runs at most NAP_US later for it. */
+#define BATCH_GATHER 64u
 
 _Thread_local bool dlsync__on_reclaimer;
 _Thread_local const release_item *dlsync__running;
@@ -397,10 +404,17 @@ static void *reclaimer_main(void *p) {
       }
     }
     naps = 0;
-    if (r->drv == NULL)
-      run_janitor(batch);
-    else
-      run_batch(r, batch);
+    {
+      unsigned n = 0;
+      for (const release_item *it = batch; it != NULL && n < BATCH_GATHER; it = it->next)
+        n++;
+      if (r->drv == NULL)
+        run_janitor(batch);
+      else
+        run_batch(r, batch);
+      if (n < BATCH_GATHER && !atomic_load(&r->stopping))
+        usleep(NAP_US);
+    }
   }
   return NULL;
 }
