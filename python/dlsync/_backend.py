@@ -114,6 +114,22 @@ class NativeBackend:
     def fence_release(self, fence: int) -> None:
         self._ctypes.fence_release(fence)
 
+    # Other runtimes' events: the ctypes calls too, as the other fence calls
+    # (an import is no per-exchange cost).
+
+    def fence_import(self, event: int, provenance: int, capture_id: int, flags: int,
+                     out: Optional[ctypes.c_void_p] = None) -> int:
+        return self._ctypes.fence_import(event, provenance, capture_id, flags, out)
+
+    def capture_id(self, stream: Any) -> Optional[int]:
+        return self._ctypes.capture_id(stream)
+
+    def fence_export_event(self, fence: int) -> int:
+        return self._ctypes.fence_export_event(fence)
+
+    def fence_provenance(self, fence: int) -> Optional[int]:
+        return self._ctypes.fence_provenance(fence)
+
 
 def load_native(lib: ctypes.CDLL, package: str) -> Tuple[Optional[NativeBackend], Optional[str]]:
     """The compiled backend, or None and the reason. Never an error: the
