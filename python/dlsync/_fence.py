@@ -96,7 +96,7 @@ def event_handle(event: object) -> Tuple[Any, Optional[object]]:
             raise Error(INVALID_ARGUMENT, f"dlsync.Fence.from_event: the {module}.{kind} "
                         "was closed")
         return int(event.handle), event
-    raise TypeError(f"dlsync.Fence.from_event: cannot find a CUDA event in {kind} {event!r} "
+    raise TypeError(f"dlsync.Fence.from_event: cannot find a CUDA event in {module}.{kind} "
                     "(an int CUevent / cudaEvent_t handle, a torch.cuda.Event, a "
                     "cupy.cuda.Event or a cuda.core Event)")
 
