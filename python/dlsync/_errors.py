@@ -38,7 +38,8 @@ EVENT_KIND = "CUevent"
 
 
 def not_a_capture_id(value: object) -> str:
-    return f"capture_id must be an int (a capture's id) or None, not {type(value).__name__} {value!r}"
+    return (f"capture_id must be an int (a capture's id) or None, not "
+            f"{type(value).__name__} {value!r}")
 
 
 def capture_id_out_of_range(value: int) -> str:
