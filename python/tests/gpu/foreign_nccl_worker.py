@@ -51,12 +51,17 @@ def run(use, world):
     ev.record()  # torch creates the CUDA event at its first record
     torch.cuda.synchronize()
     g1 = torch.cuda.CUDAGraph()
-    with torch.cuda.graph(g1):
-        torch.cuda._sleep(SPIN)
-        torch.mul(src, 2, out=y)
-        work = dist.all_reduce(y, async_op=True)
-        work.wait()  # the capture's stream after NCCL's: the collective's end
-        ev.record()  # external: an event-record node after the all-reduce
+    try:  # no dlsync in this capture: where torch cannot make it, the case cannot run
+        with torch.cuda.graph(g1):
+            torch.cuda._sleep(SPIN)
+            torch.mul(src, 2, out=y)
+            work = dist.all_reduce(y, async_op=True)
+            work.wait()  # the capture's stream after NCCL's: the collective's end
+            ev.record()  # external: an event-record node after the all-reduce
+    except Exception as e:  # noqa: BLE001
+        torch.cuda.synchronize()
+        return {"skip": f"torch {torch.__version__} did not capture the async all-reduce: "
+                        f"{type(e).__name__}: {str(e).splitlines()[0][:160]}"}
     torch.cuda.synchronize()
     # The graph break: a library on its own stream, in a capture of its own.
     cy = cupy.from_dlpack(_NoSync(y))
