@@ -2,7 +2,8 @@
 """The ctypes backend: every call of the binding through ctypes.
 
 It is the fallback where dlsync._native cannot be used, and the part the
-compiled backend shares (the fences, the library's version and path).
+compiled backend shares (fence_signal, fence_wait and fence_release, the
+library's version and path).
 ``CtypesBackend(lib)`` conforms to dlsync._interface.Backend."""
 
 from __future__ import annotations
