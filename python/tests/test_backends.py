@@ -220,6 +220,12 @@ MISUSES = [
      lambda: dlsync.Fence.from_event(_typed_event("torch.cuda.streams", cuda_event=0),
                                      provenance="eager")),
     ("capture_id(1.5)", lambda: dlsync.capture_id(1.5)),
+    ("Fence.from_event: capture_id 1.5",
+     lambda: dlsync.Fence.from_event(0x50, provenance="captured", capture_id=1.5)),
+    ("Fence.from_event: capture_id -1",
+     lambda: dlsync.Fence.from_event(0x50, provenance="captured", capture_id=-1)),
+    ("Fence.from_event: capture_id 2**64",
+     lambda: dlsync.Fence.from_event(0x50, provenance="captured", capture_id=2**64)),
 ]
 
 
