@@ -34,7 +34,7 @@ from ._ctypes_impl import LEGACY, PER_THREAD
 from ._errors import CONDITIONAL_BODY, Error
 from ._exchange import CAPTURE_STABLE, exchange
 from ._exchange import _Exchange  # noqa: F401 - the one-exchange object (tests count it)
-from ._fence import Fence
+from ._fence import Fence, Provenance
 from ._graphs import capture_graph, conditional_body, is_conditional_body, launch
 from ._paths import get_cmake_dir, get_include, get_pkgconfig_dir
 from ._scope import _Wrapped, scope, wrap  # noqa: F401
@@ -52,6 +52,8 @@ __all__ = [
     "wrap",
     "scope",
     "Fence",
+    "Provenance",
+    "capture_id",
     "launch",
     "conditional_body",
     "is_conditional_body",
@@ -72,6 +74,7 @@ __all__ = [
 # The backend's own calls (no Python frame of dlsync's between).
 stream_handle: Callable[[Any], int] = _backend.active.stream_handle
 capture_state: Callable[[Any], str] = _backend.active.capture_state
+capture_id: Callable[[Any], Optional[int]] = _backend.active.capture_id
 version: Callable[[], str] = _backend.active.version
 library_path: Callable[[], str] = _backend.active.library_path
 

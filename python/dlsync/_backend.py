@@ -22,7 +22,7 @@ from ._ctypes_impl import CtypesBackend
 from ._errors import Error
 from ._interface import Backend, Ender, ExchangeContext, PythonExchange
 
-NATIVE_ABI = 4  # the _init contract of _native.c (DLSYNC_PY_ABI)
+NATIVE_ABI = 5  # the _init contract of _native.c (DLSYNC_PY_ABI)
 
 
 def optional_getattr_address() -> Optional[int]:
@@ -39,8 +39,10 @@ def optional_getattr_address() -> Optional[int]:
 
 class NativeBackend:
     """dlsync._native's calls over the library a CtypesBackend loaded (one
-    library, one default context, one last error); the fences, the library's
-    version and path and the status words stay that CtypesBackend's calls.
+    library, one default context, one last error); fence_signal, fence_wait,
+    fence_release, the library's version and path and the status words stay
+    that CtypesBackend's calls (the imports of other runtimes' events,
+    fence_import and its companions, are the module's).
 
     The compiled calls are the module's own functions, held as attributes
     (no Python frame between a caller and the C code); their types are the
@@ -60,6 +62,10 @@ class NativeBackend:
     body_add: Callable[[int], None]
     body_remove: Callable[[int], None]
     body_declared: Callable[[int], bool]
+    fence_import: Callable[..., int]
+    fence_export_event: Callable[[int], int]
+    fence_provenance: Callable[[int], Optional[int]]
+    capture_id: Callable[[Any], Optional[int]]
 
     def __init__(self, lib: ctypes.CDLL, native: Any):
         abi = getattr(native, "ABI", None)
@@ -85,6 +91,10 @@ class NativeBackend:
         self.body_add = native.body_add
         self.body_remove = native.body_remove
         self.body_declared = native.body_declared
+        self.fence_import = native.fence_import
+        self.fence_export_event = native.fence_export_event
+        self.fence_provenance = native.fence_provenance
+        self.capture_id = native.capture_id
 
     def set_python_exchange(self, fn: PythonExchange) -> None:
         self._python_exchange = fn

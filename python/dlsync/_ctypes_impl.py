@@ -2,7 +2,8 @@
 """The ctypes backend: every call of the binding through ctypes.
 
 It is the fallback where dlsync._native cannot be used, and the part the
-compiled backend shares (the fences, the library's version and path).
+compiled backend shares (fence_signal, fence_wait and fence_release, the
+library's version and path).
 ``CtypesBackend(lib)`` conforms to dlsync._interface.Backend."""
 
 from __future__ import annotations
@@ -22,6 +23,7 @@ MANY_MAX = 1024  # DLSYNC_EXCHANGE_MANY_MAX
 
 _LANE_STREAM = 1
 _LANE_CAPTURING = 1
+_FENCE_IMPORTED = 3  # DLSYNC_FENCE_IMPORTED
 _vp = ctypes.c_void_p
 _P = ctypes.POINTER
 _POINTER_BITS = 8 * ctypes.sizeof(_vp)
@@ -167,6 +169,13 @@ class CtypesBackend:
         self._fence_signal = fn("dlsync_fence_signal", ctypes.c_int, _P(_vp), _vp, _P(_Lane))
         self._fence_wait = fn("dlsync_fence_wait", ctypes.c_int, _vp, _P(_Lane))
         self._fence_release = fn("dlsync_fence_release", None, _vp)
+        # Other runtimes' events (include/dlsync/foreign.h).
+        self._fence_import = fn("dlsync_fence_import", ctypes.c_int, _P(_vp), _vp, _vp,
+                                ctypes.c_int, ctypes.c_uint64, ctypes.c_uint)
+        self._fence_export_event = fn("dlsync_fence_export_event", ctypes.c_int, _P(_vp), _vp)
+        self._fence_get_provenance = fn("dlsync_fence_get_provenance", ctypes.c_int,
+                                        _P(ctypes.c_int), _vp)
+        self._fence_get_kind = fn("dlsync_fence_get_kind", ctypes.c_int, _P(ctypes.c_int), _vp)
         self._graph_launch = fn("dlsync_graph_launch", ctypes.c_int, _vp, _vp, _vp, _P(_Lane))
         self._body_add = fn("dlsync_conditional_body_add", ctypes.c_int, _vp, _vp)
         self._body_remove = fn("dlsync_conditional_body_remove", ctypes.c_int, _vp, _vp)
@@ -320,6 +329,50 @@ class CtypesBackend:
 
     def fence_release(self, fence: int) -> None:
         self._fence_release(fence)
+
+    # ---- other runtimes' events (include/dlsync/foreign.h) ----
+
+    def fence_import(self, event: int, provenance: int, capture_id: int, flags: int,
+                     out: Optional[ctypes.c_void_p] = None) -> int:
+        """dlsync_fence_import of a CUevent handle: the fence (written into
+        ``out`` when given). The handle and capture id are checked ints (a
+        TypeError or ValueError naming them); provenance and flags go to the
+        library as given, which refuses what it does not know."""
+        e = checked_graph_handle(event, "the event", _errors.EVENT_KIND, False)
+        if isinstance(capture_id, bool) or not isinstance(capture_id, int):
+            raise TypeError(_errors.not_a_capture_id(capture_id))
+        if not 0 <= capture_id < 1 << 64:
+            raise ValueError(_errors.capture_id_out_of_range(capture_id))
+        if out is None:
+            out = _vp()
+        self._check(self._fence_import(ctypes.byref(out), self.context(), e, provenance,
+                                       capture_id, flags))
+        return int(out.value or 0)
+
+    def capture_id(self, stream: Any) -> Optional[int]:
+        """The id of the stream's capture (cuStreamGetCaptureInfo's, as
+        dlsync_lane_query reports it), or None for an eager stream."""
+        lane = self._lane(stream_handle(stream))
+        st = _LaneState()
+        self._check(self._lane_query(ctypes.byref(st), self.context(), ctypes.byref(lane)))
+        return int(st.capture_id) if st.kind == _LANE_CAPTURING else None
+
+    def fence_export_event(self, fence: int) -> int:
+        """dlsync_fence_export_event: the CUevent handle behind the fence."""
+        out = _vp()
+        self._check(self._fence_export_event(ctypes.byref(out), fence))
+        return int(out.value or 0)
+
+    def fence_provenance(self, fence: int) -> Optional[int]:
+        """dlsync_fence_get_provenance of an imported fence; None for a fence
+        dlsync signalled (dlsync_fence_get_kind says which it is)."""
+        kind = ctypes.c_int()
+        self._check(self._fence_get_kind(ctypes.byref(kind), fence))
+        if kind.value != _FENCE_IMPORTED:
+            return None
+        prov = ctypes.c_int()
+        self._check(self._fence_get_provenance(ctypes.byref(prov), fence))
+        return int(prov.value)
 
     # ---- structured graphs (include/dlsync/graph.h, conditional.h) ----
 

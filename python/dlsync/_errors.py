@@ -33,6 +33,17 @@ MANY_TAKES_A_LIST = "begin_many: the producers are a list or tuple of streams"
 # The graph calls' handle arguments (graph_launch, the conditional bodies).
 GRAPH_KIND = "CUgraph"
 EXEC_KIND = "CUgraphExec"
+# Other runtimes' events (dlsync.Fence.from_event, the backends' fence_import).
+EVENT_KIND = "CUevent"
+
+
+def not_a_capture_id(value: object) -> str:
+    return (f"capture_id must be an int (a capture's id) or None, not "
+            f"{type(value).__name__} {value!r}")
+
+
+def capture_id_out_of_range(value: int) -> str:
+    return f"capture_id is {value}: a capture's id is an unsigned 64-bit int"
 
 
 def not_a_handle(what: str, kind: str, value: object) -> str:

@@ -89,6 +89,21 @@ class Backend(Protocol):
     def fence_release(self, fence: int) -> None:
         """dlsync_fence_release."""
 
+    # Other runtimes' events (include/dlsync/foreign.h).
+
+    def fence_import(self, event: int, provenance: int, capture_id: int, flags: int,
+                     out: Optional[ctypes.c_void_p] = None) -> int:
+        """dlsync_fence_import of a CUevent handle: the fence's handle."""
+
+    def capture_id(self, stream: Any) -> Optional[int]:
+        """The id of the stream's capture, or None for an eager stream."""
+
+    def fence_export_event(self, fence: int) -> int:
+        """dlsync_fence_export_event: the CUevent handle behind a fence."""
+
+    def fence_provenance(self, fence: int) -> Optional[int]:
+        """dlsync_fence_get_provenance; None for a fence that was not imported."""
+
     def graph_launch(self, graph: Optional[int], exec_: Optional[int], stream: Any) -> None:
         """dlsync_graph_launch."""
 

@@ -36,12 +36,14 @@
 #include "dlsync/dlpack.h"
 #include "dlsync/env.h"
 #include "dlsync/exchange.h"
+#include "dlsync/fence.h"
+#include "dlsync/foreign.h"
 #include "dlsync/graph.h"
 #include "dlsync/lane.h"
 #include "dlsync/status.h"
 
 /* The contract between _init and dlsync/_backend.py (NATIVE_ABI), which checks it. */
-#define DLSYNC_PY_ABI 4
+#define DLSYNC_PY_ABI 5
 
 /* ---- the library's functions, by address ---- */
 
@@ -66,6 +68,18 @@ typedef dlsync_status dlsync_py_graph_launch_fn(dlsync_context *ctx, struct CUgr
                                                 struct CUgraphExec_st *exec, dlsync_lane *lane);
 typedef dlsync_status dlsync_py_body_fn(dlsync_context *ctx, struct CUgraph_st *body);
 typedef int dlsync_py_body_declared_fn(dlsync_context *ctx, struct CUgraph_st *body);
+/* Other runtimes' events (foreign.h), and the fence calls they need. */
+typedef dlsync_status dlsync_py_fence_import_fn(dlsync_fence **out, dlsync_context *ctx,
+                                                struct CUevent_st *event,
+                                                dlsync_provenance provenance, uint64_t capture_id,
+                                                unsigned int flags);
+typedef dlsync_status dlsync_py_fence_export_event_fn(struct CUevent_st **out,
+                                                      const dlsync_fence *fence);
+typedef dlsync_status dlsync_py_fence_get_provenance_fn(dlsync_provenance *out,
+                                                        const dlsync_fence *fence);
+typedef dlsync_status dlsync_py_fence_get_kind_fn(dlsync_fence_kind *out,
+                                                  const dlsync_fence *fence);
+typedef void dlsync_py_fence_release_fn(dlsync_fence *fence);
 /* PyObject_GetOptionalAttr (3.13) / _PyObject_LookupAttr (3.7 to 3.12): a
  * getattr that does not build an AttributeError for a missing attribute. */
 typedef int dlsync_py_getattr_fn(PyObject *obj, PyObject *name, PyObject **result);
@@ -87,6 +101,11 @@ DLSYNC_PY_SAME_TYPE(dlsync_graph_launch, dlsync_py_graph_launch_fn);
 DLSYNC_PY_SAME_TYPE(dlsync_conditional_body_add, dlsync_py_body_fn);
 DLSYNC_PY_SAME_TYPE(dlsync_conditional_body_remove, dlsync_py_body_fn);
 DLSYNC_PY_SAME_TYPE(dlsync_conditional_body_is_declared, dlsync_py_body_declared_fn);
+DLSYNC_PY_SAME_TYPE(dlsync_fence_import, dlsync_py_fence_import_fn);
+DLSYNC_PY_SAME_TYPE(dlsync_fence_export_event, dlsync_py_fence_export_event_fn);
+DLSYNC_PY_SAME_TYPE(dlsync_fence_get_provenance, dlsync_py_fence_get_provenance_fn);
+DLSYNC_PY_SAME_TYPE(dlsync_fence_get_kind, dlsync_py_fence_get_kind_fn);
+DLSYNC_PY_SAME_TYPE(dlsync_fence_release, dlsync_py_fence_release_fn);
 
 typedef struct dlsync_py_api {
   dlsync_py_begin_fn *exchange_begin_flags;
@@ -102,6 +121,11 @@ typedef struct dlsync_py_api {
   dlsync_py_body_fn *body_add;
   dlsync_py_body_fn *body_remove;
   dlsync_py_body_declared_fn *body_declared;
+  dlsync_py_fence_import_fn *fence_import;
+  dlsync_py_fence_export_event_fn *fence_export_event;
+  dlsync_py_fence_get_provenance_fn *fence_get_provenance;
+  dlsync_py_fence_get_kind_fn *fence_get_kind;
+  dlsync_py_fence_release_fn *fence_release;
 } dlsync_py_api;
 
 /* An address arrives as an integer (void *) and is stored as a function
@@ -126,6 +150,11 @@ static const struct dlsync_py_symbol {
     {"dlsync_conditional_body_add", offsetof(dlsync_py_api, body_add)},
     {"dlsync_conditional_body_remove", offsetof(dlsync_py_api, body_remove)},
     {"dlsync_conditional_body_is_declared", offsetof(dlsync_py_api, body_declared)},
+    {"dlsync_fence_import", offsetof(dlsync_py_api, fence_import)},
+    {"dlsync_fence_export_event", offsetof(dlsync_py_api, fence_export_event)},
+    {"dlsync_fence_get_provenance", offsetof(dlsync_py_api, fence_get_provenance)},
+    {"dlsync_fence_get_kind", offsetof(dlsync_py_api, fence_get_kind)},
+    {"dlsync_fence_release", offsetof(dlsync_py_api, fence_release)},
 };
 #define DLSYNC_PY_NSYMBOLS (sizeof dlsync_py_symbols / sizeof dlsync_py_symbols[0])
 
@@ -1035,6 +1064,133 @@ static PyObject *dlsync_py_body_declared(PyObject *module, PyObject *body) {
   return PyBool_FromLong(dlsync_py_lib.body_declared(ctx, (struct CUgraph_st *)g) != 0);
 }
 
+/* ---- other runtimes' events (include/dlsync/foreign.h): fence_import,
+ * fence_export_event, fence_provenance and capture_id of _ctypes_impl.py ---- */
+
+/* A capture id: an int (not a bool) with 0 <= value < 2**64, in the words of
+ * _errors.py's not_a_capture_id / capture_id_out_of_range. */
+static int dlsync_py_capture_id_value(PyObject *value, uint64_t *out) {
+  unsigned long long v;
+  if (PyBool_Check(value) || !PyLong_Check(value)) {
+    PyObject *type_name = dlsync_py_type_name(value);
+    PyObject *repr = type_name != NULL ? PyObject_Repr(value) : NULL;
+    if (repr != NULL)
+      PyErr_Format(PyExc_TypeError, "capture_id must be an int (a capture's id) or None, not %U %U",
+                   type_name, repr);
+    Py_XDECREF(type_name);
+    Py_XDECREF(repr);
+    return -1;
+  }
+  v = PyLong_AsUnsignedLongLong(value);
+  if (v == (unsigned long long)-1 && PyErr_Occurred()) {
+    PyObject *text;
+    if (!PyErr_ExceptionMatches(PyExc_OverflowError))
+      return -1;
+    PyErr_Clear();
+    text = PyObject_Format(value, dlsync_py_s_empty);
+    if (text != NULL) {
+      PyErr_Format(PyExc_ValueError, "capture_id is %U: a capture's id is an unsigned 64-bit int",
+                   text);
+      Py_DECREF(text);
+    }
+    return -1;
+  }
+  *out = (uint64_t)v;
+  return 0;
+}
+
+/* fence_import(event, provenance, capture_id, flags, out=None): the fence,
+ * written into out (a ctypes.c_void_p) first when given; released again if
+ * out cannot take it. The GIL is released around the import (cuEventQuery). */
+static PyObject *dlsync_py_fence_import(PyObject *module, PyObject *args) {
+  PyObject *event, *capture, *out = Py_None, *handle;
+  int provenance;
+  unsigned int flags;
+  void *e;
+  uint64_t capture_id;
+  dlsync_fence *fence = NULL;
+  dlsync_context *ctx;
+  PyThreadState *released;
+  dlsync_status status;
+  (void)module;
+  if (!PyArg_ParseTuple(args, "OiOI|O:fence_import", &event, &provenance, &capture, &flags, &out) ||
+      dlsync_py_check_ready() < 0 ||
+      dlsync_py_graph_handle(event, "the event", "CUevent", 0, &e) < 0 ||
+      dlsync_py_capture_id_value(capture, &capture_id) < 0)
+    return NULL;
+  ctx = dlsync_py_context();
+  if (ctx == NULL)
+    return NULL;
+  released = PyEval_SaveThread();
+  status = dlsync_py_lib.fence_import(&fence, ctx, (struct CUevent_st *)e,
+                                      (dlsync_provenance)provenance, capture_id, flags);
+  PyEval_RestoreThread(released);
+  if (status != DLSYNC_SUCCESS)
+    return dlsync_py_fail(status);
+  handle = PyLong_FromVoidPtr(fence);
+  if (handle != NULL && out != Py_None && PyObject_SetAttr(out, dlsync_py_s_value, handle) < 0)
+    Py_CLEAR(handle);
+  if (handle == NULL)
+    dlsync_py_lib.fence_release(fence);
+  return handle;
+}
+
+/* A fence handle given by dlsync's own Python code (an int); -1 with an
+ * exception. */
+static int dlsync_py_fence_value(PyObject *value, const dlsync_fence **out) {
+  void *f = PyLong_AsVoidPtr(value);
+  if (f == NULL && PyErr_Occurred())
+    return -1;
+  *out = (const dlsync_fence *)f;
+  return 0;
+}
+
+/* fence_export_event(fence): the CUevent handle behind the fence (no driver call). */
+static PyObject *dlsync_py_fence_export_event(PyObject *module, PyObject *value) {
+  const dlsync_fence *fence;
+  struct CUevent_st *event = NULL;
+  dlsync_status status;
+  (void)module;
+  if (dlsync_py_check_ready() < 0 || dlsync_py_fence_value(value, &fence) < 0)
+    return NULL;
+  status = dlsync_py_lib.fence_export_event(&event, fence);
+  if (status != DLSYNC_SUCCESS)
+    return dlsync_py_fail(status);
+  return PyLong_FromVoidPtr(event);
+}
+
+/* fence_provenance(fence): the provenance of an imported fence, None for a
+ * fence dlsync signalled (no driver call). */
+static PyObject *dlsync_py_fence_provenance(PyObject *module, PyObject *value) {
+  const dlsync_fence *fence;
+  dlsync_fence_kind kind = DLSYNC_FENCE_EAGER;
+  dlsync_provenance provenance = DLSYNC_PROVENANCE_EAGER;
+  dlsync_status status;
+  (void)module;
+  if (dlsync_py_check_ready() < 0 || dlsync_py_fence_value(value, &fence) < 0)
+    return NULL;
+  status = dlsync_py_lib.fence_get_kind(&kind, fence);
+  if (status != DLSYNC_SUCCESS)
+    return dlsync_py_fail(status);
+  if (kind != DLSYNC_FENCE_IMPORTED)
+    Py_RETURN_NONE;
+  status = dlsync_py_lib.fence_get_provenance(&provenance, fence);
+  if (status != DLSYNC_SUCCESS)
+    return dlsync_py_fail(status);
+  return PyLong_FromLong((long)provenance);
+}
+
+/* capture_id(stream): the id of the stream's capture, or None when eager. */
+static PyObject *dlsync_py_capture_id(PyObject *module, PyObject *stream) {
+  dlsync_lane_state state;
+  (void)module;
+  if (dlsync_py_query_stream(&state, stream) < 0)
+    return NULL;
+  if (state.kind != DLSYNC_LANE_CAPTURING)
+    Py_RETURN_NONE;
+  return PyLong_FromUnsignedLongLong((unsigned long long)state.capture_id);
+}
+
 static PyObject *dlsync_py_init(PyObject *module, PyObject *args) {
   PyObject *symbols, *error, *python_begin, *getattr_address;
   dlsync_py_api lib;
@@ -1121,6 +1277,17 @@ static PyMethodDef dlsync_py_functions[] = {
      "body_remove(graph)\n--\n\ndlsync_conditional_body_remove."},
     {"body_declared", dlsync_py_body_declared, METH_O,
      "body_declared(graph)\n--\n\ndlsync_conditional_body_is_declared, as a bool."},
+    {"fence_import", dlsync_py_fence_import, METH_VARARGS,
+     "fence_import(event, provenance, capture_id, flags, out=None)\n--\n\n"
+     "dlsync_fence_import of a CUevent handle: the fence's handle (an int), written into out (a "
+     "ctypes.c_void_p) first when given."},
+    {"fence_export_event", dlsync_py_fence_export_event, METH_O,
+     "fence_export_event(fence)\n--\n\ndlsync_fence_export_event: the CUevent handle."},
+    {"fence_provenance", dlsync_py_fence_provenance, METH_O,
+     "fence_provenance(fence)\n--\n\n"
+     "dlsync_fence_get_provenance of an imported fence; None for a fence dlsync signalled."},
+    {"capture_id", dlsync_py_capture_id, METH_O,
+     "capture_id(stream)\n--\n\nThe id of the stream's capture, or None when eager."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -24,6 +24,13 @@ CU_GRAPH_COND_ASSIGN_DEFAULT = 1
 COND_IF, COND_WHILE = 0, 1
 CAPTURE_RELAXED = 2
 CUDA_ERROR_INVALID_VALUE = 1
+CUDA_ERROR_NOT_READY = 600
+CU_EVENT_DISABLE_TIMING = 2
+CU_EVENT_RECORD_EXTERNAL = 1
+# The calls that queue work or add a node: a refusal makes none of them.
+QUEUEING_CALLS = ("cuEventRecord", "cuEventRecordWithFlags", "cuStreamWaitEvent",
+                  "cuGraphAddEventWaitNode", "cuGraphAddEventRecordNode",
+                  "cuStreamUpdateCaptureDependencies")
 _vp = ctypes.c_void_p
 _P = ctypes.POINTER
 
@@ -66,6 +73,14 @@ class FakeCuda:
         self._exec_destroy = self._fn("cuGraphExecDestroy", _vp)
         self._get_nodes = self._fn("cuGraphGetNodes", _vp, _vp, _P(ctypes.c_size_t))
         self._node_type = self._fn("cuGraphNodeGetType", _vp, _P(ctypes.c_int))
+        self._event_create = self._fn("cuEventCreate", _P(_vp), ctypes.c_uint)
+        self._event_destroy = self._fn("cuEventDestroy", _vp)
+        self._event_record = self._fn("cuEventRecord", _vp, _vp)
+        self._event_record_flags = self._fn("cuEventRecordWithFlags", _vp, _vp, ctypes.c_uint)
+        self._stream_wait_event = self._fn("cuStreamWaitEvent", _vp, _vp, ctypes.c_uint)
+        self._capture_info = self._fn("cuStreamGetCaptureInfo", _vp, _P(ctypes.c_int),
+                                      _P(ctypes.c_uint64), _vp, _vp, _vp, _vp)
+        self._graph_launch = self._fn("cuGraphLaunch", _vp, _vp)
 
     def _fn(self, name, *argtypes):
         p = _vp()
@@ -179,6 +194,45 @@ class FakeCuda:
             self._check(self._node_type(nodes[i], ctypes.byref(t)), "cuGraphNodeGetType")
             out.append(t.value)
         return out
+
+    # ---- events (other runtimes' events, dlsync.Fence.from_event) ----
+
+    def event(self):
+        """A new event's handle (timing disabled)."""
+        e = _vp()
+        self._check(self._event_create(ctypes.byref(e), CU_EVENT_DISABLE_TIMING), "cuEventCreate")
+        return e.value
+
+    def event_destroy(self, event):
+        self._check(self._event_destroy(event), "cuEventDestroy")
+
+    def record(self, event, stream):
+        """A plain cuEventRecord."""
+        self._check(self._event_record(event, stream), "cuEventRecord")
+
+    def record_external(self, event, stream):
+        """cuEventRecordWithFlags(CU_EVENT_RECORD_EXTERNAL): in a capture, an
+        event-record node."""
+        self._check(self._event_record_flags(event, stream, CU_EVENT_RECORD_EXTERNAL),
+                    "cuEventRecordWithFlags")
+
+    def wait_event(self, stream, event):
+        """A plain cuStreamWaitEvent."""
+        self._check(self._stream_wait_event(stream, event, 0), "cuStreamWaitEvent")
+
+    def capture_id(self, stream):
+        """cuStreamGetCaptureInfo's id of the stream's capture (0: none)."""
+        status, cid = ctypes.c_int(), ctypes.c_uint64()
+        self._check(self._capture_info(stream, ctypes.byref(status), ctypes.byref(cid), None,
+                                       None, None, None), "cuStreamGetCaptureInfo")
+        return cid.value
+
+    def launch(self, exec_, stream):
+        self._check(self._graph_launch(exec_, stream), "cuGraphLaunch")
+
+    def queued(self):
+        """The counts of QUEUEING_CALLS made so far."""
+        return {name: self.calls(name) for name in QUEUEING_CALLS}
 
     def fail_nth(self, symbol, nth, result=CUDA_ERROR_UNKNOWN):
         """The nth call of `symbol` from now fails with `result` (one shot)."""

@@ -137,6 +137,11 @@ def _typed(module, name):
     return type(name, (), {"__module__": module})()
 
 
+def _typed_event(module, **attrs):
+    """An event object whose type claims ``module.Event``."""
+    return type("Event", (), dict(attrs, __module__=module))()
+
+
 def _wrap_export(stream):
     return lambda: dlsync.wrap(_NoStream(), producer=0x10).__dlpack__(stream=stream)
 
@@ -202,6 +207,25 @@ MISUSES = [
     ("body_declared('x')", lambda: _backend.active.body_declared("x")),
     ("body_remove(True)", lambda: _backend.active.body_remove(True)),
     ("capture_graph(1.5)", lambda: dlsync.capture_graph(1.5)),
+    ("Fence.from_event(object())",
+     lambda: dlsync.Fence.from_event(object(), provenance=dlsync.Provenance.EAGER)),
+    ("Fence.from_event(1.5)", lambda: dlsync.Fence.from_event(1.5, provenance="eager")),
+    ("Fence.from_event(2**64)", lambda: dlsync.Fence.from_event(2**64, provenance="eager")),
+    ("Fence.from_event: provenance 'bogus'",
+     lambda: dlsync.Fence.from_event(0x50, provenance="bogus")),
+    ("Fence.from_event: own=True of a torch event",
+     lambda: dlsync.Fence.from_event(_typed_event("torch.cuda.streams", cuda_event=0x50),
+                                     provenance="eager", own=True)),
+    ("Fence.from_event: a torch event never recorded",
+     lambda: dlsync.Fence.from_event(_typed_event("torch.cuda.streams", cuda_event=0),
+                                     provenance="eager")),
+    ("capture_id(1.5)", lambda: dlsync.capture_id(1.5)),
+    ("Fence.from_event: capture_id 1.5",
+     lambda: dlsync.Fence.from_event(0x50, provenance="captured", capture_id=1.5)),
+    ("Fence.from_event: capture_id -1",
+     lambda: dlsync.Fence.from_event(0x50, provenance="captured", capture_id=-1)),
+    ("Fence.from_event: capture_id 2**64",
+     lambda: dlsync.Fence.from_event(0x50, provenance="captured", capture_id=2**64)),
 ]
 
 
@@ -215,6 +239,26 @@ def _no_context_address(fn):
             raise dlsync.Error(e.status, re.sub(r"context 0x[0-9a-f]+", "context 0x...",
                                                 e.message)) from None
     return run
+
+
+def _no_address(fn, what):
+    """fn, its dlsync.Error's message without the address after ``what`` (a
+    heap address, other in each child)."""
+    def run():
+        try:
+            return fn()
+        except dlsync.Error as e:
+            raise dlsync.Error(e.status, re.sub(what + r" 0x[0-9a-f]+", what + " 0x...",
+                                                e.message)) from None
+    return run
+
+
+def _no_event_address(fn):
+    return _no_address(fn, "event")
+
+
+def _no_fence_address(fn):
+    return _no_address(fn, "fence")
 
 
 def _fake_misuses(fake):
@@ -256,6 +300,25 @@ def _fake_misuses(fake):
             dlsync.launch(None, s, exec=0x40)
         finally:
             fake.end_capture_graph(s)
+
+    def import_destroyed():
+        e = fake.event()
+        fake.event_destroy(e)
+        return _no_event_address(lambda: dlsync.Fence.from_event(e, provenance="eager"))()
+
+    def captured_waited_eagerly():
+        s, e = fake.stream(), fake.event()
+        fake.begin_capture(s)
+        try:
+            fake.record(e, s)
+            f = dlsync.Fence.from_event(e, provenance="captured", capture_id=fake.capture_id(s))
+            try:
+                return _no_fence_address(lambda: f.wait(s1))()
+            finally:
+                f.close()
+        finally:
+            fake.end_capture_graph(s)
+            fake.event_destroy(e)
 
     class _Tensor:
         """A CUDA DLPack producer on a stream; ``keep`` makes the cycle."""
@@ -324,6 +387,9 @@ def _fake_misuses(fake):
         ("launch of no graph on a capture", launch_no_graph_in_capture),
         ("a row that adds a node in a declared body", refused_in_body),
         ("a fence signalled in a declared body", fence_in_body),
+        ("Fence.from_event(0)", lambda: dlsync.Fence.from_event(0, provenance="eager")),
+        ("Fence.from_event of a destroyed event", import_destroyed),
+        ("a CAPTURED import waited on an eager stream", captured_waited_eagerly),
     ]
 
 
@@ -435,7 +501,7 @@ class SameMisuseOnBothBackends(unittest.TestCase):
                                                  "without a matching __enter__"])
 
     @unittest.skipUnless(os.environ.get("DLSYNC_TEST_FAKE_LIBCUDA"), "no fake driver")
-    def test_the_interrupt_walk_and_structured_graphs_on_the_compiled_backend_too(self):
+    def test_the_interrupt_walk_structured_graphs_and_imports_on_the_compiled_backend(self):
         with tempfile.TemporaryDirectory() as tmp:
             env, why = _native_package(tmp)
             if env is None:
@@ -446,7 +512,7 @@ class SameMisuseOnBothBackends(unittest.TestCase):
             env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", DLSYNC_EXPECT_NATIVE="1", **env)
             env.pop("DLSYNC_NO_NATIVE", None)
             done = subprocess.run([sys.executable, "-m", "unittest", "test_interrupts",
-                                   "test_structured_cpu"],
+                                   "test_structured_cpu", "test_foreign"],
                                   cwd=HERE, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, timeout=300)
         self.assertEqual(done.returncode, 0, done.stdout[-4000:])

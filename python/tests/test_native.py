@@ -392,6 +392,7 @@ class NativeOnly(unittest.TestCase):
     def test_the_module_names_what_it_needs(self):
         self.assertIn("dlsync_exchange_begin_flags", dlsync._native.SYMBOLS)
         self.assertIn("dlsync_exchange_begin_many", dlsync._native.SYMBOLS)
+        self.assertIn("dlsync_fence_import", dlsync._native.SYMBOLS)
         self.assertEqual(dlsync._native.ABI, _backend.NATIVE_ABI)
         self.assertEqual(dlsync._native.POINTER_BITS, 8 * _ctypes_impl.ctypes.sizeof(
             _ctypes_impl.ctypes.c_void_p))

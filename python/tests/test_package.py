@@ -359,6 +359,10 @@ def use(a: object, b: object, body: int) -> None:
     fence = dlsync.Fence(a)
     fence.wait(b)
     fence.close()
+    imported = dlsync.Fence.from_event(handle, provenance=dlsync.Provenance.EAGER)
+    event: int = imported.event()
+    prov: Optional[dlsync.Provenance] = imported.provenance
+    also = dlsync.Fence.from_event(event, provenance="captured", capture_id=dlsync.capture_id(a))
     graph: Optional[int] = dlsync.capture_graph(a)
     dlsync.launch(graph, b)
     declared: bool = dlsync.is_conditional_body(body)
@@ -416,7 +420,8 @@ class TypeChecked(unittest.TestCase):
 
 class PublicNames(unittest.TestCase):
     def test_every_name_of_the_api_is_there(self):
-        for name in ("Error", "version", "exchange", "wrap", "scope", "Fence", "stream_handle",
+        for name in ("Error", "version", "exchange", "wrap", "scope", "Fence", "Provenance",
+                     "capture_id", "stream_handle",
                      "capture_state", "LEGACY", "PER_THREAD", "library_path", "CAPTURE_STABLE",
                      "__version__", "get_include", "get_cmake_dir", "get_pkgconfig_dir"):
             self.assertTrue(hasattr(dlsync, name), name)
