@@ -15,14 +15,14 @@ import ctypes
 import importlib
 import os
 import sys
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 from . import _loader
 from ._ctypes_impl import CtypesBackend
 from ._errors import Error
 from ._interface import Backend, Ender, ExchangeContext, PythonExchange
 
-NATIVE_ABI = 4  # the _init contract of _native.c (DLSYNC_PY_ABI)
+NATIVE_ABI = 5  # the _init contract of _native.c (DLSYNC_PY_ABI)
 
 
 def optional_getattr_address() -> Optional[int]:
@@ -60,6 +60,10 @@ class NativeBackend:
     body_add: Callable[[int], None]
     body_remove: Callable[[int], None]
     body_declared: Callable[[int], bool]
+    # ---- graph compilers ----
+    begin_fanout: Callable[..., int]
+    order: Callable[[Any, Any], None]
+    node_declare: Callable[[int, int, Sequence[int]], None]
 
     def __init__(self, lib: ctypes.CDLL, native: Any):
         abi = getattr(native, "ABI", None)
@@ -85,6 +89,10 @@ class NativeBackend:
         self.body_add = native.body_add
         self.body_remove = native.body_remove
         self.body_declared = native.body_declared
+        # ---- graph compilers ----
+        self.begin_fanout = native.begin_fanout
+        self.order = native.order
+        self.node_declare = native.node_declare
 
     def set_python_exchange(self, fn: PythonExchange) -> None:
         self._python_exchange = fn

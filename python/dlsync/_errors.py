@@ -33,6 +33,11 @@ MANY_TAKES_A_LIST = "begin_many: the producers are a list or tuple of streams"
 # The graph calls' handle arguments (graph_launch, the conditional bodies).
 GRAPH_KIND = "CUgraph"
 EXEC_KIND = "CUgraphExec"
+# ---- graph compilers: fan-out and conditional nodes ----
+NODE_KIND = "CUgraphNode"
+FANOUT_TAKES_A_LIST = "begin_fanout: the consumers are a list or tuple of streams"
+DECLARE_TAKES_A_LIST = "node_declare: the bodies are a list or tuple of CUgraph handles"
+# ---- end graph compilers ----
 
 
 def not_a_handle(what: str, kind: str, value: object) -> str:

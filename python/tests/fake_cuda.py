@@ -111,7 +111,14 @@ class FakeCuda:
     def conditional(self, kind=COND_IF):
         """(parent, body): a new graph with one conditional node (IF or
         WHILE) and that node's body (which the node owns)."""
-        parent = self.graph()
+        parent, _, body = self.conditional_node(kind)
+        return parent, body
+
+    def conditional_node(self, kind=COND_IF, parent=None):
+        """(parent, node, body): a conditional node (IF or WHILE) added to
+        ``parent`` (a new graph when None), the node, and its body."""
+        if parent is None:
+            parent = self.graph()
         handle = ctypes.c_uint64()
         self._check(self._cond_create(ctypes.byref(handle), parent, self.ctx, 1,
                                       CU_GRAPH_COND_ASSIGN_DEFAULT),
@@ -128,7 +135,7 @@ class FakeCuda:
         self._check(self._add_node(ctypes.byref(node), parent, None, None, 0,
                                    ctypes.addressof(params)), "cuGraphAddNode")
         bodies = ctypes.c_void_p.from_buffer(params, 32).value
-        return parent, ctypes.c_void_p.from_address(bodies).value
+        return parent, node.value, ctypes.c_void_p.from_address(bodies).value
 
     def begin_capture_to(self, stream, graph):
         """cuStreamBeginCaptureToGraph(stream, graph), relaxed mode."""

@@ -202,6 +202,22 @@ MISUSES = [
     ("body_declared('x')", lambda: _backend.active.body_declared("x")),
     ("body_remove(True)", lambda: _backend.active.body_remove(True)),
     ("capture_graph(1.5)", lambda: dlsync.capture_graph(1.5)),
+    # graph compilers: fan-out, order, conditional nodes
+    ("begin_fanout of a str", lambda: _backend.active.begin_fanout(0x10, "ab")),
+    ("begin_fanout of None", lambda: _backend.active.begin_fanout(0x10, None)),
+    ("begin_fanout: a float consumer", lambda: _backend.active.begin_fanout(0x10, [0x20, 1.5])),
+    ("begin_fanout: producer a str", lambda: _backend.active.begin_fanout("p", [0x20])),
+    ("exchange: a None consumer", lambda: dlsync.exchange(0x10, consumers=[0x20, None])
+     .__enter__()),
+    ("exchange: consumers a set", lambda: dlsync.exchange(0x10, consumers={0x20})),
+    ("order: then a float", lambda: _backend.active.order(0x10, 1.5)),
+    ("node_declare: parent None", lambda: _backend.active.node_declare(None, 0x40, [0x50])),
+    ("node_declare: node a str", lambda: _backend.active.node_declare(0x30, "n", [0x50])),
+    ("node_declare: bodies a set", lambda: _backend.active.node_declare(0x30, 0x40, {0x50})),
+    ("node_declare: bodies[1] -1", lambda: _backend.active.node_declare(0x30, 0x40, [0x50, -1])),
+    ("node_declare: node 2**64", lambda: _backend.active.node_declare(0x30, 2**64, [0x50])),
+    ("conditional_node(object())", lambda: dlsync.conditional_node(object(), 0x40, 0x50)
+     .__enter__()),
 ]
 
 
@@ -324,6 +340,12 @@ def _fake_misuses(fake):
         ("launch of no graph on a capture", launch_no_graph_in_capture),
         ("a row that adds a node in a declared body", refused_in_body),
         ("a fence signalled in a declared body", fence_in_body),
+        ("begin_fanout of no consumers", lambda: _backend.active.begin_fanout(s1, [])),
+        ("begin_fanout: a consumer twice", lambda: _backend.active.begin_fanout(s1, [s2, s2])),
+        ("begin_fanout: unknown flag bits", lambda: _backend.active.begin_fanout(s1, [s2], 1 << 7)),
+        ("order on a stream the driver does not know", lambda: _backend.active.order(0x10, s2)),
+        ("node_declare of a node not in the parent", lambda: _backend.active.node_declare(
+            fake.graph(), fake.conditional_node()[1], [0x50])),
     ]
 
 
@@ -446,7 +468,7 @@ class SameMisuseOnBothBackends(unittest.TestCase):
             env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", DLSYNC_EXPECT_NATIVE="1", **env)
             env.pop("DLSYNC_NO_NATIVE", None)
             done = subprocess.run([sys.executable, "-m", "unittest", "test_interrupts",
-                                   "test_structured_cpu"],
+                                   "test_structured_cpu", "test_compilers_cpu"],
                                   cwd=HERE, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, timeout=300)
         self.assertEqual(done.returncode, 0, done.stdout[-4000:])
