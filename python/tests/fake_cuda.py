@@ -66,6 +66,11 @@ class FakeCuda:
         self._exec_destroy = self._fn("cuGraphExecDestroy", _vp)
         self._get_nodes = self._fn("cuGraphGetNodes", _vp, _vp, _P(ctypes.c_size_t))
         self._node_type = self._fn("cuGraphNodeGetType", _vp, _P(ctypes.c_int))
+        self._capture_info = self._fn("cuStreamGetCaptureInfo", _vp, _P(ctypes.c_int),
+                                      _P(ctypes.c_uint64), _P(_vp), _P(_P(_vp)), _P(_vp),
+                                      _P(ctypes.c_size_t))
+        self._update_deps = self._fn("cuStreamUpdateCaptureDependencies", _vp, _P(_vp), _vp,
+                                     ctypes.c_size_t, ctypes.c_uint)
 
     def _fn(self, name, *argtypes):
         p = _vp()
@@ -186,6 +191,21 @@ class FakeCuda:
             self._check(self._node_type(nodes[i], ctypes.byref(t)), "cuGraphNodeGetType")
             out.append(t.value)
         return out
+
+    def capture_info(self, stream):
+        """(CUresult, status, id, graph, [dependencies]) of cuStreamGetCaptureInfo."""
+        status, cid, graph = ctypes.c_int(), ctypes.c_uint64(), _vp()
+        deps, n = _P(_vp)(), ctypes.c_size_t()
+        r = self._capture_info(stream, ctypes.byref(status), ctypes.byref(cid),
+                               ctypes.byref(graph), ctypes.byref(deps), None, ctypes.byref(n))
+        nodes = [deps[i] for i in range(n.value)] if r == CUDA_SUCCESS else []
+        return r, status.value, cid.value, graph.value, nodes
+
+    def set_capture_dependencies(self, stream, nodes):
+        """cuStreamUpdateCaptureDependencies(SET): the capture's next work after ``nodes``."""
+        array = (_vp * max(len(nodes), 1))(*nodes)
+        self._check(self._update_deps(stream, array, None, len(nodes), 1),
+                    "cuStreamUpdateCaptureDependencies")
 
     def fail_nth(self, symbol, nth, result=CUDA_ERROR_UNKNOWN):
         """The nth call of `symbol` from now fails with `result` (one shot)."""

@@ -252,6 +252,55 @@ class ConditionalNode(unittest.TestCase):
         with dlsync.conditional_node(self.parent, node, [builder]) as handles:
             self.assertEqual(handles, (body,))
 
+    def test_a_cuda_core_parent_builder_gives_the_node_it_just_added(self):
+        """cuda.core's if_then / while_loop add the node with cuGraphAddNode and
+        make it the builder's only capture dependency: with node=None,
+        dlsync reads it there (cuda.bindings' cuStreamGetCaptureInfo, faked
+        over the fake driver here)."""
+        import types
+
+        driver = types.ModuleType("cuda.bindings.driver")
+        driver.CUstreamCaptureStatus = types.SimpleNamespace(CU_STREAM_CAPTURE_STATUS_ACTIVE=1)
+
+        def get_capture_info(stream):
+            r, status, cid, graph, deps = FAKE.capture_info(int(stream))
+            return (r, status, cid, graph, deps, None, len(deps))
+
+        driver.cuStreamGetCaptureInfo = get_capture_info
+        main = self.main
+        builder = type("GraphBuilder", (), {"__module__": "cuda.core.experimental._graph",
+                                            "__cuda_stream__": lambda self: (0, main)})()
+        saved = {k: sys.modules.get(k) for k in ("cuda", "cuda.bindings", "cuda.bindings.driver")}
+        sys.modules.update({"cuda": types.ModuleType("cuda"),
+                            "cuda.bindings": types.ModuleType("cuda.bindings"),
+                            "cuda.bindings.driver": driver})
+        try:
+            node, body = self._node(fake_cuda.COND_WHILE)
+            FAKE.set_capture_dependencies(self.main, [node])  # what cuda.core does
+            waits = FAKE.node_types(self.parent).count(WAIT)
+            with dlsync.conditional_node(builder, None, body) as handles:
+                self.assertEqual(handles, (body,))
+                self._eager_producer_into_the_body(body)
+            self.assertEqual(FAKE.node_types(self.parent).count(WAIT), waits + 1)
+            self.assertFalse(set(FAKE.node_types(body)) & set(EVENT_NODES))
+            # once the builder queued more work, its dependency is no longer the node
+            node2, body2 = self._node()
+            FAKE.set_capture_dependencies(self.main, [node2])
+            FAKE.work(self.main)
+            with self.assertRaisesRegex(dlsync.Error, "not a conditional node"):
+                dlsync.conditional_node(builder, None, body2).__enter__()
+            FAKE.set_capture_dependencies(self.main, FAKE.capture_info(self.main)[4] + [node2])
+            with self.assertRaisesRegex(ValueError, "2 dependencies, not the one conditional "
+                                                    "node: declare it right after"):
+                dlsync.conditional_node(builder, None, body2).__enter__()
+            self.assertFalse(dlsync.is_conditional_body(body2))
+        finally:
+            for k, v in saved.items():
+                if v is None:
+                    sys.modules.pop(k, None)
+                else:
+                    sys.modules[k] = v
+
     def _refused(self, fn, *words):
         with self.assertRaises(dlsync.Error) as cm:
             with fn():
