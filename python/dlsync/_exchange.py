@@ -243,6 +243,14 @@ class _Ordered:
         end_all(entered)
         return False
 
+    def __del__(self) -> None:
+        # Entered and never exited: ended as it goes, as the backends'
+        # Exchange are (an error then is reported as unraisable).
+        entered = getattr(self, "_entered", None)
+        if entered:
+            self._entered = []
+            end_all(entered)
+
 
 def end_all_quietly(exchanges: Sequence[Any]) -> None:
     """end_all while another exception is on its way (that one is raised)."""

@@ -130,6 +130,16 @@ class Fanout(unittest.TestCase):
         with ex:  # again, once exited
             pass
 
+    def test_entered_and_dropped_is_ended_the_capture_ends_cleanly(self):
+        FAKE.begin_capture(self.p)
+        FAKE.work(self.p)
+        ex = dlsync.exchange(self.p, consumers=self.cs)
+        ex.__enter__()
+        for c in self.cs:
+            FAKE.work(c)
+        del ex  # never exited: its join runs as it goes
+        self.assertEqual(FAKE.end_capture(self.p), fake_cuda.CUDA_SUCCESS)
+
     def _refused(self, consumers, words, producer=None):
         r0, w0 = _records(), _waits()
         with self.assertRaises(dlsync.Error) as cm:
