@@ -129,12 +129,12 @@ def _hoisted(kind, use):
         except Exception as e:  # noqa: BLE001 - counted broken; the next trial goes on
             broken += 1
             note = note or _broken(e)
-            ts._end_captures(body, gb)
             torch.cuda.synchronize()
             continue
         finally:
             if graph is not None and hasattr(graph, "close"):
                 graph.close()
+            ts._end_captures(body, gb)  # captures left open ended; the builders closed
         runs += 1
         want = (2.0 * value + 1) * (3 if kind == "if" else LOOPS)
         got = float(res[-1].get())
