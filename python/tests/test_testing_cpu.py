@@ -965,6 +965,26 @@ class ReplayStreamsOnAFakeTorch(_FakeTorchCase):
         self.assertEqual(r.records()[1]["replay_streams_why"],
                          "libcupti not found (set DLSYNC_CUPTI_LIB to its path)")
 
+    def test_two_calls_that_cannot_be_captured_are_said_not_failed(self):
+        torch, out = self.torch, self.out
+        seen = set()
+
+        def once_per_capture(x):
+            g = torch.cuda.current_stream().graph
+            if g is not None:
+                if id(g) in seen:
+                    raise RuntimeError("called twice in one capture")
+                seen.add(id(g))
+            return torch.mul(x, 3, out=out)
+
+        r = self._check(once_per_capture, modes=("global",))
+        self.assertTrue(r.ok, r.message())
+        c = r.case("global")
+        self.assertEqual((c.replay_streams, c.replay_streams_two_calls), (1, None))
+        self.assertTrue(r.rows()[1].endswith("ok; streams at replay: 1"), r.rows()[1])
+        self.assertIn("[global] streams at replay of two calls: n/a (RuntimeError: called twice "
+                      "in one capture)", r.message())
+
     def test_a_failing_count_is_said_not_failed(self):
         class Raising:
             def count(self, run):

@@ -522,14 +522,15 @@ class CaptureReport:
         """Why streams were not counted (once per reason) and the warning
         for streams that grow with the calls."""
         lines: List[str] = []
-        reasons: Dict[str, List[str]] = {}
+        reasons: Dict[Tuple[str, str], List[str]] = {}
         for c in self.cases:
             if c.replay_streams is None and c.replay_streams_why:
-                reasons.setdefault(c.replay_streams_why, []).append(c.name)
+                reasons.setdefault(("", c.replay_streams_why), []).append(c.name)
             if c.replay_streams_note:
-                reasons.setdefault(c.replay_streams_note, []).append(c.name)
-        for why, names in reasons.items():
-            lines += ["", f"[{', '.join(names)}] streams at replay: n/a ({why})"]
+                reasons.setdefault((" of two calls", c.replay_streams_note),
+                                   []).append(c.name)
+        for (what, why), names in reasons.items():
+            lines += ["", f"[{', '.join(names)}] streams at replay{what}: n/a ({why})"]
         grow = self.streams_grow
         if grow:
             c = grow[0]
