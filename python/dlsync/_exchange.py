@@ -11,7 +11,7 @@ from __future__ import annotations
 
 import ctypes
 import itertools
-from typing import Any, List, Literal, NamedTuple, Optional, Sequence, Tuple
+from typing import Any, Callable, List, Literal, NamedTuple, Optional, Sequence, Tuple
 
 from . import _producers
 from ._backend import active as _b
@@ -214,32 +214,33 @@ def _consumer_handles(consumers: Sequence[Any]) -> List[int]:
 class _Ordered:
     """dlsync.exchange's object for consumers= (a fan-out) and for
     keep_edge_data (a single consumer is a fan-out of one, which
-    dlsync_exchange_begin_fanout makes dlsync_exchange_begin_flags). Entered
+    dlsync_exchange_begin_fanout makes dlsync_exchange_begin_flags; many
+    producers, the Python exchange with the flags). ``begin(into)`` begins
+    and appends what it began to ``into`` (objects with ``end()``). Entered
     once at a time, as the backend's Exchange."""
 
-    __slots__ = ("_producer", "_consumers", "_flags", "_entered")
+    __slots__ = ("_begin", "_entered", "_active")
 
-    def __init__(self, producer: Any, consumers: List[Any], flags: int):
-        self._producer, self._consumers, self._flags = producer, consumers, flags
+    def __init__(self, begin: Callable[[List[Any]], None]):
+        self._begin = begin
         self._entered: List[Any] = []
+        self._active = False
 
     def __enter__(self) -> None:
-        if self._entered:
+        if self._active:
             raise RuntimeError(ALREADY_ENTERED)
-        p = _producer_handle(self._producer)
-        cs = _consumer_handles(self._consumers)
         into: List[Any] = []
         try:
-            _Fanout(p, cs, self._flags, into)
+            self._begin(into)
         except BaseException:
             end_all_quietly(into)
             raise
-        self._entered = into
+        self._entered, self._active = into, True
 
     def __exit__(self, *exc: Any) -> Literal[False]:
-        if not self._entered:
+        if not self._active:
             raise RuntimeError(EXIT_WITHOUT_ENTER)
-        entered, self._entered = self._entered, []
+        entered, self._entered, self._active = self._entered, [], False
         end_all(entered)
         return False
 
@@ -248,7 +249,7 @@ class _Ordered:
         # Exchange are (an error then is reported as unraisable).
         entered = getattr(self, "_entered", None)
         if entered:
-            self._entered = []
+            self._entered, self._active = [], False
             end_all(entered)
 
 
@@ -321,27 +322,44 @@ def exchange(producer: Any, consumer: Any = _MISSING, capture_stable: bool = Fal
     whose first kernel waits for its grid dependency (exchange.h)."""
     if consumers is None and consumer is _MISSING:
         raise TypeError(f"{EXCHANGE_SIGNATURE}: consumer is missing")
-    if consumers is not None or keep_edge_data:
-        if consumers is not None and consumer is not _MISSING:
-            raise TypeError("dlsync.exchange: give consumer or consumers=, not both")
-        if isinstance(producer, (list, tuple)):
-            raise Error(INVALID_ARGUMENT,
-                        "dlsync.exchange: many producers with consumers= or keep_edge_data: "
-                        "order each consumer after the producers (dlsync.exchange(producers, "
-                        "consumer)) or fan out from one producer; nothing was queued")
-        flags = (CAPTURE_STABLE if capture_stable else 0) | (
-            KEEP_EDGE_DATA if keep_edge_data else 0)
-        if consumers is None:  # one consumer; None is the legacy stream, as below
-            consumers = [LEGACY if consumer is None else consumer]
-        elif not isinstance(consumers, (list, tuple)):
-            raise TypeError("dlsync.exchange: consumers= is a list or tuple of streams, not "
-                            f"{type(consumers).__name__}")
-        return _Ordered(producer, list(consumers), flags)
+    if consumers is not None and consumer is not _MISSING:
+        raise TypeError("dlsync.exchange: give consumer or consumers=, not both")
+    if consumers is not None and not isinstance(consumers, (list, tuple)):
+        raise TypeError("dlsync.exchange: consumers= is a list or tuple of streams, not "
+                        f"{type(consumers).__name__}")
     if producer is not None and not isinstance(producer, int):
         from . import _cai
 
         producer = _cai.for_exchange(producer)
-    return _b.Exchange(producer, consumer, capture_stable)
+    if consumers is None and not keep_edge_data:
+        return _b.Exchange(producer, consumer, capture_stable)
+    flags = (CAPTURE_STABLE if capture_stable else 0) | (KEEP_EDGE_DATA if keep_edge_data else 0)
+    if consumers is None:  # keep_edge_data, one consumer
+        if isinstance(producer, (list, tuple)):  # many producers: the Python exchange
+            many, one = producer, consumer
+            return _Ordered(lambda into: into.append(exchange_python(many, one, flags)))
+        consumers = [LEGACY if consumer is None else consumer]  # None: the legacy stream
+    if isinstance(producer, (list, tuple)):
+        if len(producer) > 1:
+            raise Error(INVALID_ARGUMENT,
+                        "dlsync.exchange: many producers with consumers=: order each consumer "
+                        "after the producers (dlsync.exchange(producers, consumer)) or fan out "
+                        "from one producer; nothing was queued")
+        if not producer:
+            from . import _cai
+
+            if not isinstance(producer, _cai.NothingToOrder):
+                raise ValueError("dlsync.exchange: the producer is an empty "
+                                 f"{type(producer).__name__}: nothing to order the consumers "
+                                 "after")
+            return _Ordered(lambda into: None)  # a CAI producer naming no stream
+        producer = producer[0]
+    fan_from, fan_to = producer, list(consumers)
+
+    def fanout(into: List[Any]) -> None:
+        _Fanout(_producer_handle(fan_from), _consumer_handles(fan_to), flags, into)
+
+    return _Ordered(fanout)
 
 
 __all__ = ["exchange", "order", "CAPTURE_STABLE", "KEEP_EDGE_DATA"]

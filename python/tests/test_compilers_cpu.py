@@ -120,6 +120,17 @@ class Fanout(unittest.TestCase):
             FAKE.work(self.cs[0])
         self.assertEqual(FAKE.end_capture(self.p), fake_cuda.CUDA_SUCCESS)
 
+    def test_producers_in_a_list(self):
+        w0 = _waits()
+        with dlsync.exchange([self.p], consumers=self.cs):  # one producer in a list
+            self.assertEqual(_waits() - w0, 3)
+        other = FAKE.stream()
+        w0 = _waits()
+        with dlsync.exchange([self.p, other], self.cs[0], keep_edge_data=True):  # many, one
+            self.assertEqual(_waits() - w0, 2)
+        with self.assertRaisesRegex(ValueError, "empty list"):
+            dlsync.exchange([], consumers=self.cs)
+
     def test_entered_once_at_a_time(self):
         ex = dlsync.exchange(self.p, consumers=self.cs)
         with self.assertRaisesRegex(RuntimeError, "__exit__ without"):
