@@ -536,11 +536,13 @@ class CaptureReport:
             c = grow[0]
             lines += ["", f"[{', '.join(x.name for x in grow)}] warning: {STREAMS_GROW} "
                       f"(one call: {c.replay_streams}, two calls in one capture: "
-                      f"{c.replay_streams_two_calls}). Part of each call's work stays parallel to "
-                      "the next call's (a side stream joined back later than the call's end, "
-                      "or never ordered before the next call): a model's graph widens with "
-                      "every call and its replay spreads over ever more streams. Order each "
-                      "call's work before the op returns (join its side streams back)."]
+                      f"{c.replay_streams_two_calls}): a model calling it n times replays on "
+                      "ever more streams. bench/replay_streams sees this where a call queues "
+                      "its side stream's work before the main stream's next work (each call's "
+                      "side branch then gets a stream of its own: 65 streams for 64 calls, 2 "
+                      "with the main stream's work queued first), and where calls are left "
+                      "parallel to each other; queue the main stream's work first and join the "
+                      "side stream back within the call (docs/performance.md)."]
         return lines
 
     def records(self, test: str = "") -> List[Dict[str, Any]]:

@@ -22,8 +22,11 @@ a control without it (conftest.py's table):
   joined back on exit), REPLAYS replays with new input each read right (the
   control forks the consumers with events and never joins them back: the
   capture cannot end).
-- dlsync.testing's streams at replay: a correct side-stream op is counted
-  (or the report says why not) and does not grow with the calls.
+- dlsync.testing's streams at replay: bench/replay_streams' layer as an op
+  (the main stream's work, a side stream's, joined back), issued main first:
+  counted (or the report says why not), not growing with the calls; issued
+  side first: two calls replay on more streams than one, and the report and
+  a ReplayStreamsWarning say so.
 
 Import-safe without a GPU (the module skips)."""
 import contextlib
@@ -258,24 +261,45 @@ def test_fanout_into_a_capture(mode, record):
 # ---- dlsync.testing: the streams at replay ----
 
 
-def test_streams_at_replay_are_counted_and_do_not_grow_for_a_joined_side_stream():
-    from dlsync.testing import ReplayStreamsWarning, check_capture
-
+def _layer_op(side_first):
+    """bench/replay_streams' layer as an op: the main stream's work, a side
+    stream forked from it, the side's work and the main stream's second
+    half (the side's queued first, or the main's), the side joined back."""
     side = torch.cuda.Stream()
 
     def op(a):
         cur = torch.cuda.current_stream()
-        out = torch.empty_like(a)
+        t = torch.mul(a, 2)  # the main stream's first half
+        out_side = torch.empty_like(a)
+        out_main = torch.empty_like(a)
         side.wait_stream(cur)
-        with torch.cuda.stream(side):
-            torch.mul(a, 3, out=out)
+        if side_first:
+            with torch.cuda.stream(side):
+                torch.add(t, 1, out=out_side)
+            torch.mul(t, 3, out=out_main)
+        else:
+            torch.mul(t, 3, out=out_main)
+            with torch.cuda.stream(side):
+                torch.add(t, 1, out=out_side)
         cur.wait_stream(side)
-        return out
+        return out_side, out_main
+
+    return op
+
+
+@pytest.mark.parametrize("side_first", [False, True], ids=["main first", "side first"])
+def test_streams_at_replay_counted_and_growth_warned(side_first):
+    """The report counts the streams one replay of the op's graph runs on
+    (or says why not) and warns where a graph of two calls replays on more:
+    bench/replay_streams saw 65 streams for 64 such layers issued side
+    first on an H100, 2 main first."""
+    from dlsync.testing import ReplayStreamsWarning, check_capture
 
     x = torch.randn(1 << 16, device="cuda")
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
-        report = check_capture(op, x, modes=("global",), raise_on_failure=False)
+        report = check_capture(_layer_op(side_first), x, modes=("global",),
+                               raise_on_failure=False)
     assert report.ok, report.message()
     case = report.case("global")
     text = report.message()
@@ -283,8 +307,14 @@ def test_streams_at_replay_are_counted_and_do_not_grow_for_a_joined_side_stream(
         assert case.replay_streams_why, "not counted and no reason given"
         assert f"streams at replay: n/a ({case.replay_streams_why})" in text, text
         pytest.skip(f"streams at replay not counted here: {case.replay_streams_why}")
-    assert case.replay_streams >= 1, case.replay_streams
     assert f"streams at replay: {case.replay_streams}" in text, text
     assert case.replay_streams_two_calls is not None, case.replay_streams_note
-    assert not case.streams_grow, text
-    assert not [w for w in seen if issubclass(w.category, ReplayStreamsWarning)], text
+    warned = [w for w in seen if issubclass(w.category, ReplayStreamsWarning)]
+    if side_first:
+        assert case.streams_grow, text
+        assert "(grows)" in text and "warning: the streams at replay grow" in text, text
+        assert len(warned) == 1, [str(w.message) for w in seen]
+    else:
+        assert case.replay_streams >= 1, case.replay_streams
+        assert not case.streams_grow, text
+        assert not warned, [str(w.message) for w in warned]
