@@ -345,9 +345,12 @@ def conditional_node(parent: object, node: object = None,
     if_else / switch / while_loop are that node alone (cuda.core does not
     keep it; read with cuda.bindings' cuStreamGetCaptureInfo).
     ``bodies``: one body or a list of them (ints, cuda.bindings' CUgraph, the
-    cuda.core builders those calls returned). Yields the bodies' handles.
+    cuda.core builders those calls returned, before their capture begins).
+    Yields the bodies' handles.
 
-    Errors: TypeError naming an object dlsync cannot use; :class:`Error`
+    Errors: TypeError naming an object dlsync cannot use; ValueError for a
+    cuda.core parent that is not building or whose capture depends on more
+    than the one node (work queued after the node was added); :class:`Error`
     (DLSYNC_ERROR_INVALID_ARGUMENT, the library's words) for a node that is
     not a conditional node of ``parent``, a body given twice, no body, more
     than 64, a body declared with another node; nothing is declared then."""
