@@ -13,23 +13,20 @@
  *                     side work of all layers may run at once: a weaker
  *                     order, the widest graph a hand-written order makes)
  *
- * The streams are counted with CUPTI's activity records (each memset's
- * streamId, CUPTI_ACTIVITY_KIND_MEMSET), libcupti loaded with dlopen
- * (DLSYNC_CUPTI_LIB, else libcupti.so from the loader's path or the CUDA
- * toolkit's usual folders); the replay time is the median of ROUNDS rounds of
- * REPLAYS launches timed with events, CUPTI off. Without libcupti (or where
- * CUPTI refuses, another profiler attached) the stream counts read -1. Exits
- * 77 without a GPU. */
-#include <dlfcn.h>
+ * The streams are counted with CUPTI's activity records (each memset's and
+ * kernel's streamId) by tools/cupti_streams.c, which dlsync.testing uses
+ * too: libcupti loaded with dlopen (DLSYNC_CUPTI_LIB, else libcupti.so from
+ * the loader's path or the CUDA toolkit's usual folders); the replay time is the median of ROUNDS
+ * rounds of REPLAYS launches timed with events, CUPTI off. Without libcupti (or where CUPTI
+ * refuses, another profiler attached) the stream counts read -1. Exits 77 without a GPU. */
 #include <stdint.h>
 #include <stdio.h>
 #include <stdlib.h>
 #include <string.h>
 #include <time.h>
 
-#include <cupti.h>
-
 #include "../tests/gpu/gpu_common.h"
+#include "../tools/cupti_streams.h"
 #include "bench_util.h"
 
 #define LAYERS 64
@@ -37,77 +34,14 @@
 #define CUPTI_REPLAYS 5
 #define REPLAYS 50
 #define ROUNDS 7
-#define MAX_IDS 512
 
 static gpu_env E;
 static const dlsync__driver *D;
 static CUdeviceptr buf;
 
-/* ---- libcupti, loaded at run time ---- */
-
-static struct {
-  CUptiResult(CUPTIAPI *enable)(CUpti_ActivityKind);
-  CUptiResult(CUPTIAPI *disable)(CUpti_ActivityKind);
-  CUptiResult(CUPTIAPI *register_callbacks)(CUpti_BuffersCallbackRequestFunc,
-                                            CUpti_BuffersCallbackCompleteFunc);
-  CUptiResult(CUPTIAPI *flush_all)(uint32_t);
-  CUptiResult(CUPTIAPI *next_record)(uint8_t *, size_t, CUpti_Activity **);
-} cupti;
+/* ---- the streams, counted by tools/cupti_streams.c ---- */
 
 static bool have_cupti;
-static uint32_t ids[MAX_IDS];
-static int nids, nrecords;
-
-static bool cupti_load(void) {
-  static const char *const paths[] = {"libcupti.so",
-                                      "libcupti.so.13",
-                                      "libcupti.so.12",
-                                      "/usr/local/cuda/lib64/libcupti.so",
-                                      "/usr/local/cuda/lib/libcupti.so",
-                                      "/usr/local/cuda/extras/CUPTI/lib64/libcupti.so"};
-  const char *env = getenv("DLSYNC_CUPTI_LIB");
-  void *lib = env != NULL && env[0] != '\0' ? dlopen(env, RTLD_NOW | RTLD_LOCAL) : NULL;
-  for (size_t i = 0; lib == NULL && i < sizeof paths / sizeof paths[0]; i++)
-    lib = dlopen(paths[i], RTLD_NOW | RTLD_LOCAL);
-  if (lib == NULL)
-    return false;
-  *(void **)&cupti.enable = dlsym(lib, "cuptiActivityEnable");
-  *(void **)&cupti.disable = dlsym(lib, "cuptiActivityDisable");
-  *(void **)&cupti.register_callbacks = dlsym(lib, "cuptiActivityRegisterCallbacks");
-  *(void **)&cupti.flush_all = dlsym(lib, "cuptiActivityFlushAll");
-  *(void **)&cupti.next_record = dlsym(lib, "cuptiActivityGetNextRecord");
-  return cupti.enable != NULL && cupti.disable != NULL && cupti.register_callbacks != NULL &&
-         cupti.flush_all != NULL && cupti.next_record != NULL;
-}
-
-static void CUPTIAPI buffer_requested(uint8_t **buffer, size_t *size, size_t *max_records) {
-  *size = (size_t)1 << 20;
-  *buffer = aligned_alloc(8, *size);
-  *max_records = 0;
-}
-
-static void note_stream(uint32_t id) {
-  for (int i = 0; i < nids; i++)
-    if (ids[i] == id)
-      return;
-  if (nids < MAX_IDS)
-    ids[nids++] = id;
-}
-
-static void CUPTIAPI buffer_completed(CUcontext c, uint32_t stream, uint8_t *buffer, size_t size,
-                                      size_t valid) {
-  CUpti_Activity *rec = NULL;
-  (void)c;
-  (void)stream;
-  (void)size;
-  while (buffer != NULL && cupti.next_record(buffer, valid, &rec) == CUPTI_SUCCESS) {
-    if (rec->kind == CUPTI_ACTIVITY_KIND_MEMSET) {
-      note_stream(((const CUpti_ActivityMemset4 *)(const void *)rec)->streamId);
-      nrecords++;
-    }
-  }
-  free(buffer);
-}
 
 /* ---- the model ---- */
 
@@ -172,6 +106,7 @@ typedef struct result {
 } result;
 
 static result measure(CUgraph g, CUstream launch) {
+  char why[256];
   result res;
   CUgraphExec x = NULL;
   CUevent t0 = NULL, t1 = NULL;
@@ -187,23 +122,17 @@ static result measure(CUgraph g, CUstream launch) {
     CHECK(D->GraphLaunch(x, launch) == CUDA_SUCCESS, "warm-up launch");
   CHECK(D->StreamSynchronize(launch) == CUDA_SUCCESS, "sync");
   /* Streams: CUPTI on for CUPTI_REPLAYS launches (-1: CUPTI refused). */
-  nids = 0;
-  nrecords = 0;
   res.streams = -1;
   res.records = -1;
-  if (have_cupti && cupti.enable(CUPTI_ACTIVITY_KIND_MEMSET) != CUPTI_SUCCESS) {
-    printf("(cuptiActivityEnable refused: no stream counts; another profiler attached?)\n");
+  if (have_cupti && dlsync_cupti_streams_start(why, sizeof why) != 0) {
+    printf("(%s: no stream counts)\n", why);
     have_cupti = false;
   }
   if (have_cupti) {
     for (int i = 0; i < CUPTI_REPLAYS; i++)
       CHECK(D->GraphLaunch(x, launch) == CUDA_SUCCESS, "launch");
     CHECK(D->StreamSynchronize(launch) == CUDA_SUCCESS, "sync");
-    CHECK(cupti.flush_all(1) == CUPTI_SUCCESS, "cuptiActivityFlushAll");
-    CHECK(cupti.disable(CUPTI_ACTIVITY_KIND_MEMSET) == CUPTI_SUCCESS, "cuptiActivityDisable");
-    CHECK(cupti.flush_all(1) == CUPTI_SUCCESS, "cuptiActivityFlushAll");
-    res.streams = nids;
-    res.records = nrecords;
+    CHECK(dlsync_cupti_streams_stop(&res.streams, &res.records, why, sizeof why) == 0, why);
   }
   /* Time: CUPTI off. */
   for (int r = 0; r < ROUNDS; r++) {
@@ -229,12 +158,11 @@ int main(void) {
   if (rc != 0)
     return rc;
   D = E.d;
-  have_cupti = cupti_load();
-  if (!have_cupti)
-    printf("(libcupti not found: no stream counts; set DLSYNC_CUPTI_LIB to its path)\n");
-  else if (cupti.register_callbacks(buffer_requested, buffer_completed) != CUPTI_SUCCESS) {
-    printf("(cuptiActivityRegisterCallbacks refused: no stream counts)\n");
-    have_cupti = false;
+  {
+    char why[256];
+    have_cupti = dlsync_cupti_streams_open(why, sizeof why) == 0;
+    if (!have_cupti)
+      printf("(%s: no stream counts)\n", why);
   }
   CHECK(D->MemAlloc(&buf, 8 * WORDS * 4) == CUDA_SUCCESS, "cuMemAlloc");
   CHECK(D->StreamCreate(&main_s, CU_STREAM_NON_BLOCKING) == CUDA_SUCCESS, "stream");

@@ -19,8 +19,8 @@ Errors raise :class:`dlsync.Error` carrying the library's status and message.
 The package, one module per concept: ``_loader`` finds the library
 (``DLSYNC_LIBRARY`` first), ``_backend`` chooses once between the compiled
 ``dlsync._native`` and the ctypes code (``_ctypes_impl``), ``_exchange``,
-``_scope`` (wrap and scope), ``_fence``, ``_graphs`` (launch and
-conditional_body), ``_paths`` (what to build against),
+``_scope`` (wrap and scope), ``_fence``, ``_graphs`` (launch,
+conditional_body and conditional_node), ``_paths`` (what to build against),
 ``_producers`` (finding a producer's stream); ``python -m dlsync`` prints
 what dlsync-info prints. This file only re-exports.
 """
@@ -32,10 +32,11 @@ from typing import Any, Callable, Optional
 from . import _backend
 from ._ctypes_impl import LEGACY, PER_THREAD
 from ._errors import CONDITIONAL_BODY, Error
-from ._exchange import CAPTURE_STABLE, exchange
+from ._exchange import CAPTURE_STABLE, KEEP_EDGE_DATA, exchange, order
 from ._exchange import _Exchange  # noqa: F401 - the one-exchange object (tests count it)
 from ._fence import Fence, Provenance
-from ._graphs import capture_graph, conditional_body, is_conditional_body, launch
+from ._graphs import capture_graph, conditional_body, conditional_node, is_conditional_body
+from ._graphs import launch
 from ._paths import get_cmake_dir, get_include, get_pkgconfig_dir
 from ._scope import _Wrapped, scope, wrap  # noqa: F401
 from . import _producers  # noqa: F401
@@ -49,6 +50,7 @@ __all__ = [
     "Error",
     "version",
     "exchange",
+    "order",
     "wrap",
     "scope",
     "Fence",
@@ -56,10 +58,12 @@ __all__ = [
     "capture_id",
     "launch",
     "conditional_body",
+    "conditional_node",
     "is_conditional_body",
     "capture_graph",
     "CONDITIONAL_BODY",
     "CAPTURE_STABLE",
+    "KEEP_EDGE_DATA",
     "stream_handle",
     "capture_state",
     "LEGACY",

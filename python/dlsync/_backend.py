@@ -15,14 +15,14 @@ import ctypes
 import importlib
 import os
 import sys
-from typing import Any, Callable, Optional, Tuple
+from typing import Any, Callable, Optional, Sequence, Tuple
 
 from . import _loader
 from ._ctypes_impl import CtypesBackend
 from ._errors import Error
 from ._interface import Backend, Ender, ExchangeContext, PythonExchange
 
-NATIVE_ABI = 5  # the _init contract of _native.c (DLSYNC_PY_ABI)
+NATIVE_ABI = 6  # the _init contract of _native.c (DLSYNC_PY_ABI)
 
 
 def optional_getattr_address() -> Optional[int]:
@@ -66,6 +66,10 @@ class NativeBackend:
     fence_export_event: Callable[[int], int]
     fence_provenance: Callable[[int], Optional[int]]
     capture_id: Callable[[Any], Optional[int]]
+    # ---- graph compilers ----
+    begin_fanout: Callable[..., int]
+    order: Callable[[Any, Any], None]
+    node_declare: Callable[[int, int, Sequence[int]], None]
 
     def __init__(self, lib: ctypes.CDLL, native: Any):
         abi = getattr(native, "ABI", None)
@@ -95,6 +99,10 @@ class NativeBackend:
         self.fence_export_event = native.fence_export_event
         self.fence_provenance = native.fence_provenance
         self.capture_id = native.capture_id
+        # ---- graph compilers ----
+        self.begin_fanout = native.begin_fanout
+        self.order = native.order
+        self.node_declare = native.node_declare
 
     def set_python_exchange(self, fn: PythonExchange) -> None:
         self._python_exchange = fn

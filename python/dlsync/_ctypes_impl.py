@@ -20,6 +20,10 @@ LEGACY = 1
 PER_THREAD = 2
 CAPTURE_STABLE = 1  # DLSYNC_EXCHANGE_CAPTURE_STABLE
 MANY_MAX = 1024  # DLSYNC_EXCHANGE_MANY_MAX
+# ---- graph compilers: fan-out and conditional nodes ----
+KEEP_EDGE_DATA = 2  # DLSYNC_EXCHANGE_KEEP_EDGE_DATA
+CONDITIONAL_BODIES = 64  # DLSYNC_CONDITIONAL_BODIES
+# ---- end graph compilers ----
 
 _LANE_STREAM = 1
 _LANE_CAPTURING = 1
@@ -180,6 +184,13 @@ class CtypesBackend:
         self._body_add = fn("dlsync_conditional_body_add", ctypes.c_int, _vp, _vp)
         self._body_remove = fn("dlsync_conditional_body_remove", ctypes.c_int, _vp, _vp)
         self._body_declared = fn("dlsync_conditional_body_is_declared", ctypes.c_int, _vp, _vp)
+        # ---- graph compilers: fan-out and conditional nodes ----
+        self._begin_fanout = fn("dlsync_exchange_begin_fanout", ctypes.c_int, _P(_vp), _vp,
+                                _P(_Lane), _P(_Lane), ctypes.c_size_t, ctypes.c_uint32)
+        self._order = fn("dlsync_order", ctypes.c_int, _vp, _P(_Lane), _P(_Lane))
+        self._node_declare = fn("dlsync_conditional_node_declare", ctypes.c_int, _vp, _vp, _vp,
+                                _P(_vp), ctypes.c_size_t)
+        # ---- end graph compilers ----
         self._dlpack_stream = fn("dlsync_dlpack_stream", ctypes.c_int, _P(_Lane),
                                  _P(ctypes.c_bool), _vp, ctypes.c_int64, _P(_Lane))
         # With the GIL held (a PyDLL handle): the producer's current_work_stream
@@ -398,6 +409,43 @@ class CtypesBackend:
         """dlsync_conditional_body_is_declared."""
         g = checked_graph_handle(graph, "the body", _errors.GRAPH_KIND, False)
         return bool(self._body_declared(self.context(), g))
+
+    # ---- graph compilers: fan-out and conditional nodes ----
+
+    def begin_fanout(self, producer: Any, consumers: Sequence[Any], flags: int = 0,
+                     out: Optional[ctypes.c_void_p] = None) -> int:
+        """dlsync_exchange_begin_fanout: each consumer stream after the
+        producer's work, one handle (written into ``out`` when given)."""
+        if not isinstance(consumers, (list, tuple)):
+            raise TypeError(_errors.FANOUT_TAKES_A_LIST)
+        p = self._lane(stream_handle(producer))
+        lanes = (_Lane * max(len(consumers), 1))()
+        for i, c in enumerate(consumers):
+            lanes[i] = self._lane(stream_handle(c))
+        if out is None:
+            out = _vp()
+        self._check(self._begin_fanout(ctypes.byref(out), self.context(), ctypes.byref(p),
+                                       lanes, len(consumers), flags))
+        return int(out.value or 0)
+
+    def order(self, first: Any, then: Any) -> None:
+        """dlsync_order on two streams: ``then``'s later work after
+        ``first``'s work so far."""
+        f, t = self._lane(stream_handle(first)), self._lane(stream_handle(then))
+        self._check(self._order(self.context(), ctypes.byref(f), ctypes.byref(t)))
+
+    def node_declare(self, parent: int, node: int, bodies: Sequence[int]) -> None:
+        """dlsync_conditional_node_declare(ctx, parent, node, bodies)."""
+        g = checked_graph_handle(parent, "the parent", _errors.GRAPH_KIND, False)
+        n = checked_graph_handle(node, "the node", _errors.NODE_KIND, False)
+        if not isinstance(bodies, (list, tuple)):
+            raise TypeError(_errors.DECLARE_TAKES_A_LIST)
+        array = (_vp * max(len(bodies), 1))()
+        for i, b in enumerate(bodies):
+            array[i] = checked_graph_handle(b, f"bodies[{i}]", _errors.GRAPH_KIND, False)
+        self._check(self._node_declare(self.context(), g, n, array, len(bodies)))
+
+    # ---- end graph compilers ----
 
     def _exchange_type(self) -> Callable[..., ExchangeContext]:
         backend = self

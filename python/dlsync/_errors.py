@@ -46,6 +46,13 @@ def capture_id_out_of_range(value: int) -> str:
     return f"capture_id is {value}: a capture's id is an unsigned 64-bit int"
 
 
+# ---- graph compilers: fan-out and conditional nodes ----
+NODE_KIND = "CUgraphNode"
+FANOUT_TAKES_A_LIST = "begin_fanout: the consumers are a list or tuple of streams"
+DECLARE_TAKES_A_LIST = "node_declare: the bodies are a list or tuple of CUgraph handles"
+# ---- end graph compilers ----
+
+
 def not_a_handle(what: str, kind: str, value: object) -> str:
     return f"{what} must be an int {kind} handle, not {type(value).__name__} {value!r}"
 

@@ -11,6 +11,7 @@ are the backend's ``graph_launch`` and ``body_add`` / ``body_remove`` /
 from __future__ import annotations
 
 import contextlib
+import importlib
 import threading
 from typing import Any, Dict, Iterator, Optional, Tuple
 
@@ -242,6 +243,145 @@ def conditional_body(body: Any) -> Iterator[int]:
                 _counts[g] = n
 
 
+# ---- graph compilers: a conditional node declared with its parent ----
+
+
+def _node_handle(node: Any) -> int:
+    """A CUgraphNode handle: an int or cuda.bindings' CUgraphNode."""
+    if isinstance(node, int):
+        return node
+    if type(node).__name__ in ("CUgraphNode", "cudaGraphNode_t"):
+        value = _as_int(node)
+        if value is not None:
+            return value
+    raise TypeError(
+        "dlsync.conditional_node: the node is the conditional node's CUgraphNode: an int or "
+        f"cuda.bindings' CUgraphNode, not {_type_name(node)}")
+
+
+def _builder_node(builder: Any) -> int:
+    """The conditional node a cuda.core GraphBuilder has just added: its
+    stream's capture dependencies, read with cuda.bindings (which cuda.core
+    uses), must be exactly that one node. cuda.core does not keep the node:
+    if_cond / if_else / switch / while_loop add it with cuGraphAddNode and
+    make it the builder's only capture dependency, so this holds until the
+    builder queues more work."""
+    driver = importlib.import_module("cuda.bindings.driver")  # only with cuda.core objects
+
+    stream = _b.stream_handle(builder)
+    info = driver.cuStreamGetCaptureInfo(stream)
+    if int(info[0]) != 0:
+        raise RuntimeError(f"cuStreamGetCaptureInfo failed: {info[0]}")
+    status, deps = info[1], info[4]
+    n = int(info[-1])
+    if int(status) != int(driver.CUstreamCaptureStatus.CU_STREAM_CAPTURE_STATUS_ACTIVE):
+        raise ValueError(
+            "dlsync.conditional_node: this cuda.core GraphBuilder is not building: pass it "
+            "while its capture is active, right after if_cond / if_else / switch / while_loop")
+    if n != 1:
+        raise ValueError(
+            "dlsync.conditional_node: this cuda.core GraphBuilder's capture has "
+            f"{n} dependencies, not the one conditional node: declare it right after "
+            "if_cond / if_else / switch / while_loop, before queueing more work on the builder "
+            "(or pass node= the CUgraphNode)")
+    return int(deps[0])
+
+
+def _parent_handle(parent: Any) -> int:
+    """The parent graph: an int, cuda.bindings' CUgraph, or a cuda.core
+    GraphBuilder (while it builds: the graph its capture builds; once its
+    building ended: its graph)."""
+    if isinstance(parent, int) or type(parent).__name__ in _GRAPH_TYPES:
+        return body_handle(parent) if not isinstance(parent, int) else parent
+    if _cuda_core_builder(parent):
+        g = _b.capture_graph(parent)
+        if g is None:
+            g = _cuda_core_builder_graph(parent)
+        if not g:
+            raise ValueError("dlsync.conditional_node: this cuda.core GraphBuilder has no graph "
+                             "(it is neither building nor built)")
+        return g
+    raise TypeError(
+        "dlsync.conditional_node: the parent is the graph holding the conditional node: a "
+        "CUgraph handle (int), cuda.bindings' CUgraph or the cuda.core GraphBuilder that "
+        f"added the node, not {_type_name(parent)}")
+
+
+def node_handles(parent: Any, node: Any, bodies: Any) -> Tuple[int, int, Tuple[int, ...]]:
+    """(parent, node, bodies) as ints, for dlsync.conditional_node."""
+    if bodies is None:
+        raise TypeError("dlsync.conditional_node: name the node's bodies (bodies=: one body or "
+                        "a list of them, CUDA_CONDITIONAL_NODE_PARAMS.phGraph_out)")
+    body_list = list(bodies) if isinstance(bodies, (list, tuple)) else [bodies]
+    handles = tuple(body_handle(b) for b in body_list)
+    p = _parent_handle(parent)
+    if node is None:
+        if not _cuda_core_builder(parent):
+            raise TypeError("dlsync.conditional_node: node is None: name the conditional "
+                            "node's CUgraphNode (only a cuda.core GraphBuilder parent that has "
+                            "just added the node gives it)")
+        n = _builder_node(parent)
+    else:
+        n = _node_handle(node)
+    return p, n, handles
+
+
+@contextlib.contextmanager
+def conditional_node(parent: object, node: object = None,
+                     bodies: object = None) -> Iterator[Tuple[int, ...]]:
+    """Declares every body of conditional node ``node`` of graph ``parent``
+    while the block runs (dlsync_conditional_node_declare; each body removed
+    on the way out, whatever the block raises). Inside, on a stream capturing
+    into one of the bodies, the rows that would put an event node in the body
+    (an eager producer ordered into it: EAGER_TO_CAPTURE, TWO_CAPTURES, ...)
+    put it in the parent instead: a wait node ahead of the conditional node
+    (the whole node waits), a record node after it. The parent must still
+    take nodes (a graph being captured, or built by hand, not instantiated).
+
+    ``parent``: a CUgraph handle (int), cuda.bindings' CUgraph, or the
+    cuda.core GraphBuilder that added the node (while it builds).
+    ``node``: the CUgraphNode (int or cuda.bindings' CUgraphNode); None with a
+    cuda.core builder, whose capture dependencies right after if_cond /
+    if_else / switch / while_loop are that node alone (cuda.core does not
+    keep it; read with cuda.bindings' cuStreamGetCaptureInfo).
+    ``bodies``: one body or a list of them (ints, cuda.bindings' CUgraph, the
+    cuda.core builders those calls returned, before their capture begins).
+    Yields the bodies' handles.
+
+    Errors: TypeError naming an object dlsync cannot use; ValueError for a
+    cuda.core parent that is not building or whose capture depends on more
+    than the one node (work queued after the node was added); :class:`Error`
+    (DLSYNC_ERROR_INVALID_ARGUMENT, the library's words) for a node that is
+    not a conditional node of ``parent``, a body given twice, no body, more
+    than 64, a body declared with another node; nothing is declared then."""
+    p, n, handles = node_handles(parent, node, bodies)
+    with _lock:
+        _b.node_declare(p, n, handles)
+        for g in handles:
+            _counts[g] = _counts.get(g, 0) + 1
+    try:
+        yield handles
+    finally:
+        first: Optional[BaseException] = None
+        with _lock:
+            for g in handles:
+                left = _counts.get(g, 0) - 1
+                if left > 0:
+                    _counts[g] = left
+                    continue
+                _counts.pop(g, None)
+                try:
+                    _b.body_remove(g)
+                except BaseException as e:  # noqa: BLE001 - raised once all are removed
+                    if first is None:
+                        first = e
+        if first is not None:
+            raise first
+
+
+# ---- end graph compilers ----
+
+
 def capture_graph(stream: Any) -> Optional[int]:
     """The CUgraph the stream's capture is building now (for a capture
     into a conditional node's body: that body), or None when the stream is
@@ -256,4 +396,5 @@ def is_conditional_body(body: Any) -> bool:
     return _b.body_declared(body_handle(body))
 
 
-__all__ = ["launch", "conditional_body", "is_conditional_body", "capture_graph"]
+__all__ = ["launch", "conditional_body", "conditional_node", "is_conditional_body",
+           "capture_graph"]

@@ -116,6 +116,20 @@ class Backend(Protocol):
     def body_declared(self, graph: int) -> bool:
         """dlsync_conditional_body_is_declared."""
 
+    # ---- graph compilers: fan-out and conditional nodes ----
+
+    def begin_fanout(self, producer: Any, consumers: Sequence[Any], flags: int = 0,
+                     out: Optional[ctypes.c_void_p] = None) -> int:
+        """dlsync_exchange_begin_fanout: one handle."""
+
+    def order(self, first: Any, then: Any) -> None:
+        """dlsync_order on two streams."""
+
+    def node_declare(self, parent: int, node: int, bodies: Sequence[int]) -> None:
+        """dlsync_conditional_node_declare."""
+
+    # ---- end graph compilers ----
+
     def version(self) -> str:
         """The library's version string."""
 

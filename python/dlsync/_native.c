@@ -43,7 +43,7 @@
 #include "dlsync/status.h"
 
 /* The contract between _init and dlsync/_backend.py (NATIVE_ABI), which checks it. */
-#define DLSYNC_PY_ABI 5
+#define DLSYNC_PY_ABI 6
 
 /* ---- the library's functions, by address ---- */
 
@@ -80,6 +80,15 @@ typedef dlsync_status dlsync_py_fence_get_provenance_fn(dlsync_provenance *out,
 typedef dlsync_status dlsync_py_fence_get_kind_fn(dlsync_fence_kind *out,
                                                   const dlsync_fence *fence);
 typedef void dlsync_py_fence_release_fn(dlsync_fence *fence);
+/* graph compilers: fan-out and conditional nodes */
+typedef dlsync_status dlsync_py_begin_fanout_fn(dlsync_exchange **out, dlsync_context *ctx,
+                                                dlsync_lane *producer, dlsync_lane *consumers,
+                                                size_t n, uint32_t flags);
+typedef dlsync_status dlsync_py_order_fn(dlsync_context *ctx, dlsync_lane *first,
+                                         dlsync_lane *then);
+typedef dlsync_status dlsync_py_node_declare_fn(dlsync_context *ctx, struct CUgraph_st *parent,
+                                                struct CUgraphNode_st *node,
+                                                struct CUgraph_st *const *bodies, size_t nbodies);
 /* PyObject_GetOptionalAttr (3.13) / _PyObject_LookupAttr (3.7 to 3.12): a
  * getattr that does not build an AttributeError for a missing attribute. */
 typedef int dlsync_py_getattr_fn(PyObject *obj, PyObject *name, PyObject **result);
@@ -106,6 +115,9 @@ DLSYNC_PY_SAME_TYPE(dlsync_fence_export_event, dlsync_py_fence_export_event_fn);
 DLSYNC_PY_SAME_TYPE(dlsync_fence_get_provenance, dlsync_py_fence_get_provenance_fn);
 DLSYNC_PY_SAME_TYPE(dlsync_fence_get_kind, dlsync_py_fence_get_kind_fn);
 DLSYNC_PY_SAME_TYPE(dlsync_fence_release, dlsync_py_fence_release_fn);
+DLSYNC_PY_SAME_TYPE(dlsync_exchange_begin_fanout, dlsync_py_begin_fanout_fn);
+DLSYNC_PY_SAME_TYPE(dlsync_conditional_node_declare, dlsync_py_node_declare_fn);
+DLSYNC_PY_SAME_TYPE(dlsync_order, dlsync_py_order_fn);
 
 typedef struct dlsync_py_api {
   dlsync_py_begin_fn *exchange_begin_flags;
@@ -126,6 +138,10 @@ typedef struct dlsync_py_api {
   dlsync_py_fence_get_provenance_fn *fence_get_provenance;
   dlsync_py_fence_get_kind_fn *fence_get_kind;
   dlsync_py_fence_release_fn *fence_release;
+  /* graph compilers: fan-out and conditional nodes */
+  dlsync_py_begin_fanout_fn *begin_fanout;
+  dlsync_py_node_declare_fn *node_declare;
+  dlsync_py_order_fn *order;
 } dlsync_py_api;
 
 /* An address arrives as an integer (void *) and is stored as a function
@@ -155,6 +171,10 @@ static const struct dlsync_py_symbol {
     {"dlsync_fence_get_provenance", offsetof(dlsync_py_api, fence_get_provenance)},
     {"dlsync_fence_get_kind", offsetof(dlsync_py_api, fence_get_kind)},
     {"dlsync_fence_release", offsetof(dlsync_py_api, fence_release)},
+    /* graph compilers: fan-out and conditional nodes */
+    {"dlsync_exchange_begin_fanout", offsetof(dlsync_py_api, begin_fanout)},
+    {"dlsync_conditional_node_declare", offsetof(dlsync_py_api, node_declare)},
+    {"dlsync_order", offsetof(dlsync_py_api, order)},
 };
 #define DLSYNC_PY_NSYMBOLS (sizeof dlsync_py_symbols / sizeof dlsync_py_symbols[0])
 
@@ -1191,6 +1211,152 @@ static PyObject *dlsync_py_capture_id(PyObject *module, PyObject *stream) {
   return PyLong_FromUnsignedLongLong((unsigned long long)state.capture_id);
 }
 
+/* ---- graph compilers: fan-out and conditional nodes ---- */
+
+/* begin_fanout(producer, consumers, flags=0, out=None):
+ * dlsync_exchange_begin_fanout on a producer stream and a list or tuple of
+ * consumer streams; one handle for end(). */
+static PyObject *dlsync_py_begin_fanout(PyObject *module, PyObject *args) {
+  PyObject *producer, *consumers, *out = Py_None;
+  unsigned int flags = 0;
+  uintptr_t p;
+  dlsync_lane stack_lanes[16], *lanes = stack_lanes, lp;
+  dlsync_exchange *exchange = NULL;
+  dlsync_context *ctx;
+  PyThreadState *released;
+  dlsync_status status;
+  Py_ssize_t n, i;
+  (void)module;
+  if (!PyArg_ParseTuple(args, "OO|IO:begin_fanout", &producer, &consumers, &flags, &out) ||
+      dlsync_py_check_ready() < 0)
+    return NULL;
+  if (!PyList_Check(consumers) && !PyTuple_Check(consumers)) {
+    PyErr_SetString(PyExc_TypeError, "begin_fanout: the consumers are a list or tuple of streams");
+    return NULL;
+  }
+  if (dlsync_py_handle_value(producer, &p) < 0)
+    return NULL;
+  n = PySequence_Size(consumers);
+  if (n < 0)
+    return NULL;
+  if ((size_t)n > sizeof stack_lanes / sizeof stack_lanes[0]) {
+    lanes = PyMem_Malloc((size_t)n * sizeof *lanes);
+    if (lanes == NULL)
+      return PyErr_NoMemory();
+  }
+  for (i = 0; i < n; i++) {
+    uintptr_t c;
+    PyObject *item = PySequence_GetItem(consumers, i);
+    int rc = item == NULL ? -1 : dlsync_py_handle_value(item, &c);
+    Py_XDECREF(item);
+    if (rc < 0)
+      goto fail;
+    lanes[i] = dlsync_py_lane(c);
+  }
+  ctx = dlsync_py_context();
+  if (ctx == NULL)
+    goto fail;
+  lp = dlsync_py_lane(p);
+  released = PyEval_SaveThread();
+  status = dlsync_py_lib.begin_fanout(&exchange, ctx, &lp, lanes, (size_t)n, (uint32_t)flags);
+  PyEval_RestoreThread(released);
+  if (lanes != stack_lanes)
+    PyMem_Free(lanes);
+  if (status != DLSYNC_SUCCESS)
+    return dlsync_py_fail(status);
+  return dlsync_py_begun(exchange, out);
+fail:
+  if (lanes != stack_lanes)
+    PyMem_Free(lanes);
+  return NULL;
+}
+
+/* order(first, then): dlsync_order on two streams. */
+static PyObject *dlsync_py_order(PyObject *module, PyObject *args) {
+  PyObject *first, *then;
+  uintptr_t f, t;
+  dlsync_lane lf, lt;
+  dlsync_context *ctx;
+  PyThreadState *released;
+  dlsync_status status;
+  (void)module;
+  if (!PyArg_ParseTuple(args, "OO:order", &first, &then) || dlsync_py_check_ready() < 0 ||
+      dlsync_py_handle_value(first, &f) < 0 || dlsync_py_handle_value(then, &t) < 0)
+    return NULL;
+  ctx = dlsync_py_context();
+  if (ctx == NULL)
+    return NULL;
+  lf = dlsync_py_lane(f);
+  lt = dlsync_py_lane(t);
+  released = PyEval_SaveThread();
+  status = dlsync_py_lib.order(ctx, &lf, &lt);
+  PyEval_RestoreThread(released);
+  if (status != DLSYNC_SUCCESS)
+    return dlsync_py_fail(status);
+  Py_RETURN_NONE;
+}
+
+/* node_declare(parent, node, bodies): dlsync_conditional_node_declare; the
+ * handles ints, bodies a list or tuple of them. */
+static PyObject *dlsync_py_node_declare(PyObject *module, PyObject *args) {
+  PyObject *parent, *node, *bodies;
+  void *g, *nd;
+  struct CUgraph_st *stack_bodies[DLSYNC_CONDITIONAL_BODIES], **array = stack_bodies;
+  dlsync_context *ctx;
+  PyThreadState *released;
+  dlsync_status status;
+  Py_ssize_t n, i;
+  (void)module;
+  if (!PyArg_ParseTuple(args, "OOO:node_declare", &parent, &node, &bodies) ||
+      dlsync_py_check_ready() < 0 ||
+      dlsync_py_graph_handle(parent, "the parent", "CUgraph", 0, &g) < 0 ||
+      dlsync_py_graph_handle(node, "the node", "CUgraphNode", 0, &nd) < 0)
+    return NULL;
+  if (!PyList_Check(bodies) && !PyTuple_Check(bodies)) {
+    PyErr_SetString(PyExc_TypeError,
+                    "node_declare: the bodies are a list or tuple of CUgraph handles");
+    return NULL;
+  }
+  n = PySequence_Size(bodies);
+  if (n < 0)
+    return NULL;
+  if ((size_t)n > sizeof stack_bodies / sizeof stack_bodies[0]) {
+    array = PyMem_Malloc((size_t)n * sizeof *array);
+    if (array == NULL)
+      return PyErr_NoMemory();
+  }
+  for (i = 0; i < n; i++) {
+    char what[48];
+    void *b;
+    PyObject *item = PySequence_GetItem(bodies, i);
+    int rc;
+    PyOS_snprintf(what, sizeof what, "bodies[%zd]", i);
+    rc = item == NULL ? -1 : dlsync_py_graph_handle(item, what, "CUgraph", 0, &b);
+    Py_XDECREF(item);
+    if (rc < 0)
+      goto fail;
+    array[i] = (struct CUgraph_st *)b;
+  }
+  ctx = dlsync_py_context();
+  if (ctx == NULL)
+    goto fail;
+  released = PyEval_SaveThread(); /* two graph queries */
+  status = dlsync_py_lib.node_declare(ctx, (struct CUgraph_st *)g, (struct CUgraphNode_st *)nd,
+                                      array, (size_t)n);
+  PyEval_RestoreThread(released);
+  if (array != stack_bodies)
+    PyMem_Free(array);
+  if (status != DLSYNC_SUCCESS)
+    return dlsync_py_fail(status);
+  Py_RETURN_NONE;
+fail:
+  if (array != stack_bodies)
+    PyMem_Free(array);
+  return NULL;
+}
+
+/* ---- end graph compilers ---- */
+
 static PyObject *dlsync_py_init(PyObject *module, PyObject *args) {
   PyObject *symbols, *error, *python_begin, *getattr_address;
   dlsync_py_api lib;
@@ -1288,6 +1454,18 @@ static PyMethodDef dlsync_py_functions[] = {
      "dlsync_fence_get_provenance of an imported fence; None for a fence dlsync signalled."},
     {"capture_id", dlsync_py_capture_id, METH_O,
      "capture_id(stream)\n--\n\nThe id of the stream's capture, or None when eager."},
+    /* graph compilers: fan-out and conditional nodes */
+    {"begin_fanout", dlsync_py_begin_fanout, METH_VARARGS,
+     "begin_fanout(producer, consumers, flags=0, out=None)\n--\n\n"
+     "dlsync_exchange_begin_fanout on a producer stream and a list or tuple of consumer "
+     "streams; one handle (an int) for end(), written into out (a ctypes.c_void_p) first "
+     "when given."},
+    {"order", dlsync_py_order, METH_VARARGS,
+     "order(first, then)\n--\n\ndlsync_order on two streams: then's later work after first's "
+     "work so far."},
+    {"node_declare", dlsync_py_node_declare, METH_VARARGS,
+     "node_declare(parent, node, bodies)\n--\n\n"
+     "dlsync_conditional_node_declare; parent, node and each body int handles."},
     {NULL, NULL, 0, NULL},
 };
 

@@ -78,9 +78,12 @@ class FakeCuda:
         self._event_record = self._fn("cuEventRecord", _vp, _vp)
         self._event_record_flags = self._fn("cuEventRecordWithFlags", _vp, _vp, ctypes.c_uint)
         self._stream_wait_event = self._fn("cuStreamWaitEvent", _vp, _vp, ctypes.c_uint)
-        self._capture_info = self._fn("cuStreamGetCaptureInfo", _vp, _P(ctypes.c_int),
-                                      _P(ctypes.c_uint64), _vp, _vp, _vp, _vp)
         self._graph_launch = self._fn("cuGraphLaunch", _vp, _vp)
+        self._capture_info = self._fn("cuStreamGetCaptureInfo", _vp, _P(ctypes.c_int),
+                                      _P(ctypes.c_uint64), _P(_vp), _P(_P(_vp)), _P(_vp),
+                                      _P(ctypes.c_size_t))
+        self._update_deps = self._fn("cuStreamUpdateCaptureDependencies", _vp, _P(_vp), _vp,
+                                     ctypes.c_size_t, ctypes.c_uint)
 
     def _fn(self, name, *argtypes):
         p = _vp()
@@ -126,7 +129,14 @@ class FakeCuda:
     def conditional(self, kind=COND_IF):
         """(parent, body): a new graph with one conditional node (IF or
         WHILE) and that node's body (which the node owns)."""
-        parent = self.graph()
+        parent, _, body = self.conditional_node(kind)
+        return parent, body
+
+    def conditional_node(self, kind=COND_IF, parent=None):
+        """(parent, node, body): a conditional node (IF or WHILE) added to
+        ``parent`` (a new graph when None), the node, and its body."""
+        if parent is None:
+            parent = self.graph()
         handle = ctypes.c_uint64()
         self._check(self._cond_create(ctypes.byref(handle), parent, self.ctx, 1,
                                       CU_GRAPH_COND_ASSIGN_DEFAULT),
@@ -143,7 +153,7 @@ class FakeCuda:
         self._check(self._add_node(ctypes.byref(node), parent, None, None, 0,
                                    ctypes.addressof(params)), "cuGraphAddNode")
         bodies = ctypes.c_void_p.from_buffer(params, 32).value
-        return parent, ctypes.c_void_p.from_address(bodies).value
+        return parent, node.value, ctypes.c_void_p.from_address(bodies).value
 
     def begin_capture_to(self, stream, graph):
         """cuStreamBeginCaptureToGraph(stream, graph), relaxed mode."""
@@ -233,6 +243,20 @@ class FakeCuda:
     def queued(self):
         """The counts of QUEUEING_CALLS made so far."""
         return {name: self.calls(name) for name in QUEUEING_CALLS}
+    def capture_info(self, stream):
+        """(CUresult, status, id, graph, [dependencies]) of cuStreamGetCaptureInfo."""
+        status, cid, graph = ctypes.c_int(), ctypes.c_uint64(), _vp()
+        deps, n = _P(_vp)(), ctypes.c_size_t()
+        r = self._capture_info(stream, ctypes.byref(status), ctypes.byref(cid),
+                               ctypes.byref(graph), ctypes.byref(deps), None, ctypes.byref(n))
+        nodes = [deps[i] for i in range(n.value)] if r == CUDA_SUCCESS else []
+        return r, status.value, cid.value, graph.value, nodes
+
+    def set_capture_dependencies(self, stream, nodes):
+        """cuStreamUpdateCaptureDependencies(SET): the capture's next work after ``nodes``."""
+        array = (_vp * max(len(nodes), 1))(*nodes)
+        self._check(self._update_deps(stream, array, None, len(nodes), 1),
+                    "cuStreamUpdateCaptureDependencies")
 
     def fail_nth(self, symbol, nth, result=CUDA_ERROR_UNKNOWN):
         """The nth call of `symbol` from now fails with `result` (one shot)."""

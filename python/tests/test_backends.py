@@ -226,6 +226,22 @@ MISUSES = [
      lambda: dlsync.Fence.from_event(0x50, provenance="captured", capture_id=-1)),
     ("Fence.from_event: capture_id 2**64",
      lambda: dlsync.Fence.from_event(0x50, provenance="captured", capture_id=2**64)),
+    # graph compilers: fan-out, order, conditional nodes
+    ("begin_fanout of a str", lambda: _backend.active.begin_fanout(0x10, "ab")),
+    ("begin_fanout of None", lambda: _backend.active.begin_fanout(0x10, None)),
+    ("begin_fanout: a float consumer", lambda: _backend.active.begin_fanout(0x10, [0x20, 1.5])),
+    ("begin_fanout: producer a str", lambda: _backend.active.begin_fanout("p", [0x20])),
+    ("exchange: a None consumer", lambda: dlsync.exchange(0x10, consumers=[0x20, None])
+     .__enter__()),
+    ("exchange: consumers a set", lambda: dlsync.exchange(0x10, consumers={0x20})),
+    ("order: then a float", lambda: _backend.active.order(0x10, 1.5)),
+    ("node_declare: parent None", lambda: _backend.active.node_declare(None, 0x40, [0x50])),
+    ("node_declare: node a str", lambda: _backend.active.node_declare(0x30, "n", [0x50])),
+    ("node_declare: bodies a set", lambda: _backend.active.node_declare(0x30, 0x40, {0x50})),
+    ("node_declare: bodies[1] -1", lambda: _backend.active.node_declare(0x30, 0x40, [0x50, -1])),
+    ("node_declare: node 2**64", lambda: _backend.active.node_declare(0x30, 2**64, [0x50])),
+    ("conditional_node(object())", lambda: dlsync.conditional_node(object(), 0x40, 0x50)
+     .__enter__()),
 ]
 
 
@@ -390,6 +406,12 @@ def _fake_misuses(fake):
         ("Fence.from_event(0)", lambda: dlsync.Fence.from_event(0, provenance="eager")),
         ("Fence.from_event of a destroyed event", import_destroyed),
         ("a CAPTURED import waited on an eager stream", captured_waited_eagerly),
+        ("begin_fanout of no consumers", lambda: _backend.active.begin_fanout(s1, [])),
+        ("begin_fanout: a consumer twice", lambda: _backend.active.begin_fanout(s1, [s2, s2])),
+        ("begin_fanout: unknown flag bits", lambda: _backend.active.begin_fanout(s1, [s2], 1 << 7)),
+        ("order on a stream the driver does not know", lambda: _backend.active.order(0x10, s2)),
+        ("node_declare of a node not in the parent", lambda: _backend.active.node_declare(
+            fake.graph(), fake.conditional_node()[1], [0x50])),
     ]
 
 
@@ -512,7 +534,7 @@ class SameMisuseOnBothBackends(unittest.TestCase):
             env = dict(os.environ, PYTHONDONTWRITEBYTECODE="1", DLSYNC_EXPECT_NATIVE="1", **env)
             env.pop("DLSYNC_NO_NATIVE", None)
             done = subprocess.run([sys.executable, "-m", "unittest", "test_interrupts",
-                                   "test_structured_cpu", "test_foreign"],
+                                   "test_structured_cpu", "test_foreign", "test_compilers_cpu"],
                                   cwd=HERE, env=env, stdout=subprocess.PIPE,
                                   stderr=subprocess.STDOUT, text=True, timeout=300)
         self.assertEqual(done.returncode, 0, done.stdout[-4000:])

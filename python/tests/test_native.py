@@ -163,8 +163,11 @@ class ActivePath(unittest.TestCase):
         import inspect
 
         params = inspect.signature(dlsync.exchange).parameters
-        self.assertEqual(list(params), ["producer", "consumer", "capture_stable"])
+        self.assertEqual(list(params), ["producer", "consumer", "capture_stable", "consumers",
+                                        "keep_edge_data"])
         self.assertIs(params["capture_stable"].default, False)
+        for name in ("consumers", "keep_edge_data"):  # keyword only: positions unchanged
+            self.assertIs(params[name].kind, inspect.Parameter.KEYWORD_ONLY)
         self.assertIn("capture_stable=True", dlsync.exchange.__doc__)
         with self.assertRaises(TypeError):
             dlsync.exchange(0x10)

@@ -368,6 +368,12 @@ def use(a: object, b: object, body: int) -> None:
     declared: bool = dlsync.is_conditional_body(body)
     with dlsync.conditional_body(body) as g:
         inside: int = g
+    with dlsync.exchange(a, consumers=[b, a], keep_edge_data=True):
+        pass
+    dlsync.order(a, b)
+    with dlsync.conditional_node(body, body, [body]) as bodies:
+        first: int = bodies[0]
+    more: int = dlsync.KEEP_EDGE_DATA
     where: str = dlsync.get_include() + dlsync.get_cmake_dir() + dlsync.get_pkgconfig_dir()
     flags: int = dlsync.LEGACY | dlsync.PER_THREAD | dlsync.CAPTURE_STABLE
     try:
@@ -423,6 +429,7 @@ class PublicNames(unittest.TestCase):
         for name in ("Error", "version", "exchange", "wrap", "scope", "Fence", "Provenance",
                      "capture_id", "stream_handle",
                      "capture_state", "LEGACY", "PER_THREAD", "library_path", "CAPTURE_STABLE",
+                     "KEEP_EDGE_DATA", "order", "conditional_node",
                      "__version__", "get_include", "get_cmake_dir", "get_pkgconfig_dir"):
             self.assertTrue(hasattr(dlsync, name), name)
         for name in dlsync.__all__:

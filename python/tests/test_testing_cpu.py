@@ -10,6 +10,7 @@ import sys
 import tempfile
 import textwrap
 import unittest
+import warnings
 
 HERE = os.path.dirname(os.path.abspath(__file__))
 PYTHON_DIR = os.path.join(HERE, "..")
@@ -19,6 +20,7 @@ PYTHON_DIR = os.path.join(HERE, "..")
 SOURCE_ROOT = os.environ.get("DLSYNC_SOURCE_ROOT") or os.path.join(HERE, "..", "..")
 sys.path.insert(0, PYTHON_DIR)
 import dlsync.testing as dt  # noqa: E402
+from dlsync.testing import _streams  # noqa: E402
 from dlsync.testing import report as rp  # noqa: E402
 
 # What the driver and PyTorch say, as seen on the H200 (docs/gpu.md) or as
@@ -614,12 +616,17 @@ def _unsafe(device_wide):
                 g.invalid = True
                 raise RuntimeError(_SYNC_MSG)
 
+ran = []  # the stream of each thunk run, eagerly or at a replay (as CUPTI's records)
+
 def launch(thunk):
     s = cuda.current_stream()
-    if s.graph is not None:
-        s.graph.thunks.append(thunk)
-    else:
+    def run():
+        ran.append(s.cuda_stream)
         thunk()
+    if s.graph is not None:
+        s.graph.thunks.append(run)
+    else:
+        run()
 
 def mul(a, k, out):
     def run():
@@ -681,6 +688,7 @@ def graph_pool_handle():
 
 cuda.graph_pool_handle = graph_pool_handle
 torch.fake_driver, torch.fake_allocator, torch.fake_streams = driver, allocator, streams
+torch.fake_ran = ran
 torch.fake_default = default
 torch._C = types.SimpleNamespace(_cuda_endAllocateToPool=allocator.end,
                                  _cuda_releasePool=allocator.release)
@@ -710,6 +718,28 @@ def _fake_torch():
     return ns["torch"]
 
 
+class _FakeCounter:
+    """The streams of the fake PyTorch's work run by ``run`` (as CUPTI's
+    records would name them)."""
+
+    def __init__(self, torch):
+        self.torch, self.calls = torch, 0
+
+    def count(self, run):
+        self.calls += 1
+        del self.torch.fake_ran[:]
+        run()
+        return len(set(self.torch.fake_ran)), ""
+
+
+class _NoCounter:
+    def __init__(self, why):
+        self.why = why
+
+    def count(self, run):
+        return None, self.why
+
+
 class _FakeTorchCase(unittest.TestCase):
     """The fake PyTorch installed as torch for each test (no tests here)."""
 
@@ -724,8 +754,10 @@ class _FakeTorchCase(unittest.TestCase):
         self.saved_driver = dt._restore.Driver
         dt._restore.Driver = lambda: torch.fake_driver
         del dt._restore.UNCLEAN[:]
+        self.saved_counter = _streams.set_counter(_FakeCounter(torch))
 
     def tearDown(self):
+        _streams.set_counter(self.saved_counter)
         dt._restore.Driver = self.saved_driver
         del dt._restore.UNCLEAN[:]
         for k, v in self.saved.items():
@@ -861,6 +893,143 @@ def _fake_torch_dir(tmp):
 
 
 @unittest.skipIf(dt.gpu_unavailable_reason() == "", "a GPU is present: tests/gpu runs the real one")
+@unittest.skipIf(dt.gpu_unavailable_reason() == "", "a GPU is present: tests/gpu runs the real one")
+class ReplayStreamsOnAFakeTorch(_FakeTorchCase):
+    """The streams at replay beside each verdict, with a counter that reads
+    the fake PyTorch's streams (as CUPTI's records name them)."""
+
+    def _fresh_side_per_call(self):
+        """An op whose every call runs on a new stream: the fake counter
+        names capture streams, so its count grows with the calls (on a GPU,
+        CUPTI names the streams a replay runs on, which grow where each
+        call's work stays parallel to the next call's)."""
+        torch, out = self.torch, self.out
+
+        def op(x):
+            cur = torch.cuda.current_stream()
+            side = torch.cuda.Stream()  # a new stream at every call
+            side.wait_stream(cur)
+            with torch.cuda.stream(side):
+                torch.mul(x, 3, out=out)
+            cur.wait_stream(side)
+            return out
+
+        return op
+
+    def test_one_side_stream_counted_and_not_growing(self):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            r = self._check(self._side(), neighbour=(None, "capture"))
+        self.assertTrue(r.ok, r.message())
+        self.assertEqual([w for w in seen if issubclass(w.category, dt.ReplayStreamsWarning)],
+                         [])
+        for mode in dt.MODES:
+            c = r.case(mode)
+            self.assertEqual((c.replay_streams, c.replay_streams_two_calls), (1, 1))
+            self.assertFalse(c.streams_grow)
+            n = r.case(f"{mode}+capture")  # beside a neighbour: no second capture
+            self.assertEqual((n.replay_streams, n.replay_streams_two_calls), (1, None))
+        self.assertIsNone(r.case("eager").replay_streams)
+        rows = r.rows()
+        self.assertTrue(rows[1].endswith("ok; streams at replay: 1"), rows[1])
+        self.assertTrue(rows[0].endswith("ok"), rows[0])  # eager: nothing counted
+        self.assertNotIn("warning", r.message())
+        self.assertEqual(r.records()[1]["replay_streams"], 1)
+
+    def test_a_stream_per_call_grows_and_warns(self):
+        with warnings.catch_warnings(record=True) as seen:
+            warnings.simplefilter("always")
+            r = self._check(self._fresh_side_per_call())
+        self.assertTrue(r.ok, r.message())  # a warning, not a failure
+        for mode in dt.MODES:
+            c = r.case(mode)
+            self.assertEqual((c.replay_streams, c.replay_streams_two_calls), (1, 2))
+            self.assertTrue(c.streams_grow)
+        self.assertIn("ok; streams at replay: 1, 2 for two calls (grows)", r.table())
+        self.assertIn("[global, thread_local, relaxed] warning: the streams at replay grow with "
+                      "the number of calls (one call: 1, two calls in one capture: 2)",
+                      r.message())
+        warned = [w for w in seen if issubclass(w.category, dt.ReplayStreamsWarning)]
+        self.assertEqual(len(warned), 1)
+        self.assertIn("grow with the number of calls", str(warned[0].message))
+        rec = r.records()[1]
+        self.assertEqual((rec["replay_streams"], rec["replay_streams_two_calls"]), (1, 2))
+
+    def test_without_cupti_the_report_says_why_and_nothing_fails(self):
+        _streams.set_counter(_NoCounter("libcupti not found (set DLSYNC_CUPTI_LIB to its path)"))
+        r = self._check(self._side())
+        self.assertTrue(r.ok, r.message())
+        self.assertTrue(r.rows()[1].endswith("ok; streams at replay: n/a"), r.rows()[1])
+        self.assertIn("[global, thread_local, relaxed] streams at replay: n/a (libcupti not "
+                      "found (set DLSYNC_CUPTI_LIB to its path))", r.message())
+        self.assertEqual(r.records()[1]["replay_streams_why"],
+                         "libcupti not found (set DLSYNC_CUPTI_LIB to its path)")
+
+    def test_two_calls_that_cannot_be_captured_are_said_not_failed(self):
+        torch, out = self.torch, self.out
+        seen = set()
+
+        def once_per_capture(x):
+            g = torch.cuda.current_stream().graph
+            if g is not None:
+                if id(g) in seen:
+                    raise RuntimeError("called twice in one capture")
+                seen.add(id(g))
+            return torch.mul(x, 3, out=out)
+
+        r = self._check(once_per_capture, modes=("global",))
+        self.assertTrue(r.ok, r.message())
+        c = r.case("global")
+        self.assertEqual((c.replay_streams, c.replay_streams_two_calls), (1, None))
+        self.assertTrue(r.rows()[1].endswith("ok; streams at replay: 1"), r.rows()[1])
+        self.assertIn("[global] streams at replay of two calls: n/a (RuntimeError: called twice "
+                      "in one capture)", r.message())
+
+    def test_a_failing_count_is_said_not_failed(self):
+        class Raising:
+            def count(self, run):
+                raise RuntimeError("boom")
+
+        _streams.set_counter(Raising())
+        r = self._check(self._side(), modes=("global",))
+        self.assertTrue(r.ok, r.message())
+        self.assertIn("streams at replay: n/a (the counted replay raised RuntimeError: boom)",
+                      r.message())
+
+
+class CuptiCounterWithoutAGpu(unittest.TestCase):
+    def test_a_missing_library_is_said_and_nothing_runs(self):
+        ran = []
+        c = _streams.CuptiCounter(path=os.path.join(tempfile.gettempdir(), "no-such-lib.so"))
+        n, why = c.count(lambda: ran.append(1))
+        self.assertIsNone(n)
+        self.assertIn("libdlsync_cupti_streams.so not found", why)
+        self.assertEqual(ran, [])
+
+    def test_the_built_counter_refuses_with_a_reason_here(self):
+        lib = os.path.join(os.path.dirname(os.environ.get("DLSYNC_LIBRARY", "")),
+                           _streams.LIBRARY)
+        if not os.path.isfile(lib):
+            self.skipTest(f"{lib} is not built here (no cupti.h)")
+        if dt.gpu_unavailable_reason() == "":
+            self.skipTest("a GPU is present: tests/gpu counts for real")
+        code = ("import sys; sys.path.insert(0, sys.argv[1]); "
+                "from dlsync.testing import _streams; ran = []; "
+                "print(repr(_streams.CuptiCounter(sys.argv[2]).count(lambda: ran.append(1)) "
+                "+ (ran,)))")
+        for env_extra in ({}, {"DLSYNC_CUPTI_LIB": "/no/such/libcupti.so"}):
+            done = subprocess.run([sys.executable, "-c", code, PYTHON_DIR, lib],
+                                  env=dict(_env(), **env_extra), capture_output=True, text=True,
+                                  timeout=120)
+            self.assertEqual(done.returncode, 0, done.stderr)
+            n, why, ran = eval(done.stdout.strip())  # noqa: S307 - our own child's repr
+            self.assertIsNone(n)
+            self.assertTrue(why, "no reason given")
+            self.assertEqual(ran, [])
+            if env_extra:
+                self.assertIn("libcupti not found", why)
+
+
 class RestoreOnAFakeTorch(_FakeTorchCase):
     """What a failed capture leaves in PyTorch 2.11 (as the fake models it:
     the default generator in capture mode, the allocator's pool underway, a

@@ -19,6 +19,7 @@
 #include <pthread.h>
 #include <stdarg.h>
 #include <stdbool.h>
+#include <unistd.h>
 
 #include "order/table.h"
 #include "gpu_common.h"
@@ -1648,14 +1649,16 @@ out:
 
 /* A conditional node of `type` (one body) in g after deps, its handle's
  * value `dflt` at each launch: *node and its *body. */
-static CUresult cond_node(CUgraph g, const CUgraphNode *deps, size_t nd,
-                          CUgraphConditionalNodeType type, unsigned dflt, CUgraphNode *node,
-                          CUgraph *body) {
+static CUresult cond_node_h(CUgraph g, const CUgraphNode *deps, size_t nd,
+                            CUgraphConditionalNodeType type, unsigned dflt, CUgraphNode *node,
+                            CUgraph *body, CUgraphConditionalHandle *handle) {
   CUgraphConditionalHandle h = 0;
   CUgraphNodeParams p;
   CUresult r = D->GraphConditionalHandleCreate(&h, g, E.cuctx, dflt, CU_GRAPH_COND_ASSIGN_DEFAULT);
   if (r != CUDA_SUCCESS)
     return r;
+  if (handle != NULL)
+    *handle = h;
   memset(&p, 0, sizeof p);
   p.type = CU_GRAPH_NODE_TYPE_CONDITIONAL;
   p.conditional.handle = h;
@@ -1666,6 +1669,207 @@ static CUresult cond_node(CUgraph g, const CUgraphNode *deps, size_t nd,
   if (r == CUDA_SUCCESS)
     *body = p.conditional.phGraph_out[0];
   return r;
+}
+
+static CUresult cond_node(CUgraph g, const CUgraphNode *deps, size_t nd,
+                          CUgraphConditionalNodeType type, unsigned dflt, CUgraphNode *node,
+                          CUgraph *body) {
+  return cond_node_h(g, deps, nd, type, dflt, node, body, NULL);
+}
+
+/* ---- a WHILE body that runs: LOOP_TURNS turns, counted down on the GPU ----
+ * dlsync_loop_turn(handle, counter) decrements the word at counter and sets
+ * the WHILE node's condition to (the word != 0) with cudaGraphSetConditional,
+ * a device function of libcudadevrt: the PTX is linked with it by the
+ * driver's JIT linker (cuLinkAddFile, CU_JIT_INPUT_LIBRARY; DLSYNC_CUDADEVRT
+ * names the archive, else the toolkit's usual folders). The parent sets the
+ * word to LOOP_TURNS (a memset node) ahead of the WHILE node, whose condition
+ * is 1 by default; a launch leaves the word 0 when the body ran LOOP_TURNS
+ * times. Where the kernel cannot be built, the WHILE rows keep a body that
+ * never runs (the condition 0) and say why in their note. */
+#define LOOP_TURNS 3
+#define LOOP_SLOT (SLOTS - 2) /* the countdown's word */
+
+static const char loop_ptx[] = ".version 7.8\n"
+                               ".target sm_90\n"
+                               ".address_size 64\n"
+                               ".extern .func cudaGraphSetConditional\n"
+                               "(\n"
+                               "  .param .b64 handle,\n"
+                               "  .param .b32 value\n"
+                               ")\n"
+                               ";\n"
+                               ".visible .entry dlsync_loop_turn(.param .u64 p_handle, "
+                               ".param .u64 p_counter)\n"
+                               "{\n"
+                               "  .reg .pred %p<2>;\n"
+                               "  .reg .b32 %r<4>;\n"
+                               "  .reg .b64 %rd<4>;\n"
+                               "  ld.param.u64 %rd1, [p_handle];\n"
+                               "  ld.param.u64 %rd2, [p_counter];\n"
+                               "  cvta.to.global.u64 %rd3, %rd2;\n"
+                               "  ld.global.u32 %r1, [%rd3];\n"
+                               "  sub.u32 %r2, %r1, 1;\n"
+                               "  st.global.u32 [%rd3], %r2;\n"
+                               "  setp.ne.u32 %p1, %r2, 0;\n"
+                               "  selp.u32 %r3, 1, 0, %p1;\n"
+                               "  {\n"
+                               "    .param .b64 param0;\n"
+                               "    .param .b32 param1;\n"
+                               "    st.param.b64 [param0+0], %rd1;\n"
+                               "    st.param.b32 [param1+0], %r3;\n"
+                               "    call.uni cudaGraphSetConditional, (param0, param1);\n"
+                               "  }\n"
+                               "  ret;\n"
+                               "}\n";
+
+typedef CUresult (*pfn_link_create)(unsigned, CUjit_option *, void **, CUlinkState *);
+typedef CUresult (*pfn_link_add_data)(CUlinkState, CUjitInputType, void *, size_t, const char *,
+                                      unsigned, CUjit_option *, void **);
+typedef CUresult (*pfn_link_add_file)(CUlinkState, CUjitInputType, const char *, unsigned,
+                                      CUjit_option *, void **);
+typedef CUresult (*pfn_link_complete)(CUlinkState, void **, size_t *);
+typedef CUresult (*pfn_link_destroy)(CUlinkState);
+typedef CUresult (*pfn_module_load)(CUmodule *, const void *);
+typedef CUresult (*pfn_get_function)(CUfunction *, CUmodule, const char *);
+typedef CUresult (*pfn_kernel_launch)(CUfunction, unsigned, unsigned, unsigned, unsigned, unsigned,
+                                      unsigned, unsigned, CUstream, void **, void **);
+
+static CUfunction loop_fn;            /* NULL: not built (loop_why says why) */
+static pfn_kernel_launch loop_launch; /* cuLaunchKernel */
+static char loop_why[160];
+
+/* Builds dlsync_loop_turn once; false (and loop_why) where it cannot. */
+static bool loop_kernel(void) {
+  static bool tried;
+  static const char *const archives[] = {"/usr/local/cuda/lib64/libcudadevrt.a",
+                                         "/usr/local/cuda/targets/x86_64-linux/lib/libcudadevrt.a",
+                                         "/usr/local/cuda/targets/sbsa-linux/lib/libcudadevrt.a",
+                                         "/usr/lib/x86_64-linux-gnu/libcudadevrt.a"};
+  void *lib;
+  pfn_link_create create = NULL;
+  pfn_link_add_data add_data = NULL;
+  pfn_link_add_file add_file = NULL;
+  pfn_link_complete complete = NULL;
+  pfn_link_destroy destroy = NULL;
+  pfn_module_load load = NULL;
+  pfn_get_function get = NULL;
+  CUlinkState state = NULL;
+  CUmodule mod = NULL;
+  const char *archive = getenv("DLSYNC_CUDADEVRT");
+  void *cubin = NULL;
+  size_t size = 0;
+  CUresult r;
+  if (tried)
+    return loop_fn != NULL;
+  tried = true;
+  lib = dlopen("libcuda.so.1", RTLD_NOW | RTLD_LOCAL);
+  if (lib != NULL) {
+    *(void **)&create = dlsym(lib, "cuLinkCreate_v2");
+    *(void **)&add_data = dlsym(lib, "cuLinkAddData_v2");
+    *(void **)&add_file = dlsym(lib, "cuLinkAddFile_v2");
+    *(void **)&complete = dlsym(lib, "cuLinkComplete");
+    *(void **)&destroy = dlsym(lib, "cuLinkDestroy");
+    *(void **)&load = dlsym(lib, "cuModuleLoadData");
+    *(void **)&get = dlsym(lib, "cuModuleGetFunction");
+    *(void **)&loop_launch = dlsym(lib, "cuLaunchKernel");
+  }
+  if (create == NULL || add_data == NULL || add_file == NULL || complete == NULL ||
+      destroy == NULL || load == NULL || get == NULL || loop_launch == NULL) {
+    snprintf(loop_why, sizeof loop_why, "libcuda's link, module or launch entry points not found");
+    return false;
+  }
+  if (archive == NULL || archive[0] == '\0') {
+    archive = NULL;
+    for (size_t i = 0; archive == NULL && i < sizeof archives / sizeof archives[0]; i++)
+      if (access(archives[i], R_OK) == 0)
+        archive = archives[i];
+  }
+  if (archive == NULL) {
+    snprintf(loop_why, sizeof loop_why,
+             "libcudadevrt.a not found (DLSYNC_CUDADEVRT names it): the WHILE body never runs");
+    return false;
+  }
+  r = create(0, NULL, NULL, &state);
+  if (r == CUDA_SUCCESS)
+    r = add_data(state, CU_JIT_INPUT_PTX, (void *)(uintptr_t)loop_ptx, sizeof loop_ptx,
+                 "dlsync_loop_turn.ptx", 0, NULL, NULL);
+  if (r == CUDA_SUCCESS)
+    r = add_file(state, CU_JIT_INPUT_LIBRARY, archive, 0, NULL, NULL);
+  if (r == CUDA_SUCCESS)
+    r = complete(state, &cubin, &size);
+  if (r == CUDA_SUCCESS)
+    r = load(&mod, cubin); /* before destroy: the cubin belongs to the link state */
+  if (r == CUDA_SUCCESS)
+    r = get(&loop_fn, mod, "dlsync_loop_turn");
+  if (state != NULL)
+    destroy(state);
+  if (r != CUDA_SUCCESS) {
+    loop_fn = NULL;
+    snprintf(loop_why, sizeof loop_why, "the WHILE loop's kernel (linked with %s): %s", archive,
+             gpu_err(D, r));
+    return false;
+  }
+  return true;
+}
+
+/* A WHILE node in `parent` after a memset node that sets the countdown to
+ * LOOP_TURNS, its condition 1 by default (0, and no memset, where the loop
+ * kernel cannot be built: the body never runs). */
+static CUresult while_node(CUgraph parent, CUgraphNode *node, CUgraph *body,
+                           CUgraphConditionalHandle *h) {
+  CUDA_MEMSET_NODE_PARAMS m;
+  CUgraphNode reset = NULL;
+  CUresult r;
+  if (!loop_kernel())
+    return cond_node_h(parent, NULL, 0, CU_GRAPH_COND_TYPE_WHILE, 0, node, body, h);
+  memset(&m, 0, sizeof m);
+  m.dst = slots + (CUdeviceptr)LOOP_SLOT * 4;
+  m.value = LOOP_TURNS;
+  m.elementSize = 4;
+  m.width = 1;
+  m.height = 1;
+  r = D->GraphAddMemsetNode(&reset, parent, NULL, 0, &m, E.cuctx);
+  if (r == CUDA_SUCCESS)
+    r = cond_node_h(parent, &reset, 1, CU_GRAPH_COND_TYPE_WHILE, 1, node, body, h);
+  return r;
+}
+
+/* The loop's turn at the end of the body: on a stream capturing into it
+ * (s), or as a kernel node of `body` after deps (s NULL). Nothing where
+ * the kernel cannot be built. */
+static CUresult loop_turn(CUstream s, CUgraph body, const CUgraphNode *deps, size_t nd,
+                          CUgraphConditionalHandle h) {
+  CUdeviceptr counter = slots + (CUdeviceptr)LOOP_SLOT * 4;
+  void *args[2];
+  CUgraphNodeParams p;
+  CUgraphNode n = NULL;
+  if (loop_fn == NULL)
+    return CUDA_SUCCESS;
+  args[0] = &h;
+  args[1] = &counter;
+  if (s != NULL)
+    return loop_launch(loop_fn, 1, 1, 1, 1, 1, 1, 0, s, args, NULL);
+  memset(&p, 0, sizeof p);
+  p.type = CU_GRAPH_NODE_TYPE_KERNEL;
+  p.kernel.func = loop_fn;
+  p.kernel.gridDimX = p.kernel.gridDimY = p.kernel.gridDimZ = 1;
+  p.kernel.blockDimX = p.kernel.blockDimY = p.kernel.blockDimZ = 1;
+  p.kernel.kernelParams = args;
+  return D->GraphAddNode(&n, body, deps, NULL, nd, &p);
+}
+
+/* After a launch: the body ran LOOP_TURNS times (the countdown is 0). */
+static void check_turns(outcome *o, int t) {
+  unsigned left = 1;
+  if (loop_fn == NULL) {
+    note(o, "%s", loop_why);
+    return;
+  }
+  if (read_slot(&left, LOOP_SLOT) != CUDA_SUCCESS || left != 0) {
+    note(o, "trial %d: the WHILE body ran %d of %d turns", t, LOOP_TURNS - (int)left, LOOP_TURNS);
+    o->wrong++;
+  }
 }
 
 /* A scenario that failed midway may leave a capture going: ended (its
@@ -1981,10 +2185,12 @@ static void check_hoisted(outcome *o, int t, CUgraph parent, CUgraph body, size_
  * into the parent, ahead of the conditional node. s->flags: bit 0, a WHILE
  * node (else IF); bit 1, the body a graph lane built by hand
  * (EAGER_TO_BUILT; else a capture into it, EAGER_TO_CAPTURE). The IF's
- * condition is 1 at each launch and the consumer's copy is in the body; the
- * WHILE's is 0 (no kernel here sets it: the body never runs) and the copy is
- * a node of the parent after the WHILE node, which the hoisted wait must
- * precede. Each of TRIALS launches of a fresh parent reads the producer's
+ * condition is 1 at each launch; the WHILE's is 1 by default and its body
+ * runs LOOP_TURNS turns (dlsync_loop_turn counts them down; checked after
+ * each launch). The consumer's copy is in the body, on every turn (where the
+ * loop's kernel cannot be built, the WHILE's condition is 0 and the copy a
+ * node of the parent after the WHILE node, which the hoisted wait must
+ * precede). Each of TRIALS launches of a fresh parent reads the producer's
  * value; the parent instantiates. Control: no declaration, no order; the
  * copy does not wait for the slow producer. */
 static int sc_hoist_eager(const scenario *s, CUstreamCaptureMode mode, bool use, outcome *o) {
@@ -2000,13 +2206,16 @@ static int sc_hoist_eager(const scenario *s, CUstreamCaptureMode mode, bool use,
   for (int t = 0; t < TRIALS; t++) {
     CUgraph parent = NULL, body = NULL, ended = NULL;
     CUgraphNode node = NULL, first = NULL, cp = NULL, bdeps[2];
+    CUgraphConditionalHandle h = 0;
     unsigned v = ++value_base, got = 0;
     CUresult r;
     CU(D->GraphCreate(&parent, 0));
-    r = cond_node(parent, NULL, 0, is_while ? CU_GRAPH_COND_TYPE_WHILE : CU_GRAPH_COND_TYPE_IF,
-                  is_while ? 0 : 1, &node, &body);
-    if (r == CUDA_SUCCESS && is_while)
-      r = add_copy_node(&cp, parent, &node, 1, t);
+    if (is_while)
+      r = while_node(parent, &node, &body, &h);
+    else
+      r = cond_node(parent, NULL, 0, CU_GRAPH_COND_TYPE_IF, 1, &node, &body);
+    if (r == CUDA_SUCCESS && is_while && loop_fn == NULL)
+      r = add_copy_node(&cp, parent, &node, 1, t); /* the body never runs: the copy after it */
     if (r != CUDA_SUCCESS) {
       note(o, "trial %d: the conditional node: %s", t, gpu_err(D, r));
       o->broken++;
@@ -2022,17 +2231,23 @@ static int sc_hoist_eager(const scenario *s, CUstreamCaptureMode mode, bool use,
       lb = dlsync_lane_graph(body, bdeps, 1, 2);
       if (use)
         DS(dlsync_order(E.ctx, &lp, &lb)); /* EAGER_TO_BUILT, hoisted */
-      if (!is_while)
+      if (!is_while || loop_fn != NULL) {
         CU(add_copy_node(&cp, body, lb.deps, lb.ndeps, t));
+        if (is_while)
+          CU(loop_turn(NULL, body, &cp, 1, h));
+      }
     } else {
       lb = dlsync_lane_stream(b);
       CU(D->StreamBeginCaptureToGraph(b, body, NULL, NULL, 0, mode));
       if (use)
         DS(dlsync_order(E.ctx, &lp, &lb)); /* EAGER_TO_CAPTURE, hoisted */
-      if (is_while)
+      if (is_while && loop_fn == NULL) {
         CU(D->MemsetD32Async(slots + (SLOTS - 1) * 4, 0, 1, b)); /* never runs */
-      else
+      } else {
         CU(consume(b, big_buf, BIG_WORDS, t));
+        if (is_while)
+          CU(loop_turn(b, NULL, NULL, 0, h));
+      }
       END_CAPTURE(b, &ended);
     }
     if (use)
@@ -2048,6 +2263,8 @@ static int sc_hoist_eager(const scenario *s, CUstreamCaptureMode mode, bool use,
     CU(D->StreamSynchronize(p));
     o->runs++;
     o->wrong += got != v;
+    if (is_while)
+      check_turns(o, t);
   }
 out:
   end_leftover_capture(b);
@@ -2244,9 +2461,11 @@ static CUresult slow_produce_nodes(CUgraph g, CUgraphNode *last, unsigned v) {
  * BUILT_TO_CAPTURE, a producer graph built by hand and the consumer captured
  * into the body; 3 TWO_BUILT, the same with the consumer a graph lane in the
  * body; 4 TWO_BUILT, the producer a graph lane in the body and the consumer
- * another graph built by hand. s->flags & 8: a WHILE node (condition 0, the
- * body never runs: rows 0, 2 and 3 only, the consumer's copy a node of the
- * parent after the WHILE node), else IF (condition 1). The producer's graph
+ * another graph built by hand. s->flags & 8: a WHILE node (rows 0, 2 and 3
+ * only; LOOP_TURNS turns, the consumer's copy in the body on each, the turns
+ * checked after each launch; where the loop's kernel cannot be built, the
+ * condition 0 and the copy a node of the parent after the WHILE node), else
+ * IF (condition 1). The producer's graph
  * is launched on one stream, the consumer's right after on another; each of
  * TRIALS reads the producer's value, no body holds an event node and every
  * graph instantiates. Control: no declaration, no order. */
@@ -2265,14 +2484,17 @@ static int sc_hoist_two_graphs(const scenario *s, CUstreamCaptureMode mode, bool
     CUgraph gp, gc;
     CUgraphExec xp = NULL, xc = NULL;
     CUgraphNode node = NULL, last = NULL, cp = NULL, first = NULL, ldeps[2];
+    CUgraphConditionalHandle h = 0;
     dlsync_lane lp = dlsync_lane_stream(p), lb = dlsync_lane_stream(b), lg;
     unsigned v = ++value_base, got = 0;
     CUresult r;
     CU(D->GraphCreate(&parent, 0));
-    r = cond_node(parent, NULL, 0, is_while ? CU_GRAPH_COND_TYPE_WHILE : CU_GRAPH_COND_TYPE_IF,
-                  is_while ? 0 : 1, &node, &body);
-    if (r == CUDA_SUCCESS && is_while)
-      r = add_copy_node(&cp, parent, &node, 1, t);
+    if (is_while)
+      r = while_node(parent, &node, &body, &h);
+    else
+      r = cond_node(parent, NULL, 0, CU_GRAPH_COND_TYPE_IF, 1, &node, &body);
+    if (r == CUDA_SUCCESS && is_while && loop_fn == NULL)
+      r = add_copy_node(&cp, parent, &node, 1, t); /* the body never runs: the copy after it */
     if (r != CUDA_SUCCESS) {
       note(o, "trial %d: the conditional node: %s", t, gpu_err(D, r));
       o->broken++;
@@ -2288,10 +2510,13 @@ static int sc_hoist_two_graphs(const scenario *s, CUstreamCaptureMode mode, bool
       CU(D->StreamBeginCaptureToGraph(b, body, NULL, NULL, 0, mode));
       if (use)
         DS(dlsync_order(E.ctx, &lp, &lb));
-      if (is_while)
-        CU(D->MemsetD32Async(slots + (SLOTS - 1) * 4, 0, 1, b));
-      else
+      if (is_while && loop_fn == NULL) {
+        CU(D->MemsetD32Async(slots + (SLOTS - 1) * 4, 0, 1, b)); /* never runs */
+      } else {
         CU(consume(b, big_buf, BIG_WORDS, t));
+        if (is_while)
+          CU(loop_turn(b, NULL, NULL, 0, h));
+      }
       END_CAPTURE(b, &ended);
       END_CAPTURE(p, &other);
       break;
@@ -2316,10 +2541,13 @@ static int sc_hoist_two_graphs(const scenario *s, CUstreamCaptureMode mode, bool
         CU(D->StreamBeginCaptureToGraph(b, body, NULL, NULL, 0, mode));
         if (use)
           DS(dlsync_order(E.ctx, &lg, &lb));
-        if (is_while)
-          CU(D->MemsetD32Async(slots + (SLOTS - 1) * 4, 0, 1, b));
-        else
+        if (is_while && loop_fn == NULL) {
+          CU(D->MemsetD32Async(slots + (SLOTS - 1) * 4, 0, 1, b)); /* never runs */
+        } else {
           CU(consume(b, big_buf, BIG_WORDS, t));
+          if (is_while)
+            CU(loop_turn(b, NULL, NULL, 0, h));
+        }
         END_CAPTURE(b, &ended);
       } else {
         CUgraphNode bdeps[2];
@@ -2329,8 +2557,11 @@ static int sc_hoist_two_graphs(const scenario *s, CUstreamCaptureMode mode, bool
         lbody = dlsync_lane_graph(body, bdeps, 1, 2);
         if (use)
           DS(dlsync_order(E.ctx, &lg, &lbody));
-        if (!is_while)
+        if (!is_while || loop_fn != NULL) {
           CU(add_copy_node(&cp, body, lbody.deps, lbody.ndeps, t));
+          if (is_while)
+            CU(loop_turn(NULL, body, &cp, 1, h));
+        }
       }
       break;
     default: { /* TWO_BUILT: a lane in the body -> a built graph */
@@ -2375,6 +2606,8 @@ static int sc_hoist_two_graphs(const scenario *s, CUstreamCaptureMode mode, bool
     }
     o->runs++;
     o->wrong += got != v;
+    if (is_while)
+      check_turns(o, t);
   }
 out:
   end_leftover_capture(b);

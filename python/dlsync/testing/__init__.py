@@ -49,10 +49,12 @@ from ._options import (  # noqa: F401 - the helpers stay importable from dlsync.
 )
 from .report import (
     ERROR_TABLE,
+    STREAMS_GROW,
     CaptureReport,
     CaseResult,
     Diagnosis,
     ErrorKind,
+    ReplayStreamsWarning,
     WrongOutput,
     classify_error,
     diagnose,
@@ -70,6 +72,7 @@ __all__ = [
     "Diagnosis",
     "ErrorKind",
     "WrongOutput",
+    "ReplayStreamsWarning",
     "ERROR_TABLE",
     "classify_error",
     "diagnose",
@@ -126,6 +129,7 @@ def check_capture(fn: _Fn, *inputs: Any, modes: Sequence[str] = MODES, replays: 
         from ._child import run_isolated
 
         report: CaptureReport = run_isolated(fn, inputs, options)
+        warn_streams(report)
         return report.raise_if_failed() if raise_on_failure else report
     reason = gpu_unavailable_reason()
     if reason:
@@ -133,4 +137,19 @@ def check_capture(fn: _Fn, *inputs: Any, modes: Sequence[str] = MODES, replays: 
     import torch  # type: ignore[import-not-found, unused-ignore]
 
     report = _check(torch, fn, inputs, options, _restore.Driver())
+    warn_streams(report)
     return report.raise_if_failed() if raise_on_failure else report
+
+
+def warn_streams(report: CaptureReport) -> None:
+    """A ReplayStreamsWarning when the op's graph replays on more streams
+    with two calls than with one (the report says it too)."""
+    grow = report.streams_grow
+    if grow:
+        import warnings
+
+        c = grow[0]
+        warnings.warn(f"dlsync.testing: {report.name}: {STREAMS_GROW} (one call: "
+                      f"{c.replay_streams}, two calls in one capture: "
+                      f"{c.replay_streams_two_calls}; cases {', '.join(x.name for x in grow)})",
+                      ReplayStreamsWarning, stacklevel=3)

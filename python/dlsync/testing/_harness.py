@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
-from . import _restore
+from . import _restore, _streams
 from ._neighbour import _Neighbour
 from ._options import _WAIT_S, _flatten, _messages, _mismatch_summary, _require_outputs, _where
 from .report import CaptureReport, CaseResult, WrongOutput
@@ -211,8 +211,62 @@ class _Harness:
         except Exception as e:  # noqa: BLE001
             case.errors, case.where = _messages(e), _where(e)
             _settle(torch)
+        if not case.errors:
+            self.count_streams(case, g, mode, neighbour)
         del g
         return case
+
+    # ---- the streams at replay (_streams: CUPTI) ----
+
+    def count_streams(self, case: CaseResult, g: Any, mode: str,
+                      neighbour: Optional[str]) -> None:
+        """The streams one replay of the op's graph runs on; without a
+        neighbour also those of a graph holding two calls of the op, so
+        that an op taking a stream of its own at each call shows (its
+        graph's streams grow with the calls a model makes). Never fails the
+        case: what cannot be counted is said."""
+        torch = self.torch
+        counter = _streams.counter()
+
+        def replay(graph: Any) -> Callable[[], None]:
+            def run() -> None:
+                graph.replay()
+                torch.cuda.synchronize()
+            return run
+
+        try:
+            torch.cuda.synchronize()
+            case.replay_streams, case.replay_streams_why = counter.count(replay(g))
+        except Exception as e:  # noqa: BLE001
+            case.replay_streams = None
+            case.replay_streams_why = f"the counted replay raised {_messages(e)[-1]}"
+            _settle(torch)
+            return
+        if case.replay_streams is None or neighbour is not None:
+            return
+        g2 = torch.cuda.CUDAGraph()
+        s = torch.cuda.Stream(self.device)
+        self.streams.append(s)
+        try:
+            s.wait_stream(torch.cuda.current_stream(self.device))
+            with torch.cuda.stream(s):
+                self.fn(*self.args)  # warm-up on the new stream, as for the case's capture
+            torch.cuda.synchronize()
+            with torch.cuda.stream(s):
+                g2.capture_begin(capture_error_mode=mode)
+                try:
+                    self.fn(*self.args)
+                    self.fn(*self.args)
+                finally:
+                    g2.capture_end()
+            torch.cuda.synchronize()
+            case.replay_streams_two_calls, why = counter.count(replay(g2))
+        except Exception as e:  # noqa: BLE001
+            case.replay_streams_two_calls, why = None, _messages(e)[-1]
+            _settle(torch)
+        if case.replay_streams_two_calls is None:
+            case.replay_streams_note = why
+        del g2
 
     def compiled(self, replays: int) -> CaseResult:
         torch = self.torch

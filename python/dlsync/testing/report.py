@@ -237,6 +237,31 @@ class CaseResult:
     note: str = ""  # what a passing case does not prove (e.g. nothing was captured)
     restored: List[str] = field(default_factory=list)  # state the case left, put back after it
     left: List[str] = field(default_factory=list)  # state the case left that could not be
+    # The streams one replay of the op's graph ran on (CUPTI; dlsync.testing._streams), None
+    # where not counted (replay_streams_why says why; "" and None: not a counted case), and
+    # those of a graph holding two calls of the op (grows: a stream taken per call).
+    replay_streams: Optional[int] = None
+    replay_streams_why: str = ""
+    replay_streams_two_calls: Optional[int] = None
+    replay_streams_note: str = ""
+
+    @property
+    def streams_grow(self) -> bool:
+        """Whether two calls of the op in one capture replay on more
+        streams than one call."""
+        return (self.replay_streams is not None and self.replay_streams_two_calls is not None
+                and self.replay_streams_two_calls > self.replay_streams)
+
+    @property
+    def streams_said(self) -> str:
+        """"streams at replay: N" (and the two calls' count where it grew),
+        "streams at replay: n/a", or "" where the case counted nothing."""
+        if self.replay_streams is not None:
+            text = f"streams at replay: {self.replay_streams}"
+            if self.streams_grow:
+                text += f", {self.replay_streams_two_calls} for two calls (grows)"
+            return text
+        return "streams at replay: n/a" if self.replay_streams_why else ""
 
     @property
     def wrong_runs(self) -> int:
@@ -387,6 +412,14 @@ def user_frame(frames: Sequence[Tuple[str, Optional[int], str, Optional[str]]],
 
 # ---- the report ----
 
+STREAMS_GROW = "the streams at replay grow with the number of calls"
+
+
+class ReplayStreamsWarning(UserWarning):
+    """check_capture's warning: the op's graph replays on more streams when
+    the op is called more often in one capture."""
+
+
 _COLUMNS = (("case", 22), ("mode", 15), ("neighbour", 9), ("runs", 5), ("wrong", 5),
             ("capture", 8))
 
@@ -428,6 +461,8 @@ class CaptureReport:
             verdict = "ok" if d is None else d.category
             if c.note:
                 verdict += f" ({c.note})"
+            if c.streams_said:
+                verdict += f"; {c.streams_said}"
             cells = (c.name, c.mode, c.neighbour, str(c.runs), str(c.wrong_runs),
                      c.capture_status)
             out.append(" ".join(f"{v:{w}}" if i < 3 or i == 5 else f"{v:>{w}}"
@@ -468,6 +503,7 @@ class CaptureReport:
             lines.append("")
             lines.append(f"[{', '.join(names)}] " + text[0])
             lines.extend(text[1:])
+        lines.extend(self.streams_lines())
         left = self.left
         if left:
             lines.append("")
@@ -475,6 +511,39 @@ class CaptureReport:
                          "in a child process, isolate=True):")
             lines.extend(f"  {x}" for x in left)
         return "\n".join(lines)
+
+    @property
+    def streams_grow(self) -> List[CaseResult]:
+        """The cases whose graph of two calls replays on more streams than
+        that of one call."""
+        return [c for c in self.cases if c.streams_grow]
+
+    def streams_lines(self) -> List[str]:
+        """Why streams were not counted (once per reason) and the warning
+        for streams that grow with the calls."""
+        lines: List[str] = []
+        reasons: Dict[Tuple[str, str], List[str]] = {}
+        for c in self.cases:
+            if c.replay_streams is None and c.replay_streams_why:
+                reasons.setdefault(("", c.replay_streams_why), []).append(c.name)
+            if c.replay_streams_note:
+                reasons.setdefault((" of two calls", c.replay_streams_note),
+                                   []).append(c.name)
+        for (what, why), names in reasons.items():
+            lines += ["", f"[{', '.join(names)}] streams at replay{what}: n/a ({why})"]
+        grow = self.streams_grow
+        if grow:
+            c = grow[0]
+            lines += ["", f"[{', '.join(x.name for x in grow)}] warning: {STREAMS_GROW} "
+                      f"(one call: {c.replay_streams}, two calls in one capture: "
+                      f"{c.replay_streams_two_calls}): a model calling it n times replays on "
+                      "ever more streams. bench/replay_streams sees this where a call queues "
+                      "its side stream's work before the main stream's next work (each call's "
+                      "side branch then gets a stream of its own: 65 streams for 64 calls, 2 "
+                      "with the main stream's work queued first), and where calls are left "
+                      "parallel to each other; queue the main stream's work first and join the "
+                      "side stream back within the call (docs/performance.md)."]
+        return lines
 
     def records(self, test: str = "") -> List[Dict[str, Any]]:
         """One JSON-ready dict per case: test id, case, mode, neighbour,
@@ -496,6 +565,9 @@ class CaptureReport:
                                 (_first_line(c.errors[0]) if c.errors else "")),
                 "where": c.where if d is None else (d.where or c.where),
                 "runs": c.runs,
+                "replay_streams": c.replay_streams,
+                "replay_streams_two_calls": c.replay_streams_two_calls,
+                "replay_streams_why": c.replay_streams_why or c.replay_streams_note,
                 "isolated": self.isolated,
                 "restored": list(c.restored),
                 "left": list(c.left),
