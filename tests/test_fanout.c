@@ -60,12 +60,12 @@ static void eager_is_one_record_and_a_wait_per_consumer(void **state) {
   produce = fake_work(P, "produce", NULL);
   fake_log_reset();
   assert_int_equal(dlsync_exchange_begin_fanout(&ex, ctx, &lp, lcs, 3, 0), DLSYNC_SUCCESS);
-  /* One status query per lane, ONE record on the producer, one wait per
-   * consumer; no event made. */
+  /* One status query per consumer (the producer's state does not change
+   * the calls: EAGER_EAGER and JOIN are both one record and a wait), ONE
+   * record on the producer, one wait per consumer; no event made. */
   assert_string_equal(fake_call_log(),
                       "cuStreamIsCapturing,cuStreamIsCapturing,cuStreamIsCapturing,"
-                      "cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent,cuStreamWaitEvent,"
-                      "cuStreamWaitEvent");
+                      "cuEventRecord,cuStreamWaitEvent,cuStreamWaitEvent,cuStreamWaitEvent");
   for (int i = 0; i < 3; i++)
     consume[i] = fake_work(cs[i], "consume", NULL);
   fake_log_reset();
@@ -329,6 +329,185 @@ static void every_recapture_has_the_same_shape(void **state) {
     destroy_graph(gr);
     fake_event_destroy(fork);
   }
+}
+
+/* ---- the driver calls of a fan-out in each lane state ----
+ *
+ * One producer P and three consumers (C, Q, R), a warm thread, one fan-out
+ * and join in the same state first (the thread's hints settle), then the
+ * calls of the next begin and of its end, exactly. ONE record on the
+ * producer however many eager consumers, no stream asked about twice in
+ * one call, and the join's dependency updates inside one capture made as
+ * ONE update of the producer: a record or a query per consumer more fails
+ * here. */
+
+typedef enum fan_state {
+  FAN_EAGER,         /* all eager: EAGER_EAGER */
+  FAN_EAGER_STABLE,  /* the same with DLSYNC_EXCHANGE_CAPTURE_STABLE */
+  FAN_SAME,          /* the consumers in the producer's capture: SAME_CAPTURE */
+  FAN_SAME_STABLE,   /* the same with DLSYNC_EXCHANGE_CAPTURE_STABLE */
+  FAN_JOIN,          /* the producer captures, the consumers are eager: JOIN */
+  FAN_OTHER_CAPTURE, /* the consumers in another capture: TWO_CAPTURES */
+  FAN_BUILT,         /* the consumers lanes of a graph built by hand: EAGER_TO_BUILT */
+} fan_state;
+
+typedef struct fan_calls {
+  char begin[1024], end[1024];
+  unsigned begin_records, begin_queries, end_queries;
+} fan_calls;
+
+static unsigned queries(void) {
+  return fake_call_count("cuStreamIsCapturing") + fake_call_count("cuStreamGetCaptureInfo");
+}
+
+/* One fan-out and join in state st (the capture state made before it and
+ * undone after); its calls in *out. */
+static void fan_once(fan_state st, fan_calls *out) {
+  dlsync_lane lp = dlsync_lane_stream(P);
+  dlsync_lane lcs[3] = {dlsync_lane_stream(C), dlsync_lane_stream(Q), dlsync_lane_stream(R)};
+  uint32_t flags =
+      st == FAN_EAGER_STABLE || st == FAN_SAME_STABLE ? DLSYNC_EXCHANGE_CAPTURE_STABLE : 0;
+  bool p_captures = st == FAN_SAME || st == FAN_SAME_STABLE || st == FAN_JOIN;
+  dlsync_status want_end =
+      st == FAN_OTHER_CAPTURE || st == FAN_BUILT ? DLSYNC_ERROR_CAPTURE_ORDER : DLSYNC_SUCCESS;
+  CUevent fork = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+  dlsync_exchange *ex = NULL;
+  CUgraph gb = NULL;
+  CUgraphNode fb[3][4];
+  if (st == FAN_BUILT) {
+    assert_int_equal(D->GraphCreate(&gb, 0), CUDA_SUCCESS);
+    for (int i = 0; i < 3; i++) {
+      fb[i][0] = fake_graph_add_work(gb, NULL, 0, "own");
+      lcs[i] = dlsync_lane_graph(gb, fb[i], 1, 4);
+    }
+  }
+  if (p_captures)
+    assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  if (st == FAN_SAME || st == FAN_SAME_STABLE) {
+    assert_int_equal(D->EventRecord(fork, P), CUDA_SUCCESS);
+    for (int i = 0; i < 3; i++)
+      assert_int_equal(D->StreamWaitEvent(lcs[i].stream, fork, 0), CUDA_SUCCESS);
+  }
+  if (st == FAN_OTHER_CAPTURE) { /* C, Q and R in one capture, not P's (P eager) */
+    assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(D->EventRecord(fork, C), CUDA_SUCCESS);
+    assert_int_equal(D->StreamWaitEvent(Q, fork, 0), CUDA_SUCCESS);
+    assert_int_equal(D->StreamWaitEvent(R, fork, 0), CUDA_SUCCESS);
+  }
+  fake_work(P, "produce", NULL);
+  fake_log_reset();
+  if (dlsync_exchange_begin_fanout(&ex, ctx, &lp, lcs, 3, flags) != DLSYNC_SUCCESS)
+    fail_msg("state %d: %s", (int)st, dlsync_last_error());
+  snprintf(out->begin, sizeof out->begin, "%s", fake_call_log());
+  out->begin_records =
+      fake_call_count("cuEventRecord") + fake_call_count("cuEventRecordWithFlags") +
+      fake_call_count("cuGraphAddEventRecordNode") + fake_call_count("cuGraphAddNode");
+  out->begin_queries = queries();
+  for (int i = 0; i < 3; i++)
+    if (lcs[i].kind == DLSYNC_LANE_STREAM)
+      fake_work(lcs[i].stream, "consume", NULL);
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_end(ex), want_end);
+  snprintf(out->end, sizeof out->end, "%s", fake_call_log());
+  out->end_queries = queries();
+  if (st == FAN_OTHER_CAPTURE) {
+    assert_int_equal(D->EventRecord(fork, Q), CUDA_SUCCESS);
+    assert_int_equal(D->StreamWaitEvent(C, fork, 0), CUDA_SUCCESS);
+    assert_int_equal(D->EventRecord(fork, R), CUDA_SUCCESS);
+    assert_int_equal(D->StreamWaitEvent(C, fork, 0), CUDA_SUCCESS);
+    destroy_graph(end_capture_ok(C));
+  }
+  if (p_captures) {
+    /* Joined or not, the consumers stay in the capture until it ends
+     * (docs/design.md R11); the join made their work the producer's
+     * dependencies, so the capture ends cleanly. */
+    for (int i = 0; i < 3; i++)
+      assert_int_equal(fake_capture_id(lcs[i].stream), fake_capture_id(P));
+    destroy_graph(end_capture_ok(P));
+  }
+  if (gb != NULL)
+    destroy_graph(gb);
+  fake_event_destroy(fork);
+}
+
+/* Two fan-outs and joins in state st; the calls of the second. */
+static fan_calls fan_calls_in(fan_state st) {
+  fan_calls out;
+  warm();
+  fan_once(st, &out);
+  fan_once(st, &out);
+  if (getenv("FAN_CALLS_PRINT") != NULL)
+    printf("state %d\n  begin %s\n  end   %s\n", (int)st, out.begin, out.end);
+  return out;
+}
+
+#define IS "cuStreamIsCapturing,"
+#define INFO "cuStreamGetCaptureInfo,"
+#define REC_WAIT "cuEventRecord,cuStreamWaitEvent"
+#define WAIT "cuStreamWaitEvent"
+#define ADD "cuStreamUpdateCaptureDependencies"
+
+static void eager_calls(void **state) {
+  fan_calls c = fan_calls_in(FAN_EAGER);
+  (void)state;
+  /* A status query per consumer, one record, a wait each. */
+  assert_string_equal(c.begin, IS IS IS "cuEventRecord," WAIT "," WAIT "," WAIT);
+  /* The producer's status once, then per consumer its status, a record and
+   * the producer's wait. */
+  assert_string_equal(c.end, IS IS REC_WAIT "," IS REC_WAIT "," IS REC_WAIT);
+}
+
+static void eager_stable_calls(void **state) {
+  fan_calls c = fan_calls_in(FAN_EAGER_STABLE);
+  (void)state;
+  assert_string_equal(c.begin, IS IS IS "cuEventRecord," WAIT "," WAIT "," WAIT);
+  assert_string_equal(c.end, REC_WAIT "," REC_WAIT "," REC_WAIT); /* no query */
+}
+
+static void same_capture_calls(void **state) {
+  for (int stable = 0; stable < 2; stable++) {
+    fan_calls c = fan_calls_in(stable ? FAN_SAME_STABLE : FAN_SAME);
+    (void)state;
+    /* The producer's full query, each consumer's, and the producer's
+     * dependencies added to each consumer's: no event. */
+    assert_string_equal(c.begin, INFO INFO INFO INFO ADD "," ADD "," ADD);
+    /* Each consumer's full query and ONE update of the producer with their
+     * dependencies. */
+    assert_string_equal(c.end, INFO INFO INFO ADD);
+  }
+}
+
+static void join_calls(void **state) {
+  fan_calls c = fan_calls_in(FAN_JOIN);
+  (void)state;
+  /* As eager: the consumers join the producer's capture by the one record. */
+  assert_string_equal(c.begin, IS IS IS "cuEventRecord," WAIT "," WAIT "," WAIT);
+  /* The producer's full query (this thread's ends find captures), each
+   * consumer's, one update. */
+  assert_string_equal(c.end, INFO INFO INFO INFO ADD);
+}
+
+/* The rows with nodes (the general path): one record and one wait node for
+ * the three consumers of one other graph; upper bounds on the queries (the
+ * general path reads some lanes again as nodes are added). */
+static void other_capture_calls(void **state) {
+  fan_calls c = fan_calls_in(FAN_OTHER_CAPTURE);
+  (void)state;
+  assert_int_equal(c.begin_records, 1);
+  assert_non_null(strstr(c.begin, WAIT));
+  assert_null(strstr(strstr(c.begin, WAIT) + 1, WAIT)); /* one wait */
+  assert_true(c.begin_queries <= 12);
+  assert_true(c.end_queries <= 12);
+}
+
+static void built_calls(void **state) {
+  fan_calls c = fan_calls_in(FAN_BUILT);
+  (void)state;
+  assert_int_equal(c.begin_records, 1);
+  assert_non_null(strstr(c.begin, "cuGraphAddEventWaitNode"));
+  assert_null(strstr(strstr(c.begin, "cuGraphAddEventWaitNode") + 1, "cuGraphAddEventWaitNode"));
+  assert_true(c.begin_queries <= 2);
+  assert_true(c.end_queries <= 3);
 }
 
 /* ---- bad input ---- */
@@ -843,6 +1022,12 @@ int main(void) {
       T(the_end_keeps_the_consumers_edge_data),
       T(without_the_flag_the_end_makes_a_full_edge),
       T(a_failed_edge_query_queues_nothing),
+      T(eager_calls),
+      T(eager_stable_calls),
+      T(same_capture_calls),
+      T(join_calls),
+      T(other_capture_calls),
+      T(built_calls),
   };
 #undef T
   return cmocka_run_group_tests(tests, NULL, NULL);
