@@ -1028,11 +1028,9 @@ static DLSYNC__NOINLINE dlsync_status fan_fast(dlsync_exchange **out, const fan_
   bool full = t->then_capture;
   unsigned bits = EX_FAN | ((flags & DLSYNC_EXCHANGE_CAPTURE_STABLE) ? EX_STABLE : 0);
   size_t done = 0;
-  /* The thread's scratch event of the producer's pool: a thread without one
-   * takes the general path, which makes it. */
+  /* The thread's scratch event of the producer's pool, for the record: a
+   * thread without one takes the general path there, which makes it. */
   ev = dlsync__thread_scratch(t, &ctx->pools, p, &memo_pool);
-  if (ev == NULL)
-    return DLSYNC__GENERAL;
   ex = exchange_alloc(t);
   if (ex == NULL)
     return DLSYNC__GENERAL; /* the general path says so */
@@ -1088,6 +1086,10 @@ static DLSYNC__NOINLINE dlsync_status fan_fast(dlsync_exchange **out, const fan_
     }
   } else {
     /* EAGER_EAGER or JOIN: one plain record, a wait each. */
+    if (ev == NULL) {
+      st = DLSYNC__GENERAL; /* nothing queued; what was read is in seen */
+      goto cleanup;
+    }
     r = d->EventRecord(ev, p);
     if (DLSYNC__UNLIKELY(r != CUDA_SUCCESS)) {
       if (!dlsync__fast_record_failed(ctx, r, p, "producer", &st)) {

@@ -648,6 +648,7 @@ typedef enum scene {
   SCENE_MIXED,
   SCENE_STABLE,
   SCENE_KEEP,
+  SCENE_SAME,
   SCENE_COUNT
 } scene;
 
@@ -657,14 +658,16 @@ static fake_fault sweep_kind = FAKE_FAULT_CALL;
  * fault was reached. SCENE_MIXED: the producer captures, C is eager (joins),
  * Q is in the capture (edges) and R in another capture (a wait node).
  * SCENE_KEEP: C and Q in the producer's capture, DLSYNC_EXCHANGE_KEEP_EDGE_DATA
- * (the query of the producer's edge data, the updates with it, both ways). */
+ * (the query of the producer's edge data, the updates with it, both ways).
+ * SCENE_SAME: C and Q in the producer's capture, no flag (the fan-out's own
+ * record: its updates, and the join's one update). */
 static bool run_with_fault(scene sc, unsigned n) {
   dlsync_lane lp = dlsync_lane_stream(P);
   dlsync_lane lcs[3] = {dlsync_lane_stream(C), dlsync_lane_stream(Q), dlsync_lane_stream(R)};
   dlsync_exchange *ex = NULL;
   CUevent fork = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
   dlsync_status sb, se = DLSYNC_SUCCESS, want_end = DLSYNC_SUCCESS;
-  bool capture = sc == SCENE_JOIN || sc == SCENE_MIXED || sc == SCENE_KEEP;
+  bool capture = sc == SCENE_JOIN || sc == SCENE_MIXED || sc == SCENE_KEEP || sc == SCENE_SAME;
   uint32_t flags = sc == SCENE_STABLE ? DLSYNC_EXCHANGE_CAPTURE_STABLE
                    : sc == SCENE_KEEP ? DLSYNC_EXCHANGE_KEEP_EDGE_DATA
                                       : 0;
@@ -678,7 +681,7 @@ static bool run_with_fault(scene sc, unsigned n) {
     assert_int_equal(D->StreamBeginCapture(R, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
     want_end = DLSYNC_ERROR_CAPTURE_ORDER; /* R's order back */
   }
-  if (sc == SCENE_KEEP) {
+  if (sc == SCENE_KEEP || sc == SCENE_SAME) {
     assert_int_equal(D->EventRecord(fork, P), CUDA_SUCCESS);
     assert_int_equal(D->StreamWaitEvent(C, fork, 0), CUDA_SUCCESS);
     assert_int_equal(D->StreamWaitEvent(Q, fork, 0), CUDA_SUCCESS);
@@ -713,7 +716,8 @@ static bool run_with_fault(scene sc, unsigned n) {
   if (capture) {
     CUgraph g = NULL;
     CUresult er;
-    if (sc == SCENE_KEEP) { /* joined back by hand too (a failed end leaves them) */
+    if (sc == SCENE_KEEP ||
+        sc == SCENE_SAME) { /* joined back by hand too (a failed end leaves them) */
       (void)D->EventRecord(fork, Q);
       (void)D->StreamWaitEvent(P, fork, 0);
       (void)D->EventRecord(fork, C);
@@ -999,6 +1003,51 @@ static void a_failed_edge_query_queues_nothing(void **state) {
   fake_event_destroy(fork);
 }
 
+/* The join inside one capture adds the consumers' dependencies to the
+ * producer's in ONE update; past what that update takes at once (32 nodes,
+ * here 3 consumers of 12), one update per consumer. Either way the
+ * producer's next node has an edge from each consumer's last nodes. */
+static void the_join_in_a_capture_is_one_update(void **state) {
+  (void)state;
+  for (int wide = 0; wide < 2; wide++) {
+    size_t per = wide ? 12 : 2;
+    dlsync_lane lp = dlsync_lane_stream(P);
+    dlsync_lane lcs[3] = {dlsync_lane_stream(C), dlsync_lane_stream(Q), dlsync_lane_stream(R)};
+    dlsync_exchange *ex = NULL;
+    CUevent fork = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+    CUgraphNode pn, pm, nodes[3][12];
+    CUgraph g;
+    assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(D->EventRecord(fork, P), CUDA_SUCCESS);
+    for (int i = 0; i < 3; i++)
+      assert_int_equal(D->StreamWaitEvent(lcs[i].stream, fork, 0), CUDA_SUCCESS);
+    fake_work(P, "produce", &pn);
+    assert_int_equal(dlsync_exchange_begin_fanout(&ex, ctx, &lp, lcs, 3, 0), DLSYNC_SUCCESS);
+    for (int i = 0; i < 3; i++) { /* per nodes side by side after pn, all pending */
+      for (size_t k = 0; k < per; k++) {
+        assert_int_equal(D->StreamUpdateCaptureDependencies(lcs[i].stream, &pn, NULL, 1,
+                                                            CU_STREAM_SET_CAPTURE_DEPENDENCIES),
+                         CUDA_SUCCESS);
+        fake_work(lcs[i].stream, "consume", &nodes[i][k]);
+      }
+      assert_int_equal(D->StreamUpdateCaptureDependencies(lcs[i].stream, nodes[i], NULL, per,
+                                                          CU_STREAM_SET_CAPTURE_DEPENDENCIES),
+                       CUDA_SUCCESS);
+    }
+    fake_log_reset();
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+    assert_int_equal(fake_call_count("cuStreamUpdateCaptureDependencies"), wide ? 3 : 1);
+    assert_int_equal(fake_call_count("cuStreamGetCaptureInfo"), 3);
+    fake_work(P, "mutate", &pm);
+    g = end_capture_ok(P);
+    for (int i = 0; i < 3; i++)
+      for (size_t k = 0; k < per; k++)
+        assert_int_equal(edge_type(g, nodes[i][k], pm), CU_GRAPH_DEPENDENCY_TYPE_DEFAULT);
+    destroy_graph(g);
+    fake_event_destroy(fork);
+  }
+}
+
 int main(void) {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
   const struct CMUnitTest tests[] = {
@@ -1022,6 +1071,7 @@ int main(void) {
       T(the_end_keeps_the_consumers_edge_data),
       T(without_the_flag_the_end_makes_a_full_edge),
       T(a_failed_edge_query_queues_nothing),
+      T(the_join_in_a_capture_is_one_update),
       T(eager_calls),
       T(eager_stable_calls),
       T(same_capture_calls),
