@@ -640,6 +640,37 @@ static void a_later_failure_orders_the_earlier_back(void **state) {
   destroy_graph(g);
 }
 
+/* A producer whose capture an earlier call invalidated: refused with
+ * DLSYNC_ERROR_CAPTURE_INVALIDATED and nothing queued, whether the thread's
+ * fan-outs last found eager consumers (the producer is not asked: the
+ * record fails) or captures (its full query says so). */
+static void an_invalidated_capture_is_reported(void **state) {
+  (void)state;
+  for (int hint = 0; hint < 2; hint++) {
+    dlsync_lane lp = dlsync_lane_stream(P);
+    dlsync_lane lcs[3] = {dlsync_lane_stream(C), dlsync_lane_stream(Q), dlsync_lane_stream(R)};
+    dlsync_exchange *ex = NULL;
+    CUevent e = fake_event_create(0, 0);
+    CUgraph g = NULL;
+    (void)fan_calls_in(hint ? FAN_SAME : FAN_EAGER); /* the thread's hint */
+    assert_int_equal(D->EventRecord(e, C), CUDA_SUCCESS);
+    assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(D->StreamWaitEvent(P, e, 0), CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+    ex = (dlsync_exchange *)0x1;
+    fake_log_reset();
+    assert_int_equal(dlsync_exchange_begin_fanout(&ex, ctx, &lp, lcs, 3, 0),
+                     DLSYNC_ERROR_CAPTURE_INVALIDATED);
+    assert_null(ex);
+    assert_non_null(strstr(dlsync_last_error(), "invalidated"));
+    assert_int_equal(fake_call_count("cuStreamWaitEvent"), 0);
+    assert_int_equal(fake_call_count("cuStreamUpdateCaptureDependencies"), 0);
+    for (int i = 0; i < 3; i++)
+      assert_int_equal(fake_capture_status(lcs[i].stream), CU_STREAM_CAPTURE_STATUS_NONE);
+    assert_int_equal(D->StreamEndCapture(P, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    fake_event_destroy(e);
+  }
+}
+
 /* ---- fault injection: every driver call and allocation ---- */
 
 typedef enum scene {
@@ -1072,6 +1103,7 @@ int main(void) {
       T(without_the_flag_the_end_makes_a_full_edge),
       T(a_failed_edge_query_queues_nothing),
       T(the_join_in_a_capture_is_one_update),
+      T(an_invalidated_capture_is_reported),
       T(eager_calls),
       T(eager_stable_calls),
       T(same_capture_calls),
