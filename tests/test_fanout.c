@@ -671,6 +671,28 @@ static void an_invalidated_capture_is_reported(void **state) {
   }
 }
 
+/* A consumer that begins a capture between begin and end: its join is
+ * refused (the eager producer cannot wait for a graph not launched), the
+ * others are joined all the same. */
+static void a_consumer_that_captures_by_the_end_is_refused_alone(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P);
+  dlsync_lane lcs[3] = {dlsync_lane_stream(C), dlsync_lane_stream(Q), dlsync_lane_stream(R)};
+  dlsync_exchange *ex = NULL;
+  uint64_t cq, cr, mutate;
+  (void)state;
+  warm();
+  fake_work(P, "produce", NULL);
+  assert_int_equal(dlsync_exchange_begin_fanout(&ex, ctx, &lp, lcs, 3, 0), DLSYNC_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  cq = fake_work(Q, "consume", NULL);
+  cr = fake_work(R, "consume", NULL);
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_CAPTURE_ORDER);
+  mutate = fake_work(P, "mutate", NULL);
+  assert_true(fake_happens_before(cq, mutate));
+  assert_true(fake_happens_before(cr, mutate));
+  destroy_graph(end_capture_ok(C));
+}
+
 /* ---- fault injection: every driver call and allocation ---- */
 
 typedef enum scene {
@@ -1104,6 +1126,7 @@ int main(void) {
       T(a_failed_edge_query_queues_nothing),
       T(the_join_in_a_capture_is_one_update),
       T(an_invalidated_capture_is_reported),
+      T(a_consumer_that_captures_by_the_end_is_refused_alone),
       T(eager_calls),
       T(eager_stable_calls),
       T(same_capture_calls),
