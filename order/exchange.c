@@ -1168,7 +1168,10 @@ dlsync_status dlsync_exchange_begin_fanout(dlsync_exchange **out, dlsync_context
     return st;
   if (n == 1)
     return dlsync_exchange_begin_flags(out, ctx, producer, &consumers[0], flags);
-  memset(&seen, 0, sizeof seen);
+  /* Nothing read yet (the queries' results are written as they are made). */
+  seen.eager_upto = seen.nread = seen.nsame = 0;
+  seen.producer_read = seen.producer_captures = false;
+  memset(seen.in_capture, 0, sizeof seen.in_capture);
   if (fan_plain_streams(producer, consumers, n, flags)) {
     st = fan_fast(out, &job, dlsync__thread_get(), &seen);
     if (st != DLSYNC__GENERAL)
