@@ -672,10 +672,39 @@ cleanup:
   return st;
 }
 
+/* Two stream lanes, neither a special handle. */
+static bool fan_streams(const dlsync_lane *a, const dlsync_lane *b) {
+  return a->kind == DLSYNC_LANE_STREAM && b->kind == DLSYNC_LANE_STREAM &&
+         !dlsync__is_special_stream(a->stream) && !dlsync__is_special_stream(b->stream);
+}
+
+/* The order of two distinct stream lanes (fan_streams) read already
+ * (opened->a, opened->b, each valid: no call on its stream since), as the
+ * general path makes it: the pool from the thread's memo (else looked up,
+ * and a long dependency array read again), the row classified and carried
+ * out (step->row says which). */
+static dlsync_status fan_order_read(dlsync_context *ctx, dlsync__order_step *step,
+                                    dlsync_lane *first, dlsync_lane *then,
+                                    dlsync__lanes_opened *opened) {
+  dlsync_status st = DLSYNC_SUCCESS;
+  pool_pick pk;
+  opened->pool = dlsync__thread_memo_pool(dlsync__thread_get(), &ctx->pools, first->stream);
+  opened->read = true;
+  DLSYNC_TRY(dlsync__order_lanes(ctx, step->op, first, then, opened));
+  pk = dlsync__pick_of(opened);
+  DLSYNC_TRY(dlsync__order_row(ctx, step, &pk, &opened->a, &opened->b));
+cleanup:
+  return st;
+}
+
 /* A consumer whose row adds nodes (or a graph lane's SAME_BUILT): its own
  * order, by the general path, the lanes read again (the producer's frontier
- * moves with each node added). A consumer in a graph that an earlier one's
- * order gave its wait node takes edges from that consumer instead. */
+ * moves with each node added), except two stream lanes of which the
+ * producer is eager: fan_read's reads are still those lanes (an eager
+ * stream has no frontier, and no call came on the consumer's stream since).
+ * A consumer in a graph that an earlier one's order gave its wait node
+ * takes edges from that consumer instead (dlsync_order's row; for two
+ * stream lanes that consumer alone is read again). */
 static dlsync_status fan_graph(const fan_job *job, size_t i, dlsync__row *row) {
   dlsync_status st = DLSYNC_SUCCESS;
   dlsync_context *ctx = job->ctx;
@@ -691,16 +720,34 @@ static dlsync_status fan_graph(const fan_job *job, size_t i, dlsync__row *row) {
       dlsync__where wj = dlsync__lane_where(&fan[j].now);
       if (dlsync__row_nodes(fan[j].row) > 0 && dlsync__where_same(&wj, &wi)) {
         *row = fan[i].row;
-        return dlsync_order(ctx, &consumers[j], &consumers[i]);
+        if (!fan_streams(&consumers[j], &consumers[i]))
+          return dlsync_order(ctx, &consumers[j], &consumers[i]);
+        /* Consumer j read again (its wait node moved its frontier), this
+         * one as fan_read read it: dlsync_order's row without asking
+         * about this one twice. */
+        DLSYNC_TRY(dlsync__lane_read_stream_full(&opened.a, ctx->drv, &consumers[j], "first"));
+        opened.b = fan[i].now;
+        opened.b.role = "then";
+        step.op = DLSYNC__OP_ORDER;
+        step.first_pending = false;
+        step.keep_edges = false;
+        return fan_order_read(ctx, &step, &consumers[j], &consumers[i], &opened);
       }
     }
   }
-  opened.read = false;
-  DLSYNC_TRY(dlsync__order_lanes(ctx, DLSYNC__OP_BEGIN, producer, &consumers[i], &opened));
   step.op = DLSYNC__OP_BEGIN;
   step.first_pending = false;
   step.keep_edges = (flags & DLSYNC_EXCHANGE_KEEP_EDGE_DATA) != 0;
   step.row = fan[i].row;
+  if (job->pn->kind == DLSYNC_LANE_EAGER && fan_streams(producer, &consumers[i])) {
+    opened.a = *job->pn;
+    opened.b = fan[i].now;
+    DLSYNC_TRY(fan_order_read(ctx, &step, producer, &consumers[i], &opened));
+    *row = step.row;
+    goto cleanup;
+  }
+  opened.read = false;
+  DLSYNC_TRY(dlsync__order_lanes(ctx, DLSYNC__OP_BEGIN, producer, &consumers[i], &opened));
   pk = dlsync__pick_of(&opened);
   DLSYNC_TRY(dlsync__order_row(ctx, &step, &pk, &opened.a, &opened.b));
   *row = step.row;
@@ -966,8 +1013,8 @@ static bool fan_plain_streams(const dlsync_lane *producer, const dlsync_lane *co
 
 /* The full queries: the producer's, then each consumer's from
  * seen->eager_upto on (those before it are eager by their status).
- * DLSYNC__GENERAL (nothing queued; what was read in seen) for a row that is
- * not plain, or a JOIN and a SAME_CAPTURE together (the record on the
+ * DLSYNC__GENERAL (nothing queued; every lane read, in seen) for a row that
+ * is not plain, or a JOIN and a SAME_CAPTURE together (the record on the
  * producer would come between the producer's query and the updates that use
  * its dependencies). */
 static dlsync_status fan_fast_full(const fan_job *job, dlsync__thread *t, fan_seen *seen) {
@@ -975,7 +1022,7 @@ static dlsync_status fan_fast_full(const fan_job *job, dlsync__thread *t, fan_se
   CUstream p = job->producer->stream;
   const dlsync_lane *consumers = job->consumers;
   size_t n = job->n;
-  bool any_capture = false;
+  bool any_capture = false, plain = true;
   dlsync__lane_query(&seen->pi, d, p);
   if (DLSYNC__UNLIKELY(seen->pi.r != CUDA_SUCCESS))
     return dlsync__fast_query_failed(d, seen->pi.r, true, p, "producer");
@@ -993,13 +1040,15 @@ static dlsync_status fan_fast_full(const fan_job *job, dlsync__thread *t, fan_se
     if (dlsync__capture_info_eager(ci))
       continue;
     any_capture = true;
-    if (!seen->producer_captures || !dlsync__capture_info_active(ci) || ci->id != seen->pi.id)
-      return DLSYNC__GENERAL;
+    if (!seen->producer_captures || !dlsync__capture_info_active(ci) || ci->id != seen->pi.id) {
+      plain = false; /* the rest read all the same, for the general path */
+      continue;
+    }
     seen->in_capture[i] = true;
     seen->nsame++;
   }
   t->then_capture = any_capture;
-  if (seen->nsame > 0 && seen->nsame < n)
+  if (!plain || (seen->nsame > 0 && seen->nsame < n))
     return DLSYNC__GENERAL;
   return DLSYNC_SUCCESS;
 }
