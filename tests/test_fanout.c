@@ -694,6 +694,41 @@ static void a_consumer_that_captures_by_the_end_is_refused_alone(void **state) {
   destroy_graph(end_capture_ok(C));
 }
 
+/* A fan-out not ended when its context is destroyed: the caller's one
+ * handle is counted (the fan-out's one record for stream lanes; the
+ * record of its parts with a graph lane among the consumers), and is
+ * refused after. */
+static void context_destroy_counts_the_fanouts_handle(void **state) {
+  (void)state;
+  for (int graph = 0; graph < 2; graph++) {
+    dlsync_context *c2 = NULL;
+    dlsync_lane lp = dlsync_lane_stream(P);
+    dlsync_lane lcs[3] = {dlsync_lane_stream(C), dlsync_lane_stream(Q), dlsync_lane_stream(R)};
+    dlsync_exchange *ex = NULL;
+    CUgraph g = NULL;
+    CUgraphNode gd[2];
+    if (graph) {
+      assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+      gd[0] = fake_graph_add_work(g, NULL, 0, "own");
+      lcs[2] = dlsync_lane_graph(g, gd, 1, 2);
+    }
+    assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, D), DLSYNC_SUCCESS);
+    if (!graph) { /* warm: the thread's scratch event of c2, so that the fan-out is one record */
+      assert_int_equal(dlsync_exchange_begin_fanout(&ex, c2, &lp, lcs, 3, 0), DLSYNC_SUCCESS);
+      assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+    }
+    fake_log_reset();
+    assert_int_equal(dlsync_exchange_begin_fanout(&ex, c2, &lp, lcs, 3, 0), DLSYNC_SUCCESS);
+    if (!graph) /* the one record's path: the producer is not asked */
+      assert_int_equal(fake_call_count("cuStreamIsCapturing"), 3);
+    if (g != NULL) /* first: the event its wait node holds goes back to c2's pool */
+      destroy_graph(g);
+    assert_int_equal(dlsync_context_destroy(c2), DLSYNC_ERROR_BUSY);
+    assert_non_null(strstr(dlsync_last_error(), "1 exchange(s) begun and not ended"));
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_INVALID_ARGUMENT);
+  }
+}
+
 /* ---- fault injection: every driver call and allocation ---- */
 
 typedef enum scene {
@@ -1127,6 +1162,7 @@ int main(void) {
       T(a_failed_edge_query_queues_nothing),
       T(the_join_in_a_capture_is_one_update),
       T(an_invalidated_capture_is_reported),
+      T(context_destroy_counts_the_fanouts_handle),
       T(a_consumer_that_captures_by_the_end_is_refused_alone),
       T(eager_calls),
       T(eager_stable_calls),
