@@ -186,11 +186,11 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsyn
  *    consumers in a graph that got its wait node take edges from the first
  *    consumer lane of that graph (so they also follow that lane's work
  *    before the call).
- * Each lane is asked about once: stream lanes all eager by each consumer's
- * status query (the producer is not asked: EAGER_EAGER and JOIN make the
- * same calls), or, while this thread's fan-outs find captures, by one full
- * query each. One handle holds up to 6 consumers of stream lanes whose rows
- * are EAGER_EAGER, JOIN or SAME_CAPTURE.
+ * Stream lanes whose rows are EAGER_EAGER, JOIN or SAME_CAPTURE (up to 6
+ * consumers) are asked about once each: each consumer's status query while
+ * this thread's fan-outs find them eager (the producer is not asked:
+ * EAGER_EAGER and JOIN make the same calls), else one full query per lane;
+ * the other rows read again only a lane whose frontier a node moved.
  * Each consumer's row is the one dlsync_exchange_begin_flags would take
  * (the table at the top of this header), decided from the lanes as they are at the call; the
  * same lanes in the same states give the same calls, nodes and edges at
