@@ -190,7 +190,8 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsyn
  * consumers) are asked about once each: each consumer's status query while
  * this thread's fan-outs find them eager (the producer is not asked:
  * EAGER_EAGER and JOIN make the same calls), else one full query per lane;
- * the other rows read again only a lane whose frontier a node moved.
+ * the other rows read a capturing producer again (each record node moves
+ * its frontier), and an eager one again for a graph lane consumer.
  * Each consumer's row is the one dlsync_exchange_begin_flags would take
  * (the table at the top of this header), decided from the lanes as they are at the call; the
  * same lanes in the same states give the same calls, nodes and edges at
