@@ -61,14 +61,14 @@ static inline const dlsync__roles *dlsync__roles_of(dlsync__op op) {
   return &roles[op <= DLSYNC__OP_END ? op : DLSYNC__OP_ORDER];
 }
 
-/* An exchange record. Records are not freed (until the unload): they are recycled, and the
- * handle given out names a record and its generation (see "Handles" below),
- * so a handle used after its end is recognised, never a touch of freed
- * memory and never the end of another exchange. */
 /* The most consumers a fan-out's one record holds (EX_FAN): they take the
  * place of the wheres, which only EX_CROSS uses. */
 #define EX_FAN_MAX 6
 
+/* An exchange record. Records are not freed (until the unload): they are recycled, and the
+ * handle given out names a record and its generation (see "Handles" below),
+ * so a handle used after its end is recognised, never a touch of freed
+ * memory and never the end of another exchange. */
 struct dlsync_exchange {
   /* What begin's and end's fast paths touch: the first 64 bytes (a record
    * is 128 bytes, records are 64-byte aligned: one cache line). */
@@ -127,8 +127,9 @@ enum {
   /* dlsync_exchange_begin_fanout with stream lanes alone, each consumer's
    * row plain (EAGER_EAGER, JOIN, SAME_CAPTURE): one record for all,
    * producer_stream and fan[0..nmany); EX_STABLE as for one pair;
-   * EX_ONE_CAPTURE when every lane was in the producer's capture (then
-   * capture_id). Its end asks the driver about the producer once. */
+   * EX_ONE_CAPTURE when begin found the producer capturing (every consumer
+   * in its capture, or joining it: then capture_id). Its end asks the
+   * driver about the producer once at most. */
   EX_FAN = 128,
 };
 
