@@ -375,6 +375,25 @@ static inline __attribute__((always_inline)) void add_set(CUstream from, CUstrea
           "add");
 }
 
+/* A stream's full query, its dependencies kept (valid until the next call on
+ * that stream). */
+static inline __attribute__((always_inline)) void q_deps(CUstream s, const CUgraphNode **deps,
+                                                         size_t *n) {
+  CUstreamCaptureStatus cs;
+  cuuint64_t id;
+  const CUgraphEdgeData *ed;
+  CHECK(D->StreamGetCaptureInfo(s, &cs, &id, NULL, deps, &ed, n) == CUDA_SUCCESS, "query");
+}
+
+/* deps[0..n) added to the dependencies of `to`, in its capture. */
+static inline __attribute__((always_inline)) void add_deps(CUstream to, const CUgraphNode *deps,
+                                                           size_t n) {
+  if (n > 0)
+    CHECK(D->StreamUpdateCaptureDependencies(to, (CUgraphNode *)(uintptr_t)deps, NULL, n,
+                                             CU_STREAM_ADD_CAPTURE_DEPENDENCIES) == CUDA_SUCCESS,
+          "add");
+}
+
 /* The in-capture fork+join by dependency sets: the same edges as a record and
  * a wait each way, the cheapest calls that make them by hand. */
 static void op_raw_join_by_add(void) {
@@ -984,13 +1003,15 @@ static void run_launch(void) {
  * dlsync_exchange_begin_fanout + end against the same calls by hand (one
  * record on the producer, a wait per consumer, a record per consumer and the
  * producer's wait on each), eager and inside a capture, with dlsync's floor:
- * the driver calls dlsync must make (eager: the raw calls and a status query
- * per lane at begin, two per consumer at end; CAPTURE_STABLE: the begin's
- * only). In a capture the consumers are joined to it before each timed batch
- * and stay in it (a joined stream leaves with the capture's end, R11), so
- * every fan-out there is SAME_CAPTURE: the floor is then each lane's status and full
- * query, an ADD of the producer's dependencies to each consumer's, and at
- * end each consumer's full query and an ADD back, no event. */
+ * the driver calls dlsync must make (eager: the raw calls, a status query
+ * per consumer at begin, and at end the producer's status once and each
+ * consumer's; CAPTURE_STABLE: the begin's only). In a capture the consumers
+ * are joined to it before each timed batch and stay in it (a joined stream
+ * leaves with the capture's end, R11), so every fan-out there is
+ * SAME_CAPTURE: the floor is then each lane's full query and an ADD of the
+ * producer's dependencies to each consumer's, and at end each consumer's
+ * full query and ONE ADD of their dependencies (each node once) to the
+ * producer's, no event. */
 #define FAN_N 3
 #define FAN_OPS 500
 static CUstream fan_c[FAN_N];
@@ -1020,34 +1041,44 @@ static inline __attribute__((always_inline)) void fan_op(fan_side side) {
           "begin_fanout");
     CHECK(dlsync_exchange_end(ex) == DLSYNC_SUCCESS, "end");
     return;
-  case FAN_FLOOR_CAPTURE:
-    q_is(P);
-    (void)q_full(P);
-    for (int i = 0; i < FAN_N; i++) {
-      q_is(fan_c[i]);
-      (void)q_full(fan_c[i]);
-    }
+  case FAN_FLOOR_CAPTURE: {
+    CUgraphNode all[32];
+    const CUgraphNode *pd;
+    size_t pn, nall = 0;
+    q_deps(P, &pd, &pn);
     for (int i = 0; i < FAN_N; i++)
-      add_set(P, fan_c[i]);
-    for (int i = FAN_N; i-- > 0;)
-      add_set(fan_c[i], P);
+      (void)q_full(fan_c[i]);
+    for (int i = 0; i < FAN_N; i++)
+      add_deps(fan_c[i], pd, pn);
+    for (int i = FAN_N; i-- > 0;) {
+      const CUgraphNode *cd;
+      size_t cn;
+      q_deps(fan_c[i], &cd, &cn);
+      for (size_t k = 0; k < cn; k++) {
+        bool seen = false;
+        for (size_t m = 0; m < nall && !seen; m++)
+          seen = all[m] == cd[k];
+        if (!seen && nall < 32)
+          all[nall++] = cd[k];
+      }
+    }
+    add_deps(P, all, nall);
     return;
+  }
   default:
     break;
   }
-  if (side != FAN_BY_HAND) {
-    q_is(P);
+  if (side != FAN_BY_HAND)
     for (int i = 0; i < FAN_N; i++)
       q_is(fan_c[i]);
-  }
   CHECK(D->EventRecord(fan_ev[0], P) == CUDA_SUCCESS, "record");
   for (int i = 0; i < FAN_N; i++)
     CHECK(D->StreamWaitEvent(fan_c[i], fan_ev[0], 0) == CUDA_SUCCESS, "wait");
+  if (side == FAN_FLOOR)
+    q_is(P);
   for (int i = FAN_N; i-- > 0;) {
-    if (side == FAN_FLOOR) {
+    if (side == FAN_FLOOR)
       q_is(fan_c[i]);
-      q_is(P);
-    }
     rec_wait(fan_ev[i + 1], fan_c[i], P);
   }
 }

@@ -61,6 +61,10 @@ static inline const dlsync__roles *dlsync__roles_of(dlsync__op op) {
   return &roles[op <= DLSYNC__OP_END ? op : DLSYNC__OP_ORDER];
 }
 
+/* The most consumers a fan-out's one record holds (EX_FAN): they take the
+ * place of the wheres, which only EX_CROSS uses. */
+#define EX_FAN_MAX 6
+
 /* An exchange record. Records are not freed (until the unload): they are recycled, and the
  * handle given out names a record and its generation (see "Handles" below),
  * so a handle used after its end is recognised, never a touch of freed
@@ -80,16 +84,23 @@ struct dlsync_exchange {
     /* dlsync_exchange_begin_many: the exchanges of the distinct producers,
      * in begin order (EX_MANY). */
     dlsync_exchange **many;
-    /* The capture begin found both streams in (EX_ONE_CAPTURE). */
+    /* The capture begin found both streams in (EX_ONE_CAPTURE; for EX_FAN,
+     * the producer and every consumer). */
     uint64_t capture_id;
   };
   uint8_t bits; /* EX_*: what end must do; one load on the fast path */
   uint32_t index;
   /* The rest. */
   struct dlsync_exchange *next_free;
-  size_t nmany;
-  dlsync__where producer_where; /* EX_CROSS: where begin found each lane */
-  dlsync__where consumer_where;
+  size_t nmany; /* EX_MANY: many's length; EX_FAN: fan's */
+  union {
+    struct {
+      dlsync__where producer_where; /* EX_CROSS: where begin found each lane */
+      dlsync__where consumer_where;
+    };
+    /* EX_FAN: the consumers' streams, in the caller's order (nmany). */
+    CUstream fan[EX_FAN_MAX];
+  };
 };
 
 _Static_assert(sizeof(struct dlsync_exchange) == 128, "an exchange record is two cache lines");
@@ -113,6 +124,13 @@ enum {
   /* DLSYNC_EXCHANGE_KEEP_EDGE_DATA: end takes the general path, whose
    * SAME_CAPTURE row keeps the consumer's edge data. */
   EX_KEEP_EDGES = 64,
+  /* dlsync_exchange_begin_fanout with stream lanes alone, each consumer's
+   * row plain (EAGER_EAGER, JOIN, SAME_CAPTURE): one record for all,
+   * producer_stream and fan[0..nmany); EX_STABLE as for one pair;
+   * EX_ONE_CAPTURE when begin found the producer capturing (every consumer
+   * in its capture, or joining it: then capture_id). Its end asks the
+   * driver about the producer once at most. */
+  EX_FAN = 128,
 };
 
 /* The pool to take an event from, as dlsync__lanes_open found it: the

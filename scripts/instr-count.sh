@@ -20,7 +20,7 @@ set -eu
 root=$(cd "$(dirname "$0")/.." && pwd)
 build=${BUILD_DIR:-/tmp/dlsync-instr}
 n=${N:-2000}
-rows=${ROWS:-eager eager-stable in-capture in-capture-stable two-captures eager-to-capture eager-to-built two-built capture-to-built built-to-capture release}
+rows=${ROWS:-eager eager-stable in-capture in-capture-stable two-captures eager-to-capture eager-to-built two-built capture-to-built built-to-capture release fanout fanout-stable fanout-in-capture}
 cc=${CC:-cc}
 command -v valgrind >/dev/null && command -v callgrind_annotate >/dev/null || {
   echo "instr-count: needs valgrind (apt-get install valgrind)" >&2
@@ -66,6 +66,7 @@ count() {
   eager | eager-stable | in-capture | in-capture-stable)
     toggles="--toggle-collect=dlsync_exchange_begin_flags --toggle-collect=dlsync_exchange_end" ;;
   release) toggles="--toggle-collect=dlsync_release" ;; # the releasing thread's part alone
+  fanout*) toggles="--toggle-collect=instr_fan_once" ;; # the end calls dlsync_exchange_end inside
   *) toggles="--toggle-collect=dlsync_order" ;;
   esac
   LD_LIBRARY_PATH="$build/fake" valgrind --tool=callgrind --dump-instr=yes --collect-atstart=no $toggles \

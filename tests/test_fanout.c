@@ -60,12 +60,12 @@ static void eager_is_one_record_and_a_wait_per_consumer(void **state) {
   produce = fake_work(P, "produce", NULL);
   fake_log_reset();
   assert_int_equal(dlsync_exchange_begin_fanout(&ex, ctx, &lp, lcs, 3, 0), DLSYNC_SUCCESS);
-  /* One status query per lane, ONE record on the producer, one wait per
-   * consumer; no event made. */
+  /* One status query per consumer (the producer's state does not change
+   * the calls: EAGER_EAGER and JOIN are both one record and a wait), ONE
+   * record on the producer, one wait per consumer; no event made. */
   assert_string_equal(fake_call_log(),
                       "cuStreamIsCapturing,cuStreamIsCapturing,cuStreamIsCapturing,"
-                      "cuStreamIsCapturing,cuEventRecord,cuStreamWaitEvent,cuStreamWaitEvent,"
-                      "cuStreamWaitEvent");
+                      "cuEventRecord,cuStreamWaitEvent,cuStreamWaitEvent,cuStreamWaitEvent");
   for (int i = 0; i < 3; i++)
     consume[i] = fake_work(cs[i], "consume", NULL);
   fake_log_reset();
@@ -331,6 +331,186 @@ static void every_recapture_has_the_same_shape(void **state) {
   }
 }
 
+/* ---- the driver calls of a fan-out in each lane state ----
+ *
+ * One producer P and three consumers (C, Q, R), a warm thread, one fan-out
+ * and join in the same state first (the thread's hints settle), then the
+ * calls of the next begin and of its end, exactly. ONE record on the
+ * producer however many eager consumers, no stream asked about twice in
+ * one call, and the join's dependency updates inside one capture made as
+ * ONE update of the producer: a record or a query per consumer more fails
+ * here. */
+
+typedef enum fan_state {
+  FAN_EAGER,         /* all eager: EAGER_EAGER */
+  FAN_EAGER_STABLE,  /* the same with DLSYNC_EXCHANGE_CAPTURE_STABLE */
+  FAN_SAME,          /* the consumers in the producer's capture: SAME_CAPTURE */
+  FAN_SAME_STABLE,   /* the same with DLSYNC_EXCHANGE_CAPTURE_STABLE */
+  FAN_JOIN,          /* the producer captures, the consumers are eager: JOIN */
+  FAN_OTHER_CAPTURE, /* the consumers in another capture: TWO_CAPTURES */
+  FAN_BUILT,         /* the consumers lanes of a graph built by hand: EAGER_TO_BUILT */
+} fan_state;
+
+typedef struct fan_calls {
+  char begin[1024], end[1024];
+  unsigned begin_records, begin_queries, end_queries;
+} fan_calls;
+
+static unsigned queries(void) {
+  return fake_call_count("cuStreamIsCapturing") + fake_call_count("cuStreamGetCaptureInfo");
+}
+
+/* One fan-out and join in state st (the capture state made before it and
+ * undone after); its calls in *out. */
+static void fan_once(fan_state st, fan_calls *out) {
+  dlsync_lane lp = dlsync_lane_stream(P);
+  dlsync_lane lcs[3] = {dlsync_lane_stream(C), dlsync_lane_stream(Q), dlsync_lane_stream(R)};
+  uint32_t flags =
+      st == FAN_EAGER_STABLE || st == FAN_SAME_STABLE ? DLSYNC_EXCHANGE_CAPTURE_STABLE : 0;
+  bool p_captures = st == FAN_SAME || st == FAN_SAME_STABLE || st == FAN_JOIN;
+  dlsync_status want_end =
+      st == FAN_OTHER_CAPTURE || st == FAN_BUILT ? DLSYNC_ERROR_CAPTURE_ORDER : DLSYNC_SUCCESS;
+  CUevent fork = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+  dlsync_exchange *ex = NULL;
+  CUgraph gb = NULL;
+  CUgraphNode fb[3][4];
+  if (st == FAN_BUILT) {
+    assert_int_equal(D->GraphCreate(&gb, 0), CUDA_SUCCESS);
+    for (int i = 0; i < 3; i++) {
+      fb[i][0] = fake_graph_add_work(gb, NULL, 0, "own");
+      lcs[i] = dlsync_lane_graph(gb, fb[i], 1, 4);
+    }
+  }
+  if (p_captures)
+    assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  if (st == FAN_SAME || st == FAN_SAME_STABLE) {
+    assert_int_equal(D->EventRecord(fork, P), CUDA_SUCCESS);
+    for (int i = 0; i < 3; i++)
+      assert_int_equal(D->StreamWaitEvent(lcs[i].stream, fork, 0), CUDA_SUCCESS);
+  }
+  if (st == FAN_OTHER_CAPTURE) { /* C, Q and R in one capture, not P's (P eager) */
+    assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(D->EventRecord(fork, C), CUDA_SUCCESS);
+    assert_int_equal(D->StreamWaitEvent(Q, fork, 0), CUDA_SUCCESS);
+    assert_int_equal(D->StreamWaitEvent(R, fork, 0), CUDA_SUCCESS);
+  }
+  fake_work(P, "produce", NULL);
+  fake_log_reset();
+  if (dlsync_exchange_begin_fanout(&ex, ctx, &lp, lcs, 3, flags) != DLSYNC_SUCCESS)
+    fail_msg("state %d: %s", (int)st, dlsync_last_error());
+  snprintf(out->begin, sizeof out->begin, "%s", fake_call_log());
+  out->begin_records =
+      fake_call_count("cuEventRecord") + fake_call_count("cuEventRecordWithFlags") +
+      fake_call_count("cuGraphAddEventRecordNode") + fake_call_count("cuGraphAddNode");
+  out->begin_queries = queries();
+  for (int i = 0; i < 3; i++)
+    if (lcs[i].kind == DLSYNC_LANE_STREAM)
+      fake_work(lcs[i].stream, "consume", NULL);
+  fake_log_reset();
+  assert_int_equal(dlsync_exchange_end(ex), want_end);
+  snprintf(out->end, sizeof out->end, "%s", fake_call_log());
+  out->end_queries = queries();
+  if (st == FAN_OTHER_CAPTURE) {
+    assert_int_equal(D->EventRecord(fork, Q), CUDA_SUCCESS);
+    assert_int_equal(D->StreamWaitEvent(C, fork, 0), CUDA_SUCCESS);
+    assert_int_equal(D->EventRecord(fork, R), CUDA_SUCCESS);
+    assert_int_equal(D->StreamWaitEvent(C, fork, 0), CUDA_SUCCESS);
+    destroy_graph(end_capture_ok(C));
+  }
+  if (p_captures) {
+    /* Joined or not, the consumers stay in the capture until it ends
+     * (docs/design.md R11); the join made their work the producer's
+     * dependencies, so the capture ends cleanly. */
+    for (int i = 0; i < 3; i++)
+      assert_int_equal(fake_capture_id(lcs[i].stream), fake_capture_id(P));
+    destroy_graph(end_capture_ok(P));
+  }
+  if (gb != NULL)
+    destroy_graph(gb);
+  fake_event_destroy(fork);
+}
+
+/* Two fan-outs and joins in state st; the calls of the second. */
+static fan_calls fan_calls_in(fan_state st) {
+  fan_calls out;
+  warm();
+  fan_once(st, &out);
+  fan_once(st, &out);
+  if (getenv("FAN_CALLS_PRINT") != NULL)
+    printf("state %d\n  begin %s\n  end   %s\n", (int)st, out.begin, out.end);
+  return out;
+}
+
+#define IS "cuStreamIsCapturing,"
+#define INFO "cuStreamGetCaptureInfo,"
+#define REC_WAIT "cuEventRecord,cuStreamWaitEvent"
+#define WAIT "cuStreamWaitEvent"
+#define ADD "cuStreamUpdateCaptureDependencies"
+
+static void eager_calls(void **state) {
+  fan_calls c = fan_calls_in(FAN_EAGER);
+  (void)state;
+  /* A status query per consumer, one record, a wait each. */
+  assert_string_equal(c.begin, IS IS IS "cuEventRecord," WAIT "," WAIT "," WAIT);
+  /* The producer's status once, then per consumer its status, a record and
+   * the producer's wait. */
+  assert_string_equal(c.end, IS IS REC_WAIT "," IS REC_WAIT "," IS REC_WAIT);
+}
+
+static void eager_stable_calls(void **state) {
+  fan_calls c = fan_calls_in(FAN_EAGER_STABLE);
+  (void)state;
+  assert_string_equal(c.begin, IS IS IS "cuEventRecord," WAIT "," WAIT "," WAIT);
+  assert_string_equal(c.end, REC_WAIT "," REC_WAIT "," REC_WAIT); /* no query */
+}
+
+static void same_capture_calls(void **state) {
+  for (int stable = 0; stable < 2; stable++) {
+    fan_calls c = fan_calls_in(stable ? FAN_SAME_STABLE : FAN_SAME);
+    (void)state;
+    /* The producer's full query, each consumer's, and the producer's
+     * dependencies added to each consumer's: no event. */
+    assert_string_equal(c.begin, INFO INFO INFO INFO ADD "," ADD "," ADD);
+    /* Each consumer's full query and ONE update of the producer with their
+     * dependencies. */
+    assert_string_equal(c.end, INFO INFO INFO ADD);
+  }
+}
+
+static void join_calls(void **state) {
+  fan_calls c = fan_calls_in(FAN_JOIN);
+  (void)state;
+  /* As eager: the consumers join the producer's capture by the one record. */
+  assert_string_equal(c.begin, IS IS IS "cuEventRecord," WAIT "," WAIT "," WAIT);
+  /* The producer's full query (this thread's ends find captures), each
+   * consumer's, one update. */
+  assert_string_equal(c.end, INFO INFO INFO INFO ADD);
+}
+
+/* The rows with nodes (the general path): one record and one wait node for
+ * the three consumers of one other graph; upper bounds on the queries (each
+ * lane once, and the first consumer again after each order that moved its
+ * frontier; the join's refusals read both lanes of each pair). */
+static void other_capture_calls(void **state) {
+  fan_calls c = fan_calls_in(FAN_OTHER_CAPTURE);
+  (void)state;
+  assert_int_equal(c.begin_records, 1);
+  assert_non_null(strstr(c.begin, WAIT));
+  assert_null(strstr(strstr(c.begin, WAIT) + 1, WAIT)); /* one wait */
+  assert_true(c.begin_queries <= 6);
+  assert_true(c.end_queries <= 12);
+}
+
+static void built_calls(void **state) {
+  fan_calls c = fan_calls_in(FAN_BUILT);
+  (void)state;
+  assert_int_equal(c.begin_records, 1);
+  assert_non_null(strstr(c.begin, "cuGraphAddEventWaitNode"));
+  assert_null(strstr(strstr(c.begin, "cuGraphAddEventWaitNode") + 1, "cuGraphAddEventWaitNode"));
+  assert_true(c.begin_queries <= 2);
+  assert_true(c.end_queries <= 3);
+}
+
 /* ---- bad input ---- */
 
 static void bad_input_is_refused_before_any_driver_call(void **state) {
@@ -461,6 +641,94 @@ static void a_later_failure_orders_the_earlier_back(void **state) {
   destroy_graph(g);
 }
 
+/* A producer whose capture an earlier call invalidated: refused with
+ * DLSYNC_ERROR_CAPTURE_INVALIDATED and nothing queued, whether the thread's
+ * fan-outs last found eager consumers (the producer is not asked: the
+ * record fails) or captures (its full query says so). */
+static void an_invalidated_capture_is_reported(void **state) {
+  (void)state;
+  for (int hint = 0; hint < 2; hint++) {
+    dlsync_lane lp = dlsync_lane_stream(P);
+    dlsync_lane lcs[3] = {dlsync_lane_stream(C), dlsync_lane_stream(Q), dlsync_lane_stream(R)};
+    dlsync_exchange *ex = NULL;
+    CUevent e = fake_event_create(0, 0);
+    CUgraph g = NULL;
+    (void)fan_calls_in(hint ? FAN_SAME : FAN_EAGER); /* the thread's hint */
+    assert_int_equal(D->EventRecord(e, C), CUDA_SUCCESS);
+    assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(D->StreamWaitEvent(P, e, 0), CUDA_ERROR_STREAM_CAPTURE_ISOLATION);
+    ex = (dlsync_exchange *)0x1;
+    fake_log_reset();
+    assert_int_equal(dlsync_exchange_begin_fanout(&ex, ctx, &lp, lcs, 3, 0),
+                     DLSYNC_ERROR_CAPTURE_INVALIDATED);
+    assert_null(ex);
+    assert_non_null(strstr(dlsync_last_error(), "invalidated"));
+    assert_int_equal(fake_call_count("cuStreamWaitEvent"), 0);
+    assert_int_equal(fake_call_count("cuStreamUpdateCaptureDependencies"), 0);
+    for (int i = 0; i < 3; i++)
+      assert_int_equal(fake_capture_status(lcs[i].stream), CU_STREAM_CAPTURE_STATUS_NONE);
+    assert_int_equal(D->StreamEndCapture(P, &g), CUDA_ERROR_STREAM_CAPTURE_INVALIDATED);
+    fake_event_destroy(e);
+  }
+}
+
+/* A consumer that begins a capture between begin and end: its join is
+ * refused (the eager producer cannot wait for a graph not launched), the
+ * others are joined all the same. */
+static void a_consumer_that_captures_by_the_end_is_refused_alone(void **state) {
+  dlsync_lane lp = dlsync_lane_stream(P);
+  dlsync_lane lcs[3] = {dlsync_lane_stream(C), dlsync_lane_stream(Q), dlsync_lane_stream(R)};
+  dlsync_exchange *ex = NULL;
+  uint64_t cq, cr, mutate;
+  (void)state;
+  warm();
+  fake_work(P, "produce", NULL);
+  assert_int_equal(dlsync_exchange_begin_fanout(&ex, ctx, &lp, lcs, 3, 0), DLSYNC_SUCCESS);
+  assert_int_equal(D->StreamBeginCapture(C, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+  cq = fake_work(Q, "consume", NULL);
+  cr = fake_work(R, "consume", NULL);
+  assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_CAPTURE_ORDER);
+  mutate = fake_work(P, "mutate", NULL);
+  assert_true(fake_happens_before(cq, mutate));
+  assert_true(fake_happens_before(cr, mutate));
+  destroy_graph(end_capture_ok(C));
+}
+
+/* A fan-out not ended when its context is destroyed: the caller's one
+ * handle is counted (the fan-out's one record for stream lanes; the
+ * record of its parts with a graph lane among the consumers), and is
+ * refused after. */
+static void context_destroy_counts_the_fanouts_handle(void **state) {
+  (void)state;
+  for (int graph = 0; graph < 2; graph++) {
+    dlsync_context *c2 = NULL;
+    dlsync_lane lp = dlsync_lane_stream(P);
+    dlsync_lane lcs[3] = {dlsync_lane_stream(C), dlsync_lane_stream(Q), dlsync_lane_stream(R)};
+    dlsync_exchange *ex = NULL;
+    CUgraph g = NULL;
+    CUgraphNode gd[2];
+    if (graph) {
+      assert_int_equal(D->GraphCreate(&g, 0), CUDA_SUCCESS);
+      gd[0] = fake_graph_add_work(g, NULL, 0, "own");
+      lcs[2] = dlsync_lane_graph(g, gd, 1, 2);
+    }
+    assert_int_equal(dlsync__context_create_with_driver(&c2, NULL, D), DLSYNC_SUCCESS);
+    if (!graph) { /* warm: the thread's scratch event of c2, so that the fan-out is one record */
+      assert_int_equal(dlsync_exchange_begin_fanout(&ex, c2, &lp, lcs, 3, 0), DLSYNC_SUCCESS);
+      assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+    }
+    fake_log_reset();
+    assert_int_equal(dlsync_exchange_begin_fanout(&ex, c2, &lp, lcs, 3, 0), DLSYNC_SUCCESS);
+    if (!graph) /* the one record's path: the producer is not asked */
+      assert_int_equal(fake_call_count("cuStreamIsCapturing"), 3);
+    if (g != NULL) /* first: the event its wait node holds goes back to c2's pool */
+      destroy_graph(g);
+    assert_int_equal(dlsync_context_destroy(c2), DLSYNC_ERROR_BUSY);
+    assert_non_null(strstr(dlsync_last_error(), "1 exchange(s) begun and not ended"));
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_ERROR_INVALID_ARGUMENT);
+  }
+}
+
 /* ---- fault injection: every driver call and allocation ---- */
 
 typedef enum scene {
@@ -469,6 +737,7 @@ typedef enum scene {
   SCENE_MIXED,
   SCENE_STABLE,
   SCENE_KEEP,
+  SCENE_SAME,
   SCENE_COUNT
 } scene;
 
@@ -478,14 +747,16 @@ static fake_fault sweep_kind = FAKE_FAULT_CALL;
  * fault was reached. SCENE_MIXED: the producer captures, C is eager (joins),
  * Q is in the capture (edges) and R in another capture (a wait node).
  * SCENE_KEEP: C and Q in the producer's capture, DLSYNC_EXCHANGE_KEEP_EDGE_DATA
- * (the query of the producer's edge data, the updates with it, both ways). */
+ * (the query of the producer's edge data, the updates with it, both ways).
+ * SCENE_SAME: C and Q in the producer's capture, no flag (the fan-out's own
+ * record: its updates, and the join's one update). */
 static bool run_with_fault(scene sc, unsigned n) {
   dlsync_lane lp = dlsync_lane_stream(P);
   dlsync_lane lcs[3] = {dlsync_lane_stream(C), dlsync_lane_stream(Q), dlsync_lane_stream(R)};
   dlsync_exchange *ex = NULL;
   CUevent fork = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
   dlsync_status sb, se = DLSYNC_SUCCESS, want_end = DLSYNC_SUCCESS;
-  bool capture = sc == SCENE_JOIN || sc == SCENE_MIXED || sc == SCENE_KEEP;
+  bool capture = sc == SCENE_JOIN || sc == SCENE_MIXED || sc == SCENE_KEEP || sc == SCENE_SAME;
   uint32_t flags = sc == SCENE_STABLE ? DLSYNC_EXCHANGE_CAPTURE_STABLE
                    : sc == SCENE_KEEP ? DLSYNC_EXCHANGE_KEEP_EDGE_DATA
                                       : 0;
@@ -499,7 +770,7 @@ static bool run_with_fault(scene sc, unsigned n) {
     assert_int_equal(D->StreamBeginCapture(R, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
     want_end = DLSYNC_ERROR_CAPTURE_ORDER; /* R's order back */
   }
-  if (sc == SCENE_KEEP) {
+  if (sc == SCENE_KEEP || sc == SCENE_SAME) {
     assert_int_equal(D->EventRecord(fork, P), CUDA_SUCCESS);
     assert_int_equal(D->StreamWaitEvent(C, fork, 0), CUDA_SUCCESS);
     assert_int_equal(D->StreamWaitEvent(Q, fork, 0), CUDA_SUCCESS);
@@ -534,7 +805,8 @@ static bool run_with_fault(scene sc, unsigned n) {
   if (capture) {
     CUgraph g = NULL;
     CUresult er;
-    if (sc == SCENE_KEEP) { /* joined back by hand too (a failed end leaves them) */
+    if (sc == SCENE_KEEP ||
+        sc == SCENE_SAME) { /* joined back by hand too (a failed end leaves them) */
       (void)D->EventRecord(fork, Q);
       (void)D->StreamWaitEvent(P, fork, 0);
       (void)D->EventRecord(fork, C);
@@ -820,6 +1092,51 @@ static void a_failed_edge_query_queues_nothing(void **state) {
   fake_event_destroy(fork);
 }
 
+/* The join inside one capture adds the consumers' dependencies to the
+ * producer's in ONE update; past what that update takes at once (32 nodes,
+ * here 3 consumers of 12), one update per consumer. Either way the
+ * producer's next node has an edge from each consumer's last nodes. */
+static void the_join_in_a_capture_is_one_update(void **state) {
+  (void)state;
+  for (int wide = 0; wide < 2; wide++) {
+    size_t per = wide ? 12 : 2;
+    dlsync_lane lp = dlsync_lane_stream(P);
+    dlsync_lane lcs[3] = {dlsync_lane_stream(C), dlsync_lane_stream(Q), dlsync_lane_stream(R)};
+    dlsync_exchange *ex = NULL;
+    CUevent fork = fake_event_create(0, CU_EVENT_DISABLE_TIMING);
+    CUgraphNode pn, pm, nodes[3][12];
+    CUgraph g;
+    assert_int_equal(D->StreamBeginCapture(P, CU_STREAM_CAPTURE_MODE_GLOBAL), CUDA_SUCCESS);
+    assert_int_equal(D->EventRecord(fork, P), CUDA_SUCCESS);
+    for (int i = 0; i < 3; i++)
+      assert_int_equal(D->StreamWaitEvent(lcs[i].stream, fork, 0), CUDA_SUCCESS);
+    fake_work(P, "produce", &pn);
+    assert_int_equal(dlsync_exchange_begin_fanout(&ex, ctx, &lp, lcs, 3, 0), DLSYNC_SUCCESS);
+    for (int i = 0; i < 3; i++) { /* per nodes side by side after pn, all pending */
+      for (size_t k = 0; k < per; k++) {
+        assert_int_equal(D->StreamUpdateCaptureDependencies(lcs[i].stream, &pn, NULL, 1,
+                                                            CU_STREAM_SET_CAPTURE_DEPENDENCIES),
+                         CUDA_SUCCESS);
+        fake_work(lcs[i].stream, "consume", &nodes[i][k]);
+      }
+      assert_int_equal(D->StreamUpdateCaptureDependencies(lcs[i].stream, nodes[i], NULL, per,
+                                                          CU_STREAM_SET_CAPTURE_DEPENDENCIES),
+                       CUDA_SUCCESS);
+    }
+    fake_log_reset();
+    assert_int_equal(dlsync_exchange_end(ex), DLSYNC_SUCCESS);
+    assert_int_equal(fake_call_count("cuStreamUpdateCaptureDependencies"), wide ? 3 : 1);
+    assert_int_equal(fake_call_count("cuStreamGetCaptureInfo"), 3);
+    fake_work(P, "mutate", &pm);
+    g = end_capture_ok(P);
+    for (int i = 0; i < 3; i++)
+      for (size_t k = 0; k < per; k++)
+        assert_int_equal(edge_type(g, nodes[i][k], pm), CU_GRAPH_DEPENDENCY_TYPE_DEFAULT);
+    destroy_graph(g);
+    fake_event_destroy(fork);
+  }
+}
+
 int main(void) {
 #define T(f) cmocka_unit_test_setup_teardown(f, setup, teardown)
   const struct CMUnitTest tests[] = {
@@ -843,6 +1160,16 @@ int main(void) {
       T(the_end_keeps_the_consumers_edge_data),
       T(without_the_flag_the_end_makes_a_full_edge),
       T(a_failed_edge_query_queues_nothing),
+      T(the_join_in_a_capture_is_one_update),
+      T(an_invalidated_capture_is_reported),
+      T(context_destroy_counts_the_fanouts_handle),
+      T(a_consumer_that_captures_by_the_end_is_refused_alone),
+      T(eager_calls),
+      T(eager_stable_calls),
+      T(same_capture_calls),
+      T(join_calls),
+      T(other_capture_calls),
+      T(built_calls),
   };
 #undef T
   return cmocka_run_group_tests(tests, NULL, NULL);

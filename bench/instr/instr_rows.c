@@ -11,7 +11,10 @@
  * ROW: eager, eager-stable, in-capture, in-capture-stable, two-captures,
  * eager-to-capture, eager-to-built, two-built, capture-to-built, built-to-capture,
  * release (dlsync_release on an eager stream, a no-op deleter; the releases
- * flushed after each batch).
+ * flushed after each batch), fanout, fanout-stable, fanout-in-capture (one
+ * producer, three consumers: dlsync_exchange_begin_fanout and its end; eager,
+ * eager with DLSYNC_EXCHANGE_CAPTURE_STABLE, or the consumers in the
+ * producer's capture, joined once per batch as in the bench).
  * --log prints the driver calls
  * of the last operation. The thread makes two eager exchanges first, as the
  * bench's thread has (its scratch event and memo are warm). */
@@ -26,12 +29,15 @@
 #include "dlsync/dlsync.h"
 
 #define BATCH 100
+#define FAN_N 3
 
 typedef struct api {
   dlsync_status (*create)(dlsync_context **, const dlsync_context_config *);
   dlsync_status (*begin)(dlsync_exchange **, dlsync_context *, dlsync_lane *, dlsync_lane *,
                          uint32_t);
   dlsync_status (*end)(dlsync_exchange *);
+  dlsync_status (*fanout)(dlsync_exchange **, dlsync_context *, dlsync_lane *, dlsync_lane *,
+                          size_t, uint32_t);
   dlsync_status (*order)(dlsync_context *, dlsync_lane *, dlsync_lane *);
   dlsync_status (*release)(dlsync_context *, dlsync_lane *, dlsync_deleter, void *);
   dlsync_status (*flush)(dlsync_context *);
@@ -65,6 +71,9 @@ typedef enum row {
   ROW_CAPTURE_TO_BUILT,
   ROW_BUILT_TO_CAPTURE,
   ROW_RELEASE,
+  ROW_FANOUT,
+  ROW_FANOUT_STABLE,
+  ROW_FANOUT_IN_CAPTURE,
   ROW_COUNT
 } row;
 
@@ -78,7 +87,10 @@ static const char *const row_names[ROW_COUNT] = {"eager",
                                                  "two-built",
                                                  "capture-to-built",
                                                  "built-to-capture",
-                                                 "release"};
+                                                 "release",
+                                                 "fanout",
+                                                 "fanout-stable",
+                                                 "fanout-in-capture"};
 
 static void noop_deleter(void *arg) {
   (void)arg;
@@ -111,6 +123,22 @@ static void check(bool ok, const char *what) {
   }
 }
 
+/* One fan-out and its end: instr-count.sh collects inside this function
+ * (the end of a fan-out calls dlsync_exchange_end again inside, which a
+ * toggle on it would count only in part). */
+__attribute__((noinline)) dlsync_status instr_fan_once(const api *a, dlsync_context *ctx,
+                                                       dlsync_lane *lp, dlsync_lane *lcs,
+                                                       uint32_t flags);
+__attribute__((noinline)) dlsync_status instr_fan_once(const api *a, dlsync_context *ctx,
+                                                       dlsync_lane *lp, dlsync_lane *lcs,
+                                                       uint32_t flags) {
+  dlsync_exchange *ex;
+  dlsync_status st = a->fanout(&ex, ctx, lp, lcs, FAN_N, flags);
+  if (st == DLSYNC_SUCCESS)
+    st = a->end(ex);
+  return st;
+}
+
 int main(int argc, char **argv) {
   void *lib, *cu;
   api a;
@@ -121,10 +149,10 @@ int main(int argc, char **argv) {
   void (*call_log_reset)(void);
   dlsync_context *ctx = NULL;
   CUcontext cx = NULL;
-  CUstream p, c;
+  CUstream p, c, fc[FAN_N];
   CUevent join;
   CUdeviceptr buf;
-  dlsync_lane lp, lc;
+  dlsync_lane lp, lc, lfc[FAN_N];
   row r = ROW_COUNT;
   long n;
   bool log;
@@ -150,6 +178,7 @@ int main(int argc, char **argv) {
   a.create = need(lib, "dlsync_context_create");
   a.begin = need(lib, "dlsync_exchange_begin_flags");
   a.end = need(lib, "dlsync_exchange_end");
+  a.fanout = need(lib, "dlsync_exchange_begin_fanout");
   a.order = need(lib, "dlsync_order");
   a.release = need(lib, "dlsync_release");
   a.flush = need(lib, "dlsync_release_flush");
@@ -181,6 +210,10 @@ int main(int argc, char **argv) {
   check(d.mem_alloc(&buf, 8) == CUDA_SUCCESS, "memory");
   lp = dlsync_lane_stream(p);
   lc = dlsync_lane_stream(c);
+  for (int i = 0; i < FAN_N; i++) {
+    fc[i] = stream_create();
+    lfc[i] = dlsync_lane_stream(fc[i]);
+  }
   for (int i = 0; i < 2; i++) { /* warm, as the bench's thread is */
     dlsync_exchange *ex;
     check(a.begin(&ex, ctx, &lp, &lc, 0) == DLSYNC_SUCCESS && a.end(ex) == DLSYNC_SUCCESS, "warm");
@@ -196,6 +229,13 @@ int main(int argc, char **argv) {
       check(d.memset(buf, 1, 1, p) == CUDA_SUCCESS, "memset");
       check(d.record(join, p) == CUDA_SUCCESS && d.wait(c, join, 0) == CUDA_SUCCESS, "fork");
       check(d.memset(buf + 4, 2, 1, c) == CUDA_SUCCESS, "memset");
+    }
+    if (r == ROW_FANOUT_IN_CAPTURE) { /* the consumers join P's capture once */
+      check(d.begin_capture(p, CU_STREAM_CAPTURE_MODE_GLOBAL) == CUDA_SUCCESS, "capture");
+      check(d.memset(buf, 1, 1, p) == CUDA_SUCCESS, "memset");
+      check(d.record(join, p) == CUDA_SUCCESS, "fork");
+      for (int k = 0; k < FAN_N; k++)
+        check(d.wait(fc[k], join, 0) == CUDA_SUCCESS, "fork");
     }
     if (r == ROW_TWO_CAPTURES)
       check(d.begin_capture(p, CU_STREAM_CAPTURE_MODE_RELAXED) == CUDA_SUCCESS, "capture");
@@ -236,6 +276,12 @@ int main(int argc, char **argv) {
       case ROW_RELEASE:
         st = a.release(ctx, &lp, noop_deleter, NULL);
         break;
+      case ROW_FANOUT:
+      case ROW_FANOUT_STABLE:
+      case ROW_FANOUT_IN_CAPTURE:
+        st = instr_fan_once(&a, ctx, &lp, lfc,
+                            r == ROW_FANOUT_STABLE ? DLSYNC_EXCHANGE_CAPTURE_STABLE : 0);
+        break;
       default: {
         dlsync_exchange *ex;
         uint32_t flags = r == ROW_EAGER_STABLE || r == ROW_IN_CAPTURE_STABLE
@@ -256,6 +302,11 @@ int main(int argc, char **argv) {
     }
     if (in_capture) {
       check(d.record(join, c) == CUDA_SUCCESS && d.wait(p, join, 0) == CUDA_SUCCESS, "join");
+      check(d.end_capture(p, &g) == CUDA_SUCCESS && d.graph_destroy(g) == CUDA_SUCCESS, "end");
+    }
+    if (r == ROW_FANOUT_IN_CAPTURE) {
+      for (int k = 0; k < FAN_N; k++)
+        check(d.record(join, fc[k]) == CUDA_SUCCESS && d.wait(p, join, 0) == CUDA_SUCCESS, "join");
       check(d.end_capture(p, &g) == CUDA_SUCCESS && d.graph_destroy(g) == CUDA_SUCCESS, "end");
     }
     if (r == ROW_TWO_CAPTURES || r == ROW_EAGER_TO_CAPTURE || r == ROW_BUILT_TO_CAPTURE)

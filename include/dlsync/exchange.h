@@ -186,6 +186,12 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsyn
  *    consumers in a graph that got its wait node take edges from the first
  *    consumer lane of that graph (so they also follow that lane's work
  *    before the call).
+ * Stream lanes whose rows are EAGER_EAGER, JOIN or SAME_CAPTURE (up to 6
+ * consumers) are asked about once each: each consumer's status query while
+ * this thread's fan-outs find them eager (the producer is not asked:
+ * EAGER_EAGER and JOIN make the same calls), else one full query per lane;
+ * the other rows read a capturing producer again (each record node moves
+ * its frontier), and an eager one again for a graph lane consumer.
  * Each consumer's row is the one dlsync_exchange_begin_flags would take
  * (the table at the top of this header), decided from the lanes as they are at the call; the
  * same lanes in the same states give the same calls, nodes and edges at
@@ -194,10 +200,14 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_many(dlsync_exchange **out, dlsyn
  * consumer (XLA's per-stream frontiers).
  * The matching dlsync_exchange_end is the join: it orders the producer's
  * later work after each consumer's work since begin, newest consumer first,
- * as each pair's dlsync_exchange_end would (one event per distinct consumer
- * stream eager: its record and the producer's wait; edges only in one
- * capture), and reports the first failure (it still ends all; a driver's
- * failure before a DLSYNC_ERROR_CAPTURE_ORDER refusal).
+ * as each pair's dlsync_exchange_end would (eager: the producer's status
+ * asked once, each consumer's, and per consumer a record and the
+ * producer's wait; none of those queries with DLSYNC_EXCHANGE_CAPTURE_STABLE;
+ * in one capture: each consumer's full query and ONE
+ * cuStreamUpdateCaptureDependencies adding all their dependencies to the
+ * producer's, or one per consumer past 32 nodes), and reports the first
+ * failure (it still ends all; a driver's failure before a
+ * DLSYNC_ERROR_CAPTURE_ORDER refusal).
  * n == 1 is dlsync_exchange_begin_flags (after the checks below). Graph
  * lanes are kept by pointer until end, as in dlsync_exchange_begin.
  * Returns: DLSYNC_SUCCESS and *out the handle for dlsync_exchange_end.
@@ -230,7 +240,8 @@ DLSYNC_API dlsync_status dlsync_exchange_begin_fanout(dlsync_exchange **out, dls
  * capture query, cuStreamGetCtx, the dependency update inside one capture),
  * the message says "nothing was queued: dlsync_order(ctx, consumer,
  * producer) does what this end would have done": that call (for
- * dlsync_exchange_begin_many, one per producer) finishes the exchange, and
+ * dlsync_exchange_begin_many, one per producer; for
+ * dlsync_exchange_begin_fanout, one per consumer) finishes the exchange, and
  * the capture then ends cleanly. (Never said after a begin that put a record
  * node in the producer's graph and a wait node in the consumer's: such an
  * end refuses, below.) The handle itself is ended either way (a
