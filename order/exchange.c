@@ -825,7 +825,7 @@ static DLSYNC__COLD fan_role fan_role_of(size_t i) {
 
 /* How the join asks about each consumer, after the producer: by its status
  * (the producer eager), nothing (DLSYNC_EXCHANGE_CAPTURE_STABLE), in full
- * (the producer in capture t->end_capture_id: FAST_QUERY_FIRST_IN), or
+ * (the producer in capture dlsync__order_thread_of(t)->end_capture_id: FAST_QUERY_FIRST_IN), or
  * through the general path (the producer in an invalidated capture: it
  * says so). */
 typedef enum fan_join_mode {
@@ -868,7 +868,7 @@ static dlsync_status fan_join_one(const fan_join_job *j, CUstream c, fan_join_mo
       mode = FAN_JOIN_GENERAL; /* a consumer capturing, the producer eager: the general path */
   } else if (mode == FAN_JOIN_IN) {
     q = FAST_QUERY_FIRST_IN;
-    t->end_capture_id = j->capture_id;
+    dlsync__order_thread_of(t)->end_capture_id = j->capture_id;
   }
   if (mode != FAN_JOIN_GENERAL)
     st = order_fast(t, ctx, pair, q, NULL);
@@ -970,7 +970,7 @@ static DLSYNC__NOINLINE dlsync_status fan_join(fan_join_job j) {
   } else if (j.bits & EX_STABLE) {
     mode = FAN_JOIN_NONE;
   } else {
-    bool full = j.t->end_capture;
+    bool full = dlsync__order_thread_of(j.t)->end_capture;
     if (!full) {
       CUstreamCaptureStatus ps;
       CUresult r = d->StreamIsCapturing(p, &ps);
@@ -983,7 +983,7 @@ static DLSYNC__NOINLINE dlsync_status fan_join(fan_join_job j) {
       dlsync__lane_query(&pi, d, p);
       if (DLSYNC__UNLIKELY(pi.r != CUDA_SUCCESS))
         return end_failed(dlsync__fast_query_failed(d, pi.r, true, p, "producer"), 0);
-      j.t->end_capture = pi.status != CU_STREAM_CAPTURE_STATUS_NONE;
+      dlsync__order_thread_of(j.t)->end_capture = pi.status != CU_STREAM_CAPTURE_STATUS_NONE;
       if (pi.status == CU_STREAM_CAPTURE_STATUS_ACTIVE) {
         mode = FAN_JOIN_IN;
         j.capture_id = pi.id;
@@ -1050,7 +1050,7 @@ static dlsync_status fan_fast_full(const fan_job *job, dlsync__thread *t, fan_se
     seen->in_capture[i] = true;
     seen->nsame++;
   }
-  t->then_capture = any_capture;
+  dlsync__order_thread_of(t)->then_capture = any_capture;
   if (!plain || (seen->nsame > 0 && seen->nsame < n))
     return DLSYNC__GENERAL;
   return DLSYNC_SUCCESS;
@@ -1077,7 +1077,7 @@ static DLSYNC__NOINLINE dlsync_status fan_fast(dlsync_exchange **out, const fan_
   dlsync__pool *memo_pool;
   CUevent ev;
   CUresult r;
-  bool full = t->then_capture;
+  bool full = dlsync__order_thread_of(t)->then_capture;
   unsigned bits = EX_FAN | ((flags & DLSYNC_EXCHANGE_CAPTURE_STABLE) ? EX_STABLE : 0);
   size_t done = 0;
   /* The thread's scratch event of the producer's pool, for the record: a
@@ -1102,7 +1102,7 @@ static DLSYNC__NOINLINE dlsync_status fan_fast(dlsync_exchange **out, const fan_
         seen->eager_upto = i + 1;
     }
     if (full)
-      t->then_capture = true;
+      dlsync__order_thread_of(t)->then_capture = true;
   }
   if (full) {
     st = fan_fast_full(job, t, seen);
