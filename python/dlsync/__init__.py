@@ -39,6 +39,7 @@ from ._graphs import capture_graph, conditional_body, is_conditional_body, launc
 from ._paths import get_cmake_dir, get_include, get_pkgconfig_dir
 from ._scope import _Wrapped, scope, wrap  # noqa: F401
 from . import _producers  # noqa: F401
+from . import arrow  # noqa: F401 - dlsync.arrow: the Arrow C Device data interface
 from . import _exchange as _exchange_module
 
 # The compiled and the ctypes Exchange hand list and tensor producers to
@@ -56,6 +57,7 @@ __all__ = [
     "conditional_body",
     "is_conditional_body",
     "capture_graph",
+    "arrow",
     "CONDITIONAL_BODY",
     "CAPTURE_STABLE",
     "stream_handle",

@@ -114,6 +114,22 @@ class NativeBackend:
     def fence_release(self, fence: int) -> None:
         self._ctypes.fence_release(fence)
 
+    # ---- the Arrow C Device data interface: the ctypes calls, as the fences'
+    # (the producer's release and the capsules' destructors are Python
+    # callables either way: dlsync._arrow) ----
+
+    def arrow_sync_event(self, array: int, sync: int, stream: Any) -> None:
+        self._ctypes.arrow_sync_event(array, sync, stream)
+
+    def arrow_sync_release(self, sync: int) -> None:
+        self._ctypes.arrow_sync_release(sync)
+
+    def arrow_wait(self, array: int, stream: Any, provenance: int) -> None:
+        self._ctypes.arrow_wait(array, stream, provenance)
+
+    def arrow_release(self, array: int, stream: Any) -> None:
+        self._ctypes.arrow_release(array, stream)
+
 
 def load_native(lib: ctypes.CDLL, package: str) -> Tuple[Optional[NativeBackend], Optional[str]]:
     """The compiled backend, or None and the reason. Never an error: the
