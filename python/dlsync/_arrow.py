@@ -112,6 +112,8 @@ _ArrayRelease = ctypes.CFUNCTYPE(None, ctypes.POINTER(ArrowArray))
 _CapsuleDestructor = ctypes.CFUNCTYPE(None, _vp)
 
 # ---- PyCapsule through ctypes.pythonapi (the GIL held, errors raised) ----
+# Function objects of this module's own (pythonapi[name], not the attribute,
+# which is one object shared with every other user that sets its types).
 
 _SCHEMA_NAME = b"arrow_schema"
 _ARRAY_NAME = b"arrow_device_array"
@@ -119,16 +121,16 @@ _ARRAY_NAME = b"arrow_device_array"
 _schema_name = ctypes.create_string_buffer(_SCHEMA_NAME)
 _array_name = ctypes.create_string_buffer(_ARRAY_NAME)
 
-_capsule_new = ctypes.pythonapi.PyCapsule_New
+_capsule_new = ctypes.pythonapi["PyCapsule_New"]
 _capsule_new.restype = ctypes.py_object
 _capsule_new.argtypes = [_vp, _vp, _CapsuleDestructor]
-_capsule_valid = ctypes.pythonapi.PyCapsule_IsValid
+_capsule_valid = ctypes.pythonapi["PyCapsule_IsValid"]
 _capsule_valid.restype = ctypes.c_int
 _capsule_valid.argtypes = [ctypes.py_object, ctypes.c_char_p]
-_capsule_name = ctypes.pythonapi.PyCapsule_GetName
+_capsule_name = ctypes.pythonapi["PyCapsule_GetName"]
 _capsule_name.restype = _vp
 _capsule_name.argtypes = [ctypes.py_object]
-_capsule_pointer = ctypes.pythonapi.PyCapsule_GetPointer
+_capsule_pointer = ctypes.pythonapi["PyCapsule_GetPointer"]
 _capsule_pointer.restype = _vp
 _capsule_pointer.argtypes = [ctypes.py_object, ctypes.c_char_p]
 # The destructor's view: the capsule as an address (it is being destroyed:

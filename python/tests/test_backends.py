@@ -202,6 +202,12 @@ MISUSES = [
     ("body_declared('x')", lambda: _backend.active.body_declared("x")),
     ("body_remove(True)", lambda: _backend.active.body_remove(True)),
     ("capture_graph(1.5)", lambda: dlsync.capture_graph(1.5)),
+    # dlsync.arrow (python/tests/test_arrow_cpu.py has the rest, on both backends)
+    ("arrow import of an int", lambda: dlsync.arrow.import_device_array(5, 0x20)),
+    ("arrow import on a stream a str", lambda: dlsync.arrow.import_device_array(5, "s")),
+    ("arrow export of format 'z'",
+     lambda: dlsync.arrow.export_device_array(0x1000, 4, "z", 0x20, device_id=0)),
+    ("arrow_wait on a stream 2**64", lambda: _backend.active.arrow_wait(0x1000, 2**64, 1)),
 ]
 
 
@@ -324,6 +330,9 @@ def _fake_misuses(fake):
         ("launch of no graph on a capture", launch_no_graph_in_capture),
         ("a row that adds a node in a declared body", refused_in_body),
         ("a fence signalled in a declared body", fence_in_body),
+        ("an arrow export on a stream the driver does not know",
+         lambda: dlsync.arrow.export_device_array(0x1000, 4, "f", 0x10,
+                                                  device_id=0).__arrow_c_device_array__()),
     ]
 
 
