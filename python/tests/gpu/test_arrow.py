@@ -190,6 +190,7 @@ def _eager_to_graph(mode, use):
             if released:
                 broken += 1
                 note = "the producer's release ran while the graph that read it was alive"
+            g.reset()  # the graph and its executable destroyed
             del g
             gc.collect()
             if not _wait_for(lambda: released == [1]):
