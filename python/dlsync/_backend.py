@@ -22,7 +22,7 @@ from ._ctypes_impl import CtypesBackend
 from ._errors import Error
 from ._interface import Backend, Ender, ExchangeContext, PythonExchange
 
-NATIVE_ABI = 4  # the _init contract of _native.c (DLSYNC_PY_ABI)
+NATIVE_ABI = 5  # the _init contract of _native.c (DLSYNC_PY_ABI)
 
 
 def optional_getattr_address() -> Optional[int]:
@@ -60,6 +60,11 @@ class NativeBackend:
     body_add: Callable[[int], None]
     body_remove: Callable[[int], None]
     body_declared: Callable[[int], bool]
+    # the Arrow C Device data interface
+    arrow_sync_event: Callable[[int, int, Any], None]
+    arrow_sync_release: Callable[[int], None]
+    arrow_wait: Callable[[int, Any, int], None]
+    arrow_release: Callable[[int, Any], None]
 
     def __init__(self, lib: ctypes.CDLL, native: Any):
         abi = getattr(native, "ABI", None)
@@ -85,6 +90,10 @@ class NativeBackend:
         self.body_add = native.body_add
         self.body_remove = native.body_remove
         self.body_declared = native.body_declared
+        self.arrow_sync_event = native.arrow_sync_event
+        self.arrow_sync_release = native.arrow_sync_release
+        self.arrow_wait = native.arrow_wait
+        self.arrow_release = native.arrow_release
 
     def set_python_exchange(self, fn: PythonExchange) -> None:
         self._python_exchange = fn
@@ -113,22 +122,6 @@ class NativeBackend:
 
     def fence_release(self, fence: int) -> None:
         self._ctypes.fence_release(fence)
-
-    # ---- the Arrow C Device data interface: the ctypes calls, as the fences'
-    # (the producer's release and the capsules' destructors are Python
-    # callables either way: dlsync._arrow) ----
-
-    def arrow_sync_event(self, array: int, sync: int, stream: Any) -> None:
-        self._ctypes.arrow_sync_event(array, sync, stream)
-
-    def arrow_sync_release(self, sync: int) -> None:
-        self._ctypes.arrow_sync_release(sync)
-
-    def arrow_wait(self, array: int, stream: Any, provenance: int) -> None:
-        self._ctypes.arrow_wait(array, stream, provenance)
-
-    def arrow_release(self, array: int, stream: Any) -> None:
-        self._ctypes.arrow_release(array, stream)
 
 
 def load_native(lib: ctypes.CDLL, package: str) -> Tuple[Optional[NativeBackend], Optional[str]]:
