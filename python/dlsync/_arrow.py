@@ -225,7 +225,7 @@ _SCHEMA_DESTRUCTOR = _CapsuleDestructor(_schema_capsule_destructor)
 _ARRAY_DESTRUCTOR = _CapsuleDestructor(_array_capsule_destructor)
 
 
-def _capsule(memory: ctypes.Structure, name: Any, destructor: Any) -> Any:
+def _capsule(memory: ctypes.Structure, name: Any, destructor: Any) -> object:
     address = ctypes.addressof(memory)
     with _lock:
         _capsule_memory[address] = memory
@@ -329,7 +329,7 @@ class DeviceArrayExport:
         return self._length
 
     def __arrow_c_device_array__(self, requested_schema: Any = None,
-                                 **kwargs: Any) -> Tuple[Any, Any]:
+                                 **kwargs: Any) -> Tuple[object, object]:
         """(schema capsule, device array capsule). ``requested_schema`` is
         ignored (the interface lets a producer keep its own type); a keyword
         the interface may add later, given a value other than None, is
