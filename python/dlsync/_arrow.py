@@ -26,11 +26,13 @@ Every check is made before anything is queued; a refusal is a
 
 from __future__ import annotations
 
+import atexit
 import ctypes
 import itertools
 import threading
 from typing import Any, Callable, Dict, List, Optional, Tuple
 
+from . import _backend
 from ._backend import active as _b
 from ._errors import INVALID_ARGUMENT, Error
 
@@ -417,6 +419,37 @@ def export_device_array(data: Any, length: int, format: str, producer: Any, *,
                              device_type, name)
 
 
+# ---- at exit ----
+
+# Whether a release was handed to dlsync from here (import_device_array's):
+# then the interpreter's exit waits for the eager ones.
+_handed_over = False
+
+
+def _drain_at_exit() -> None:
+    """Runs at the interpreter's exit, before it is torn down: waits
+    (dlsync_release_flush, the GIL let go) for the eager releases handed to
+    dlsync, whose producer's release may be Python code (an export of this
+    module's, a producer's that takes the GIL): once the interpreter is
+    finalising, a thread that takes the GIL is ended there. Releases that
+    graphs still own run when their graphs go, maybe never before the
+    exit."""
+    if not (_handed_over or _live):
+        return
+    context_default = _backend.lib["dlsync_context_default"]
+    context_default.restype = ctypes.c_int
+    context_default.argtypes = [ctypes.POINTER(_vp)]
+    flush = _backend.lib["dlsync_release_flush"]
+    flush.restype = ctypes.c_int
+    flush.argtypes = [_vp]
+    ctx = _vp()
+    if context_default(ctypes.byref(ctx)) == 0:
+        flush(ctx)  # its status: nothing to report it to at exit
+
+
+atexit.register(_drain_at_exit)
+
+
 # ---- the consumer's side ----
 
 
@@ -507,9 +540,11 @@ class DeviceArray:
         the graph and its executables are gone. Twice: dlsync.Error."""
         if self._released:
             raise _fail("DeviceArray.release: the array was released already")
+        global _handed_over
         _b.arrow_release(ctypes.addressof(self._array),
                          self._consumer if stream is None else stream)
         self._released = True
+        _handed_over = True
 
     def close(self) -> None:
         """release() on the import's stream; nothing once released."""

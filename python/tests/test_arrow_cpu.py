@@ -410,6 +410,38 @@ class BadInput(_OnFake):
         self.assertEqual(self.released, [])  # nothing handed out, nothing released
 
 
+_AT_EXIT = r"""
+import os, sys, time
+sys.path.insert(0, os.getcwd())
+import fake_cuda
+fake, _ = fake_cuda.load()
+sys.path.insert(0, os.environ.get("DLSYNC_TEST_PKG") or os.path.join(os.getcwd(), ".."))
+import dlsync
+
+
+def slow():
+    time.sleep(0.5)  # on the reclaimer thread, the GIL let go: the interpreter goes on to exit
+    print("first released", flush=True)
+
+
+p, c = fake.stream(), fake.stream()
+for name, cb in (("first", slow), ("second", lambda: print("second released", flush=True))):
+    out = dlsync.arrow.export_device_array(0x1000, 4, "f", p, device_id=0, release=cb)
+    dlsync.arrow.import_device_array(out, c).release()
+print("exiting", flush=True)
+"""
+
+
+@unittest.skipIf(FAKE is None, WHY or "")
+class AtExit(unittest.TestCase):
+    def test_releases_still_queued_at_exit_run_before_the_interpreter_is_gone(self):
+        done = subprocess.run([sys.executable, "-c", _AT_EXIT], cwd=HERE, stdout=subprocess.PIPE,
+                              stderr=subprocess.STDOUT, text=True, timeout=60)
+        self.assertEqual(done.returncode, 0, done.stdout)
+        self.assertEqual(done.stdout.split("\n")[:3],
+                         ["exiting", "first released", "second released"], done.stdout)
+
+
 @unittest.skipIf(FAKE is None, WHY or "")
 class CompiledBackend(unittest.TestCase):
     def test_this_module_on_the_compiled_backend_too(self):
