@@ -163,6 +163,9 @@ def _eager_to_graph(mode, use):
             x.fill_(float(i + 1))
         exp = dlsync.arrow.export_device_array(x, N, "f", producer,
                                                release=lambda r=released: r.append(1))
+        # Exported now, eagerly (sync_event recorded on the producer's stream);
+        # never consumed in the control (the capsules' destructors release it).
+        pair = exp.__arrow_c_device_array__()
         g = torch.cuda.CUDAGraph()
         try:
             # capture_begin, not torch.cuda.graph: that one synchronises the
@@ -171,7 +174,7 @@ def _eager_to_graph(mode, use):
                 g.capture_begin(capture_error_mode=mode)
                 try:
                     if use:
-                        arr = dlsync.arrow.import_device_array(exp, capturer)  # a wait node
+                        arr = dlsync.arrow.import_device_array(pair, capturer)  # a wait node
                     torch.mul(x, 3, out=res)
                     if use:
                         arr.release()  # the graph owns it now
