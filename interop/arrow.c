@@ -11,15 +11,19 @@ _Static_assert(sizeof(struct ArrowArray) == 80, "ArrowArray is 80 bytes (the int
 _Static_assert(sizeof(struct ArrowDeviceArray) == 128,
                "ArrowDeviceArray is 128 bytes (the interface's layout)");
 
-/* A device array dlsync can order: CUDA, reserved bytes zero. */
+/* A device array dlsync can order: one of the three CUDA device types (the
+ * interface gives each a cudaEvent_t* sync_event), reserved bytes zero. */
 static dlsync_status check_array(const struct ArrowDeviceArray *a, const char *fn) {
   if (a == NULL)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT, "%s: array is NULL", fn);
-  if (a->device_type != ARROW_DEVICE_CUDA)
+  if (a->device_type != ARROW_DEVICE_CUDA && a->device_type != ARROW_DEVICE_CUDA_HOST &&
+      a->device_type != ARROW_DEVICE_CUDA_MANAGED)
     return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,
-                        "%s: device type %d is not ARROW_DEVICE_CUDA (%d): dlsync orders CUDA "
-                        "work only",
-                        fn, (int)a->device_type, ARROW_DEVICE_CUDA);
+                        "%s: device type %d is not a CUDA device type (ARROW_DEVICE_CUDA %d, "
+                        "ARROW_DEVICE_CUDA_HOST %d, ARROW_DEVICE_CUDA_MANAGED %d): dlsync orders "
+                        "CUDA work only",
+                        fn, (int)a->device_type, ARROW_DEVICE_CUDA, ARROW_DEVICE_CUDA_HOST,
+                        ARROW_DEVICE_CUDA_MANAGED);
   for (int i = 0; i < 3; i++)
     if (a->reserved[i] != 0)
       return dlsync__fail(DLSYNC_ERROR_INVALID_ARGUMENT,

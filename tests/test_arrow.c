@@ -178,7 +178,7 @@ static void bad_arrays_are_refused_with_nothing_queued(void **state) {
   a.device_type = ARROW_DEVICE_CPU;
   assert_int_equal(dlsync_arrow_wait(ctx, &lc, &a, DLSYNC_PROVENANCE_EAGER, 0),
                    DLSYNC_ERROR_INVALID_ARGUMENT);
-  assert_message_has("device type 1 is not ARROW_DEVICE_CUDA");
+  assert_message_has("device type 1 is not a CUDA device type");
   assert_int_equal(dlsync_arrow_sync_event(&a, &sync, ctx, &lp), DLSYNC_ERROR_INVALID_ARGUMENT);
   assert_int_equal(dlsync_arrow_release(ctx, &lc, &a), DLSYNC_ERROR_INVALID_ARGUMENT);
   assert_non_null(a.array.release); /* still the caller's */
@@ -216,6 +216,34 @@ static void bad_arrays_are_refused_with_nothing_queued(void **state) {
   assert_int_equal(atomic_load(&released), 0);
 }
 
+/* CUDA_HOST and CUDA_MANAGED arrays: their sync_event is a cudaEvent_t* as
+ * CUDA's is (the interface's rule for the three CUDA device types). */
+static void cuda_host_and_managed_arrays_are_ordered(void **state) {
+  static const ArrowDeviceType types[] = {ARROW_DEVICE_CUDA_HOST, ARROW_DEVICE_CUDA_MANAGED};
+  dlsync_lane lp = dlsync_lane_stream(P), lc = dlsync_lane_stream(C);
+  (void)state;
+  for (int i = 0; i < 2; i++) {
+    struct ArrowDeviceArray a = make_array();
+    dlsync_arrow_sync sync = DLSYNC_ARROW_SYNC_INIT;
+    a.device_type = types[i];
+    assert_int_equal(dlsync_arrow_sync_event(&a, &sync, ctx, &lp), DLSYNC_SUCCESS);
+    assert_non_null(a.sync_event);
+    fake_log_reset();
+    assert_int_equal(dlsync_arrow_wait(ctx, &lc, &a, DLSYNC_PROVENANCE_EAGER, 0), DLSYNC_SUCCESS);
+    assert_non_null(strstr(fake_call_log(), "cuStreamWaitEvent"));
+    assert_int_equal(dlsync_arrow_release(ctx, &lc, &a), DLSYNC_SUCCESS);
+    assert_null(a.array.release);
+    assert_true(wait_released(i + 1));
+    dlsync_arrow_sync_release(&sync);
+  }
+  /* ROCm's host memory is no CUDA device type. */
+  struct ArrowDeviceArray b = make_array();
+  b.device_type = ARROW_DEVICE_ROCM_HOST;
+  assert_int_equal(dlsync_arrow_wait(ctx, &lc, &b, DLSYNC_PROVENANCE_EAGER, 0),
+                   DLSYNC_ERROR_INVALID_ARGUMENT);
+  assert_message_has("device type 11 is not a CUDA device type");
+}
+
 /* A release that dlsync_release refuses leaves the array the caller's. */
 static void failed_release_leaves_the_array(void **state) {
   dlsync_lane bad = dlsync_lane_stream(NULL);
@@ -239,6 +267,7 @@ int main(void) {
       T(null_sync_event_is_nothing_to_wait_on),
       T(bad_arrays_are_refused_with_nothing_queued),
       T(failed_release_leaves_the_array),
+      T(cuda_host_and_managed_arrays_are_ordered),
 #undef T
   };
   return cmocka_run_group_tests(tests, NULL, NULL);

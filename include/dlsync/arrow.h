@@ -5,8 +5,9 @@
  *
  * An ArrowDeviceArray hands CUDA buffers over with a `sync_event`: NULL, or
  * a pointer to a cudaEvent_t (CUevent) that the consumer must wait on before
- * it touches the buffers. The interface says nothing about graph capture,
- * and its `release` is not stream-ordered. These calls add both:
+ * it touches the buffers (for each of the CUDA device types: ARROW_DEVICE_CUDA,
+ * ARROW_DEVICE_CUDA_HOST, ARROW_DEVICE_CUDA_MANAGED). The interface says nothing about graph
+ * capture, and its `release` is not stream-ordered. These calls add both:
  *
  * Producer, after a lane wrote the array's buffers:
  *
@@ -133,9 +134,10 @@ typedef struct dlsync_arrow_sync {
  * the work queued so far on `lane` (the array's buffers written).
  * Returns: DLSYNC_SUCCESS; sync holds a fence until dlsync_arrow_sync_release.
  * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (a NULL argument; a device type that
- *   is not ARROW_DEVICE_CUDA; non-zero reserved bytes; sync already holding
- *   a fence), the errors of dlsync_fence_signal; array and sync are left as
- *   they were and nothing is queued.
+ *   is none of ARROW_DEVICE_CUDA, _CUDA_HOST and _CUDA_MANAGED; non-zero
+ *   reserved bytes; sync already holding a fence), the errors of
+ *   dlsync_fence_signal; array and sync are left as they were and nothing
+ *   is queued.
  * Threads: any thread. Capture: legal in every mode; it never breaks a
  *   capture. */
 DLSYNC_API dlsync_status dlsync_arrow_sync_event(struct ArrowDeviceArray *array,
@@ -154,8 +156,9 @@ DLSYNC_API void dlsync_arrow_sync_release(dlsync_arrow_sync *sync);
  * NULL sync_event means nothing to wait on: DLSYNC_SUCCESS, nothing queued.
  * Returns: DLSYNC_SUCCESS, the order in place.
  * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (NULL ctx, lane or array; a device
- *   type that is not ARROW_DEVICE_CUDA; non-zero reserved bytes; an array
- *   already released (release NULL); sync_event pointing to a NULL event),
+ *   type that is none of ARROW_DEVICE_CUDA, _CUDA_HOST and _CUDA_MANAGED;
+ *   non-zero reserved bytes; an array already released (release NULL);
+ *   sync_event pointing to a NULL event),
  *   the errors of dlsync_fence_import and dlsync_fence_wait; nothing is
  *   queued then.
  * Threads: any thread. Capture: legal in every mode; it never breaks a
@@ -169,10 +172,10 @@ DLSYNC_API dlsync_status dlsync_arrow_wait(dlsync_context *ctx, dlsync_lane *lan
  * done (release.h: on dlsync's reclaimer thread, which may call CUDA).
  * Returns: DLSYNC_SUCCESS; the release will run exactly once.
  * Errors: DLSYNC_ERROR_INVALID_ARGUMENT (NULL ctx, lane or array; a device
- *   type that is not ARROW_DEVICE_CUDA; non-zero reserved bytes; a NULL
- *   release: released already), DLSYNC_ERROR_OUT_OF_MEMORY, the errors of
- *   dlsync_release; the array is then still the caller's, untouched.
- * Threads: any thread; never blocks. Capture: legal in every mode. */
+ *   type that is none of ARROW_DEVICE_CUDA, _CUDA_HOST and _CUDA_MANAGED;
+ *   non-zero reserved bytes; a NULL release: released already), DLSYNC_ERROR_OUT_OF_MEMORY, the
+ * errors of dlsync_release; the array is then still the caller's, untouched. Threads: any thread;
+ * never blocks. Capture: legal in every mode. */
 DLSYNC_API dlsync_status dlsync_arrow_release(dlsync_context *ctx, dlsync_lane *lane,
                                               struct ArrowDeviceArray *array);
 

@@ -40,6 +40,7 @@ from ._graphs import launch
 from ._paths import get_cmake_dir, get_include, get_pkgconfig_dir
 from ._scope import _Wrapped, scope, wrap  # noqa: F401
 from . import _producers  # noqa: F401
+from . import arrow  # noqa: F401 - dlsync.arrow: the Arrow C Device data interface
 from . import _exchange as _exchange_module
 
 # The compiled and the ctypes Exchange hand list and tensor producers to
@@ -61,6 +62,7 @@ __all__ = [
     "conditional_node",
     "is_conditional_body",
     "capture_graph",
+    "arrow",
     "CONDITIONAL_BODY",
     "CAPTURE_STABLE",
     "KEEP_EDGE_DATA",

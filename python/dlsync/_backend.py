@@ -22,7 +22,7 @@ from ._ctypes_impl import CtypesBackend
 from ._errors import Error
 from ._interface import Backend, Ender, ExchangeContext, PythonExchange
 
-NATIVE_ABI = 6  # the _init contract of _native.c (DLSYNC_PY_ABI)
+NATIVE_ABI = 7  # the _init contract of _native.c (DLSYNC_PY_ABI)
 
 
 def optional_getattr_address() -> Optional[int]:
@@ -71,6 +71,12 @@ class NativeBackend:
     order: Callable[[Any, Any], None]
     node_declare: Callable[[int, int, Sequence[int]], None]
 
+    # the Arrow C Device data interface
+    arrow_sync_event: Callable[[int, int, Any], None]
+    arrow_sync_release: Callable[[int], None]
+    arrow_wait: Callable[[int, Any, int], None]
+    arrow_release: Callable[[int, Any], None]
+
     def __init__(self, lib: ctypes.CDLL, native: Any):
         abi = getattr(native, "ABI", None)
         if abi != NATIVE_ABI:
@@ -103,6 +109,10 @@ class NativeBackend:
         self.begin_fanout = native.begin_fanout
         self.order = native.order
         self.node_declare = native.node_declare
+        self.arrow_sync_event = native.arrow_sync_event
+        self.arrow_sync_release = native.arrow_sync_release
+        self.arrow_wait = native.arrow_wait
+        self.arrow_release = native.arrow_release
 
     def set_python_exchange(self, fn: PythonExchange) -> None:
         self._python_exchange = fn

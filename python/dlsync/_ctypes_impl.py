@@ -203,6 +203,7 @@ class CtypesBackend:
         self._ctx: Optional[int] = None
         self.stream_handle: Callable[[Any], int] = stream_handle
         self.Exchange: Callable[..., ExchangeContext] = self._exchange_type()
+        self._bind_arrow()
 
     def set_python_exchange(self, fn: PythonExchange) -> None:
         """The exchange of list and tensor producers (dlsync._exchange's)."""
@@ -446,6 +447,39 @@ class CtypesBackend:
         self._check(self._node_declare(self.context(), g, n, array, len(bodies)))
 
     # ---- end graph compilers ----
+
+    # ---- the Arrow C Device data interface (include/dlsync/arrow.h) ----
+
+    def _bind_arrow(self) -> None:
+        fn = self._fn
+        self._arrow_sync_event = fn("dlsync_arrow_sync_event", ctypes.c_int, _vp, _vp, _vp,
+                                    _P(_Lane))
+        self._arrow_sync_release = fn("dlsync_arrow_sync_release", None, _vp)
+        self._arrow_wait = fn("dlsync_arrow_wait", ctypes.c_int, _vp, _P(_Lane), _vp,
+                              ctypes.c_int, ctypes.c_uint64)
+        self._arrow_release = fn("dlsync_arrow_release", ctypes.c_int, _vp, _P(_Lane), _vp)
+
+    def arrow_sync_event(self, array: int, sync: int, stream: Any) -> None:
+        """dlsync_arrow_sync_event: array->sync_event set to &sync->event, an
+        event marking the work queued so far on the stream."""
+        lane = self._lane(stream_handle(stream))
+        self._check(self._arrow_sync_event(array, sync, self.context(), ctypes.byref(lane)))
+
+    def arrow_sync_release(self, sync: int) -> None:
+        """dlsync_arrow_sync_release: the fence behind the event dropped."""
+        self._arrow_sync_release(sync)
+
+    def arrow_wait(self, array: int, stream: Any, provenance: int) -> None:
+        """dlsync_arrow_wait: the stream's later work after the array's
+        sync_event (recorded as ``provenance`` says)."""
+        lane = self._lane(stream_handle(stream))
+        self._check(self._arrow_wait(self.context(), ctypes.byref(lane), array, provenance, 0))
+
+    def arrow_release(self, array: int, stream: Any) -> None:
+        """dlsync_arrow_release: the array moved out, its release run after
+        the work queued so far on the stream."""
+        lane = self._lane(stream_handle(stream))
+        self._check(self._arrow_release(self.context(), ctypes.byref(lane), array))
 
     def _exchange_type(self) -> Callable[..., ExchangeContext]:
         backend = self

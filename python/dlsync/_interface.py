@@ -130,6 +130,22 @@ class Backend(Protocol):
 
     # ---- end graph compilers ----
 
+    # ---- the Arrow C Device data interface (include/dlsync/arrow.h) ----
+    # Arguments are addresses (ints) of the interface's structures, which
+    # dlsync._arrow owns; the stream is checked as every stream is.
+
+    def arrow_sync_event(self, array: int, sync: int, stream: Any) -> None:
+        """dlsync_arrow_sync_event(array, sync, ctx, the stream's lane)."""
+
+    def arrow_sync_release(self, sync: int) -> None:
+        """dlsync_arrow_sync_release(sync)."""
+
+    def arrow_wait(self, array: int, stream: Any, provenance: int) -> None:
+        """dlsync_arrow_wait(ctx, the stream's lane, array, provenance, 0)."""
+
+    def arrow_release(self, array: int, stream: Any) -> None:
+        """dlsync_arrow_release(ctx, the stream's lane, array)."""
+
     def version(self) -> str:
         """The library's version string."""
 

@@ -32,6 +32,7 @@
 #include <stdint.h>
 #include <string.h>
 
+#include "dlsync/arrow.h"
 #include "dlsync/conditional.h"
 #include "dlsync/dlpack.h"
 #include "dlsync/env.h"
@@ -43,7 +44,7 @@
 #include "dlsync/status.h"
 
 /* The contract between _init and dlsync/_backend.py (NATIVE_ABI), which checks it. */
-#define DLSYNC_PY_ABI 6
+#define DLSYNC_PY_ABI 7
 
 /* ---- the library's functions, by address ---- */
 
@@ -89,6 +90,16 @@ typedef dlsync_status dlsync_py_order_fn(dlsync_context *ctx, dlsync_lane *first
 typedef dlsync_status dlsync_py_node_declare_fn(dlsync_context *ctx, struct CUgraph_st *parent,
                                                 struct CUgraphNode_st *node,
                                                 struct CUgraph_st *const *bodies, size_t nbodies);
+/* The Arrow C Device data interface (include/dlsync/arrow.h). */
+typedef dlsync_status dlsync_py_arrow_sync_event_fn(struct ArrowDeviceArray *array,
+                                                    dlsync_arrow_sync *sync, dlsync_context *ctx,
+                                                    dlsync_lane *lane);
+typedef void dlsync_py_arrow_sync_release_fn(dlsync_arrow_sync *sync);
+typedef dlsync_status dlsync_py_arrow_wait_fn(dlsync_context *ctx, dlsync_lane *lane,
+                                              const struct ArrowDeviceArray *array,
+                                              dlsync_provenance provenance, uint64_t capture_id);
+typedef dlsync_status dlsync_py_arrow_release_fn(dlsync_context *ctx, dlsync_lane *lane,
+                                                 struct ArrowDeviceArray *array);
 /* PyObject_GetOptionalAttr (3.13) / _PyObject_LookupAttr (3.7 to 3.12): a
  * getattr that does not build an AttributeError for a missing attribute. */
 typedef int dlsync_py_getattr_fn(PyObject *obj, PyObject *name, PyObject **result);
@@ -118,6 +129,10 @@ DLSYNC_PY_SAME_TYPE(dlsync_fence_release, dlsync_py_fence_release_fn);
 DLSYNC_PY_SAME_TYPE(dlsync_exchange_begin_fanout, dlsync_py_begin_fanout_fn);
 DLSYNC_PY_SAME_TYPE(dlsync_conditional_node_declare, dlsync_py_node_declare_fn);
 DLSYNC_PY_SAME_TYPE(dlsync_order, dlsync_py_order_fn);
+DLSYNC_PY_SAME_TYPE(dlsync_arrow_sync_event, dlsync_py_arrow_sync_event_fn);
+DLSYNC_PY_SAME_TYPE(dlsync_arrow_sync_release, dlsync_py_arrow_sync_release_fn);
+DLSYNC_PY_SAME_TYPE(dlsync_arrow_wait, dlsync_py_arrow_wait_fn);
+DLSYNC_PY_SAME_TYPE(dlsync_arrow_release, dlsync_py_arrow_release_fn);
 
 typedef struct dlsync_py_api {
   dlsync_py_begin_fn *exchange_begin_flags;
@@ -142,6 +157,11 @@ typedef struct dlsync_py_api {
   dlsync_py_begin_fanout_fn *begin_fanout;
   dlsync_py_node_declare_fn *node_declare;
   dlsync_py_order_fn *order;
+  /* the Arrow C Device data interface */
+  dlsync_py_arrow_sync_event_fn *arrow_sync_event;
+  dlsync_py_arrow_sync_release_fn *arrow_sync_release;
+  dlsync_py_arrow_wait_fn *arrow_wait;
+  dlsync_py_arrow_release_fn *arrow_release;
 } dlsync_py_api;
 
 /* An address arrives as an integer (void *) and is stored as a function
@@ -175,6 +195,10 @@ static const struct dlsync_py_symbol {
     {"dlsync_exchange_begin_fanout", offsetof(dlsync_py_api, begin_fanout)},
     {"dlsync_conditional_node_declare", offsetof(dlsync_py_api, node_declare)},
     {"dlsync_order", offsetof(dlsync_py_api, order)},
+    {"dlsync_arrow_sync_event", offsetof(dlsync_py_api, arrow_sync_event)},
+    {"dlsync_arrow_sync_release", offsetof(dlsync_py_api, arrow_sync_release)},
+    {"dlsync_arrow_wait", offsetof(dlsync_py_api, arrow_wait)},
+    {"dlsync_arrow_release", offsetof(dlsync_py_api, arrow_release)},
 };
 #define DLSYNC_PY_NSYMBOLS (sizeof dlsync_py_symbols / sizeof dlsync_py_symbols[0])
 
@@ -1357,6 +1381,112 @@ fail:
 
 /* ---- end graph compilers ---- */
 
+/* ---- the Arrow C Device data interface: the calls of dlsync/_arrow.py,
+ * which owns the structures and hands their addresses (ints) ---- */
+
+/* An address given as an int (dlsync/_arrow.py's ctypes.addressof). */
+static int dlsync_py_address(PyObject *value, const char *what, void **out) {
+  if (PyBool_Check(value) || !PyLong_Check(value)) {
+    PyErr_Format(PyExc_TypeError, "%s must be an int address", what);
+    return -1;
+  }
+  *out = PyLong_AsVoidPtr(value);
+  return *out == NULL && PyErr_Occurred() ? -1 : 0;
+}
+
+/* arrow_sync_event(array, sync, stream): dlsync_arrow_sync_event. */
+static PyObject *dlsync_py_arrow_sync_event(PyObject *module, PyObject *args) {
+  PyObject *array, *sync, *stream;
+  void *a, *y;
+  uintptr_t handle;
+  dlsync_lane lane;
+  dlsync_context *ctx;
+  PyThreadState *released;
+  dlsync_status status;
+  (void)module;
+  if (!PyArg_ParseTuple(args, "OOO:arrow_sync_event", &array, &sync, &stream) ||
+      dlsync_py_check_ready() < 0 || dlsync_py_handle_value(stream, &handle) < 0 ||
+      dlsync_py_address(array, "the array", &a) < 0 || dlsync_py_address(sync, "the sync", &y) < 0)
+    return NULL;
+  ctx = dlsync_py_context();
+  if (ctx == NULL)
+    return NULL;
+  lane = dlsync_py_lane(handle);
+  released = PyEval_SaveThread();
+  status = dlsync_py_lib.arrow_sync_event((struct ArrowDeviceArray *)a, (dlsync_arrow_sync *)y, ctx,
+                                          &lane);
+  PyEval_RestoreThread(released);
+  if (status != DLSYNC_SUCCESS)
+    return dlsync_py_fail(status);
+  Py_RETURN_NONE;
+}
+
+/* arrow_sync_release(sync): dlsync_arrow_sync_release. */
+static PyObject *dlsync_py_arrow_sync_release(PyObject *module, PyObject *sync) {
+  void *y;
+  PyThreadState *released;
+  (void)module;
+  if (dlsync_py_check_ready() < 0 || dlsync_py_address(sync, "the sync", &y) < 0)
+    return NULL;
+  released = PyEval_SaveThread();
+  dlsync_py_lib.arrow_sync_release((dlsync_arrow_sync *)y);
+  PyEval_RestoreThread(released);
+  Py_RETURN_NONE;
+}
+
+/* arrow_wait(array, stream, provenance): dlsync_arrow_wait (capture id 0). */
+static PyObject *dlsync_py_arrow_wait(PyObject *module, PyObject *args) {
+  PyObject *array, *stream;
+  int provenance;
+  void *a;
+  uintptr_t handle;
+  dlsync_lane lane;
+  dlsync_context *ctx;
+  PyThreadState *released;
+  dlsync_status status;
+  (void)module;
+  if (!PyArg_ParseTuple(args, "OOi:arrow_wait", &array, &stream, &provenance) ||
+      dlsync_py_check_ready() < 0 || dlsync_py_handle_value(stream, &handle) < 0 ||
+      dlsync_py_address(array, "the array", &a) < 0)
+    return NULL;
+  ctx = dlsync_py_context();
+  if (ctx == NULL)
+    return NULL;
+  lane = dlsync_py_lane(handle);
+  released = PyEval_SaveThread();
+  status = dlsync_py_lib.arrow_wait(ctx, &lane, (const struct ArrowDeviceArray *)a,
+                                    (dlsync_provenance)provenance, 0);
+  PyEval_RestoreThread(released);
+  if (status != DLSYNC_SUCCESS)
+    return dlsync_py_fail(status);
+  Py_RETURN_NONE;
+}
+
+/* arrow_release(array, stream): dlsync_arrow_release. */
+static PyObject *dlsync_py_arrow_release(PyObject *module, PyObject *args) {
+  PyObject *array, *stream;
+  void *a;
+  uintptr_t handle;
+  dlsync_lane lane;
+  dlsync_context *ctx;
+  PyThreadState *released;
+  dlsync_status status;
+  (void)module;
+  if (!PyArg_ParseTuple(args, "OO:arrow_release", &array, &stream) || dlsync_py_check_ready() < 0 ||
+      dlsync_py_handle_value(stream, &handle) < 0 || dlsync_py_address(array, "the array", &a) < 0)
+    return NULL;
+  ctx = dlsync_py_context();
+  if (ctx == NULL)
+    return NULL;
+  lane = dlsync_py_lane(handle);
+  released = PyEval_SaveThread();
+  status = dlsync_py_lib.arrow_release(ctx, &lane, (struct ArrowDeviceArray *)a);
+  PyEval_RestoreThread(released);
+  if (status != DLSYNC_SUCCESS)
+    return dlsync_py_fail(status);
+  Py_RETURN_NONE;
+}
+
 static PyObject *dlsync_py_init(PyObject *module, PyObject *args) {
   PyObject *symbols, *error, *python_begin, *getattr_address;
   dlsync_py_api lib;
@@ -1466,6 +1596,18 @@ static PyMethodDef dlsync_py_functions[] = {
     {"node_declare", dlsync_py_node_declare, METH_VARARGS,
      "node_declare(parent, node, bodies)\n--\n\n"
      "dlsync_conditional_node_declare; parent, node and each body int handles."},
+    /* the Arrow C Device data interface (addresses from dlsync/_arrow.py) */
+    {"arrow_sync_event", dlsync_py_arrow_sync_event, METH_VARARGS,
+     "arrow_sync_event(array, sync, stream)\n--\n\n"
+     "dlsync_arrow_sync_event on the stream's lane; array and sync are int addresses."},
+    {"arrow_sync_release", dlsync_py_arrow_sync_release, METH_O,
+     "arrow_sync_release(sync)\n--\n\ndlsync_arrow_sync_release; sync is an int address."},
+    {"arrow_wait", dlsync_py_arrow_wait, METH_VARARGS,
+     "arrow_wait(array, stream, provenance)\n--\n\n"
+     "dlsync_arrow_wait on the stream's lane (capture id 0); array is an int address."},
+    {"arrow_release", dlsync_py_arrow_release, METH_VARARGS,
+     "arrow_release(array, stream)\n--\n\n"
+     "dlsync_arrow_release on the stream's lane; array is an int address."},
     {NULL, NULL, 0, NULL},
 };
 

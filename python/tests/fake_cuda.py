@@ -45,6 +45,7 @@ class FakeCuda:
         self.lib.fake_libcuda_fail_nth.argtypes = [ctypes.c_char_p, ctypes.c_uint, ctypes.c_int]
         self.lib.fake_libcuda_call_count.argtypes = [ctypes.c_char_p]
         self.lib.fake_libcuda_call_count.restype = ctypes.c_uint
+        self.lib.fake_libcuda_run_destructors.restype = ctypes.c_uint
         self._check(self._fn("cuInit", ctypes.c_uint)(0), "cuInit")
         ctx = _vp()
         self._check(self._fn("cuDevicePrimaryCtxRetain", _P(_vp), ctypes.c_int)(
@@ -261,6 +262,11 @@ class FakeCuda:
     def fail_nth(self, symbol, nth, result=CUDA_ERROR_UNKNOWN):
         """The nth call of `symbol` from now fails with `result` (one shot)."""
         self.lib.fake_libcuda_fail_nth(symbol.encode(), nth, result)
+
+    def run_destructors(self):
+        """Runs the user-object destructors that destroyed graphs left
+        pending (the driver's thread would): how many ran."""
+        return self.lib.fake_libcuda_run_destructors()
 
     def calls(self, symbol):
         return self.lib.fake_libcuda_call_count(symbol.encode())

@@ -242,6 +242,13 @@ MISUSES = [
     ("node_declare: node 2**64", lambda: _backend.active.node_declare(0x30, 2**64, [0x50])),
     ("conditional_node(object())", lambda: dlsync.conditional_node(object(), 0x40, 0x50)
      .__enter__()),
+
+    # dlsync.arrow (python/tests/test_arrow_cpu.py has the rest, on both backends)
+    ("arrow import of an int", lambda: dlsync.arrow.import_device_array(5, 0x20)),
+    ("arrow import on a stream a str", lambda: dlsync.arrow.import_device_array(5, "s")),
+    ("arrow export of format 'z'",
+     lambda: dlsync.arrow.export_device_array(0x1000, 4, "z", 0x20, device_id=0)),
+    ("arrow_wait on a stream 2**64", lambda: _backend.active.arrow_wait(0x1000, 2**64, 1)),
 ]
 
 
@@ -412,6 +419,9 @@ def _fake_misuses(fake):
         ("order on a stream the driver does not know", lambda: _backend.active.order(0x10, s2)),
         ("node_declare of a node not in the parent", lambda: _backend.active.node_declare(
             fake.graph(), fake.conditional_node()[1], [0x50])),
+        ("an arrow export on a stream the driver does not know",
+         lambda: dlsync.arrow.export_device_array(0x1000, 4, "f", 0x10,
+                                                  device_id=0).__arrow_c_device_array__()),
     ]
 
 

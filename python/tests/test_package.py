@@ -376,6 +376,14 @@ def use(a: object, b: object, body: int) -> None:
     more: int = dlsync.KEEP_EDGE_DATA
     where: str = dlsync.get_include() + dlsync.get_cmake_dir() + dlsync.get_pkgconfig_dir()
     flags: int = dlsync.LEGACY | dlsync.PER_THREAD | dlsync.CAPTURE_STABLE
+    out = dlsync.arrow.export_device_array(body, 4, "f", a, release=lambda: None, device_id=0)
+    with dlsync.arrow.import_device_array(out, b, provenance="external_record") as arr:
+        data: Optional[int] = arr.buffers[1]
+        length: int = arr.length + arr.device_id + arr.device_type
+        fmt: str = arr.format
+        arr.wait(a)
+    pair = out.__arrow_c_device_array__()
+    dlsync.arrow.import_device_array(pair, b).release(a)
     try:
         pass
     except dlsync.Error as e:

@@ -62,13 +62,16 @@ EXPORT CUresult cuGetProcAddress_v2(const char *symbol, void **pfn, int version,
  * cuInit answer CUDA_ERROR_NO_DEVICE (a driver without a GPU).
  * fake_libcuda_hide(symbol) makes cuGetProcAddress_v2 answer "not found" for
  * that entry ("cuDriverGetVersion", a string that lives as long as the
- * library); NULL hides none. */
+ * library); NULL hides none. fake_libcuda_run_destructors runs the user
+ * objects' destructors that destroyed graphs left pending (the driver's own
+ * thread would), on the caller's thread: how many ran. */
 EXPORT void fake_libcuda_hide(const char *symbol);
 EXPORT void fake_libcuda_reset(int ndevices);
 EXPORT void fake_libcuda_set_driver_version(int v);
 EXPORT void fake_libcuda_fail_nth(const char *symbol, unsigned nth, CUresult r);
 EXPORT unsigned fake_libcuda_call_count(const char *symbol);
 EXPORT unsigned long fake_libcuda_calls_total(void);
+EXPORT unsigned fake_libcuda_run_destructors(void);
 
 void fake_libcuda_hide(const char *symbol) {
   atomic_store(&hidden, symbol);
@@ -97,4 +100,9 @@ unsigned fake_libcuda_call_count(const char *symbol) {
 unsigned long fake_libcuda_calls_total(void) {
   pthread_once(&once, start);
   return fake_calls_total();
+}
+
+unsigned fake_libcuda_run_destructors(void) {
+  pthread_once(&once, start);
+  return fake_run_destructors();
 }
