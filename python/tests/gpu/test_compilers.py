@@ -38,6 +38,7 @@ import pytest
 
 sys.path.insert(0, os.path.join(os.path.dirname(os.path.abspath(__file__)), "..", ".."))
 import dlsync  # noqa: E402
+from dlsync.testing import _restore  # noqa: E402
 
 torch = pytest.importorskip("torch")
 if not torch.cuda.is_available():
@@ -231,6 +232,11 @@ def _fanout_captured(mode, use):
                         torch.mul(y, k + 1, out=o)
     except Exception as e:  # noqa: BLE001
         torch.cuda.synchronize()
+        # The failed capture leaves torch's default generator in capture mode
+        # (its capture_end never ran): a later draw would fail.
+        device = torch.cuda.current_device()
+        if _restore.generator_stuck(torch, device):
+            _restore.repair_generator(torch, device)
         return runs, wrong, broken + 1, _broken(e)
     note = ""
     for i in range(REPLAYS):
@@ -295,7 +301,7 @@ def test_streams_at_replay_counted_and_growth_warned(side_first):
     first on an H100, 2 main first."""
     from dlsync.testing import ReplayStreamsWarning, check_capture
 
-    x = torch.randn(1 << 16, device="cuda")
+    x = torch.arange(1 << 16, device="cuda", dtype=torch.float32)
     with warnings.catch_warnings(record=True) as seen:
         warnings.simplefilter("always")
         report = check_capture(_layer_op(side_first), x, modes=("global",),
