@@ -893,9 +893,14 @@ def _fake_torch_dir(tmp):
     processes (spawned check_capture, a pytest of its own)."""
     os.makedirs(os.path.join(tmp, "torch"))
     with open(os.path.join(tmp, "torch", "__init__.py"), "w") as f:
+        # The child's harness asks libcuda.so.1 about the streams it made, as
+        # in the parent (setUp): the fake driver, whose handles these are (a
+        # GPU machine's real driver crashed the child on them).
         f.write(f"_SYNC_MSG = {_SYNC_MSG!r}\n" + _FAKE_TORCH + "\nimport sys\n"
                 "sys.modules.update({'torch': torch, 'torch.cuda': cuda, "
-                "'torch.testing': testing})\n")
+                "'torch.testing': testing})\n"
+                "from dlsync.testing import _restore as _dlsync_restore\n"
+                "_dlsync_restore.Driver = lambda: torch.fake_driver\n")
     return tmp
 
 
