@@ -19,11 +19,10 @@ PYTHON_DIR = os.path.join(HERE, "..")
 # (scripts/install-check.sh runs it against the installed wheel).
 SOURCE_ROOT = os.environ.get("DLSYNC_SOURCE_ROOT") or os.path.join(HERE, "..", "..")
 sys.path.insert(0, PYTHON_DIR)
-# These tests run on the fake driver, which the process loads as libcuda.so.1;
-# a real libcupti (where the toolkit has one) would load and call it, and a
-# GPU machine's crashed a spawned child that way. The streams at replay are
-# counted for real by tests/gpu; here no counter is found (unless a test names
-# one), and each report says so.
+# These tests run dlsync on the fake driver; a real libcupti (where the toolkit
+# has one) would count the real driver's work instead. The streams at replay
+# are counted for real by tests/gpu; here no counter is found (unless a test
+# names one), and each report says so.
 os.environ.setdefault("DLSYNC_CUPTI_STREAMS",
                       os.path.join(tempfile.gettempdir(), "no-cupti-counter-on-the-fake-driver"))
 import dlsync.testing as dt  # noqa: E402
