@@ -254,7 +254,8 @@ dlsync__thread *dlsync__thread_get(void);
  *      stopped and joined, so that their own exit hooks run while every
  *      layer's tables and the key are still there;
  *   2. each layer's unload hook, top layer first: interop/, order/ (the
- *      exchange records, fence memory), graph/;
+ *      exchange records, fence memory: freed at a dlclose, kept at exit,
+ *      dlsync__unload_at_exit below), graph/;
  *   3. the key is deleted: a thread still running after that no longer runs
  *      the exit hooks (what it holds stays, a leak only then), and no thread
  *      arms the key again.
@@ -276,6 +277,13 @@ typedef void (*dlsync__unload_fn)(void);
 /* Registers slot's hooks (either may be NULL). */
 void dlsync__hooks_set(dlsync__hook_slot slot, dlsync__thread_exit_fn at_thread_exit,
                        dlsync__unload_fn at_unload);
+/* In an unload hook: true when the unload is the process's exit(), false at
+ * the dlclose of a library embedding libdlsync.a. At exit another thread may
+ * still be inside a dlsync call (nothing stops it), and the system takes the
+ * process's memory back anyway: an unload hook then keeps what a call in
+ * progress may touch (the exchange records, fence memory) and frees it only
+ * at a dlclose, when no call of that copy can be in progress. */
+bool dlsync__unload_at_exit(void);
 
 /* Arms the key for the calling thread (t, its block): its exit runs the
  * thread-exit hooks. False when it cannot be (pthread_key_create or

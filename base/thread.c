@@ -3,6 +3,7 @@
  * slots belong to the modules above; and what a child of fork() is told. */
 #include <pthread.h>
 #include <stdatomic.h>
+#include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #if defined(__linux__)
@@ -29,8 +30,30 @@ static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 static pthread_key_t key;
 static atomic_bool key_ok; /* created, and not deleted yet */
 
+/* exit() or dlclose: glibc's exit() runs the atexit handlers before any
+ * library destructor, and an atexit handler registered from a shared object
+ * (tied to it by __dso_handle) runs at its dlclose only after that object's
+ * destructors (crtbegin's __do_global_dtors_aux, the first .fini_array
+ * entry, runs last). So the handler has run by the unload at exit, not yet
+ * at a dlclose. Where atexit fails the unload counts as a dlclose. */
+static atomic_bool exiting;
+static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
+
+static void exit_seen(void) {
+  atomic_store(&exiting, true);
+}
+
+static void exit_watch(void) {
+  (void)atexit(exit_seen);
+}
+
+bool dlsync__unload_at_exit(void) {
+  return atomic_load(&exiting);
+}
+
 void dlsync__hooks_set(dlsync__hook_slot slot, dlsync__thread_exit_fn at_thread_exit,
                        dlsync__unload_fn at_unload) {
+  (void)pthread_once(&exit_once, exit_watch);
   atomic_store(&hooks[slot].at_thread_exit, at_thread_exit);
   atomic_store(&hooks[slot].at_unload, at_unload);
 }

@@ -54,6 +54,8 @@ static size_t fence_nfree;
 /* The unload hook (base/base.h): the released fences freed (those still
  * referenced are the program's; the library's threads are joined by then). */
 static void fences_unload(void) {
+  if (dlsync__unload_at_exit())
+    return; /* another thread may be in a call with a fence (base/base.h) */
   pthread_mutex_lock(&fence_lock);
   while (fence_head != NULL) {
     dlsync_fence *f = fence_head;

@@ -29,6 +29,8 @@ static void spare_release(dlsync__thread *t) {
  * record would be using a library that is going away. */
 static void records_unload(void) {
   spare_release(dlsync__thread_get()); /* the unloading thread's, on the list */
+  if (dlsync__unload_at_exit())
+    return; /* another thread may be in a call with a record (base/base.h) */
   for (unsigned c = 0; c < EX_CHUNKS; c++) {
     dlsync_exchange *chunk = atomic_exchange(&dlsync__ex_chunks[c], NULL);
     if (chunk != NULL)
