@@ -3,7 +3,6 @@
  * slots belong to the modules above; and what a child of fork() is told. */
 #include <pthread.h>
 #include <stdatomic.h>
-#include <stdlib.h>
 #include <sys/syscall.h>
 #include <unistd.h>
 #if defined(__linux__)
@@ -30,21 +29,27 @@ static pthread_once_t key_once = PTHREAD_ONCE_INIT;
 static pthread_key_t key;
 static atomic_bool key_ok; /* created, and not deleted yet */
 
-/* exit() or dlclose: glibc's exit() runs the atexit handlers before any
- * library destructor, and an atexit handler registered from a shared object
- * (tied to it by __dso_handle) runs at its dlclose only after that object's
- * destructors (crtbegin's __do_global_dtors_aux, the first .fini_array
- * entry, runs last). So the handler has run by the unload at exit, not yet
- * at a dlclose. Where atexit fails the unload counts as a dlclose. */
+/* exit() or dlclose: exit() runs the exit handlers before any library
+ * destructor, and a handler registered for this object (__cxa_atexit with
+ * its __dso_handle) runs at its dlclose only after its destructors
+ * (crtbegin's __do_global_dtors_aux, which calls __cxa_finalize, is the
+ * first .fini_array entry and runs last). So the handler has run by the
+ * unload at exit, not yet at a dlclose. __cxa_atexit, not atexit: a
+ * sanitizer's atexit interceptor (ThreadSanitizer's) drops the object, and
+ * the handler would then run at exit in an object already unmapped. Where
+ * registering fails the unload counts as a dlclose. */
+extern int __cxa_atexit(void (*fn)(void *), void *arg, void *dso);
+extern void *__dso_handle __attribute__((visibility("hidden"))); /* this object's (crtbegin) */
 static atomic_bool exiting;
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 
-static void exit_seen(void) {
+static void exit_seen(void *arg) {
+  (void)arg;
   atomic_store(&exiting, true);
 }
 
 static void exit_watch(void) {
-  (void)atexit(exit_seen);
+  (void)__cxa_atexit(exit_seen, NULL, &__dso_handle);
 }
 
 bool dlsync__unload_at_exit(void) {
