@@ -39,7 +39,8 @@ static atomic_bool key_ok; /* created, and not deleted yet */
  * the handler would then run at exit in an object already unmapped. Where
  * registering fails the unload counts as a dlclose. */
 extern int __cxa_atexit(void (*fn)(void *), void *arg, void *dso);
-extern void *__dso_handle __attribute__((visibility("hidden"))); /* this object's (crtbegin) */
+/* crtbegin's: this shared object's own address, 0 in an executable (as atexit passes it) */
+extern void *__dso_handle __attribute__((visibility("hidden")));
 static atomic_bool exiting;
 static pthread_once_t exit_once = PTHREAD_ONCE_INIT;
 
@@ -49,7 +50,7 @@ static void exit_seen(void *arg) {
 }
 
 static void exit_watch(void) {
-  (void)__cxa_atexit(exit_seen, NULL, &__dso_handle);
+  (void)__cxa_atexit(exit_seen, NULL, __dso_handle);
 }
 
 bool dlsync__unload_at_exit(void) {
