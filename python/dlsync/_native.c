@@ -808,62 +808,84 @@ static PyObject *dlsync_py_begin(PyObject *module, PyObject *args) {
   return dlsync_py_begun(exchange, out);
 }
 
+/* The streams of a list or tuple as lanes, in `stack` or, past its 16, in
+ * an array of PyMem (dlsync_py_lanes_free gives it back). A TypeError with
+ * `not_a_list` for anything else; -1 with an exception set. */
+typedef struct dlsync_py_lanes {
+  dlsync_lane stack[16];
+  dlsync_lane *lanes;
+  Py_ssize_t n;
+} dlsync_py_lanes;
+
+static void dlsync_py_lanes_free(dlsync_py_lanes *l) {
+  if (l->lanes != l->stack)
+    PyMem_Free(l->lanes);
+  l->lanes = l->stack;
+}
+
+static int dlsync_py_lanes_read(dlsync_py_lanes *l, PyObject *seq, const char *not_a_list) {
+  l->lanes = l->stack;
+  l->n = 0;
+  if (!PyList_Check(seq) && !PyTuple_Check(seq)) {
+    PyErr_SetString(PyExc_TypeError, not_a_list);
+    return -1;
+  }
+  l->n = PySequence_Size(seq);
+  if (l->n < 0)
+    return -1;
+  if ((size_t)l->n > sizeof l->stack / sizeof l->stack[0]) {
+    l->lanes = PyMem_Malloc((size_t)l->n * sizeof *l->lanes);
+    if (l->lanes == NULL) {
+      l->lanes = l->stack;
+      PyErr_NoMemory();
+      return -1;
+    }
+  }
+  for (Py_ssize_t i = 0; i < l->n; i++) {
+    uintptr_t h;
+    PyObject *item = PySequence_GetItem(seq, i);
+    int rc = item == NULL ? -1 : dlsync_py_handle_value(item, &h);
+    Py_XDECREF(item);
+    if (rc < 0) {
+      dlsync_py_lanes_free(l);
+      return -1;
+    }
+    l->lanes[i] = dlsync_py_lane(h);
+  }
+  return 0;
+}
+
 /* begin_many(producers, consumer, flags=0): dlsync_exchange_begin_many on a
  * list or tuple of streams; one handle for end(). */
 static PyObject *dlsync_py_begin_many(PyObject *module, PyObject *args) {
   PyObject *producers, *consumer, *out = Py_None;
   unsigned int flags = 0;
   uintptr_t c;
-  dlsync_lane stack_lanes[16], *lanes = stack_lanes, lc;
+  dlsync_py_lanes ps;
+  dlsync_lane lc;
   dlsync_exchange *exchange = NULL;
   dlsync_context *ctx;
   PyThreadState *released;
   dlsync_status status;
-  Py_ssize_t n, i;
   (void)module;
   if (!PyArg_ParseTuple(args, "OO|IO:begin_many", &producers, &consumer, &flags, &out) ||
-      dlsync_py_check_ready() < 0)
+      dlsync_py_check_ready() < 0 ||
+      dlsync_py_lanes_read(&ps, producers,
+                           "begin_many: the producers are a list or tuple of streams") < 0)
     return NULL;
-  if (!PyList_Check(producers) && !PyTuple_Check(producers)) {
-    PyErr_SetString(PyExc_TypeError, "begin_many: the producers are a list or tuple of streams");
+  if (dlsync_py_handle_value(consumer, &c) < 0 || (ctx = dlsync_py_context()) == NULL) {
+    dlsync_py_lanes_free(&ps);
     return NULL;
   }
-  n = PySequence_Size(producers);
-  if (n < 0)
-    return NULL;
-  if ((size_t)n > sizeof stack_lanes / sizeof stack_lanes[0]) {
-    lanes = PyMem_Malloc((size_t)n * sizeof *lanes);
-    if (lanes == NULL)
-      return PyErr_NoMemory();
-  }
-  for (i = 0; i < n; i++) {
-    uintptr_t p;
-    PyObject *item = PySequence_GetItem(producers, i);
-    int rc = item == NULL ? -1 : dlsync_py_handle_value(item, &p);
-    Py_XDECREF(item);
-    if (rc < 0)
-      goto fail;
-    lanes[i] = dlsync_py_lane(p);
-  }
-  if (dlsync_py_handle_value(consumer, &c) < 0)
-    goto fail;
-  ctx = dlsync_py_context();
-  if (ctx == NULL)
-    goto fail;
   lc = dlsync_py_lane(c);
   released = PyEval_SaveThread();
-  status =
-      dlsync_py_lib.exchange_begin_many(&exchange, ctx, lanes, (size_t)n, &lc, (uint32_t)flags);
+  status = dlsync_py_lib.exchange_begin_many(&exchange, ctx, ps.lanes, (size_t)ps.n, &lc,
+                                             (uint32_t)flags);
   PyEval_RestoreThread(released);
-  if (lanes != stack_lanes)
-    PyMem_Free(lanes);
+  dlsync_py_lanes_free(&ps);
   if (status != DLSYNC_SUCCESS)
     return dlsync_py_fail(status);
   return dlsync_py_begun(exchange, out);
-fail:
-  if (lanes != stack_lanes)
-    PyMem_Free(lanes);
-  return NULL;
 }
 
 static PyObject *dlsync_py_end(PyObject *module, PyObject *handle) {
@@ -1244,12 +1266,12 @@ static PyObject *dlsync_py_begin_fanout(PyObject *module, PyObject *args) {
   PyObject *producer, *consumers, *out = Py_None;
   unsigned int flags = 0;
   uintptr_t p;
-  dlsync_lane stack_lanes[16], *lanes = stack_lanes, lp;
+  dlsync_py_lanes cs;
+  dlsync_lane lp;
   dlsync_exchange *exchange = NULL;
   dlsync_context *ctx;
   PyThreadState *released;
   dlsync_status status;
-  Py_ssize_t n, i;
   (void)module;
   if (!PyArg_ParseTuple(args, "OO|IO:begin_fanout", &producer, &consumers, &flags, &out) ||
       dlsync_py_check_ready() < 0)
@@ -1258,41 +1280,23 @@ static PyObject *dlsync_py_begin_fanout(PyObject *module, PyObject *args) {
     PyErr_SetString(PyExc_TypeError, "begin_fanout: the consumers are a list or tuple of streams");
     return NULL;
   }
-  if (dlsync_py_handle_value(producer, &p) < 0)
+  if (dlsync_py_handle_value(producer, &p) < 0 ||
+      dlsync_py_lanes_read(&cs, consumers,
+                           "begin_fanout: the consumers are a list or tuple of streams") < 0)
     return NULL;
-  n = PySequence_Size(consumers);
-  if (n < 0)
-    return NULL;
-  if ((size_t)n > sizeof stack_lanes / sizeof stack_lanes[0]) {
-    lanes = PyMem_Malloc((size_t)n * sizeof *lanes);
-    if (lanes == NULL)
-      return PyErr_NoMemory();
-  }
-  for (i = 0; i < n; i++) {
-    uintptr_t c;
-    PyObject *item = PySequence_GetItem(consumers, i);
-    int rc = item == NULL ? -1 : dlsync_py_handle_value(item, &c);
-    Py_XDECREF(item);
-    if (rc < 0)
-      goto fail;
-    lanes[i] = dlsync_py_lane(c);
-  }
   ctx = dlsync_py_context();
-  if (ctx == NULL)
-    goto fail;
+  if (ctx == NULL) {
+    dlsync_py_lanes_free(&cs);
+    return NULL;
+  }
   lp = dlsync_py_lane(p);
   released = PyEval_SaveThread();
-  status = dlsync_py_lib.begin_fanout(&exchange, ctx, &lp, lanes, (size_t)n, (uint32_t)flags);
+  status = dlsync_py_lib.begin_fanout(&exchange, ctx, &lp, cs.lanes, (size_t)cs.n, (uint32_t)flags);
   PyEval_RestoreThread(released);
-  if (lanes != stack_lanes)
-    PyMem_Free(lanes);
+  dlsync_py_lanes_free(&cs);
   if (status != DLSYNC_SUCCESS)
     return dlsync_py_fail(status);
   return dlsync_py_begun(exchange, out);
-fail:
-  if (lanes != stack_lanes)
-    PyMem_Free(lanes);
-  return NULL;
 }
 
 /* order(first, then): dlsync_order on two streams. */
