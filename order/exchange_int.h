@@ -340,4 +340,70 @@ DLSYNC__COLD dlsync_status dlsync__fast_query_failed(const dlsync__driver *d, CU
 DLSYNC__COLD bool dlsync__fast_record_failed(dlsync_context *ctx, CUresult r, CUstream first,
                                              const char *first_role, dlsync_status *st);
 
+/* ---- what exchange.c's entry points and fanout.c share ---- */
+
+/* A caller's lane that is a plain stream (not a graph lane). */
+static inline bool dlsync__plain_stream_lane(const dlsync_lane *l) {
+  return l != NULL && l->kind == DLSYNC_LANE_STREAM && l->graph == NULL;
+}
+/* Two producers that are one: the same stream (legacy handles alike), or
+ * the same dlsync_lane. */
+static inline bool dlsync__same_producer(const dlsync_lane *a, const dlsync_lane *b) {
+  if (a->kind == DLSYNC_LANE_STREAM && b->kind == DLSYNC_LANE_STREAM)
+    return dlsync__same_stream(a->stream, b->stream);
+  return a == b;
+}
+/* DLSYNC_ERROR_INVALID_ARGUMENT naming fn for flag bits it does not know. */
+DLSYNC__COLD dlsync_status dlsync__refuse_flags_slow(const char *fn, uint32_t flags);
+static inline dlsync_status dlsync__refuse_flags(const char *fn, uint32_t flags) {
+  if (DLSYNC__LIKELY((flags & ~DLSYNC_EXCHANGE_FLAGS_ALL) == 0))
+    return DLSYNC_SUCCESS;
+  return dlsync__refuse_flags_slow(fn, flags);
+}
+
+/* The two sides of a begun exchange: the producer and consumer lanes the
+ * caller gave, and p, c: as read. */
+typedef struct exchange_sides {
+  dlsync_lane *producer, *consumer;
+  const dlsync__lane_now *p, *c;
+} exchange_sides;
+/* A begun exchange's record, as begin found the lanes and carried out the
+ * row. */
+void dlsync__exchange_fill(dlsync_exchange *ex, const exchange_sides *sides, dlsync__row row,
+                           uint32_t flags);
+
+/* A failure kept aside while more calls are made: status, message and the
+ * driver's result, set again as the thread's last error by
+ * dlsync__kept_restore. */
+typedef struct kept_error {
+  dlsync_status status;
+  int driver_result;
+  char msg[512];
+} kept_error;
+void dlsync__kept_save(kept_error *k, dlsync_status st);
+dlsync_status dlsync__kept_restore(const kept_error *k);
+/* st kept in *first when it is the first failure, or the first other than
+ * a refusal (DLSYNC_ERROR_CAPTURE_ORDER): a failure of the driver's goes
+ * before a refusal (the caller must see it: a refusal only says what cannot
+ * be ordered). */
+static inline void dlsync__keep_first(kept_error *first, dlsync_status st) {
+  if (st != DLSYNC_SUCCESS &&
+      (first->status == DLSYNC_SUCCESS ||
+       (first->status == DLSYNC_ERROR_CAPTURE_ORDER && st != DLSYNC_ERROR_CAPTURE_ORDER)))
+    dlsync__kept_save(first, st);
+}
+/* Ends parts[0..n) newest first; the first failure kept as keep_first does. */
+dlsync_status dlsync__end_parts(dlsync_exchange **parts, size_t n);
+/* An end's failure (st) of a record with `bits`, its message saying what to
+ * do where nothing was queued (cold). */
+DLSYNC__NOINLINE dlsync_status dlsync__end_failed(dlsync_status st, unsigned bits);
+/* An end's order of consumer before producer, read in full (the general
+ * path). */
+dlsync_status dlsync__end_lanes(dlsync_context *ctx, dlsync_lane *consumer, dlsync_lane *producer,
+                                unsigned bits, const dlsync_exchange *ex);
+/* The end of an EX_FAN record (fanout.c): the streams taken, the record
+ * freed, the consumers joined back. */
+DLSYNC__NOINLINE dlsync_status dlsync__end_fan(dlsync__thread *t, dlsync_exchange *ex,
+                                               dlsync_context *ctx);
+
 #endif

@@ -24,7 +24,7 @@ MAP = {
     "context.h": ["order/context.c"],
     "dlpack.h": ["interop/dlpack.c"],
     "env.h": ["interop/env.c"],
-    "exchange.h": ["order/exchange.c"],
+    "exchange.h": ["order/exchange.c", "order/fanout.c"],
     "fence.h": ["order/fence.c"],
     # Imported fences are fences: their functions need the fence's private layout.
     "foreign.h": ["order/fence.c"],
